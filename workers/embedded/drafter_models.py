@@ -1,0 +1,150 @@
+"""The trained drafter networks that ride on the frozen base model.
+
+- `MedusaHeads` (Cai et al. 2024, arXiv 2401.10774): H residual blocks on the base's final
+  feature f_t; head i predicts token t+2+i through the base's own LM head.
+- `EagleHead` (Li et al. 2024, arXiv 2401.15077): fc(concat(f_t, e(x_{t+1}))) followed by one
+  decoder layer extrapolates the next feature f_{t+1}; the base's LM head turns it into
+  draft logits. Its own one-layer KV cache makes chain and tree drafting incremental.
+- The draft model is a small `LlamaForCausalLM` (same tokenizer), so it needs no class here.
+
+Each drafter folder holds `config.json` + `model.safetensors`; only the drafter's own
+weights are stored (embeddings and LM head are the base's).
+
+Legend: B batch, T tokens, C hidden size, H Medusa heads.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from workers.embedded.model import DecoderLayer, KVCache, ModelConfig, rope_tables
+
+
+@dataclass
+class MedusaConfig:
+    hidden_size: int = 256
+    num_heads: int = 4
+    num_layers: int = 1
+
+
+class ResBlock(nn.Module):
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)  # starts as identity: head i == base head at init
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + nn.functional.silu(self.linear(x))
+
+
+class MedusaHeads(nn.Module):
+    def __init__(self, config: MedusaConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.heads = nn.ModuleList(
+            nn.Sequential(*(ResBlock(config.hidden_size) for _ in range(config.num_layers)))
+            for _ in range(config.num_heads)
+        )
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden (B, T, C) -> per-head features (H, B, T, C); logits = lm_head(features)."""
+        return torch.stack([head(hidden) for head in self.heads])
+
+
+@dataclass
+class EagleConfig:
+    hidden_size: int = 256
+    intermediate_size: int = 704
+    num_attention_heads: int = 8
+    num_key_value_heads: int = 4
+    max_position_embeddings: int = 1024
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+
+    def layer_config(self) -> ModelConfig:
+        """The one decoder layer, described as a one-layer Llama config (for its KV cache)."""
+        return ModelConfig(
+            hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+            num_hidden_layers=1, num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            max_position_embeddings=self.max_position_embeddings,
+            rms_norm_eps=self.rms_norm_eps, rope_theta=self.rope_theta,
+        )
+
+
+class EagleHead(nn.Module):
+    def __init__(self, config: EagleConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.layer_config = config.layer_config()
+        self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=True)
+        self.layer = DecoderLayer(self.layer_config)
+        cos, sin = rope_tables(self.layer_config)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def forward(
+        self,
+        features: torch.Tensor,
+        next_embeddings: torch.Tensor,
+        cache: KVCache | None = None,
+        positions: torch.Tensor | None = None,
+        tree_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """features f_t (B, T, C) and embeddings of x_{t+1} (B, T, C) -> predicted f_{t+1}.
+
+        Same cache/positions/tree_mask conventions as `LlamaForCausalLM.forward`: new
+        entries stay pending until `cache.commit()`.
+        """
+        t = features.shape[1]
+        past = cache.length if cache is not None else 0
+        if positions is None:
+            positions = torch.arange(past, past + t, device=features.device)
+        dtype = self.fc.weight.dtype
+        cos = self.rope_cos[positions][None, None].to(dtype)  # (1, 1, T, hs)
+        sin = self.rope_sin[positions][None, None].to(dtype)
+        mask = None
+        if tree_mask is not None or (past > 0 and t > 1):
+            local = tree_mask if tree_mask is not None else torch.ones(t, t, dtype=torch.bool).tril()
+            full = torch.ones(t, past + t, dtype=torch.bool, device=features.device)
+            full[:, past:] = local
+            mask = full[None, None]  # (1, 1, T, L+T)
+        x = self.fc(torch.cat([features, next_embeddings], dim=-1))  # (B, T, C)
+        return self.layer(x, cos, sin, mask, cache, 0)
+
+    def new_cache(self, max_length: int | None = None) -> KVCache:
+        w = self.fc.weight
+        return KVCache(self.layer_config, 1, max_length, dtype=w.dtype, device=w.device)
+
+
+_KINDS = {"medusa": (MedusaConfig, MedusaHeads), "eagle": (EagleConfig, EagleHead)}
+
+
+def save_drafter(module: MedusaHeads | EagleHead, kind: str, folder: str | Path,
+                 extra: dict | None = None) -> None:
+    from safetensors.torch import save_file
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in module.state_dict().items()}
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    meta = {"drafter": kind, **asdict(module.config), **(extra or {})}
+    (out / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def load_drafter(folder: str | Path, dtype: torch.dtype = torch.bfloat16,
+                 device: torch.device | str = "cpu") -> MedusaHeads | EagleHead:
+    from safetensors.torch import load_file
+
+    meta = json.loads((Path(folder) / "config.json").read_text())
+    config_cls, module_cls = _KINDS[meta["drafter"]]
+    fields = {k: v for k, v in meta.items() if k in config_cls.__dataclass_fields__}
+    module = module_cls(config_cls(**fields))
+    module.load_state_dict(load_file(str(Path(folder) / "model.safetensors")))
+    return module.to(device=device, dtype=dtype).eval()
