@@ -30,7 +30,13 @@ from workers.embedded.drafter_models import (
     MedusaHeads,
     save_drafter,
 )
-from workers.embedded.model import LlamaForCausalLM, ModelConfig, init_weights, load_model, save_model
+from workers.embedded.model import (
+    LlamaForCausalLM,
+    ModelConfig,
+    init_weights,
+    load_model,
+    save_model,
+)
 from workers.embedded.train import BUNDLED_MODEL_DIR, TrainConfig, batch, prepare_data, split
 
 

