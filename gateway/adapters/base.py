@@ -1,0 +1,82 @@
+"""What every engine adapter returns, whatever the worker speaks.
+
+An adapter turns a validated `GenerationRequest` into one worker call and answers in
+engine-neutral values: a `Generation` (non-streaming), or a stream of `Delta`s closed
+by exactly one `Final`. The gateway renders these into OpenAI responses itself, so
+every pool's answers look the same to the client and carry the same speculation facts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gateway.config import PoolConfig
+from gateway.schemas import GenerationRequest
+
+
+@dataclass(slots=True)
+class SpecStats:
+    """Per-request speculation outcome as the worker reported it.
+
+    accept_length: tokens emitted per verify step, bonus token included (SGLang
+    `spec_accept_length`, vLLM `mean_acceptance_length`); 0.0 = not reported.
+    """
+
+    verify_steps: int = 0
+    accept_length: float = 0.0
+    accept_rate: float | None = None
+    correct_drafts: int = 0
+    proposed_drafts: int = 0
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass(slots=True)
+class Generation:
+    text: str
+    finish_reason: str
+    usage: Usage
+    spec: SpecStats
+    message: dict | None = None  # chat: the worker's message (tool_calls, ...) when given
+
+
+@dataclass(slots=True)
+class Delta:
+    text: str = ""
+    extra: dict = field(default_factory=dict)  # other chat delta fields: role, tool_calls
+    finish_reason: str | None = None
+
+
+@dataclass(slots=True)
+class Final:
+    usage: Usage
+    spec: SpecStats
+    finish_reason: str | None = None
+
+
+StreamItem = Delta | Final
+
+
+class Adapter(Protocol):
+    """One engine's wire protocol; stateless apart from the shared HTTP session."""
+
+    async def generate(self, worker: str, request: GenerationRequest, pool: PoolConfig,
+                       k: int) -> Generation: ...
+
+    def stream(self, worker: str, request: GenerationRequest, pool: PoolConfig,
+               k: int) -> AsyncIterator[StreamItem]: ...
+
+
+def finish_reason_of(value: object) -> str:
+    """SGLang reports `{"type": "stop"|"length"|"abort", ...}`; OpenAI a plain string."""
+    if isinstance(value, dict):
+        value = value.get("type")
+    if value in ("stop", "length", "tool_calls", "content_filter", "function_call"):
+        return str(value)
+    return "stop"

@@ -1,0 +1,119 @@
+"""SGLang adapter (also the embedded engine, which speaks the same surface).
+
+Completions go to SGLang's native `POST /generate`: the fastest path, and its
+`meta_info` carries the per-request speculation counters. Chat goes to the worker's
+own `POST /v1/chat/completions` with `return_spec_tokens_details: true`: the worker
+applies the model's chat template server-side, so the gateway never has to know a
+model's template, and SGLang returns the same counters under
+`sglext.spec_tokens_details` (checked in the sglang 0.5.23 source:
+`entrypoints/openai/serving_chat.py`, `protocol.py:SglExt`).
+
+Streaming `/generate` text is CUMULATIVE by default and becomes per-chunk deltas
+only when the server runs with `--incremental-streaming-output`
+(`tokenizer_manager.py`); `output_ids` follows the same mode, while
+`meta_info.completion_tokens` is always the running total. So a chunk is cumulative
+exactly when `len(output_ids) == completion_tokens`; the adapter emits only new text
+either way.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import aiohttp
+import orjson
+
+from gateway.adapters.base import (
+    Delta,
+    Final,
+    Generation,
+    SpecStats,
+    StreamItem,
+    Usage,
+    finish_reason_of,
+)
+from gateway.adapters.openai import OpenAIAdapter
+from gateway.adapters.wire import post, post_json, sse_data
+from gateway.config import PoolConfig
+from gateway.schemas import GenerationRequest
+
+
+def spec_from_meta(meta: dict) -> SpecStats:
+    """Read SGLang's `meta_info` spec counters (present only with speculation on)."""
+    return SpecStats(
+        verify_steps=int(meta.get("spec_verify_ct") or 0),
+        accept_length=float(meta.get("spec_accept_length") or 0.0),
+        accept_rate=meta.get("spec_accept_rate"),
+        correct_drafts=int(meta.get("spec_num_correct_drafts") or 0),
+        proposed_drafts=int(meta.get("spec_num_proposed_drafts") or 0),
+    )
+
+
+def usage_from_meta(meta: dict) -> Usage:
+    return Usage(prompt_tokens=int(meta.get("prompt_tokens") or 0),
+                 completion_tokens=int(meta.get("completion_tokens") or 0))
+
+
+def sampling_params(request: GenerationRequest, pool: PoolConfig, k: int) -> dict:
+    params: dict = {}
+    if request.max_tokens is not None:
+        params["max_new_tokens"] = request.max_tokens
+    for name in ("temperature", "top_p", "stop"):
+        value = getattr(request, name)
+        if value is not None:
+            params[name] = value
+    if request.seed is not None:
+        params["sampling_seed"] = request.seed
+    if request.response_format is not None:
+        schema = request.json_schema
+        if schema is not None:
+            params["json_schema"] = orjson.dumps(schema).decode()
+        elif request.response_format.get("type") == "json_object":
+            params["json_schema"] = '{"type": "object"}'  # what SGLang's own route sends
+    if pool.capabilities.per_request_k:
+        params["custom_params"] = {"num_speculative_tokens": k}
+    return params
+
+
+class SGLangAdapter:
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self.session = session
+        self.chat = OpenAIAdapter(session, extra={"return_spec_tokens_details": True})
+
+    def payload(self, request: GenerationRequest, pool: PoolConfig, k: int,
+                stream: bool) -> dict:
+        prompt_key = "input_ids" if isinstance(request.prompt, list) else "text"
+        return {prompt_key: request.prompt, "stream": stream, "rid": uuid.uuid4().hex,
+                "sampling_params": sampling_params(request, pool, k)}
+
+    async def generate(self, worker: str, request: GenerationRequest, pool: PoolConfig,
+                       k: int) -> Generation:
+        if request.endpoint == "chat":
+            return await self.chat.generate(worker, request, pool, k)
+        body = await post_json(self.session, worker, "/generate",
+                               self.payload(request, pool, k, stream=False))
+        meta = body.get("meta_info") or {}
+        return Generation(text=body.get("text") or "",
+                          finish_reason=finish_reason_of(meta.get("finish_reason")),
+                          usage=usage_from_meta(meta), spec=spec_from_meta(meta))
+
+    async def stream(self, worker: str, request: GenerationRequest, pool: PoolConfig,
+                     k: int) -> AsyncIterator[StreamItem]:
+        if request.endpoint == "chat":
+            async for item in self.chat.stream(worker, request, pool, k):
+                yield item
+            return
+        sent, meta = 0, {}
+        payload = self.payload(request, pool, k, stream=True)
+        async with post(self.session, worker, "/generate", payload) as resp:
+            async for chunk in sse_data(worker, resp):
+                meta = chunk.get("meta_info") or meta
+                text = chunk.get("text") or ""
+                cumulative = len(chunk.get("output_ids") or ()) == meta.get("completion_tokens")
+                if cumulative:
+                    text, sent = text[sent:], len(text)
+                if text:
+                    yield Delta(text=text)
+        finish = finish_reason_of(meta.get("finish_reason"))
+        yield Final(usage=usage_from_meta(meta), spec=spec_from_meta(meta), finish_reason=finish)

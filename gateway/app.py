@@ -1,0 +1,144 @@
+"""The gateway ASGI application: routes, lifespan, and the error handler.
+
+`create_app(config)` builds a Starlette app. The lifespan owns the long-lived
+resources: ONE `aiohttp.ClientSession` (pooled keep-alive connections, explicit
+timeouts) shared by every upstream call, the health monitor, and the tracer
+provider. The token routes are raw ASGI (`gateway.endpoints`); the rest are plain
+Starlette routes, where speed does not matter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+import orjson
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.adapters import make_adapters
+from gateway.auth import Authenticator, RateLimiter
+from gateway.config import GatewayConfig
+from gateway.dispatch import Gateway
+from gateway.endpoints import TokenEndpoint
+from gateway.errors import GatewayError, ModelNotFound, error_response
+from gateway.pools import HealthMonitor, build_pools
+from gateway.routing import Classify, Decide, Router, first_healthy, minimal_profile
+from gateway.telemetry import PrometheusRecorder, Recorder, make_tracer
+
+
+def json_response(body: object, status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+def _gateway(request: Request) -> Gateway:
+    return request.app.state.gateway
+
+
+def model_card(name: str, created: int) -> dict:
+    return {"id": name, "object": "model", "created": created, "owned_by": "specroute"}
+
+
+async def list_models(request: Request) -> Response:
+    gateway = _gateway(request)
+    gateway.auth.tenant(request.headers.get("authorization"))
+    created = request.app.state.started
+    return json_response({"object": "list",
+                          "data": [model_card(m, created) for m in gateway.config.models]})
+
+
+async def get_model(request: Request) -> Response:
+    gateway = _gateway(request)
+    gateway.auth.tenant(request.headers.get("authorization"))
+    name = request.path_params["model"]
+    if name not in gateway.config.models:
+        raise ModelNotFound(f"The model '{name}' does not exist", param="model",
+                            code="model_not_found")
+    return json_response(model_card(name, request.app.state.started))
+
+
+async def health(request: Request) -> Response:
+    return json_response({"status": "ok"})
+
+
+async def ready(request: Request) -> Response:
+    """200 only when every configured model has at least one healthy worker."""
+    gateway = _gateway(request)
+    models: dict[str, int] = dict.fromkeys(gateway.config.models, 0)
+    for pool in gateway.pools.values():
+        models[pool.config.model] += pool.healthy_workers
+    pools = {p.name: {"healthy_workers": p.healthy_workers, "workers": len(p.workers),
+                      "outstanding": p.outstanding} for p in gateway.pools.values()}
+    is_ready = all(models.values())
+    return json_response({"ready": is_ready, "models": models, "pools": pools},
+                         200 if is_ready else 503)
+
+
+async def metrics(request: Request) -> Response:
+    return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+async def gateway_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, GatewayError)
+    return error_response(exc)
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404/405 in OpenAI shape."""
+    assert isinstance(exc, HTTPException)
+    error = GatewayError(str(exc.detail), status=exc.status_code,
+                         code="not_found" if exc.status_code == 404 else "method_not_allowed")
+    error.type = "invalid_request_error"
+    return error_response(error)
+
+
+def create_app(config: GatewayConfig, *, decide: Decide = first_healthy,
+               classify: Classify = minimal_profile,
+               recorder: Recorder | None = None) -> Starlette:
+    """Build the app; `decide`, `classify` and `recorder` are the policy/telemetry plugs."""
+    registry = CollectorRegistry()
+    recorder = recorder or PrometheusRecorder(registry)
+    server = config.server
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        timeout = aiohttp.ClientTimeout(total=None, connect=server.connect_timeout_s,
+                                        sock_read=server.read_timeout_s)
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+        provider, tracer = make_tracer(server.otel_exporter)
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector,
+                                         auto_decompress=False) as session:
+            pools = build_pools(config)
+            monitor = HealthMonitor(pools, session, server.health_interval_s)
+            app.state.gateway = Gateway(
+                config=config, pools=pools,
+                router=Router(pools, decide=decide, classify=classify),
+                auth=Authenticator(config.tenants), limiter=RateLimiter(),
+                adapters=make_adapters(session), recorder=recorder, tracer=tracer)
+            await monitor.start()
+            try:
+                yield
+            finally:
+                await monitor.stop()
+                provider.shutdown()
+
+    routes = [
+        Route("/v1/chat/completions", TokenEndpoint("chat"), methods=["POST"]),
+        Route("/v1/completions", TokenEndpoint("completions"), methods=["POST"]),
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", get_model, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/ready", ready, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={GatewayError: gateway_error, HTTPException: http_error})
+    app.state.registry = registry
+    app.state.started = int(time.time())
+    return app

@@ -1,0 +1,270 @@
+"""Request classification: an OpenAI request body -> `RequestProfile`.
+
+Why: speculative drafts are accepted far more often on code and JSON than on free chat,
+so the policy needs to know which one a request is before choosing a pool and `k`.
+
+Order of evidence (first that fires decides the task; every rule that fires is listed
+in `reasons`):
+
+1. hard request fields -> `structured`: `response_format` json_object / json_schema
+   (json_schema, and the engines' `guided_json`/`guided_regex`/`guided_grammar`/`regex`/
+   `ebnf`/`json_schema` extras, also set `needs_constrained`), non-empty `tools` /
+   `functions` with `tool_choice` other than "none" (`needs_tools`).
+2. the prompt asks for JSON/YAML/CSV/XML output ("respond in JSON", "as a YAML file")
+   -> `structured`, unless the same clause asks for a function/script (then it is code).
+3. code in the prompt: a fenced block in a programming language (or unlabelled), a
+   stack trace, or >= 3 code-looking lines; or an explicit "write a function/script/
+   query/regex" -> `code`.
+4. otherwise the linear text model (`gateway.classifier_model`) picks the class.
+
+Structured beats code because a requested output format is the strongest signal about
+what will be decoded. Rules read the system messages plus the last user message (head
+6 KB + tail 2 KB); the model reads only the last user message (its own head/tail
+window). `prompt_tokens` is an estimate, UTF-8 bytes / 4 + 4 per message: there is no
+tokenizer in the gateway. The model loads lazily on first use (`load_classifier`).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from gateway.classifier_model import LinearTextModel
+from policies.types import RequestProfile, Task
+
+DEFAULT_MODEL_PATH = Path(__file__).resolve().parent / "assets" / "classifier.npz"
+RULE_HEAD_CHARS = 6144
+RULE_TAIL_CHARS = 2048
+SYSTEM_CHARS = 1024
+BYTES_PER_TOKEN = 4
+TOKENS_PER_MESSAGE = 4
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI /v1/completions default; chat: 0 = unset
+
+_CONSTRAINED_EXTRAS = ("guided_json", "guided_regex", "guided_grammar", "regex", "ebnf",
+                       "json_schema")
+_FMT = r"(?:json(?:\s+lines|l)?|ya?ml|csv|tsv|xml)"
+_VERB = (r"\b(?:respond|reply|answer|output|return|format|give|provide|produce|generate|emit|"
+         r"print|write|convert|export|structure|dump|serialize|list|put|express|encode|turn|"
+         r"make|create|build|fill|save|transform|parse|extract|send|render)\w*\b")
+_ADJ = r"(?:(?:a|an|the|valid|strict|proper|well-formed|pure|plain|raw|structured|only|single)\s+)*"
+_FORMAT_ASK = re.compile(
+    rf"{_VERB}[^.?!\n]{{0,60}}?\b(?:in|as|into|to|using|with)\s+{_ADJ}(?P<a>{_FMT})\b"
+    rf"|{_VERB}[^.?!\n]{{0,40}}?\b{_ADJ}(?P<b>{_FMT})\s+(?:object|array|document|file|list|"
+    r"table|config\w*|representation|string|lines|records?|payload|output|response|format)\b"
+    rf"|{_VERB}\s+{_ADJ}(?P<f>{_FMT})\b(?!\s*(?:parser|librar|module|serializ|encoder|decoder|"
+    r"schema valid))"
+    rf"|\b(?P<c>{_FMT})\s+only\b|\b(?:only|nothing but)\s+(?:valid\s+)?(?P<d>{_FMT})\b"
+    rf"|\bin\s+(?:valid\s+)?(?P<e>{_FMT})\s+format\b",
+    re.IGNORECASE,
+)
+_CODE_NOUN = re.compile(r"\b(?:function|script|program|method|class|code|snippet|endpoint|"
+                        r"parser|module|library|cli|regex)\b", re.IGNORECASE)
+_FENCE = re.compile(r"```[ \t]*([\w+#.-]*)")
+_DATA_FENCES = frozenset({"json", "jsonl", "yaml", "yml", "csv", "tsv", "xml", "toml", "text",
+                          "txt", "markdown", "md", "plaintext"})
+_TRACE = re.compile(
+    r"Traceback \(most recent call last\)|Exception in thread \"|^\s+at [\w$.<>]+\(.*\)\s*$"
+    r"|^error\[E\d{4}\]|^panic: |^goroutine \d+ \[|Segmentation fault|^\s+at .+ \(.+:\d+:\d+\)$",
+    re.MULTILINE,
+)
+_TRACE_MARKERS = ("Traceback (most", "Exception in thread", "error[E", "panic: ", "goroutine ",
+                  "Segmentation fault", "\n    at ", "\n\tat ", "\n  at ")
+_CODE_LINE_START = re.compile(
+    r"\n[ \t]*(?:def \w+\(|class \w+[:(]|import \w|from [\w.]+ import|#include\b|public |"
+    r"private |func |fn \w|package \w|let |const |var |if \(|for \(|while \(|return\b|"
+    r"SELECT\b|CREATE TABLE|<\?php|<div|<html|#!/|@\w+)"
+)
+_CODE_LINE_END = re.compile(r"[;{}][ \t]*\n")
+_LANGS = (r"python|javascript|typescript|js|ts|jsx|tsx|java|kotlin|swift|golang|go|rust|c\+\+|"
+          r"c#|c|php|ruby|sql|bash|shell|sh|powershell|html|css|react|node(?:\.js)?|scala|"
+          r"haskell|lua|perl|dart|elixir|julia|matlab|r")
+_CODE_ASK = re.compile(
+    r"\b(?:write|implement|create|generate|code|build|give me|show me|make)\b[^.?!\n]{0,40}?"
+    r"(?:\b(?:function|script|method|unit tests?|regex|regular expression|sql query|"
+    rf"code snippet)\b|(?<![\w+#])(?:{_LANGS})\s+(?:code|program|class|snippet)\b)",
+    re.IGNORECASE,
+)
+_PASTED_CODE = re.compile(
+    r"\b(?:this|my|the following|following|below|attached)\s+(?:\w+\s+)?(?:code|function|"
+    r"script|snippet|query|program|method)\b(?!\s+of\b)[^\n]{0,80}\n",
+    re.IGNORECASE,
+)
+_CODE_ASK_WORDS = ("function", "script", "method", "test", "regex", "regular expression",
+                   "query", "snippet", "code", "program", "class")
+_FORMAT_WORDS = ("json", "yaml", "yml", "csv", "tsv", "xml")
+_ASK_BEFORE, _ASK_AFTER = 110, 40  # chars around a format word where an output ask can sit
+
+_MODEL: LinearTextModel | None = None
+
+
+def load_classifier(path: Path | str | None = None) -> LinearTextModel:
+    """Load (and cache for `classify`) the text model; the shipped one by default."""
+    global _MODEL
+    _MODEL = LinearTextModel.load(Path(path) if path is not None else DEFAULT_MODEL_PATH)
+    return _MODEL
+
+
+def set_classifier(model: LinearTextModel | None) -> None:
+    """Use `model` for the model step (None: load the shipped one on next use)."""
+    global _MODEL
+    _MODEL = model
+
+
+def classify(body: dict, endpoint: str, tenant: str = "default") -> RequestProfile:
+    """Profile a validated OpenAI request body; `endpoint` is "chat" or "completions"."""
+    system, user, total_bytes, n_messages = _prompt_parts(body, endpoint)
+    task, reasons, constrained, tools = _decide(body, system, user)
+    if endpoint == "completions":
+        default_max = COMPLETIONS_DEFAULT_MAX_TOKENS
+        max_tokens = body.get("max_tokens")
+    else:
+        default_max = 0
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+    return RequestProfile(
+        task=task,
+        temperature=max(0.0, _number(body.get("temperature"), 1.0)),
+        top_p=_number(body.get("top_p"), 1.0),
+        prompt_tokens=-(-total_bytes // BYTES_PER_TOKEN) + TOKENS_PER_MESSAGE * n_messages,
+        max_tokens=int(_number(max_tokens, default_max)),
+        stream=body.get("stream") is True,
+        tenant=tenant,
+        model=str(body.get("model") or ""),
+        needs_constrained=constrained,
+        needs_tools=tools,
+        reasons=tuple(reasons),
+    )
+
+
+def _decide(body: dict, system: str, user: str) -> tuple[Task, list[str], bool, bool]:
+    """Task, reasons, needs_constrained, needs_tools — rules first, then the model."""
+    reasons: list[str] = []
+    fmt = body.get("response_format")
+    fmt_type = fmt.get("type") if isinstance(fmt, dict) else None
+    constrained = fmt_type == "json_schema"
+    if fmt_type in ("json_object", "json_schema"):
+        reasons.append(f"response_format={fmt_type}")
+    extras = [k for k in _CONSTRAINED_EXTRAS if body.get(k)]
+    if extras:
+        constrained = True
+        reasons.append(f"constrained decoding ({', '.join(extras)})")
+    tool_list = body.get("tools") or body.get("functions")
+    tools = bool(tool_list) and isinstance(tool_list, list) and body.get("tool_choice") != "none"
+    if tools:
+        reasons.append(f"tools ({len(tool_list)})")
+    if reasons:
+        return "structured", reasons, constrained, tools
+
+    text = f"{system}\n{_bounded(user)}" if system else _bounded(user)
+    lower = text.lower()
+    ask = _format_ask(text, lower)
+    if ask:
+        return "structured", [ask], False, False
+    code = _code_evidence(text, lower)
+    if code:
+        return "code", [code], False, False
+    model = _MODEL or load_classifier()
+    prediction = model.predict(user)
+    why = f"model: {prediction.label} p={prediction.probability:.2f}"
+    if prediction.top_features:
+        why += f" ({', '.join(prediction.top_features)})"
+    return prediction.label, [why], False, False  # type: ignore[return-value]
+
+
+def _format_ask(text: str, lower: str) -> str | None:
+    """An output-format request near a format word (regex only around those words)."""
+    for word in _FORMAT_WORDS:
+        start = lower.find(word)
+        for _ in range(8):
+            if start < 0:
+                break
+            piece = text[max(0, start - _ASK_BEFORE): start + _ASK_AFTER]
+            for match in _FORMAT_ASK.finditer(piece):
+                if not _CODE_NOUN.search(match.group(0)):
+                    fmt = next(g for g in match.groups() if g)
+                    return f"asks for {fmt.upper()} output: {match.group(0).strip()[:60]!r}"
+            start = lower.find(word, start + len(word))
+    return None
+
+
+def _code_evidence(text: str, lower: str) -> str | None:
+    if "```" in text:
+        for match in _FENCE.finditer(text):
+            lang = match.group(1).lower()
+            if lang not in _DATA_FENCES:
+                return f"fenced code block ({lang or 'unlabelled'})"
+    if any(marker in text for marker in _TRACE_MARKERS) and _TRACE.search(text):
+        return "stack trace"
+    if text.count("\n") >= 2:
+        lines = len(_CODE_LINE_START.findall("\n" + text)) + len(_CODE_LINE_END.findall(text + "\n"))
+        if lines >= 3:
+            return f"code-like lines ({lines})"
+    if any(word in lower for word in _CODE_ASK_WORDS):
+        ask = _CODE_ASK.search(text)
+        if ask:
+            return f"asks for code: {ask.group(0)[:60]!r}"
+        pasted = _PASTED_CODE.search(text)
+        if pasted:
+            return f"refers to pasted code: {pasted.group(0).strip()[:60]!r}"
+    return None
+
+
+def _bounded(text: str) -> str:
+    if len(text) <= RULE_HEAD_CHARS + RULE_TAIL_CHARS:
+        return text
+    return text[:RULE_HEAD_CHARS] + "\n" + text[-RULE_TAIL_CHARS:]
+
+
+def _prompt_parts(body: dict, endpoint: str) -> tuple[str, str, int, int]:
+    """(system text, last user text, total prompt bytes, message count)."""
+    if endpoint == "completions":
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            return "", prompt, len(prompt.encode("utf-8")), 0
+        if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+            return "", prompt[0], sum(len(p.encode("utf-8")) for p in prompt), 0
+        if isinstance(prompt, list):  # token ids: count them, nothing to read
+            return "", "", BYTES_PER_TOKEN * _count_token_ids(prompt), 0
+        return "", "", 0, 0
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return "", "", 0, 0
+    system_parts: list[str] = []
+    user = ""
+    total = 0
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        text = _content_text(message.get("content"))
+        total += len(text.encode("utf-8"))
+        role = message.get("role")
+        if role in ("system", "developer"):
+            system_parts.append(text[:SYSTEM_CHARS])
+        elif role == "user":
+            user = text
+    if not user and messages and isinstance(messages[-1], dict):
+        user = _content_text(messages[-1].get("content"))
+    return "\n".join(system_parts)[:SYSTEM_CHARS], user, total, len(messages)
+
+
+def _content_text(content: object) -> str:
+    """A message's text: a string, or the text parts of a content-part list."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            part["text"] for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
+    return ""
+
+
+def _count_token_ids(prompt: list) -> int:
+    if prompt and isinstance(prompt[0], list):
+        return sum(len(p) for p in prompt if isinstance(p, list))
+    return len(prompt)
+
+
+def _number(value: object, default: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return default
+    return float(value)

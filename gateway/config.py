@@ -1,0 +1,230 @@
+"""The gateway's typed configuration: the one home for every default.
+
+A YAML file (``specroute gateway --config FILE``) is parsed into frozen dataclasses.
+Each dataclass field's default is the only place that default lives; the rest of the
+gateway receives the config object and never repeats a default. Validation errors
+name the offending key by its dotted path (``pools[1].capabilities.max_context``),
+so a bad file is fixed in one read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+ENGINES = ("sglang", "vllm", "openai", "embedded")
+
+
+class ConfigError(ValueError):
+    """The config file is missing, unreadable or invalid; the message names the key."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_body_bytes: int = 4 * 1024 * 1024
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 300.0  # longest silence allowed between upstream bytes
+    health_interval_s: float = 2.0  # how often each worker's /health is polled
+    max_attempts: int = 2  # workers tried per request before the first token is sent
+    otel_exporter: str = "none"  # "none" | "console" | "otlp"
+    log_level: str = "info"
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    constrained_decoding: bool = False
+    tools: bool = False
+    per_request_k: bool = False
+    max_context: int = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    name: str
+    engine: str
+    model: str
+    workers: tuple[str, ...]
+    method: str = "plain"
+    k: int = 0
+    capabilities: Capabilities = field(default_factory=Capabilities)
+
+
+@dataclass(frozen=True, slots=True)
+class TenantConfig:
+    name: str
+    api_key_sha256: tuple[str, ...] = ()
+    slo_ttft_ms: float = 2000.0
+    slo_tpot_ms: float = 200.0
+    priority: int = 0
+    rate_limit_rpm: int = 0  # 0 = unlimited
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    pools: tuple[PoolConfig, ...]
+    server: ServerConfig = field(default_factory=ServerConfig)
+    redis_url: str | None = None
+    tenants: tuple[TenantConfig, ...] = ()
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """Served model names, in first-seen order."""
+        return tuple(dict.fromkeys(pool.model for pool in self.pools))
+
+
+def hash_api_key(key: str) -> str:
+    """The form in which API keys are stored in the config (hex sha256)."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+T = TypeVar("T")
+
+
+def _check_type(value: Any, expected: type, path: str) -> Any:
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if expected is bool and not isinstance(value, bool):
+        raise ConfigError(f"{path}: expected true or false, got {value!r}")
+    if expected is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(f"{path}: expected an integer, got {value!r}")
+    if not isinstance(value, expected):
+        raise ConfigError(f"{path}: expected {expected.__name__}, got {value!r}")
+    return value
+
+
+def _build(cls: type[T], raw: Any, path: str, nested: dict[str, Any] | None = None) -> T:
+    """Build dataclass `cls` from mapping `raw`, checking keys and scalar types."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path or 'config'}: expected a mapping, got {type(raw).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ConfigError(f"{path + '.' if path else ''}{unknown[0]}: unknown key")
+    kwargs: dict[str, Any] = {}
+    for name, f in fields.items():
+        key_path = f"{path}.{name}" if path else name
+        if name not in raw:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ConfigError(f"{key_path}: required key is missing")
+            continue
+        value = raw[name]
+        if nested and name in nested:
+            kwargs[name] = nested[name](value, key_path)
+        elif value is None and f.default is None:
+            kwargs[name] = None
+        else:
+            expected = {"str": str, "int": int, "float": float, "bool": bool,
+                        "str | None": str}.get(str(f.type))
+            kwargs[name] = _check_type(value, expected, key_path) if expected else value
+    return cls(**kwargs)
+
+
+def _str_list(value: Any, path: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{path}: expected a list of strings")
+    return tuple(value)
+
+
+def _positive(value: float, path: str) -> None:
+    if value <= 0:
+        raise ConfigError(f"{path}: must be > 0, got {value}")
+
+
+def _server(raw: Any, path: str) -> ServerConfig:
+    server = _build(ServerConfig, raw, path)
+    for name in ("max_body_bytes", "connect_timeout_s", "read_timeout_s",
+                 "health_interval_s", "max_attempts"):
+        _positive(getattr(server, name), f"{path}.{name}")
+    if not 0 <= server.port < 65536:
+        raise ConfigError(f"{path}.port: must be in 0..65535, got {server.port}")
+    if server.otel_exporter not in ("none", "console", "otlp"):
+        raise ConfigError(f"{path}.otel_exporter: must be none, console or otlp")
+    if server.log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
+        raise ConfigError(f"{path}.log_level: must be critical, error, warning, info, "
+                          f"debug or trace")
+    return server
+
+
+def _pool(raw: Any, path: str) -> PoolConfig:
+    def workers(value: Any, p: str) -> tuple[str, ...]:
+        urls = _str_list(value, p)
+        if not urls:
+            raise ConfigError(f"{p}: needs at least one worker URL")
+        for i, url in enumerate(urls):
+            if not url.startswith(("http://", "https://")):
+                raise ConfigError(f"{p}[{i}]: not an http(s) URL: {url!r}")
+        return tuple(url.rstrip("/") for url in urls)
+
+    def capabilities(value: Any, p: str) -> Capabilities:
+        caps = _build(Capabilities, value, p)
+        _positive(caps.max_context, f"{p}.max_context")
+        return caps
+
+    pool = _build(PoolConfig, raw, path,
+                  nested={"workers": workers, "capabilities": capabilities})
+    if pool.engine not in ENGINES:
+        raise ConfigError(f"{path}.engine: must be one of {', '.join(ENGINES)}, "
+                          f"got {pool.engine!r}")
+    if pool.k < 0:
+        raise ConfigError(f"{path}.k: must be >= 0, got {pool.k}")
+    return pool
+
+
+def _tenant(raw: Any, path: str) -> TenantConfig:
+    def hashes(value: Any, p: str) -> tuple[str, ...]:
+        out = _str_list(value, p)
+        for i, h in enumerate(out):
+            if len(h) != 64 or any(c not in "0123456789abcdef" for c in h.lower()):
+                raise ConfigError(f"{p}[{i}]: not a hex sha256 digest")
+        return tuple(h.lower() for h in out)
+
+    tenant = _build(TenantConfig, raw, path, nested={"api_key_sha256": hashes})
+    if tenant.rate_limit_rpm < 0:
+        raise ConfigError(f"{path}.rate_limit_rpm: must be >= 0")
+    return tenant
+
+
+def _list_of(item: Any, raw: Any, path: str) -> tuple:
+    if not isinstance(raw, list):
+        raise ConfigError(f"{path}: expected a list")
+    return tuple(item(entry, f"{path}[{i}]") for i, entry in enumerate(raw))
+
+
+def parse_config(raw: Any) -> GatewayConfig:
+    """Validate a parsed YAML document into a `GatewayConfig`."""
+    config = _build(GatewayConfig, raw, "", nested={
+        "server": _server,
+        "pools": lambda v, p: _list_of(_pool, v, p),
+        "tenants": lambda v, p: _list_of(_tenant, v or [], p),
+    })
+    if not config.pools:
+        raise ConfigError("pools: at least one pool is required")
+    for kind, items in (("pools", config.pools), ("tenants", config.tenants)):
+        seen: set[str] = set()
+        for i, item in enumerate(items):
+            if item.name in seen:
+                raise ConfigError(f"{kind}[{i}].name: duplicate name {item.name!r}")
+            seen.add(item.name)
+    return config
+
+
+def load_config(path: str | Path) -> GatewayConfig:
+    """Read and validate the YAML config at `path`."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from exc
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config {path} is not valid YAML: {exc}") from exc
+    return parse_config(raw)

@@ -1,0 +1,203 @@
+"""Validation of OpenAI request bodies into one typed `GenerationRequest`.
+
+Hand-written checks rather than pydantic models: the token path validates every
+request, and a handful of isinstance checks cost microseconds while naming the bad
+field exactly as the OpenAI API does (`param`). Unknown fields are kept in `body` and
+passed through to OpenAI-compatible workers untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gateway.errors import InvalidRequest
+
+Endpoint = Literal["chat", "completions"]
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+RESPONSE_FORMATS = frozenset({"text", "json_object", "json_schema"})
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    endpoint: Endpoint
+    model: str
+    body: dict  # the client's body as sent, for pass-through adapters
+    messages: list[dict] | None = None
+    prompt: str | list[int] | None = None  # text, or token ids
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    include_usage: bool = False
+    response_format: dict | None = None
+    tools: list | None = None
+    tool_choice: Any = None
+    user: str | None = None
+
+    @property
+    def needs_constrained(self) -> bool:
+        fmt = self.response_format
+        return fmt is not None and fmt.get("type") in ("json_object", "json_schema")
+
+    @property
+    def needs_tools(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
+
+    @property
+    def json_schema(self) -> dict | None:
+        """The schema a constrained decoder must follow, if the client gave one."""
+        fmt = self.response_format
+        if fmt is None or fmt.get("type") != "json_schema":
+            return None
+        spec = fmt.get("json_schema") or {}
+        return spec.get("schema") if isinstance(spec, dict) else None
+
+
+def _bad(param: str, message: str) -> InvalidRequest:
+    return InvalidRequest(message, param=param, code="invalid_value")
+
+
+def _number(body: dict, name: str, low: float, high: float) -> float | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _bad(name, f"'{name}' must be a number, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise _bad(name, f"'{name}' must be between {low:g} and {high:g}, got {value}")
+    return float(value)
+
+
+def _integer(body: dict, name: str, low: int) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(name, f"'{name}' must be an integer, got {type(value).__name__}")
+    if value < low:
+        raise _bad(name, f"'{name}' must be >= {low}, got {value}")
+    return value
+
+
+def _stop(body: dict) -> list[str] | None:
+    value = body.get("stop")
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(s, str) for s in value) and len(value) <= 4:
+        return value
+    raise _bad("stop", "'stop' must be a string or a list of at most 4 strings")
+
+
+def _content_ok(content: Any) -> bool:
+    if content is None or isinstance(content, str):
+        return True
+    return isinstance(content, list) and all(isinstance(p, dict) and "type" in p
+                                             for p in content)
+
+
+def _messages(body: dict) -> list[dict]:
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        raise _bad("messages", "'messages' is required and must be a list")
+    if not messages:
+        raise _bad("messages", "'messages' must contain at least one message")
+    for i, message in enumerate(messages):
+        param = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise _bad(param, f"'{param}' must be an object")
+        role = message.get("role")
+        if role not in ROLES:
+            raise _bad(f"{param}.role", f"'{param}.role' must be one of "
+                       f"{', '.join(sorted(ROLES))}, got {role!r}")
+        if not _content_ok(message.get("content")):
+            raise _bad(f"{param}.content",
+                       f"'{param}.content' must be a string or a list of content parts")
+        if message.get("content") is None and role != "assistant":
+            raise _bad(f"{param}.content", f"'{param}.content' is required")
+    return messages
+
+
+def _prompt(body: dict) -> str | list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt
+    if (isinstance(prompt, list) and prompt
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
+        return prompt
+    raise _bad("prompt", "'prompt' is required and must be a string, a list with one "
+               "string, or a list of token ids")
+
+
+def _response_format(body: dict) -> dict | None:
+    fmt = body.get("response_format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") not in RESPONSE_FORMATS:
+        raise _bad("response_format", "'response_format.type' must be one of "
+                   "text, json_object, json_schema")
+    if fmt["type"] == "json_schema" and not isinstance(fmt.get("json_schema"), dict):
+        raise _bad("response_format", "'response_format.json_schema' must be an object")
+    return fmt
+
+
+def _stream_flags(body: dict) -> tuple[bool, bool]:
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise _bad("stream", "'stream' must be a boolean")
+    options = body.get("stream_options")
+    if options is None:
+        return stream, False
+    if not isinstance(options, dict):
+        raise _bad("stream_options", "'stream_options' must be an object")
+    return stream, bool(options.get("include_usage", False))
+
+
+def parse_request(body: Any, endpoint: Endpoint) -> GenerationRequest:
+    """Check an OpenAI chat/completions body; raise `InvalidRequest` naming the field."""
+    if not isinstance(body, dict):
+        raise _bad("body", "the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("model", "'model' is required and must be a non-empty string")
+    n = _integer(body, "n", 1)
+    if n is not None and n > 1:
+        raise InvalidRequest("'n' > 1 is not supported by this gateway", param="n",
+                             code="unsupported_value")
+    max_tokens = _integer(body, "max_completion_tokens", 1)
+    if max_tokens is None:
+        max_tokens = _integer(body, "max_tokens", 1)
+    seed = _integer(body, "seed", -(2**63))
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise _bad("tools", "'tools' must be a list")
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise _bad("user", "'user' must be a string")
+    stream, include_usage = _stream_flags(body)
+    return GenerationRequest(
+        endpoint=endpoint,
+        model=model,
+        body=body,
+        messages=_messages(body) if endpoint == "chat" else None,
+        prompt=_prompt(body) if endpoint == "completions" else None,
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", 0.0, 2.0),
+        top_p=_number(body, "top_p", 0.0, 1.0),
+        stop=_stop(body),
+        seed=seed,
+        stream=stream,
+        include_usage=include_usage,
+        response_format=_response_format(body),
+        tools=tools,
+        tool_choice=body.get("tool_choice"),
+        user=user,
+    )

@@ -1,0 +1,104 @@
+"""Per-request telemetry: the recorder hook, Prometheus metrics, OpenTelemetry spans.
+
+Every finished request becomes one `policies.types.RequestRecord` handed to a
+`Recorder`. `record()` must not block: the default `PrometheusRecorder` only bumps
+in-process counters; the Redis telemetry store (another module) batches off the hot
+path. Each gateway app owns its own `CollectorRegistry`, so several apps in one
+process (tests) never collide.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Protocol
+
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+)
+from opentelemetry.trace import Tracer
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from policies.types import RequestRecord
+
+log = logging.getLogger("specroute.gateway")
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+ACCEPT_BUCKETS = (1, 1.5, 2, 2.5, 3, 3.5, 4, 5, 6, 8, 12)
+
+
+class Recorder(Protocol):
+    def record(self, record: RequestRecord) -> None: ...
+
+
+class PrometheusRecorder:
+    """Request counts, latency, TTFT, tokens and accept length per pool."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        labels = ("pool", "method")
+        self.requests = Counter("specroute_requests", "Finished requests",
+                                (*labels, "task", "ok"), registry=registry)
+        self.latency = Histogram("specroute_request_seconds", "End-to-end request time",
+                                 labels, buckets=LATENCY_BUCKETS, registry=registry)
+        self.ttft = Histogram("specroute_ttft_seconds", "Time to first token", labels,
+                              buckets=LATENCY_BUCKETS, registry=registry)
+        self.tokens = Counter("specroute_output_tokens", "Generated tokens", labels,
+                              registry=registry)
+        self.accept = Histogram("specroute_accept_length",
+                                "Tokens per verify step (bonus included)", labels,
+                                buckets=ACCEPT_BUCKETS, registry=registry)
+
+        # label lookups cost more than the updates; children are cached per label set
+        self._children: dict[tuple[str, ...], tuple] = {}
+
+    def _series(self, record: RequestRecord) -> tuple:
+        key = (record.pool, record.method, record.task, str(record.ok).lower())
+        series = self._children.get(key)
+        if series is None:
+            labels = key[:2]
+            series = (self.requests.labels(*key), self.latency.labels(*labels),
+                      self.ttft.labels(*labels), self.tokens.labels(*labels),
+                      self.accept.labels(*labels))
+            self._children[key] = series
+        return series
+
+    def record(self, record: RequestRecord) -> None:
+        requests, latency, ttft, tokens, accept = self._series(record)
+        requests.inc()
+        if not record.ok:
+            return
+        latency.observe(record.e2e_s)
+        ttft.observe(record.ttft_s)
+        tokens.inc(record.output_tokens)
+        if record.accept_length > 0:
+            accept.observe(record.accept_length)
+
+
+def make_tracer(exporter: str) -> tuple[TracerProvider, Tracer]:
+    """A real SDK TracerProvider; spans go nowhere unless an exporter is configured."""
+    provider = TracerProvider()
+    if exporter == "console":
+        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
+    elif exporter == "otlp":
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        except ImportError:
+            log.warning("otel_exporter=otlp but opentelemetry-exporter-otlp is not "
+                        "installed; spans are not exported")
+        else:
+            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    return provider, provider.get_tracer("specroute.gateway")
+
+
+def span_attributes(record: RequestRecord) -> dict[str, str | int | float | bool]:
+    return {
+        "specroute.pool": record.pool, "specroute.method": record.method,
+        "specroute.k": record.k, "specroute.task": record.task,
+        "specroute.tenant": record.tenant, "specroute.accept_length": record.accept_length,
+        "specroute.verify_steps": record.verify_steps,
+        "gen_ai.usage.input_tokens": record.prompt_tokens,
+        "gen_ai.usage.output_tokens": record.output_tokens,
+        "gen_ai.request.model": record.model, "specroute.ok": record.ok,
+    }

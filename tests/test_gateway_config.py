@@ -1,0 +1,76 @@
+"""Config parsing: defaults live in one place, and every error names its key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.config import ConfigError, hash_api_key, load_config, parse_config
+
+POOL = {"name": "p", "engine": "sglang", "model": "m", "workers": ["http://127.0.0.1:1/"]}
+
+
+def test_minimal_config_gets_documented_defaults() -> None:
+    config = parse_config({"pools": [POOL]})
+    assert config.server.max_body_bytes == 4 * 1024 * 1024
+    assert config.server.port == 8000
+    assert config.pools[0].workers == ("http://127.0.0.1:1",)
+    assert config.pools[0].capabilities.constrained_decoding is False
+    assert config.tenants == () and config.redis_url is None
+    assert config.models == ("m",)
+
+
+def test_full_config_round_trips(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(f"""
+server: {{host: 0.0.0.0, port: 9000, read_timeout_s: 30}}
+redis_url: redis://127.0.0.1:6379/0
+pools:
+  - name: eagle
+    engine: vllm
+    method: eagle3
+    k: 4
+    model: llama
+    workers: [http://a:1, http://b:2]
+    capabilities: {{constrained_decoding: true, tools: true, per_request_k: false,
+                    max_context: 8192}}
+tenants:
+  - {{name: acme, api_key_sha256: [{hash_api_key("k")}], slo_ttft_ms: 500,
+      priority: 2, rate_limit_rpm: 60}}
+""")
+    config = load_config(path)
+    assert config.server.read_timeout_s == 30.0
+    assert config.pools[0].capabilities.max_context == 8192
+    assert config.tenants[0].slo_ttft_ms == 500.0
+    assert config.redis_url == "redis://127.0.0.1:6379/0"
+
+
+@pytest.mark.parametrize(("raw", "key"), [
+    ({}, "pools"),
+    ({"pools": []}, "pools"),
+    ({"pools": [{**POOL, "engine": "tgi"}]}, "pools[0].engine"),
+    ({"pools": [{**POOL, "k": -1}]}, "pools[0].k"),
+    ({"pools": [{**POOL, "workers": ["ftp://x"]}]}, "pools[0].workers[0]"),
+    ({"pools": [{k: v for k, v in POOL.items() if k != "model"}]}, "pools[0].model"),
+    ({"pools": [{**POOL, "capabilities": {"tools": "yes"}}]}, "pools[0].capabilities.tools"),
+    ({"pools": [{**POOL, "capabilities": {"max_context": 0}}]},
+     "pools[0].capabilities.max_context"),
+    ({"pools": [POOL, POOL]}, "pools[1].name"),
+    ({"pools": [POOL], "server": {"max_body_bytes": 0}}, "server.max_body_bytes"),
+    ({"pools": [POOL], "server": {"prot": 1}}, "server.prot"),
+    ({"pools": [POOL], "tenants": [{"name": "t", "api_key_sha256": ["abc"]}]},
+     "tenants[0].api_key_sha256[0]"),
+])
+def test_errors_name_the_bad_key(raw: dict, key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw)
+    assert str(info.value).startswith(key)
+
+
+def test_unreadable_and_invalid_yaml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+    (tmp_path / "bad.yaml").write_text("pools: [")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(tmp_path / "bad.yaml")
