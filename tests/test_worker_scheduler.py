@@ -1,0 +1,143 @@
+"""The worker's engine thread: round-robin fairness, bounded queue, cancellation.
+
+Driven with a counting engine (no torch) so the scheduling order is what is tested;
+the real engine behind real HTTP is in test_worker_server.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass
+
+import pytest
+
+from workers.embedded.protocol import Overloaded
+from workers.embedded.scheduler import ErrorEvent, Scheduler, StepEvent
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    verify_steps: int = 0
+    num_proposed_drafts: int = 0
+    num_correct_drafts: int = 0
+
+
+@dataclass
+class Out:
+    token_ids: list[int]
+    text: str
+    finished: bool
+    finish_reason: str | None = None
+    matched_stop: int | None = None
+
+
+class CountingGeneration:
+    """Emits one token per step; `gate` lets a test hold the engine thread."""
+
+    def __init__(self, length: int, gate: threading.Event, log: list[int], tag: int) -> None:
+        self.stats = Stats()
+        self.length, self.gate, self.log, self.tag = length, gate, log, tag
+        self.finished = self.cancelled = False
+
+    def step(self) -> Out:
+        self.gate.wait(5)
+        self.log.append(self.tag)
+        self.stats.completion_tokens += 1
+        self.stats.verify_steps += 1
+        self.finished = self.stats.completion_tokens >= self.length
+        return Out([self.tag], "x", self.finished, "length" if self.finished else None)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class CountingEngine:
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.gate.set()
+        self.log: list[int] = []
+        self.generations: list[CountingGeneration] = []
+
+    def start(self, input_ids: list[int], params: int, method: str = "plain",
+              k: int | None = None) -> CountingGeneration:
+        if params < 1:
+            raise ValueError("length must be >= 1")
+        gen = CountingGeneration(params, self.gate, self.log, input_ids[0])
+        self.generations.append(gen)
+        return gen
+
+
+async def drain(ticket) -> list[StepEvent | ErrorEvent]:
+    events = []
+    while True:
+        event = await asyncio.wait_for(ticket.events.get(), 5)
+        events.append(event)
+        if isinstance(event, ErrorEvent) or event.output.finished:
+            return events
+
+
+@pytest.fixture
+def engine_and_scheduler():
+    engine = CountingEngine()
+    scheduler = Scheduler(engine, max_running=2, max_queue=2)
+    scheduler.start()
+    yield engine, scheduler
+    engine.gate.set()
+    scheduler.stop()
+
+
+async def test_short_request_is_not_stuck_behind_a_long_one(engine_and_scheduler) -> None:
+    engine, scheduler = engine_and_scheduler
+    engine.gate.clear()
+    long_run = scheduler.submit([1], 50, "plain", None)
+    short_run = scheduler.submit([2], 3, "plain", None)
+    engine.gate.set()
+    short_events = await drain(short_run)
+    long_events = await drain(long_run)
+    assert len(short_events) == 3 and len(long_events) == 50
+    # the short one finished within its first few turns, interleaved with the long one
+    last_short = max(i for i, tag in enumerate(engine.log) if tag == 2)
+    assert last_short <= 6
+    assert scheduler.stats.requests_finished == 2
+    assert scheduler.stats.generation_tokens == 53
+
+
+async def test_queue_is_bounded_and_waiting_requests_are_fifo(engine_and_scheduler) -> None:
+    engine, scheduler = engine_and_scheduler
+    engine.gate.clear()
+    running = [scheduler.submit([t], 5, "plain", None) for t in (1, 2)]
+    await asyncio.sleep(0.05)  # the engine thread admits both, then blocks in step()
+    queued = [scheduler.submit([t], 1, "plain", None) for t in (3, 4)]
+    assert scheduler.num_running == 2 and scheduler.num_queued == 2
+    with pytest.raises(Overloaded):
+        scheduler.submit([5], 1, "plain", None)
+    engine.gate.set()
+    for ticket in running + queued:
+        await drain(ticket)
+    first_seen = [engine.log.index(t) for t in (3, 4)]
+    assert first_seen == sorted(first_seen)
+
+
+async def test_cancel_frees_the_slot_for_the_next_request(engine_and_scheduler) -> None:
+    engine, scheduler = engine_and_scheduler
+    endless = [scheduler.submit([t], 10_000, "plain", None) for t in (1, 2)]
+    waiting = scheduler.submit([3], 2, "plain", None)
+    await asyncio.wait_for(endless[0].events.get(), 5)
+    for ticket in endless:
+        scheduler.cancel(ticket)
+    events = await drain(waiting)
+    assert events[-1].output.finished
+    assert all(gen.cancelled for gen in engine.generations[:2])
+    assert scheduler.stats.requests_aborted == 2
+
+
+async def test_engine_errors_reach_the_request_and_the_thread_survives(
+        engine_and_scheduler) -> None:
+    _, scheduler = engine_and_scheduler
+    bad = await drain(scheduler.submit([1], 0, "plain", None))
+    assert isinstance(bad[0], ErrorEvent) and "length" in str(bad[0].error)
+    good = await drain(scheduler.submit([2], 1, "plain", None))
+    assert good[-1].output.finished

@@ -1,0 +1,249 @@
+"""The embedded worker through real HTTP: `specroute worker` as a subprocess.
+
+The model is a random tiny Llama with a tokenizer trained here on a few KB of text,
+so the test needs no downloads and no training artefacts; what is checked is the wire
+surface (SGLang 0.5.23 shapes), scheduling and error handling, not output quality.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import free_port, start_process, stop_process, wait_http
+
+TEXT = [
+    "def add(a, b):\n    return a + b\n",
+    '{"name": "specroute", "kind": "gateway", "tokens": [1, 2, 3]}\n',
+    "Speculative decoding drafts tokens and verifies them in one target pass.\n",
+    "The quick brown fox jumps over the lazy dog. " * 3,
+] * 20
+CONTEXT = 2048  # room for a generation long enough to outlast a client disconnect
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import torch
+
+    from workers.embedded.model import LlamaForCausalLM, ModelConfig, init_weights, save_model
+    from workers.embedded.tokenizer import train_tokenizer
+
+    out = tmp_path_factory.mktemp("tiny-model")
+    tok = train_tokenizer(TEXT, vocab_size=320)
+    tok.save(str(out / "tokenizer.json"))
+    config = ModelConfig(vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=CONTEXT)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    init_weights(model)
+    save_model(model, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def worker(model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
+           redis_server: str) -> Iterator[str]:
+    port = free_port()
+    log = tmp_path_factory.mktemp("worker-log") / "worker.log"
+    proc = start_process(["-m", "gateway.cli", "worker", "--method", "ngram", "--port", str(port),
+                          "--model", str(model_dir), "--threads", "1",
+                          "--redis-url", redis_server, "--pool", "worker-test"], log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(f"{url}/health", timeout=60, proc=proc)
+    except (RuntimeError, TimeoutError):
+        stop_process(proc)
+        raise AssertionError(log.read_text()) from None
+    yield url
+    stop_process(proc)
+
+
+def greedy(max_new_tokens: int, **extra: object) -> dict:
+    return {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True, **extra}
+
+
+def sse_events(body: str) -> list[str]:
+    assert body.endswith("data: [DONE]\n\n")
+    chunks = [c for c in body.split("\n\n") if c]
+    assert all(c.startswith("data: ") for c in chunks)
+    return [c[len("data: "):] for c in chunks]
+
+
+def test_generate_returns_sglang_fields(worker: str) -> None:
+    r = httpx.post(f"{worker}/generate", json={
+        "text": "def add(a, b):", "rid": "req-1", "sampling_params": greedy(8)}, timeout=30)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert set(body) == {"text", "output_ids", "meta_info"}
+    meta = body["meta_info"]
+    assert meta["id"] == "req-1"
+    assert meta["completion_tokens"] == len(body["output_ids"]) == 8
+    assert isinstance(meta["prompt_tokens"], int) and meta["prompt_tokens"] > 0
+    assert meta["finish_reason"] == {"type": "length", "length": 8}
+    assert isinstance(meta["e2e_latency"], float) and meta["e2e_latency"] > 0
+    assert meta["spec_verify_ct"] >= 1
+    assert meta["spec_accept_length"] == pytest.approx(8 / meta["spec_verify_ct"])
+    assert isinstance(meta["spec_accept_rate"], float)
+    assert isinstance(meta["spec_num_correct_drafts"], int)
+    assert isinstance(meta["spec_num_proposed_drafts"], int)
+
+
+def test_generate_stream_is_cumulative_and_ends_with_done(worker: str) -> None:
+    r = httpx.post(f"{worker}/generate", json={
+        "text": "The quick brown fox", "stream": True, "sampling_params": greedy(6)}, timeout=30)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    chunks = [json.loads(e) for e in sse_events(r.text)[:-1]]
+    texts = [c["text"] for c in chunks]
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:], strict=False))  # cumulative
+    assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
+    last = chunks[-1]
+    assert last["meta_info"]["finish_reason"]["type"] == "length"
+    assert len(last["output_ids"]) == last["meta_info"]["completion_tokens"] == 6
+    assert "spec_verify_ct" in last["meta_info"] and "e2e_latency" in last["meta_info"]
+
+
+def test_per_request_k_and_method_via_custom_params(worker: str) -> None:
+    def meta(custom: dict) -> dict:
+        r = httpx.post(f"{worker}/generate", json={
+            "text": "a b a b a b a b", "sampling_params": greedy(12, custom_params=custom)},
+            timeout=30)
+        assert r.status_code == 200, r.text
+        return r.json()["meta_info"]
+
+    k2 = meta({"num_speculative_tokens": 2})
+    assert k2["spec_num_proposed_drafts"] <= 2 * k2["spec_verify_ct"]
+    assert "spec_verify_ct" not in meta({"num_speculative_tokens": 0})  # k = 0: plain decoding
+    assert "spec_verify_ct" not in meta({"method": "plain"})
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"{not json", "malformed JSON"),
+    (json.dumps({"text": ""}), "text is empty"),
+    (json.dumps({"text": "a", "sampling_params": {"max_new_tokens": 0}}), "max_new_tokens"),
+    (json.dumps({"text": "a", "sampling_params": {"temperature": "hot"}}), "temperature"),
+    (json.dumps({"text": "a", "sampling_params": {"json_schema": "{}"}}), "constrained decoding"),
+    (json.dumps({"text": "a", "sampling_params": {"custom_params": {"method": "nope"}}}),
+     "unknown method"),
+    (json.dumps({"text": "a", "sampling_params": {"custom_params":
+                                                   {"num_speculative_tokens": 999}}}), ""),
+    (json.dumps({"input_ids": [1] * (CONTEXT + 10)}), "context length"),
+    (json.dumps({"text": ["a", "b"]}), "batch"),
+])
+def test_bad_input_is_400_with_a_message(worker: str, content: bytes | str, message: str) -> None:
+    r = httpx.post(f"{worker}/generate", content=content, timeout=30,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert message in r.json()["error"]["message"] and r.json()["error"]["message"]
+
+
+def test_server_info_and_metrics_carry_sglang_names(worker: str) -> None:
+    httpx.post(f"{worker}/generate", json={"text": "x", "sampling_params": greedy(3)}, timeout=30)
+    for path in ("/server_info", "/get_server_info"):
+        info = httpx.get(f"{worker}{path}").json()
+        assert info["speculative_algorithm"] == "NGRAM"
+        assert info["speculative_num_draft_tokens"] == info["speculative_num_steps"] + 1
+        assert "speculative_eagle_topk" in info and "model_path" in info
+        state = info["internal_states"][0]
+        assert state["avg_spec_accept_length"] >= 1.0
+        assert state["num_running_reqs"] == 0 and state["num_waiting_reqs"] == 0
+    assert httpx.get(f"{worker}/model_info").json()["is_generation"] is True
+    models = httpx.get(f"{worker}/v1/models").json()
+    assert models["object"] == "list" and models["data"][0]["max_model_len"] == CONTEXT
+    text = httpx.get(f"{worker}/metrics").text
+    for name in ("sglang:spec_accept_length", "sglang:spec_accept_rate", "sglang:num_running_reqs",
+                 "sglang:num_queue_reqs", "sglang:generation_tokens_total",
+                 "sglang:prompt_tokens_total"):
+        assert f"\n{name}{{" in f"\n{text}", name
+    assert httpx.get(f"{worker}/health_generate").status_code == 200
+
+
+def test_openai_chat_returns_sglext_spec_details(worker: str) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=f"{worker}/v1", api_key="none", max_retries=0)
+    try:
+        reply = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Say hi."}], max_tokens=5,
+            temperature=0, extra_body={"return_spec_tokens_details": True, "ignore_eos": True})
+    finally:
+        client.close()
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage is not None and reply.usage.completion_tokens == 5
+    details = reply.model_extra["sglext"]["spec_tokens_details"]
+    assert details["spec_verify_ct"] >= 1 and "spec_accept_length" in details
+
+
+def test_openai_completion_stream_has_sglext_usage_and_done(worker: str) -> None:
+    r = httpx.post(f"{worker}/v1/completions", json={
+        "model": "tiny", "prompt": "def add(a, b):", "max_tokens": 4, "temperature": 0,
+        "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True},
+        "return_spec_tokens_details": True}, timeout=30)
+    assert r.status_code == 200
+    chunks = [json.loads(e) for e in sse_events(r.text)[:-1]]
+    text_chunks = [c for c in chunks if c["choices"]]
+    assert text_chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-2]["sglext"]["spec_tokens_details"]["spec_verify_ct"] >= 1
+    assert chunks[-1]["usage"]["completion_tokens"] == 4
+    bad = httpx.post(f"{worker}/v1/chat/completions", json={
+        "model": "tiny", "messages": [{"role": "user", "content": "x"}],
+        "response_format": {"type": "json_object"}})
+    assert bad.status_code == 400 and "constrained decoding" in bad.json()["message"]
+
+
+async def test_short_request_overtakes_a_long_one(worker: str) -> None:
+    finished: list[str] = []
+
+    async def call(client: httpx.AsyncClient, name: str, tokens: int) -> None:
+        r = await client.post(f"{worker}/generate", json={
+            "text": "x", "sampling_params": greedy(tokens, custom_params={"method": "plain"})})
+        assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == tokens
+        finished.append(name)
+
+    async with httpx.AsyncClient(timeout=60) as client:
+        long_call = asyncio.create_task(call(client, "long", 300))
+        await asyncio.sleep(0.2)
+        await call(client, "short", 4)
+        await long_call
+    assert finished == ["short", "long"]
+
+
+def test_client_disconnect_frees_the_slot(worker: str) -> None:
+    def aborted() -> float:
+        for line in httpx.get(f"{worker}/metrics").text.splitlines():
+            if line.startswith("sglang:num_aborted_requests_total"):
+                return float(line.split()[-1])
+        raise AssertionError("no sglang:num_aborted_requests_total")
+
+    before = aborted()
+    started = time.monotonic()
+    with httpx.stream("POST", f"{worker}/generate", timeout=30, json={
+        "text": "x", "stream": True,
+        "sampling_params": greedy(CONTEXT - 8, custom_params={"method": "plain"})}) as r:
+        next(r.iter_lines())
+    while time.monotonic() < started + 20:
+        state = httpx.get(f"{worker}/server_info").json()["internal_states"][0]
+        if state["num_running_reqs"] == 0 and aborted() > before:
+            return  # cancelled (not finished) and its slot is free again
+        time.sleep(0.05)
+    raise AssertionError("the disconnected request kept its slot")
+
+
+def test_worker_registers_in_redis(worker: str, redis_server: str) -> None:
+    import redis
+
+    from workers.registry import list_workers
+
+    client = redis.Redis.from_url(redis_server)
+    try:
+        infos = list_workers(client, "worker-test")
+    finally:
+        client.close()
+    assert [(i.url, i.engine, i.method) for i in infos] == [(worker, "embedded", "ngram")]
+    assert infos[0].k == httpx.get(f"{worker}/server_info").json()["speculative_num_steps"]

@@ -1,0 +1,462 @@
+"""The worker's wire protocol: SGLang 0.5.23 request parsing and response shapes.
+
+Bodies are parsed by hand rather than by pydantic models so that every bad input gets
+a short message that names the field, and a malformed body is a 400, never a 500.
+Field names and shapes follow the SGLang wheel; docs/WORKER.md cites file and line.
+
+Errors (the worker's one exception tree; the server maps it to HTTP in one handler):
+
+    WorkerError            500, base
+    ├── BadRequest         400, the request is invalid for this worker
+    └── Overloaded         503, the queue is full; retry elsewhere
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+
+class WorkerError(Exception):
+    status_code = 500
+
+
+class BadRequest(WorkerError):
+    status_code = 400
+
+
+class Overloaded(WorkerError):
+    status_code = 503
+
+
+CONSTRAINED_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
+CONSTRAINED_MESSAGE = "constrained decoding is not supported by this engine"
+# SGLang's TOP_K_ALL (sampling_params.py): "no top-k cut", like -1.
+TOP_K_ALL = 1 << 30
+# Sampling options SGLang accepts that this engine does not implement, with the value
+# that means "off"; any other value is refused rather than silently ignored.
+UNSUPPORTED_DEFAULTS = {"min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
+                        "repetition_penalty": 1.0, "min_new_tokens": 0}
+
+
+@dataclass
+class SamplingSpec:
+    """The engine's SamplingParams before the prompt length is known."""
+
+    max_new_tokens: int | None = 128  # None: the rest of the context (SGLang's behaviour)
+    temperature: float = 1.0  # SGLang's default, unlike OpenAI clients that send their own
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no cut
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    seed: int | None = None
+
+
+@dataclass
+class GenerateRequest:
+    """A single `/generate` or OpenAI request, validated, engine-agnostic."""
+
+    text: str | None
+    input_ids: list[int] | None
+    sampling: SamplingSpec
+    method: str | None = None  # custom_params.method; None: the worker's method
+    k: int | None = None  # custom_params.num_speculative_tokens; None: the worker's k
+    stream: bool = False
+    rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    include_usage: bool = False  # OpenAI stream_options.include_usage
+    return_spec_tokens_details: bool = False  # OpenAI routes: fill sglext
+    model: str | None = None
+
+
+# ---------------------------------------------------------------- field checks
+
+
+def parse_json(body: bytes) -> dict[str, Any]:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"malformed JSON body: {exc}") from exc
+    if not isinstance(data, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return data
+
+
+def _get(obj: dict[str, Any], key: str, kind: type, default: Any = None, where: str = "") -> Any:
+    """obj[key] checked against kind (bool is not an int; an int is a float)."""
+    value = obj.get(key)
+    if value is None:
+        return default
+    ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        ok, value = True, float(value)
+    if not ok:
+        raise BadRequest(
+            f"{where}{key} must be of type {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _int_list(value: Any, name: str) -> list[int]:
+    if not isinstance(value, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
+        raise BadRequest(f"{name} must be a list of integers")
+    return value
+
+
+def _stop_list(value: Any, name: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return value
+    raise BadRequest(f"{name} must be a string or a list of strings")
+
+
+def _refuse_constraints(obj: dict[str, Any], where: str) -> None:
+    for name in CONSTRAINED_FIELDS:
+        if obj.get(name) is not None:
+            raise BadRequest(f"{CONSTRAINED_MESSAGE} ({where}{name})")
+    for name, off in UNSUPPORTED_DEFAULTS.items():
+        if obj.get(name) is not None and obj[name] != off:
+            raise BadRequest(f"{where}{name} is not supported by this engine")
+    if obj.get("logit_bias"):
+        raise BadRequest(f"{where}logit_bias is not supported by this engine")
+    n = obj.get("n")
+    if n is not None and n != 1:
+        raise BadRequest(f"{where}n must be 1 on this engine")
+
+
+def _custom_params(raw: Any, where: str) -> tuple[str | None, int | None]:
+    """custom_params.method and custom_params.num_speculative_tokens."""
+    if raw is None:
+        return None, None
+    if not isinstance(raw, dict):
+        raise BadRequest(f"{where}custom_params must be an object")
+    method = _get(raw, "method", str, where=f"{where}custom_params.")
+    k = _get(raw, "num_speculative_tokens", int, where=f"{where}custom_params.")
+    if k is not None and k < 0:
+        raise BadRequest(f"{where}custom_params.num_speculative_tokens must be >= 0")
+    return method, k
+
+
+def parse_sampling(raw: dict[str, Any], where: str, max_tokens_key: str = "max_new_tokens",
+                   default_max: int | None = 128, seed_key: str = "sampling_seed") -> SamplingSpec:
+    _refuse_constraints(raw, where)
+    max_new = _get(raw, max_tokens_key, int, default_max, where)
+    if max_new is not None and max_new < 1:
+        raise BadRequest(f"{where}{max_tokens_key} must be >= 1")
+    temperature = _get(raw, "temperature", float, 1.0, where)
+    if temperature < 0:
+        raise BadRequest(f"{where}temperature must be >= 0")
+    top_p = _get(raw, "top_p", float, 1.0, where)
+    if not 0 < top_p <= 1:
+        raise BadRequest(f"{where}top_p must be in (0, 1]")
+    top_k = _get(raw, "top_k", int, -1, where)
+    if top_k < -1:
+        raise BadRequest(f"{where}top_k must be -1 (off) or >= 1")
+    stop_ids = raw.get("stop_token_ids")
+    return SamplingSpec(
+        max_new_tokens=max_new,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=0 if top_k in (-1, 0) or top_k >= TOP_K_ALL else top_k,
+        stop=_stop_list(raw.get("stop"), f"{where}stop"),
+        stop_token_ids=[] if stop_ids is None else _int_list(stop_ids, f"{where}stop_token_ids"),
+        ignore_eos=_get(raw, "ignore_eos", bool, False, where),
+        seed=_get(raw, seed_key, int, None, where),
+    )
+
+
+def _prompt(text: Any, input_ids: Any, text_key: str) -> tuple[str | None, list[int] | None]:
+    if text is not None and input_ids is not None:
+        raise BadRequest(f"give either {text_key} or input_ids, not both")
+    if isinstance(text, list) and len(text) == 1 and isinstance(text[0], str):
+        text = text[0]
+    if text is not None:
+        if isinstance(text, list) and text and all(isinstance(t, int) for t in text):
+            return None, _int_list(text, text_key)
+        if isinstance(text, list):
+            raise BadRequest("batch requests are not supported; send one prompt per request")
+        if not isinstance(text, str):
+            raise BadRequest(f"{text_key} must be a string")
+        if not text:
+            raise BadRequest(f"{text_key} is empty")
+        return text, None
+    if input_ids is None:
+        raise BadRequest(f"either {text_key} or input_ids must be given")
+    if isinstance(input_ids, list) and input_ids and isinstance(input_ids[0], list):
+        raise BadRequest("batch requests are not supported; send one prompt per request")
+    ids = _int_list(input_ids, "input_ids")
+    if not ids:
+        raise BadRequest("input_ids is empty")
+    return None, ids
+
+
+# ---------------------------------------------------------------- request parsers
+
+
+def parse_generate(body: dict[str, Any]) -> GenerateRequest:
+    """SGLang `/generate` (GenerateReqInput in managers/io_struct.py)."""
+    text, input_ids = _prompt(body.get("text"), body.get("input_ids"), "text")
+    if body.get("input_embeds") is not None:
+        raise BadRequest("input_embeds is not supported by this engine")
+    raw = body.get("sampling_params")
+    raw = {} if raw is None else raw
+    if isinstance(raw, list):
+        raise BadRequest("batch requests are not supported; send one prompt per request")
+    if not isinstance(raw, dict):
+        raise BadRequest("sampling_params must be an object")
+    method, k = _custom_params(raw.get("custom_params"), "sampling_params.")
+    rid = _get(body, "rid", str, None)
+    return GenerateRequest(
+        text=text, input_ids=input_ids,
+        sampling=parse_sampling(raw, "sampling_params."),
+        method=method, k=k,
+        stream=_get(body, "stream", bool, False),
+        **({"rid": rid} if rid else {}),
+    )
+
+
+def _openai_common(body: dict[str, Any], default_max: int | None, max_key: str) -> dict[str, Any]:
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
+        raise BadRequest(f"{CONSTRAINED_MESSAGE} (response_format {fmt.get('type')})")
+    if body.get("tools"):
+        raise BadRequest("tool calling is not supported by this engine")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise BadRequest("stream_options must be an object")
+    method, k = _custom_params(body.get("custom_params"), "")
+    return dict(
+        sampling=parse_sampling(body, "", max_tokens_key=max_key, default_max=default_max,
+                                seed_key="seed"),
+        method=method, k=k,
+        stream=_get(body, "stream", bool, False),
+        include_usage=_get(options, "include_usage", bool, False, "stream_options."),
+        return_spec_tokens_details=_get(body, "return_spec_tokens_details", bool, False),
+        model=_get(body, "model", str, None),
+    )
+
+
+def parse_completion(body: dict[str, Any]) -> GenerateRequest:
+    """OpenAI `/v1/completions` (CompletionRequest in entrypoints/openai/protocol.py)."""
+    text, input_ids = _prompt(body.get("prompt"), None, "prompt")
+    if body.get("echo"):
+        raise BadRequest("echo is not supported by this engine")
+    return GenerateRequest(text=text, input_ids=input_ids,
+                           **_openai_common(body, 16, "max_tokens"))
+
+
+def _message_text(content: Any, index: int) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        for p in content
+    ):
+        return "".join(p["text"] for p in content)
+    raise BadRequest(f"messages[{index}].content must be a string or a list of text parts")
+
+
+def parse_chat(body: dict[str, Any], render_chat: Any) -> GenerateRequest:
+    """OpenAI `/v1/chat/completions`; the prompt is rendered with the model's template."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages must be a non-empty list")
+    rendered = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant"):
+            raise BadRequest(f"messages[{i}].role must be system, user or assistant")
+        rendered.append({"role": m["role"], "content": _message_text(m.get("content"), i)})
+    max_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None \
+        else "max_tokens"
+    return GenerateRequest(text=render_chat(rendered, add_generation_prompt=True),
+                           input_ids=None, **_openai_common(body, None, max_key))
+
+
+# ---------------------------------------------------------------- response shapes
+
+
+def finish_reason_json(output: Any, completion_tokens: int) -> dict[str, Any] | None:
+    """SGLang's BaseFinishReason.to_json() (managers/schedule_batch.py)."""
+    if not output.finished:
+        return None
+    if output.finish_reason == "length":
+        return {"type": "length", "length": completion_tokens}
+    if output.finish_reason == "stop":
+        return {"type": "stop", "matched": output.matched_stop}
+    return {"type": "abort", "message": "aborted", "status_code": None, "err_type": None}
+
+
+def spec_fields(stats: Any) -> dict[str, Any]:
+    """meta_info spec fields of a request that ran with speculation on.
+
+    SGLang adds them whenever speculation is on and a verify step ran; its proposed
+    count is verify_ct * k, here it is what the drafter actually proposed.
+    """
+    if not stats.verify_steps:
+        return {}
+    proposed = stats.num_proposed_drafts
+    return {
+        "spec_accept_rate": stats.num_correct_drafts / proposed if proposed else 0.0,
+        "spec_accept_length": stats.completion_tokens / stats.verify_steps,
+        "spec_num_correct_drafts": stats.num_correct_drafts,
+        "spec_num_proposed_drafts": stats.num_proposed_drafts,
+        "spec_verify_ct": stats.verify_steps,
+    }
+
+
+def meta_info(rid: str, output: Any, stats: Any, started: float,
+              speculative: bool) -> dict[str, Any]:
+    """SGLang meta_info (tokenizer_manager.py _handle_batch_output); final fields at finish."""
+    info: dict[str, Any] = {
+        "id": rid,
+        "finish_reason": finish_reason_json(output, stats.completion_tokens),
+        "prompt_tokens": stats.prompt_tokens,
+        "weight_version": "default",
+        "num_retractions": 0,
+        "reasoning_tokens": 0,
+        "completion_tokens": stats.completion_tokens,
+        "cached_tokens": 0,
+    }
+    if output.finished:
+        info["e2e_latency"] = time.perf_counter() - started
+        if speculative:
+            info.update(spec_fields(stats))
+    return info
+
+
+def spec_tokens_details(info: dict[str, Any]) -> dict[str, Any] | None:
+    """SGLang SpecTokensDetails (entrypoints/openai/protocol.py) from a final meta_info."""
+    if "spec_verify_ct" not in info:
+        return None
+    return {
+        "spec_accept_rate": info["spec_accept_rate"],
+        "spec_accept_length": info["spec_accept_length"],
+        "spec_cap_length": 0.0,
+        "spec_block_accept_length": 0.0,
+        "spec_num_correct_drafts": info["spec_num_correct_drafts"],
+        "spec_num_proposed_drafts": info["spec_num_proposed_drafts"],
+        "spec_verify_ct": info["spec_verify_ct"],
+        "spec_correct_drafts_histogram": [],
+        "spec_cap_lens_histogram": [],
+    }
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """SGLang UsageInfo."""
+    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens": completion_tokens, "prompt_tokens_details": None,
+            "reasoning_tokens": 0}
+
+
+def openai_finish(info: dict[str, Any]) -> tuple[str | None, str | int | None]:
+    """(finish_reason, matched_stop) of an OpenAI choice from meta_info.finish_reason."""
+    reason = info["finish_reason"]
+    if reason is None:
+        return None, None
+    return reason["type"], reason.get("matched")
+
+
+def error_body(message: str, status_code: int) -> dict[str, Any]:
+    """SGLang ErrorResponse (openai/serving_base.py create_error_response), flat, no "error" key."""
+    kind = {400: "BadRequestError", 503: "ServiceUnavailableError"}.get(
+        status_code, "InternalServerError")
+    return {"object": "error", "message": message, "type": kind, "param": None,
+            "code": status_code}
+
+
+# ---------------------------------------------------------------- server_info and /metrics
+
+# The embedded method behind SGLang's `speculative_algorithm` name (spec.py lists
+# EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, ...); SGLang has no Medusa or lookahead.
+SGLANG_ALGORITHM = {"plain": None, "ngram": "NGRAM", "eagle": "EAGLE", "draft": "STANDALONE",
+                    "medusa": "MEDUSA", "lookahead": "LOOKAHEAD"}
+
+
+def worker_k(state: Any) -> int:
+    """The worker's default k for its own method."""
+    config = state.config
+    return config.k if config.k is not None else int(state.engine.default_k.get(config.method, 0))
+
+
+def server_info(state: Any, version: str) -> dict[str, Any]:
+    """SGLang /server_info: flat server args + `internal_states` (http_server.py server_info)."""
+    config, scheduler = state.config, state.scheduler
+    k = worker_k(state)
+    speculative = config.method != "plain" and k > 0
+    internal: dict[str, Any] = {
+        "effective_max_running_requests_per_dp": scheduler.max_running,
+        "num_running_reqs": scheduler.num_running,
+        "num_waiting_reqs": scheduler.num_queued,
+    }
+    if speculative and scheduler.stats.recent:
+        internal["avg_spec_accept_length"] = scheduler.stats.recent_accept_length()
+    return {
+        "model_path": config.model_path,
+        "tokenizer_path": config.model_path,
+        "served_model_name": config.served_model_name,
+        "context_length": state.engine.max_context,
+        "max_running_requests": scheduler.max_running,
+        "max_queued_requests": scheduler.max_queue,
+        "speculative_algorithm": SGLANG_ALGORITHM.get(config.method, config.method.upper())
+        if speculative else None,
+        "speculative_num_steps": k if speculative else None,
+        "speculative_eagle_topk": 1 if speculative else None,
+        "speculative_num_draft_tokens": k + 1 if speculative else None,
+        "incremental_streaming_output": False,
+        "weight_version": "default",
+        "internal_states": [internal],
+        "version": version,
+        "frontend": "python",
+        # specroute additions: the embedded method, every loaded method, and the load signal
+        "specroute_method": config.method,
+        "specroute_methods": list(state.engine.methods),
+        "num_speculative_tokens": k,
+        "load": {"num_running_reqs": scheduler.num_running,
+                 "num_queue_reqs": scheduler.num_queued},
+    }
+
+
+def model_card(state: Any) -> dict[str, Any]:
+    """SGLang ModelCard (entrypoints/openai/protocol.py)."""
+    name = state.config.served_model_name
+    return {"id": name, "object": "model", "created": int(state.started), "owned_by": "sglang",
+            "root": name, "parent": None, "max_model_len": state.engine.max_context}
+
+
+def metrics_text(state: Any) -> str:
+    """Prometheus text with SGLang's metric names (observability/metrics_collector.py)."""
+    scheduler, stats = state.scheduler, state.scheduler.stats
+    name = state.config.served_model_name.replace("\\", "\\\\").replace('"', '\\"')
+    label = f'{{model_name="{name}"}}'
+    k = worker_k(state)
+    speculative = state.config.method != "plain" and k > 0
+    gauges = {
+        "num_running_reqs": scheduler.num_running,
+        "num_queue_reqs": scheduler.num_queued,
+        "spec_accept_length": stats.recent_accept_length(),
+        "spec_accept_rate": stats.recent_accept_rate(),
+        "spec_num_steps": k if speculative else 0,
+        "spec_num_draft_tokens": k + 1 if speculative else 0,
+    }
+    counters = {
+        "prompt_tokens": stats.prompt_tokens,
+        "generation_tokens": stats.generation_tokens,
+        "num_requests": stats.requests_finished,
+        "num_aborted_requests": stats.requests_aborted,
+        "spec_verify_calls": stats.verify_steps,
+    }
+    lines = []
+    for metric, value in gauges.items():
+        lines += [f"# TYPE sglang:{metric} gauge", f"sglang:{metric}{label} {float(value)}"]
+    for metric, value in counters.items():
+        lines += [f"# TYPE sglang:{metric}_total counter",
+                  f"sglang:{metric}_total{label} {float(value)}"]
+    return "\n".join(lines) + "\n"

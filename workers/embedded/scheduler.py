@@ -1,0 +1,206 @@
+"""The engine thread: owns the Engine and steps active generations round-robin.
+
+The torch work never runs on the event loop. One thread starts requests and calls
+`Generation.step()` on each active one in turn (one draft+verify cycle per turn), so a
+short request finishes while a long one is still decoding. At most `max_running`
+generations are active; the rest wait in a bounded FIFO queue whose depth, with the
+running count, is the worker's load signal. Each step's output goes back to the
+request's asyncio queue through `loop.call_soon_threadsafe`.
+
+Events a request receives, in order: zero or more `StepEvent`s, the last with
+`output.finished` true; or one `ErrorEvent` (bad input found by the engine, or an
+engine failure) and nothing after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import copy
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from workers.embedded.protocol import Overloaded
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StepEvent:
+    output: Any  # engine StepOutput
+    stats: Any  # engine GenerationStats, a copy taken after this step
+
+
+@dataclass
+class ErrorEvent:
+    error: BaseException
+
+
+@dataclass
+class SchedulerStats:
+    """Cumulative counters since start, read by /metrics and /server_info."""
+
+    requests_finished: int = 0
+    requests_aborted: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    verify_steps: int = 0
+    num_correct_drafts: int = 0
+    num_proposed_drafts: int = 0
+    # (completion_tokens, verify_steps, correct, proposed) of the last finished requests
+    recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=64))
+
+    def recent_accept_length(self) -> float:
+        """Tokens per verify step over the recent window (SGLang's `spec_accept_length`)."""
+        tokens = sum(r[0] for r in self.recent)
+        steps = sum(r[1] for r in self.recent)
+        return tokens / steps if steps else 0.0
+
+    def recent_accept_rate(self) -> float:
+        """Accepted / proposed draft tokens over the recent window."""
+        correct = sum(r[2] for r in self.recent)
+        proposed = sum(r[3] for r in self.recent)
+        return correct / proposed if proposed else 0.0
+
+
+class Ticket:
+    """One request's place in the scheduler; the asyncio side reads `events`."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, input_ids: list[int], params: Any,
+                 method: str, k: int | None) -> None:
+        self.loop = loop
+        self.events: asyncio.Queue[StepEvent | ErrorEvent] = asyncio.Queue()
+        self.input_ids = input_ids
+        self.params = params
+        self.method = method
+        self.k = k
+        self.cancelled = threading.Event()
+        self.generation: Any = None
+
+    def deliver(self, event: StepEvent | ErrorEvent) -> None:
+        """Called on the engine thread; hands the event to the event loop."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # loop closed during shutdown; nobody is listening
+            pass
+
+
+class Scheduler:
+    """Round-robin stepping of up to `max_running` generations on one thread."""
+
+    def __init__(self, engine: Any, max_running: int = 4, max_queue: int = 64) -> None:
+        self.engine = engine
+        self.max_running = max_running
+        self.max_queue = max_queue
+        self.stats = SchedulerStats()
+        self._pending: collections.deque[Ticket] = collections.deque()
+        self._active: list[Ticket] = []
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def num_running(self) -> int:
+        return len(self._active)
+
+    @property
+    def num_queued(self) -> int:
+        return len(self._pending)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def submit(self, input_ids: list[int], params: Any, method: str, k: int | None) -> Ticket:
+        """Queue a request; raises Overloaded when the queue is full. Call on the event loop."""
+        ticket = Ticket(asyncio.get_running_loop(), input_ids, params, method, k)
+        with self._cond:
+            free_slots = max(0, self.max_running - len(self._active))
+            if len(self._pending) >= self.max_queue + free_slots:
+                raise Overloaded(f"the worker queue is full ({self.max_queue} waiting requests)")
+            self._pending.append(ticket)
+            self._cond.notify()
+        return ticket
+
+    def cancel(self, ticket: Ticket) -> None:
+        """Free the request's slot (client went away). Safe to call more than once."""
+        ticket.cancelled.set()
+        with self._cond:
+            if ticket in self._pending:
+                self._pending.remove(ticket)
+                self.stats.requests_aborted += 1
+            self._cond.notify()
+
+    # ---------------------------------------------------------------- engine thread
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._stopping or self._pending or self._active):
+                    self._cond.wait()
+                if self._stopping:
+                    break
+                admitted = []
+                while self._pending and len(self._active) + len(admitted) < self.max_running:
+                    admitted.append(self._pending.popleft())
+            for ticket in admitted:
+                self._admit(ticket)
+            for ticket in list(self._active):
+                self._step(ticket)
+        for ticket in self._active:
+            ticket.generation.cancel()
+
+    def _admit(self, ticket: Ticket) -> None:
+        try:
+            ticket.generation = self.engine.start(ticket.input_ids, ticket.params,
+                                                  method=ticket.method, k=ticket.k)
+        except Exception as exc:  # EngineInputError becomes a 400 at the HTTP edge
+            ticket.deliver(ErrorEvent(exc))
+            return
+        self.stats.prompt_tokens += len(ticket.input_ids)
+        with self._cond:
+            self._active.append(ticket)
+
+    def _step(self, ticket: Ticket) -> None:
+        generation = ticket.generation
+        if ticket.cancelled.is_set():
+            generation.cancel()
+            self._retire(ticket)
+            self.stats.requests_aborted += 1
+            return
+        try:
+            output = generation.step()
+        except Exception as exc:
+            logger.exception("engine step failed")
+            generation.cancel()
+            self._retire(ticket)
+            ticket.deliver(ErrorEvent(exc))
+            return
+        stats = copy.copy(generation.stats)
+        self.stats.generation_tokens += len(output.token_ids)
+        if output.finished:
+            self._retire(ticket)
+            self._record(stats)
+        ticket.deliver(StepEvent(output, stats))
+
+    def _retire(self, ticket: Ticket) -> None:
+        with self._cond:
+            self._active.remove(ticket)
+
+    def _record(self, stats: Any) -> None:
+        s = self.stats
+        s.requests_finished += 1
+        s.verify_steps += stats.verify_steps
+        s.num_correct_drafts += stats.num_correct_drafts
+        s.num_proposed_drafts += stats.num_proposed_drafts
+        s.recent.append((stats.completion_tokens, stats.verify_steps,
+                         stats.num_correct_drafts, stats.num_proposed_drafts))
