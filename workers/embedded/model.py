@@ -250,6 +250,8 @@ class LlamaForCausalLM(nn.Module):
         positions: (T,) absolute positions; default prefix_length + arange(T).
         tree_mask: (T, T) bool, True where new token i may attend to new token j
         (a draft tree); default causal. The cache's entries are always visible.
+        last_only: logits for the last token only (hidden stays (B, T, C): EAGLE reads the
+        prompt's features after prefill).
         The new entries stay pending in the cache until `cache.commit()`.
         """
         b, t = tokens.shape
@@ -260,17 +262,15 @@ class LlamaForCausalLM(nn.Module):
         sin = self.rope_sin[positions][None, None].to(self.lm_head.weight.dtype)
         mask = None
         if tree_mask is not None or (past > 0 and t > 1):
-            local = tree_mask if tree_mask is not None else torch.ones(t, t, dtype=torch.bool).tril()
+            local = tree_mask if tree_mask is not None else torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril()
             full = torch.ones(t, past + t, dtype=torch.bool, device=tokens.device)
             full[:, past:] = local
             mask = full[None, None]  # (1, 1, T, L+T)
         x = self.model.embed_tokens(tokens)  # (B, T, C)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, mask, cache, i)
-        hidden = self.model.norm(x)
-        if last_only:
-            hidden = hidden[:, -1:]
-        logits = self.lm_head(hidden).float()  # (B, T, V)
+        hidden = self.model.norm(x)  # (B, T, C)
+        logits = self.lm_head(hidden[:, -1:] if last_only else hidden).float()  # (B, T or 1, V)
         return ForwardOutput(logits=logits, hidden=hidden)
 
     def new_cache(self, batch_size: int = 1, max_length: int | None = None) -> KVCache:

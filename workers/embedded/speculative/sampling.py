@@ -1,0 +1,74 @@
+"""The target distribution p and the speculative rejection rule that preserves it.
+
+Leviathan et al. 2023 (arXiv 2211.17192), Chen et al. 2023 (arXiv 2302.01318): a draft
+token x ~ q is accepted with probability min(1, p(x) / q(x)); on rejection the output is
+drawn from norm(max(0, p - q)). With a point-mass q the rule accepts with probability p(x)
+and the residual is p with x removed. Applied sibling after sibling it is the recursive
+rejection sampling of SpecInfer (arXiv 2305.09781) for token trees.
+
+Legend: p target probabilities (after temperature, top-k, top-p), q draft probabilities.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class Sampler:
+    """A request's logits processing plus its private torch.Generator (reproducible seeds)."""
+
+    def __init__(
+        self,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        self.temperature = temperature
+        self.top_p = top_p
+        self.top_k = top_k
+        self.greedy = temperature <= 0.0 or top_k == 1
+        self.generator = generator if generator is not None else torch.Generator()
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """p for each row of logits (..., V): temperature, then top-k, then top-p."""
+        x = logits.float() / max(self.temperature, 1e-5)
+        if 0 < self.top_k < x.shape[-1]:
+            kth = torch.topk(x, self.top_k, dim=-1).values[..., -1:]
+            x = x.masked_fill(x < kth, float("-inf"))
+        if self.top_p < 1.0:
+            sorted_x, order = torch.sort(x, dim=-1, descending=True)
+            sorted_p = sorted_x.softmax(-1)
+            before = sorted_p.cumsum(-1) - sorted_p  # mass strictly ahead of each token
+            drop_sorted = before >= self.top_p  # the first token always stays
+            drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+            x = x.masked_fill(drop, float("-inf"))
+        return x.softmax(-1)
+
+    def sample(self, p: torch.Tensor) -> int:
+        return int(torch.multinomial(p, 1, generator=self.generator))
+
+    def uniform(self) -> float:
+        return float(torch.rand((), generator=self.generator))
+
+
+def acceptance_probability(p: torch.Tensor, token: int, q: torch.Tensor | None) -> float:
+    """min(1, p(x) / q(x)); a point mass (q None) gives p(x)."""
+    px = float(p[token])
+    if q is None:
+        return px
+    qx = float(q[token])
+    return 1.0 if qx <= px else px / qx
+
+
+def residual(p: torch.Tensor, token: int, q: torch.Tensor | None) -> torch.Tensor:
+    """norm(max(0, p - q)); for a point mass, p with `token` removed."""
+    if q is None:
+        r = p.clone()
+        r[token] = 0.0
+    else:
+        r = (p - q).clamp_min_(0.0)
+    total = r.sum()
+    if float(total) <= 1e-12:  # p <= q everywhere means a rejection had probability 0
+        return p
+    return r / total
