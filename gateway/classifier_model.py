@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-HEAD_CHARS = 1024
-TAIL_CHARS = 512
-FORMAT_VERSION = 2
+HEAD_CHARS = 768
+TAIL_CHARS = 256
+FORMAT_VERSION = 3
 
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]{1,3}")
 # Cheap code-shape markers (substring tests, no regex scan): name -> any of these.
@@ -66,49 +66,43 @@ class LinearTextModel:
     """Multinomial logistic regression over binary, L2-normalised `features()`."""
 
     classes: tuple[str, ...]
-    vocabulary: dict[str, int]
+    names: tuple[str, ...]  # feature strings; row i of `weights` belongs to names[i]
     weights: np.ndarray  # (V, C) float32
     bias: np.ndarray  # (C,) float32
+    vocabulary: dict[str, int] = field(init=False, repr=False)  # name -> row, for lookup
+
+    def __post_init__(self) -> None:
+        if self.weights.shape != (len(self.names), len(self.classes)):
+            raise ValueError("weights must be (len(names), len(classes))")
+        if self.bias.shape != (len(self.classes),):
+            raise ValueError("bias must be (len(classes),)")
+        object.__setattr__(self, "vocabulary", {n: i for i, n in enumerate(self.names)})
 
     def predict(self, text: str, explain: int = 3) -> Prediction:
         """Most likely class, its probability and the features that argued for it."""
-        vocab = self.vocabulary
-        known = set(map(vocab.get, features(text)))
+        known = set(map(self.vocabulary.get, features(text)))
         known.discard(None)
-        idx: list[int] = list(known)  # type: ignore[arg-type]
-        if idx:
-            rows = self.weights[idx]  # (n, C)
-            logits = rows.sum(axis=0) / math.sqrt(len(idx)) + self.bias
+        if known:
+            idx = np.fromiter(known, dtype=np.intp, count=len(known))
+            rows = self.weights.take(idx, axis=0)  # (n, C)
+            logits = rows.sum(axis=0) * (1.0 / math.sqrt(len(idx))) + self.bias
         else:
-            rows = self.weights[:0]
-            logits = self.bias.astype(np.float64)
-        probs = np.exp(logits - logits.max())
-        probs /= probs.sum()
-        best = int(probs.argmax())
+            idx, rows, logits = np.empty(0, dtype=np.intp), self.weights[:0], self.bias
+        scores = [math.exp(x) for x in (logits - logits.max()).tolist()]
+        best = scores.index(max(scores))
         top: tuple[str, ...] = ()
-        if explain and idx:
+        if explain and len(idx):
             order = np.argsort(-rows[:, best])[:explain]
-            names = self._names()
-            top = tuple(names[idx[int(j)]] for j in order)
-        return Prediction(self.classes[best], float(probs[best]), top)
-
-    def _names(self) -> list[str]:
-        names = self.__dict__.get("_names_cache")
-        if names is None:
-            names = [""] * len(self.vocabulary)
-            for name, i in self.vocabulary.items():
-                names[i] = name
-            object.__setattr__(self, "_names_cache", names)
-        return names
+            top = tuple(self.names[int(idx[j])] for j in order)
+        return Prediction(self.classes[best], scores[best] / sum(scores), top)
 
     def save(self, path: Path) -> None:
         """Write the model as a compressed `.npz` of plain arrays (loadable without pickle)."""
-        names = self._names() if self.vocabulary else []
         np.savez_compressed(
             path,
             format_version=np.array([FORMAT_VERSION, HEAD_CHARS, TAIL_CHARS], dtype=np.int64),
             classes=_blob(self.classes),
-            vocabulary=_blob(names),
+            vocabulary=_blob(self.names),
             weights=self.weights.astype(np.float32),
             bias=self.bias.astype(np.float32),
         )
@@ -121,16 +115,16 @@ class LinearTextModel:
             if version != (FORMAT_VERSION, HEAD_CHARS, TAIL_CHARS):
                 raise ValueError(f"{path}: featurizer version {version} does not match this code")
             classes = tuple(_unblob(data["classes"]))
-            names = _unblob(data["vocabulary"])
+            names = tuple(_unblob(data["vocabulary"]))
             weights = np.ascontiguousarray(data["weights"], dtype=np.float32)
             bias = np.asarray(data["bias"], dtype=np.float32)
-        if weights.shape != (len(names), len(classes)) or bias.shape != (len(classes),):
-            raise ValueError(f"{path}: weight shapes do not match vocabulary and classes")
-        return cls(classes, {name: i for i, name in enumerate(names)}, weights, bias)
+        return cls(classes, names, weights, bias)
 
 
-def _blob(strings: tuple[str, ...] | list[str]) -> np.ndarray:
-    """Strings as one NUL-separated UTF-8 byte array (features never contain NUL)."""
+def _blob(strings: tuple[str, ...]) -> np.ndarray:
+    """Strings as one NUL-separated UTF-8 byte array."""
+    if any("\0" in item for item in strings):
+        raise ValueError("feature or class names must not contain NUL")
     return np.frombuffer("\0".join(strings).encode("utf-8"), dtype=np.uint8)
 
 

@@ -11,7 +11,8 @@ in `reasons`):
    `ebnf`/`json_schema` extras, also set `needs_constrained`), non-empty `tools` /
    `functions` with `tool_choice` other than "none" (`needs_tools`).
 2. the prompt asks for JSON/YAML/CSV/XML output ("respond in JSON", "as a YAML file")
-   -> `structured`, unless the same clause asks for a function/script (then it is code).
+   -> `structured`, unless the ask is for a function/script that emits it ("write a
+   Python function that returns JSON" is code).
 3. code in the prompt: a fenced block in a programming language (or unlabelled), a
    stack trace, or >= 3 code-looking lines; or an explicit "write a function/script/
    query/regex" -> `code`.
@@ -27,6 +28,7 @@ tokenizer in the gateway. The model loads lazily on first use (`load_classifier`
 from __future__ import annotations
 
 import re
+from itertools import islice
 from pathlib import Path
 
 from gateway.classifier_model import LinearTextModel
@@ -36,6 +38,7 @@ DEFAULT_MODEL_PATH = Path(__file__).resolve().parent / "assets" / "classifier.np
 RULE_HEAD_CHARS = 6144
 RULE_TAIL_CHARS = 2048
 SYSTEM_CHARS = 1024
+MAX_FENCES = 16  # fenced blocks inspected per prompt
 BYTES_PER_TOKEN = 4
 TOKENS_PER_MESSAGE = 4
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI /v1/completions default; chat: 0 = unset
@@ -45,28 +48,30 @@ _CONSTRAINED_EXTRAS = ("guided_json", "guided_regex", "guided_grammar", "regex",
 _FMT = r"(?:json(?:\s+lines|l)?|ya?ml|csv|tsv|xml)"
 _VERB = (r"\b(?:respond|reply|answer|output|return|format|give|provide|produce|generate|emit|"
          r"print|write|convert|export|structure|dump|serialize|list|put|express|encode|turn|"
-         r"make|create|build|fill|save|transform|parse|extract|send|render)\w*\b")
+         r"make|create|build|fill|save|transform|parse|extract|send|render|describe|represent|"
+         r"show|present|display|deliver|reformat|rewrite|translate|summari[sz]e|organi[sz]e|"
+         r"arrange|compile|tabulate|need|want)\w*\b")
+_EMIT = r"\b(?:respond|reply|answer|output|return|emit|produce|generate|give|send|print|dump|export)\w*\b"
 _ADJ = r"(?:(?:a|an|the|valid|strict|proper|well-formed|pure|plain|raw|structured|only|single)\s+)*"
 _FORMAT_ASK = re.compile(
     rf"{_VERB}[^.?!\n]{{0,60}}?\b(?:in|as|into|to|using|with)\s+{_ADJ}(?P<a>{_FMT})\b"
     rf"|{_VERB}[^.?!\n]{{0,40}}?\b{_ADJ}(?P<b>{_FMT})\s+(?:object|array|document|file|list|"
     r"table|config\w*|representation|string|lines|records?|payload|output|response|format)\b"
-    rf"|{_VERB}\s+{_ADJ}(?P<f>{_FMT})\b(?!\s*(?:parser|librar|module|serializ|encoder|decoder|"
+    rf"|{_EMIT}\s+{_ADJ}(?P<f>{_FMT})\b(?!\s*(?:parser|librar|module|serializ|encoder|decoder|"
     r"schema valid))"
     rf"|\b(?P<c>{_FMT})\s+only\b|\b(?:only|nothing but)\s+(?:valid\s+)?(?P<d>{_FMT})\b"
     rf"|\bin\s+(?:valid\s+)?(?P<e>{_FMT})\s+format\b",
     re.IGNORECASE,
 )
-_CODE_NOUN = re.compile(r"\b(?:function|script|program|method|class|code|snippet|endpoint|"
-                        r"parser|module|library|cli|regex)\b", re.IGNORECASE)
 _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)")
 _DATA_FENCES = frozenset({"json", "jsonl", "yaml", "yml", "csv", "tsv", "xml", "toml", "text",
                           "txt", "markdown", "md", "plaintext"})
-_TRACE = re.compile(
-    r"Traceback \(most recent call last\)|Exception in thread \"|^\s+at [\w$.<>]+\(.*\)\s*$"
-    r"|^error\[E\d{4}\]|^panic: |^goroutine \d+ \[|Segmentation fault|^\s+at .+ \(.+:\d+:\d+\)$",
-    re.MULTILINE,
-)
+_TRACES = tuple(re.compile(p, re.MULTILINE) for p in (  # separate: one alternation is slower
+    r"Traceback \(most recent call last\)|Exception in thread \"|Segmentation fault",
+    r"^[ \t]+at [\w$.<>]+\([^\n]*\)[ \t]*$",  # Java / C#
+    r"^[ \t]+at [^\n]{1,200} \([^\n]{1,200}:\d+:\d+\)$",  # JavaScript (bounded: no blow-up)
+    r"^error\[E\d{4}\]|^panic: |^goroutine \d+ \[",  # Rust, Go
+))
 _TRACE_MARKERS = ("Traceback (most", "Exception in thread", "error[E", "panic: ", "goroutine ",
                   "Segmentation fault", "\n    at ", "\n\tat ", "\n  at ")
 _CODE_LINE_START = re.compile(
@@ -110,10 +115,14 @@ def set_classifier(model: LinearTextModel | None) -> None:
     _MODEL = model
 
 
-def classify(body: dict, endpoint: str, tenant: str = "default") -> RequestProfile:
-    """Profile a validated OpenAI request body; `endpoint` is "chat" or "completions"."""
+def classify(body: dict, endpoint: str, tenant: str = "default", *,
+             model: LinearTextModel | None = None) -> RequestProfile:
+    """Profile a validated OpenAI request body; `endpoint` is "chat" or "completions".
+
+    `model` overrides the cached text model (training evaluates a fresh one this way).
+    """
     system, user, total_bytes, n_messages = _prompt_parts(body, endpoint)
-    task, reasons, constrained, tools = _decide(body, system, user)
+    task, reasons, constrained, tools = _decide(body, system, user, model)
     if endpoint == "completions":
         default_max = COMPLETIONS_DEFAULT_MAX_TOKENS
         max_tokens = body.get("max_tokens")
@@ -135,7 +144,8 @@ def classify(body: dict, endpoint: str, tenant: str = "default") -> RequestProfi
     )
 
 
-def _decide(body: dict, system: str, user: str) -> tuple[Task, list[str], bool, bool]:
+def _decide(body: dict, system: str, user: str,
+            model: LinearTextModel | None) -> tuple[Task, list[str], bool, bool]:
     """Task, reasons, needs_constrained, needs_tools — rules first, then the model."""
     reasons: list[str] = []
     fmt = body.get("response_format")
@@ -162,7 +172,7 @@ def _decide(body: dict, system: str, user: str) -> tuple[Task, list[str], bool, 
     code = _code_evidence(text, lower)
     if code:
         return "code", [code], False, False
-    model = _MODEL or load_classifier()
+    model = model or _MODEL or load_classifier()
     prediction = model.predict(user)
     why = f"model: {prediction.label} p={prediction.probability:.2f}"
     if prediction.top_features:
@@ -179,7 +189,7 @@ def _format_ask(text: str, lower: str) -> str | None:
                 break
             piece = text[max(0, start - _ASK_BEFORE): start + _ASK_AFTER]
             for match in _FORMAT_ASK.finditer(piece):
-                if not _CODE_NOUN.search(match.group(0)):
+                if not _CODE_ASK.search(match.group(0)):  # "write a function ... JSON"
                     fmt = next(g for g in match.groups() if g)
                     return f"asks for {fmt.upper()} output: {match.group(0).strip()[:60]!r}"
             start = lower.find(word, start + len(word))
@@ -188,11 +198,12 @@ def _format_ask(text: str, lower: str) -> str | None:
 
 def _code_evidence(text: str, lower: str) -> str | None:
     if "```" in text:
-        for match in _FENCE.finditer(text):
+        fences = islice(_FENCE.finditer(text), 2 * MAX_FENCES)
+        for match in islice(fences, 0, None, 2):  # openings; every second one closes a block
             lang = match.group(1).lower()
             if lang not in _DATA_FENCES:
                 return f"fenced code block ({lang or 'unlabelled'})"
-    if any(marker in text for marker in _TRACE_MARKERS) and _TRACE.search(text):
+    if any(m in text for m in _TRACE_MARKERS) and any(t.search(text) for t in _TRACES):
         return "stack trace"
     if text.count("\n") >= 2:
         lines = len(_CODE_LINE_START.findall("\n" + text)) + len(_CODE_LINE_END.findall(text + "\n"))

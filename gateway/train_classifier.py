@@ -21,9 +21,9 @@ from sklearn.feature_extraction.text import CountVectorizer
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import normalize
 
-from gateway import classify as classify_module
 from gateway.classifier_data import SEEDS, Example, build_dataset
 from gateway.classifier_model import LinearTextModel, features
+from gateway.classify import classify
 from policies.types import TASKS
 
 ASSETS = Path(__file__).resolve().parent / "assets"
@@ -70,10 +70,9 @@ def fit(examples: list[Example], config: TrainConfig) -> LinearTextModel:
     classes = tuple(str(c) for c in classifier.classes_)
     if len(classes) != len(TASKS):
         raise ValueError(f"training set has classes {classes}, needs all of {TASKS}")
-    vocabulary = {str(name): int(i) for name, i in vectorizer.vocabulary_.items()}
     return LinearTextModel(
         classes=classes,
-        vocabulary=vocabulary,
+        names=tuple(str(name) for name in vectorizer.get_feature_names_out()),
         weights=np.ascontiguousarray(classifier.coef_.T, dtype=np.float32),  # (V, C)
         bias=classifier.intercept_.astype(np.float32),
     )
@@ -101,11 +100,10 @@ def evaluate(model: LinearTextModel, examples: list[Example]) -> EvalResult:
     pipe_cm = np.zeros_like(model_cm)
     wrong: list[dict[str, str]] = []
     fallback = [0, 0]  # (examples the model decided, of which correct)
-    classify_module.set_classifier(model)
     for example in examples:
         predicted = model.predict(example.text, explain=0).label
         model_cm[order[example.label], order[predicted]] += 1
-        profile = classify_module.classify(chat_body(example.text), "chat")
+        profile = classify(chat_body(example.text), "chat", model=model)
         pipe_cm[order[example.label], order[profile.task]] += 1
         if profile.reasons[0].startswith("model:"):
             fallback[0] += 1
@@ -119,21 +117,29 @@ def evaluate(model: LinearTextModel, examples: list[Example]) -> EvalResult:
                       model_cm.tolist(), pipe_cm.tolist(), wrong)
 
 
-def latency_profile(calls: int) -> dict[str, float]:
-    """p50/p99 of `classify` on a 4 KB prompt that reaches the model (no rule fires)."""
+def latency_profile(model: LinearTextModel, calls: int) -> dict[str, float]:
+    """p50/p99 µs of `classify` on a 4 KB prompt that reaches the model (no rule fires):
+    wall time (perf_counter_ns) and this thread's CPU time (immune to preemption)."""
     sentence = "Could you tell me more about the history of the old harbour town we visited? "
-    prompt = (sentence * (4096 // len(sentence) + 1))[:4096]
-    body = chat_body(prompt)
-    for _ in range(200):
-        classify_module.classify(body, "chat")
-    samples = []
-    for _ in range(calls):
-        start = time.perf_counter_ns()
-        classify_module.classify(body, "chat")
-        samples.append(time.perf_counter_ns() - start)
-    samples.sort()
-    return {"p50": samples[len(samples) // 2] / 1000,
-            "p99": samples[int(len(samples) * 0.99)] / 1000, "calls": float(calls)}
+    body = chat_body((sentence * (4096 // len(sentence) + 1))[:4096])
+    start = time.thread_time_ns()
+    for _ in range(20):
+        sum(range(10_000))
+    # A CPU-speed yardstick (µs for sum(range(10_000))) to compare figures across machines.
+    out: dict[str, float] = {"calls": float(calls),
+                             "reference_loop": (time.thread_time_ns() - start) / 20_000}
+    for name, clock in (("wall", time.perf_counter_ns), ("cpu", time.thread_time_ns)):
+        for _ in range(200):
+            classify(body, "chat", model=model)
+        samples = []
+        for _ in range(calls):
+            start = clock()
+            classify(body, "chat", model=model)
+            samples.append(clock() - start)
+        samples.sort()
+        out[f"{name}_p50"] = samples[len(samples) // 2] / 1000
+        out[f"{name}_p99"] = samples[int(len(samples) * 0.99)] / 1000
+    return out
 
 
 def train(config: TrainConfig, out_dir: Path = ASSETS) -> TrainReport:
@@ -156,7 +162,7 @@ def train(config: TrainConfig, out_dir: Path = ASSETS) -> TrainReport:
         vocabulary_size=len(model.vocabulary), seeds=dict(SEEDS),
         trained_at=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         sklearn_version=sklearn.__version__,
-        latency_us=latency_profile(config.latency_calls) if config.latency_calls else {},
+        latency_us=latency_profile(model, config.latency_calls) if config.latency_calls else {},
         misclassified=result.misclassified,
     )
     (out_dir / "classifier.json").write_text(json.dumps(asdict(report), indent=1) + "\n")
