@@ -99,7 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     wk.add_argument("--port", type=int, default=30000)
     wk.add_argument("--model", default=None, help="model folder (default: the bundled model)")
     wk.add_argument("--num-speculative-tokens", type=int, default=None)
-    wk.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    wk.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: on a shared CPU, more threads wait on each other)",
+    )
     wk.add_argument("--redis-url", default=None, help="register in this Redis with a heartbeat")
     wk.add_argument("--pool", default=None, help="pool name to register under")
     wk.set_defaults(func=_worker)

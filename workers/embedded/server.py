@@ -420,8 +420,10 @@ def serve_worker(method: str, host: str, port: int, model_dir: str | None,
 
         k = num_speculative_tokens if num_speculative_tokens is not None \
             else engine.default_k.get(method, 0)
-        info = new_worker_info(url=f"http://{host}:{port}", pool=pool or f"embedded-{method}",
-                               engine="embedded", method=method, k=k, model=model_path,
+        # Behind NAT or in a container the bind address is not what peers dial.
+        url = os.environ.get("SPECROUTE_ADVERTISE_URL") or f"http://{host}:{port}"
+        info = new_worker_info(url=url, pool=pool or f"embedded-{method}", engine="embedded",
+                               method=method, k=k, model=config.served_model_name,
                                pid=os.getpid())
         registration = Registration(redis_url, info)
         on_start, on_stop = registration.start, registration.stop
