@@ -98,6 +98,7 @@ class RequestRecord:
     slo_met: bool = True
     ok: bool = True
     timestamp: float = 0.0
+    workers: int = 1  # healthy workers in the pool at dispatch (load / workers = batch per worker)
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:

@@ -1,0 +1,163 @@
+"""Time-decayed per-context aggregates that many writers can add to without coordination.
+
+A context is (model, pool, method, k, task, temperature bucket, load bucket). Each
+finished request adds to a handful of sums (requests, verify steps, output tokens, decode
+seconds, load). Old observations fade with time constant `tau`.
+
+Forward decay (Cormode et al., "Forward Decay", ICDE 2009): a contribution x at time t is
+stored as x * exp((t - L) / tau) for a landmark L, and read at time `now` as
+stored * exp(-(now - L) / tau). Additions commute, so two gateways can HINCRBYFLOAT into
+one Redis hash and agree. Landmarks advance in eras of `ERA_TAUS * tau` so the stored
+weights stay below e^ERA_TAUS; fields carry their era ("{era}:{name}") and eras older
+than the previous one (weight < e^-ERA_TAUS) are dropped. The same sums are also kept
+with a 5x shorter time constant (fields "f{era}:{name}"): the learner compares the two
+to notice a drift (a new checkpoint, a new traffic mix) faster than `tau` allows.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from policies.types import RequestRecord
+
+ERA_TAUS = 8.0
+FIELDS = ("n", "steps", "tokens", "decode_s", "load")
+RECENT_FRACTION = 0.2  # the recent view decays 5x faster, to notice drift (prefix "f")
+RECENT_PREFIX = "f"
+LOAD_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 48, 64, 96, 128)
+
+
+def load_bucket(load_per_worker: float) -> int:
+    """The largest bucket edge <= load (coarse batch-size slots, like SGLang's tiers)."""
+    edge = 0
+    for b in LOAD_BUCKETS:
+        if load_per_worker >= b:
+            edge = b
+    return edge
+
+
+@dataclass(frozen=True, slots=True)
+class ContextKey:
+    model: str
+    pool: str
+    method: str
+    k: int
+    task: str
+    temperature_bucket: str
+    load_bucket: int
+
+    def encode(self) -> str:
+        return "|".join((self.model, self.pool, self.method, str(self.k), self.task,
+                         self.temperature_bucket, str(self.load_bucket)))
+
+    @classmethod
+    def decode(cls, text: str) -> ContextKey:
+        model, pool, method, k, task, bucket, load = text.split("|")
+        return cls(model, pool, method, int(k), task, bucket, int(load))
+
+    @classmethod
+    def of(cls, rec: RequestRecord) -> ContextKey:
+        per_worker = (rec.load + 1) / max(rec.workers, 1)
+        return cls(rec.model, rec.pool, rec.method, int(rec.k), rec.task,
+                   rec.temperature_bucket, load_bucket(per_worker))
+
+
+@dataclass(frozen=True, slots=True)
+class ContextStats:
+    """Decayed sums for one context at read time."""
+
+    n: float = 0.0
+    steps: float = 0.0
+    tokens: float = 0.0
+    decode_s: float = 0.0
+    load: float = 0.0
+    recent: ContextStats | None = None  # the same sums with the short time constant
+
+    @property
+    def accept_length(self) -> float:
+        return self.tokens / self.steps if self.steps > 0 else 1.0
+
+    @property
+    def step_s(self) -> float:
+        """Seconds per verify step after the first (whose time is inside TTFT)."""
+        decode_steps = self.steps - self.n
+        return self.decode_s / decode_steps if decode_steps > 0 else 0.0
+
+    @property
+    def mean_load(self) -> float:
+        return self.load / self.n if self.n > 0 else 0.0
+
+
+def record_values(rec: RequestRecord) -> dict[str, float]:
+    """The sums one request contributes; decode time excludes time to first token, and load
+    counts the request itself (the batch it joined), as `Policy.decide` does."""
+    steps = max(rec.verify_steps, 1) if rec.output_tokens > 0 else 0
+    decode_s = max(rec.e2e_s - rec.ttft_s, 0.0)
+    return {"n": 1.0, "steps": float(steps), "tokens": float(rec.output_tokens),
+            "decode_s": decode_s, "load": (rec.load + 1) / max(rec.workers, 1)}
+
+
+def era_of(t: float, tau: float) -> int:
+    return int(t // (ERA_TAUS * tau))
+
+
+def _forward(values: dict[str, float], t: float, tau: float, prefix: str) -> dict[str, float]:
+    era = era_of(t, tau)
+    weight = math.exp((t - era * ERA_TAUS * tau) / tau)
+    return {f"{prefix}{era}:{name}": value * weight for name, value in values.items()}
+
+
+def forward_increments(values: dict[str, float], t: float, tau: float) -> dict[str, float]:
+    """Field increments ("{era}:{name}", "f{era}:{name}" -> amount) for one contribution."""
+    return {**_forward(values, t, tau, ""),
+            **_forward(values, t, tau * RECENT_FRACTION, RECENT_PREFIX)}
+
+
+def stale_fields(t: float, tau: float) -> list[str]:
+    """Fields of the era before the previous one (both views), safe to delete."""
+    old, old_recent = era_of(t, tau) - 2, era_of(t, tau * RECENT_FRACTION) - 2
+    return ([f"{old}:{name}" for name in FIELDS]
+            + [f"{RECENT_PREFIX}{old_recent}:{name}" for name in FIELDS])
+
+
+def _read(fields: dict[str, float], now: float, tau: float, prefix: str) -> dict[str, float]:
+    current = era_of(now, tau)
+    sums = dict.fromkeys(FIELDS, 0.0)
+    for field_name, stored in fields.items():
+        era_text, _, name = field_name.partition(":")
+        if prefix:
+            if not era_text.startswith(prefix):
+                continue
+            era_text = era_text[len(prefix):]
+        elif not era_text.lstrip("-").isdigit():
+            continue
+        era = int(era_text)
+        if name not in sums or era < current - 1:
+            continue
+        sums[name] += stored * math.exp(-(now - era * ERA_TAUS * tau) / tau)
+    return sums
+
+
+def read_stats(fields: dict[str, float], now: float, tau: float) -> ContextStats:
+    """Decayed sums at `now` from a hash of forward-decayed fields (both views)."""
+    recent = ContextStats(**_read(fields, now, tau * RECENT_FRACTION, RECENT_PREFIX))
+    return ContextStats(**_read(fields, now, tau, ""), recent=recent)
+
+
+class LocalAggregates:
+    """The same forward-decayed hashes, held in process (and the fallback when Redis is down)."""
+
+    def __init__(self, tau: float) -> None:
+        self.tau = tau
+        self._hashes: dict[str, dict[str, float]] = {}
+
+    def add(self, rec: RequestRecord, t: float) -> None:
+        fields = self._hashes.setdefault(ContextKey.of(rec).encode(), {})
+        for name, inc in forward_increments(record_values(rec), t, self.tau).items():
+            fields[name] = fields.get(name, 0.0) + inc
+        for name in stale_fields(t, self.tau):
+            fields.pop(name, None)
+
+    def snapshot(self, now: float) -> dict[str, ContextStats]:
+        return {key: read_stats(fields, now, self.tau) for key, fields in self._hashes.items()}

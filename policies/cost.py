@@ -1,0 +1,154 @@
+"""Step-cost model: seconds per verify step as a function of k and per-worker load.
+
+tokens/s = E(a, k) / step_time(k, load). Within one load slot a verify step costs
+`base + per_token * k`: drafting and verifying each extra token adds a roughly constant
+cost at a given batch. Both terms grow with load, and not linearly — verifying k + 1
+tokens per sequence is nearly free while the target is memory-bound and costly once the
+batch makes it compute-bound (EAGLE-3 arXiv 2503.01840 Table 3, vLLM Table 5), and the
+published curves flatten past a batch of ~32. So the model is piecewise linear in load:
+one (base, per_token) pair per load knot (1, 2, 4, ... 128 per worker), interpolated.
+
+Fitting: a trend (base and per_token each linear in load) by weighted least squares,
+shrunk to a generic shape, then all knots at once by penalised least squares (smooth
+across knots, weakly anchored to the trend). A pool with no data follows the fleet.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+K_SCALE = 8.0  # feature scaling keeps the ridge penalties comparable across terms
+LOAD_SCALE = 32.0
+LOAD_KNOTS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
+
+
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    k: int
+    load: float  # requests per worker (the batch the request joined)
+    step_s: float
+    weight: float  # requests behind the mean (decayed)
+    slot: int = 0  # load bucket the sample came from
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    """step_s(k, load) = base(load) + per_token(load) * k, interpolated over load knots."""
+
+    loads: tuple[float, ...]
+    base: tuple[float, ...]
+    per_token: tuple[float, ...]
+
+    def step_s(self, k: int, load: float) -> float:
+        i = bisect.bisect_left(self.loads, load)
+        if i <= 0:
+            b, p = self.base[0], self.per_token[0]
+        elif i >= len(self.loads):
+            b, p = self.base[-1], self.per_token[-1]
+        else:
+            lo, hi = self.loads[i - 1], self.loads[i]
+            w = (load - lo) / (hi - lo) if hi > lo else 1.0
+            b = self.base[i - 1] + w * (self.base[i] - self.base[i - 1])
+            p = self.per_token[i - 1] + w * (self.per_token[i] - self.per_token[i - 1])
+        return max(b + p * k, 1e-4)
+
+
+@dataclass(frozen=True, slots=True)
+class Trend:
+    """base = b0 + b1 * load', per_token = p0 + p1 * load' (load' = load / LOAD_SCALE)."""
+
+    b0: float
+    b1: float
+    p0: float
+    p1: float
+
+    def at(self, load: float) -> tuple[float, float]:
+        ll = load / LOAD_SCALE
+        return self.b0 + self.b1 * ll, self.p0 + self.p1 * ll
+
+    def step_s(self, k: int, load: float) -> float:
+        base, per_token = self.at(load)
+        return base + per_token * k
+
+    def curve(self, loads: Sequence[float] = LOAD_KNOTS) -> StepCost:
+        pairs = [self.at(load) for load in loads]
+        return StepCost(tuple(loads), tuple(p[0] for p in pairs), tuple(p[1] for p in pairs))
+
+
+def generic_trend(base_step_s: float) -> Trend:
+    """Shape-only prior: 5% of a step per draft token (c = 0.05, arXiv 2211.17192's example),
+    step time doubling by 64 requests per worker, per-token cost tripling by then."""
+    return Trend(base_step_s, base_step_s * 0.5, base_step_s * 0.05, base_step_s * 0.05)
+
+
+def _ridge(x: np.ndarray, y: np.ndarray, w: np.ndarray, prior: np.ndarray,
+           strength: float) -> np.ndarray:
+    xtw = x.T * w
+    return np.linalg.solve(xtw @ x + strength * np.eye(len(prior)), xtw @ y + strength * prior)
+
+
+def fit_trend(samples: Sequence[StepSample], prior: Trend, strength: float = 0.2) -> Trend:
+    if not samples:
+        return prior
+    x = np.array([[1.0, s.load / LOAD_SCALE, s.k / K_SCALE, s.k / K_SCALE * s.load / LOAD_SCALE]
+                  for s in samples])
+    y = np.array([s.step_s for s in samples])
+    w = np.array([s.weight for s in samples])
+    w = w / w.max()
+    prior_vec = np.array([prior.b0, prior.b1, prior.p0 * K_SCALE, prior.p1 * K_SCALE])
+    b0, b1, p0, p1 = map(float, _ridge(x, y, w, prior_vec, strength))
+    return Trend(max(b0, 1e-4), max(b1, 0.0), max(p0 / K_SCALE, 0.0), max(p1 / K_SCALE, 0.0))
+
+
+def hat_basis(load: float, knots: Sequence[float]) -> np.ndarray:
+    """Piecewise-linear interpolation weights of `load` on `knots` (constant past the ends)."""
+    out = np.zeros(len(knots))
+    if load <= knots[0]:
+        out[0] = 1.0
+    elif load >= knots[-1]:
+        out[-1] = 1.0
+    else:
+        i = bisect.bisect_right(knots, load)
+        w = (load - knots[i - 1]) / (knots[i] - knots[i - 1])
+        out[i - 1], out[i] = 1.0 - w, w
+    return out
+
+
+def fit_step_cost(samples: Sequence[StepSample], trend_prior: Trend,
+                  smoothness: float = 2.0, anchor: float = 0.05) -> tuple[StepCost, Trend]:
+    """One weighted least-squares fit of (base, per_token) at every load knot.
+
+    Each sample enters at its own load through the hat basis, so load spread inside a
+    bucket is not mistaken for a k effect. A second-difference penalty (`smoothness`, in
+    requests' worth) makes knots without data continue the neighbours' line, and a weak
+    pull (`anchor`) to this pool's trend keeps the system well posed with little data.
+    """
+    trend = fit_trend(samples, trend_prior)
+    knots = LOAD_KNOTS
+    m = len(knots)
+    if not samples:
+        return trend.curve(knots), trend
+    rows, y, w = [], [], []
+    for s in samples:
+        phi = hat_basis(s.load, knots)
+        rows.append(np.concatenate([phi, phi * s.k / K_SCALE]))
+        y.append(s.step_s)
+        w.append(s.weight)
+    x, yv, wv = np.array(rows), np.array(y), np.array(w)
+    prior = np.array([trend.at(load)[0] for load in knots]
+                     + [trend.at(load)[1] * K_SCALE for load in knots])
+    second = np.zeros((m - 2, m))
+    for i in range(m - 2):
+        second[i, i:i + 3] = (1.0, -2.0, 1.0)
+    penalty = np.zeros((2 * m, 2 * m))
+    penalty[:m, :m] = penalty[m:, m:] = smoothness * second.T @ second
+    penalty += anchor * np.eye(2 * m)
+    xtw = x.T * wv
+    theta = np.linalg.solve(xtw @ x + penalty, xtw @ yv + anchor * prior)
+    base = tuple(max(float(v), 1e-4) for v in theta[:m])
+    per_token = tuple(max(float(v) / K_SCALE, 0.0) for v in theta[m:])
+    return StepCost(tuple(knots), base, per_token), trend

@@ -1,0 +1,133 @@
+"""Runs every router through the simulator and reduces the outcomes to the headline ratios.
+
+Metrics per router: mean per-request tokens/s (output tokens / end-to-end seconds), p50
+and p99 end-to-end latency, SLO attainment, and mean tokens/s per phase. Ratios:
+adaptive vs oracle and vs the best fixed (method, k) over the whole run, adaptive vs
+plain in the saturation phase, and per drift the requests until a 100-request rolling
+mean of adaptive tokens/s comes within 5% of the oracle's on the same requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from policies.baselines import Learned, Oracle, PerServerEMA, Router, StaticRules
+from policies.calibration import METHODS, PAPER_K, true_accept
+from policies.policy import PolicyConfig
+from policies.simulator import (
+    SHARED_FLEET,
+    TRAINED_DRAFTERS,
+    Outcome,
+    SimConfig,
+    homogeneous,
+    simulate,
+    workload,
+)
+
+FIXED_KS = (1, 2, 3, 4, 6, 8)
+RECOVERY_WINDOW = 100
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyResult:
+    name: str
+    mean_tokens_per_s: float
+    p50_latency_s: float
+    p99_latency_s: float
+    slo_attainment: float
+    phase_tokens_per_s: tuple[float, ...]
+    explored_fraction: float
+
+
+@dataclass
+class Evaluation:
+    results: dict[str, PolicyResult]
+    summary: dict[str, object]
+    outcomes: dict[str, list[Outcome]] = field(repr=False, default_factory=dict)
+
+
+def summarize(name: str, outcomes: list[Outcome], phases: int) -> PolicyResult:
+    tps = np.array([o.tokens_per_s for o in outcomes])
+    e2e = np.array([o.e2e_s for o in outcomes])
+    phase = np.array([o.phase for o in outcomes])
+    return PolicyResult(
+        name, float(tps.mean()), float(np.percentile(e2e, 50)), float(np.percentile(e2e, 99)),
+        float(np.mean([o.slo_met for o in outcomes])),
+        tuple(float(tps[phase == p].mean()) if np.any(phase == p) else 0.0
+              for p in range(phases)),
+        float(np.mean([o.explored for o in outcomes])))
+
+
+def requests_to_recover(ours: list[Outcome], oracle: list[Outcome], start: int, end: int,
+                        within: float = 0.05) -> int | None:
+    """Requests after `start` until the rolling mean is within `within` of the oracle's."""
+    mine = np.array([o.tokens_per_s for o in ours[start:end]])
+    best = np.array([o.tokens_per_s for o in oracle[start:end]])
+    for i in range(RECOVERY_WINDOW, len(mine) + 1):
+        window = slice(i - RECOVERY_WINDOW, i)
+        if mine[window].mean() >= (1.0 - within) * best[window].mean():
+            return i
+    return None
+
+
+def routers(config: SimConfig, policy_config: PolicyConfig | None = None,
+            fixed_ks: tuple[int, ...] = FIXED_KS) -> dict[str, Callable[[], Router]]:
+    """Factories (fresh state per run) for every router the report compares."""
+
+    def truth(method: str, task: str, bucket: str, phase: int) -> float:
+        scale = config.phases[phase].drafter_scale if method in TRAINED_DRAFTERS else 1.0
+        return true_accept(method, task, bucket) * scale
+
+    factories: dict[str, Callable[[], Router]] = {
+        "plain": lambda: Router("plain", homogeneous("plain", 0)),
+    }
+    for method in METHODS:
+        for k in fixed_ks:
+            if k <= PAPER_K[method] or method == "ngram":
+                factories[f"fixed:{method}:k{k}"] = (
+                    lambda m=method, kk=k: Router(f"fixed:{m}:k{kk}",
+                                                  homogeneous(m, kk)))
+    factories["static-rules"] = lambda: StaticRules(
+        "static-rules", SHARED_FLEET,
+        {"code": "eagle3", "structured": "ngram", "chat": "eagle2"})
+    factories["per-server-ema"] = lambda: PerServerEMA(
+        "per-server-ema", homogeneous("eagle3", 3))
+    factories["adaptive"] = lambda: Learned("adaptive", SHARED_FLEET,
+                                            policy_config or PolicyConfig(seed=config.seed))
+    factories["oracle"] = lambda: Oracle("oracle", SHARED_FLEET, truth, config.base_step_s)
+    return factories
+
+
+def evaluate(config: SimConfig, policy_config: PolicyConfig | None = None,
+             fixed_ks: tuple[int, ...] = FIXED_KS) -> Evaluation:
+    requests = workload(config)
+    n_phases = len(config.phases)
+    outcomes = {name: simulate(make(), config, requests)
+                for name, make in routers(config, policy_config, fixed_ks).items()}
+    results = {name: summarize(name, out, n_phases) for name, out in outcomes.items()}
+    fixed = {n: r for n, r in results.items() if n.startswith("fixed:")}
+    best_fixed = max(fixed.values(), key=lambda r: r.mean_tokens_per_s)
+    ours, oracle, plain = results["adaptive"], results["oracle"], results["plain"]
+    saturation = next(i for i, p in enumerate(config.phases) if p.name == "saturation")
+    bounds = np.cumsum([0] + [p.requests for p in config.phases])
+    recover = [requests_to_recover(outcomes["adaptive"], outcomes["oracle"], int(bounds[i]),
+                                   int(bounds[i + 1])) for i in range(1, n_phases)]
+    summary = {
+        "adaptive_vs_oracle": ours.mean_tokens_per_s / oracle.mean_tokens_per_s,
+        "adaptive_vs_best_fixed": ours.mean_tokens_per_s / best_fixed.mean_tokens_per_s,
+        "best_fixed": best_fixed.name,
+        "oracle_vs_best_fixed": oracle.mean_tokens_per_s / best_fixed.mean_tokens_per_s,
+        "adaptive_vs_plain_at_saturation": (ours.phase_tokens_per_s[saturation]
+                                            / plain.phase_tokens_per_s[saturation]),
+        "requests_to_recover_after_drift": int(max(
+            (r if r is not None else bounds[-1] for r in recover), default=0)),
+        "recovery_per_drift": {config.phases[i + 1].name: r for i, r in enumerate(recover)},
+        "adaptive_explored_fraction": ours.explored_fraction,
+        "requests": int(bounds[-1]),
+        "seed": config.seed,
+    }
+    return Evaluation(results, summary, outcomes)
+

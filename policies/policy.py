@@ -1,0 +1,302 @@
+"""The routing policy: which pool, which k, or no speculation at all.
+
+`decide` maximises predicted tokens/s = E(a, k) / step_time(k, load) over the pools the
+gateway offers (E from arXiv 2211.17192; `a` and step time from the learner's latest
+`PolicyState`). It only reads in-process state — a few dict lookups per pool, memoised
+per (pool, context, load) until the next refit — so it stays in the tens of microseconds.
+
+Around the greedy choice:
+- hysteresis: keep the fleet's incumbent (pool, k) for this context unless a challenger
+  is predicted better by `hysteresis`; the incumbent comes from shared telemetry, so
+  replicas agree;
+- no speculation when the best predicted speedup over plain is below 1;
+- bounded exploration: with probability `explore_rate` (hard cap `explore_cap` of all
+  requests) try the option with the highest optimistic (UCB, as in BanditSpec
+  arXiv 2505.15141) tokens/s if it beats the greedy pick;
+- for fixed-k pools, publish the k that maximises tokens/s over the pool's traffic mix
+  (`specroute:pool:{pool}:desired_k`), for the worker supervisor to apply.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import threading
+from dataclasses import dataclass
+
+from policies.acceptance import A_MAX, acceptance_std, expected_accept_length
+from policies.learner import Learner, LearnerConfig, PolicyState
+from policies.telemetry import Telemetry
+from policies.types import TASKS, Decision, PoolView, RequestProfile, RequestRecord
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    explore_rate: float = 0.02
+    explore_cap: float = 0.05  # explored / decided never exceeds this
+    hysteresis: float = 0.03
+    ucb_z: float = 1.5
+    refit_interval_s: float = 1.0
+    desired_k_gain: float = 0.05  # republish a fixed pool's k only for a larger gain
+    seed: int = 0
+    learner: LearnerConfig = LearnerConfig()
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    pool: PoolView  # identity fields only; live counters may be stale (options are cached)
+    k: int
+    accept: float  # per-token acceptance used
+    samples: float  # requests behind `accept`
+    accept_length: float
+    tokens_per_s: float
+    plain_tokens_per_s: float  # this pool at k = 0 (for the speedup line)
+
+    @property
+    def is_plain(self) -> bool:
+        return self.k == 0
+
+
+# Per-worker loads are memoised on a geometric grid (~7% apart) up to 512 per worker.
+LOAD_SLOTS = tuple(1.07 ** i for i in range(93))
+
+
+def quantize_load(load: float) -> int:
+    """Index of the grid point nearest `load` (>= 1: the request itself is in the batch)."""
+    if load <= 1.0:
+        return 0
+    return min(int(math.log(load) / math.log(1.07) + 0.5), len(LOAD_SLOTS) - 1)
+
+
+def candidate_ks(pool: PoolView) -> range | tuple[int, ...]:
+    if pool.method == "plain":
+        return (0,)
+    return range(0, pool.max_k + 1) if pool.per_request_k else (pool.k,)
+
+
+class Policy:
+    def __init__(self, store: Telemetry, config: PolicyConfig | None = None) -> None:
+        self.store = store
+        self.config = config or PolicyConfig()
+        self.learner = Learner(self.config.learner)
+        self._state = PolicyState(default_accept=self.config.learner.default_accept,
+                                  method_base=dict(self.config.learner.method_base))
+        self._cache: dict[tuple, Option] = {}
+        self._rng = random.Random(self.config.seed)
+        self._pools: dict[str, PoolView] = {}
+        self._decided = 0
+        self._explored = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- request path -------------------------------------------------------------------
+    def decide(self, profile: RequestProfile, pools: list[PoolView]) -> Decision:
+        state, model = self._state, profile.model
+        task, bucket = profile.task, profile.temperature_bucket
+        options = []
+        for pool in pools:
+            if pool.healthy_workers <= 0:
+                continue
+            self._pools[pool.name] = pool
+            slot = quantize_load((pool.outstanding + 1) / pool.healthy_workers)
+            # the pool's identity, not its live counters: those enter through the load slot
+            key = (pool.name, pool.method, pool.k, pool.per_request_k, pool.max_k, model, task,
+                   bucket, slot)
+            option = self._cache.get(key)
+            if option is None:
+                option = self._cache[key] = self._evaluate(state, pool, model, task, bucket,
+                                                           LOAD_SLOTS[slot])
+            options.append(option)
+        if not options:
+            raise ValueError("no healthy pool to decide between")
+        self._decided += 1
+        options.sort(key=lambda o: (-o.tokens_per_s, o.pool.name))
+        chosen = self._with_hysteresis(state, options, (model, task, bucket))
+        plain = [o for o in options if o.is_plain]
+        plain_tps = plain[0].tokens_per_s if plain else chosen.plain_tokens_per_s
+        if not chosen.is_plain and chosen.tokens_per_s < plain_tps and plain:
+            chosen = plain[0]
+        explored = False
+        if self._may_explore():
+            loads = {p.name: (p.outstanding + 1) / p.healthy_workers
+                     for p in pools if p.healthy_workers > 0}
+            challenger = (self._optimistic(options, chosen, state, loads, model, task, bucket)
+                          or self._nearby_k(chosen, state, loads))
+            if challenger is not None:
+                chosen, explored = challenger, True
+                self._explored += 1
+        return Decision(
+            pool=chosen.pool.name, method=chosen.pool.method if chosen.k else "plain",
+            k=chosen.k, reason=self._reason(chosen, task, bucket, plain_tps, explored),
+            predicted_accept_length=chosen.accept_length,
+            predicted_tokens_per_s=chosen.tokens_per_s, explored=explored,
+            fallbacks=self._fallbacks(options, chosen))
+
+    def observe(self, record: RequestRecord) -> None:
+        """Hand a finished request to the store (enqueue only; learning happens in refit)."""
+        self.store.record(record)
+
+    # -- helpers for decide --------------------------------------------------------------
+    @staticmethod
+    def _evaluate(state: PolicyState, pool: PoolView, model: str, task: str, bucket: str,
+                  load: float, accept: float | None = None) -> Option:
+        a, n = state.accept(model, pool.method, task, bucket)
+        if accept is not None:
+            a = accept
+        cost = state.cost(pool.name)
+        plain_tps = 1.0 / cost.step_s(0, load)
+        best = None
+        for k in candidate_ks(pool):
+            e = expected_accept_length(a, k)
+            tps = e / cost.step_s(k, load)
+            if best is None or tps > best[2] + 1e-12:
+                best = (k, e, tps)
+        k, e, tps = best
+        return Option(pool, k, a, n, e, tps, plain_tps)
+
+    def _with_hysteresis(self, state: PolicyState, options: list[Option],
+                         context: tuple[str, str, str]) -> Option:
+        best = options[0]
+        incumbent = state.incumbent.get(context)
+        if incumbent is None or incumbent[0] == best.pool.name:
+            return best
+        for option in options:
+            if option.pool.name == incumbent[0]:
+                if best.tokens_per_s < option.tokens_per_s * (1 + self.config.hysteresis):
+                    return option
+                break
+        return best
+
+    def _may_explore(self) -> bool:
+        cfg = self.config
+        if cfg.explore_rate <= 0 or self._explored + 1 > cfg.explore_cap * self._decided:
+            return False
+        return self._rng.random() < cfg.explore_rate
+
+    def _optimistic(self, options: list[Option], chosen: Option, state: PolicyState,
+                    loads: dict[str, float], model: str, task: str, bucket: str
+                    ) -> Option | None:
+        """The option whose optimistic tokens/s beats the pick by the most, if any."""
+        best, best_tps = None, chosen.tokens_per_s
+        for option in options:
+            if option.pool.name == chosen.pool.name or option.pool.method == "plain":
+                continue
+            samples = option.samples + self.config.learner.prior_weight  # prior's pseudo-counts
+            upper = min(option.accept + self.config.ucb_z
+                        * acceptance_std(option.accept, samples), A_MAX)
+            load = loads[option.pool.name]
+            hopeful = self._evaluate(state, option.pool, model, task, bucket, load, upper)
+            if hopeful.tokens_per_s > best_tps and hopeful.k > 0:
+                best, best_tps = (option, hopeful, load), hopeful.tokens_per_s
+        if best is None:
+            return None
+        option, hopeful, load = best
+        e = expected_accept_length(option.accept, hopeful.k)  # predict with the estimate
+        tps = e / state.cost(option.pool.name).step_s(hopeful.k, load)
+        return Option(option.pool, hopeful.k, option.accept, option.samples, e, tps,
+                      option.plain_tokens_per_s)
+
+    def _nearby_k(self, chosen: Option, state: PolicyState, loads: dict[str, float]
+                  ) -> Option | None:
+        """A k a little off the pick on a per-request-k pool: the cost model only learns how
+        step time grows with k at this load if k varies."""
+        pool = chosen.pool
+        if not pool.per_request_k or pool.method == "plain" or chosen.k == 0:
+            return None
+        k = min(max(chosen.k + self._rng.choice((-2, -1, 1, 2)), 1), pool.max_k)
+        if k == chosen.k:
+            return None
+        load = loads[pool.name]
+        e = expected_accept_length(chosen.accept, k)
+        tps = e / state.cost(pool.name).step_s(k, load)
+        return Option(pool, k, chosen.accept, chosen.samples, e, tps, chosen.plain_tokens_per_s)
+
+    @staticmethod
+    def _fallbacks(options: list[Option], chosen: Option) -> tuple[str, ...]:
+        rest = [o for o in options if o.pool.name != chosen.pool.name]
+        rest.sort(key=lambda o: (o.pool.method == "plain", -o.tokens_per_s))
+        return tuple(o.pool.name for o in rest)
+
+    @staticmethod
+    def _reason(option: Option, task: str, bucket: str, plain_tps: float,
+                explored: bool) -> str:
+        method = option.pool.method if option.k else "plain"
+        speedup = option.tokens_per_s / plain_tps if plain_tps > 0 else 1.0
+        tag = " (exploring)" if explored else ""
+        return (f"{task}/{bucket}: {option.pool.name} {method} k={option.k} predicted "
+                f"{option.accept_length:.1f} tok/step, {speedup:.1f}x plain{tag}")
+
+    # -- learning, off the request path ----------------------------------------------------
+    def refit(self) -> PolicyState:
+        """Rebuild the state from the store's snapshot and publish fixed pools' desired k."""
+        methods = {p.method for p in self._pools.values()}
+        state = self.learner.fit(self.store.snapshot(), methods)
+        self._state = state
+        self._cache = {}
+        for pool in list(self._pools.values()):
+            if not pool.per_request_k and pool.method != "plain" and pool.healthy_workers > 0:
+                k = self.desired_k(pool, state)
+                if k is not None:
+                    self.store.publish_desired_k(pool.name, k)
+        return state
+
+    def desired_k(self, pool: PoolView, state: PolicyState | None = None) -> int | None:
+        """Best fixed k for the pool's recent traffic mix (the fleet's mix if it has none)."""
+        state = state or self._state
+        mix = {key[1:]: n for key, n in state.traffic.items() if key[0] == pool.name}
+        if not mix:
+            mix = {}
+            for key, n in state.traffic.items():
+                mix[key[1:]] = mix.get(key[1:], 0.0) + n
+        if not mix:
+            return None
+        cost = state.cost(pool.name)
+        load = (pool.outstanding + 1) / pool.healthy_workers
+
+        def value(k: int) -> float:
+            total = 0.0
+            for (model, task, bucket), n in mix.items():
+                if task not in TASKS:
+                    continue
+                a, _ = state.accept(model, pool.method, task, bucket)
+                total += n * expected_accept_length(a, k) / cost.step_s(k, load)
+            return total
+
+        scores = {k: value(k) for k in range(0, pool.max_k + 1)}
+        best = max(scores, key=lambda k: (scores[k], -k))
+        if scores[best] > scores.get(pool.k, 0.0) * (1 + self.config.desired_k_gain):
+            return best
+        return pool.k
+
+    def start(self) -> Policy:
+        """Refit every `refit_interval_s` in a daemon thread (sklearn never blocks a loop)."""
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, name="specroute-learner",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.config.refit_interval_s):
+            try:
+                self.refit()
+            except Exception:  # a failed fit must not kill learning; keep the last state
+                log.exception("policy refit failed")
+
+    @property
+    def state(self) -> PolicyState:
+        return self._state
+
+    @property
+    def explored_fraction(self) -> float:
+        return self._explored / self._decided if self._decided else 0.0

@@ -1,0 +1,239 @@
+"""Telemetry store: finished requests into Redis, decayed aggregates back out.
+
+Redis layout (see docs/POLICY.md):
+- `specroute:telemetry` — stream, one entry per request (`r` = the record as JSON),
+  `XADD ... MAXLEN ~ 100000`.
+- `specroute:agg:{context}` — hash of forward-decayed sums (policies/aggregates.py);
+  `{context}` = `model|pool|method|k|task|temperature_bucket|load_bucket`.
+- `specroute:agg:index` — set of the context strings, so readers need no SCAN.
+- `specroute:pool:{pool}:desired_k` — string, the k the policy wants on a fixed-k pool
+  (read by the worker supervisor).
+
+Design: one daemon thread per store owns the Redis client. `record()` updates the
+in-process aggregates and appends to a bounded deque (never blocks, never raises); the
+thread drains the deque in pipelined batches and refreshes the read cache about every
+second. A thread, not an asyncio task, so the same store serves async gateway code and
+sync code (simulator, tests, supervisor) alike. While Redis is down the thread keeps the
+batch (bounded, oldest dropped first) and retries with backoff; readers fall back to the
+local aggregates, which hold everything this process recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import orjson
+import redis
+
+from policies.aggregates import (
+    ContextKey,
+    ContextStats,
+    LocalAggregates,
+    forward_increments,
+    read_stats,
+    record_values,
+    stale_fields,
+)
+from policies.types import RequestRecord
+
+log = logging.getLogger(__name__)
+
+STREAM_KEY = "specroute:telemetry"
+AGG_PREFIX = "specroute:agg:"
+AGG_INDEX = "specroute:agg:index"
+
+
+def desired_k_key(pool: str) -> str:
+    return f"specroute:pool:{pool}:desired_k"
+
+
+class Telemetry(Protocol):
+    """What the policy needs from a store (Redis-backed or in-process)."""
+
+    def record(self, rec: RequestRecord) -> None: ...
+
+    def snapshot(self) -> dict[str, ContextStats]: ...
+
+    def publish_desired_k(self, pool: str, k: int) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetryConfig:
+    tau_s: float = 300.0  # decay time constant of the aggregates
+    stream_maxlen: int = 100_000
+    flush_interval_s: float = 0.05
+    refresh_interval_s: float = 1.0
+    batch_size: int = 500
+    buffer_max: int = 50_000  # records held while Redis is unreachable
+    stale_after_s: float = 5.0  # remote view older than this -> use local aggregates
+    socket_timeout_s: float = 0.5
+
+
+class LocalTelemetry:
+    """In-process store with an injectable clock: the simulator's and unit tests' store."""
+
+    def __init__(self, tau_s: float = 300.0, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self._aggregates = LocalAggregates(tau_s)
+        self.desired_k: dict[str, int] = {}
+
+    def record(self, rec: RequestRecord) -> None:
+        self._aggregates.add(rec, rec.timestamp or self.clock())
+
+    def snapshot(self) -> dict[str, ContextStats]:
+        return self._aggregates.snapshot(self.clock())
+
+    def publish_desired_k(self, pool: str, k: int) -> None:
+        self.desired_k[pool] = k
+
+
+class TelemetryStore:
+    """Redis-backed store shared by every gateway replica (see module docstring)."""
+
+    def __init__(self, redis_url: str, config: TelemetryConfig | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.config = config or TelemetryConfig()
+        self.clock = clock
+        self._client = redis.Redis.from_url(
+            redis_url, socket_timeout=self.config.socket_timeout_s,
+            socket_connect_timeout=self.config.socket_timeout_s)
+        self._local = LocalAggregates(self.config.tau_s)
+        self._local_lock = threading.Lock()
+        self._queue: deque[RequestRecord] = deque(maxlen=self.config.buffer_max)
+        self._desired: dict[str, int] = {}
+        self._desired_dirty: set[str] = set()
+        self._remote: dict[str, dict[str, float]] = {}
+        self._remote_at = float("-inf")
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.flushed = 0
+        self.dropped = 0
+        self.redis_errors = 0
+
+    # -- request path -------------------------------------------------------------------
+    def record(self, rec: RequestRecord) -> None:
+        """Enqueue one finished request; O(1), no I/O, never raises on Redis trouble."""
+        if not rec.timestamp:
+            rec.timestamp = self.clock()
+        with self._local_lock:
+            self._local.add(rec, rec.timestamp)
+        if len(self._queue) == self._queue.maxlen:
+            self.dropped += 1
+        self._queue.append(rec)
+
+    def snapshot(self) -> dict[str, ContextStats]:
+        """Fleet-wide aggregates from the ~1 s read cache; local ones if Redis is stale."""
+        now = self.clock()
+        if now - self._remote_at <= self.config.stale_after_s:
+            remote = self._remote
+            return {key: read_stats(fields, now, self.config.tau_s)
+                    for key, fields in remote.items()}
+        with self._local_lock:
+            return self._local.snapshot(now)
+
+    def publish_desired_k(self, pool: str, k: int) -> None:
+        if self._desired.get(pool) != k:
+            self._desired[pool] = k
+            self._desired_dirty.add(pool)
+            self._wake.set()
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    @property
+    def remote_fresh(self) -> bool:
+        return self.clock() - self._remote_at <= self.config.stale_after_s
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def start(self) -> TelemetryStore:
+        if self._thread is None:
+            self._stopping.clear()
+            self._thread = threading.Thread(target=self._run, name="specroute-telemetry",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, flush_timeout_s: float = 2.0) -> None:
+        """Flush what Redis will take within the timeout, then stop the thread."""
+        if self._thread is None:
+            return
+        deadline = time.monotonic() + flush_timeout_s
+        while self._queue and time.monotonic() < deadline and self._thread.is_alive():
+            self._wake.set()
+            time.sleep(0.02)
+        self._stopping.set()
+        self._wake.set()
+        self._thread.join(timeout=flush_timeout_s + 1.0)
+        self._thread = None
+        self._client.close()
+
+    # -- background thread -------------------------------------------------------------
+    def _run(self) -> None:
+        backoff = 0.0
+        next_refresh = 0.0
+        while not self._stopping.is_set():
+            self._wake.wait(timeout=max(self.config.flush_interval_s, backoff))
+            self._wake.clear()
+            try:
+                self._flush()
+                if time.monotonic() >= next_refresh:
+                    self._refresh()
+                    next_refresh = time.monotonic() + self.config.refresh_interval_s
+                backoff = 0.0
+            except redis.RedisError as exc:
+                self.redis_errors += 1
+                backoff = min(max(backoff * 2, 0.1), 2.0)
+                log.debug("telemetry: redis unavailable (%s); retrying in %.1fs", exc, backoff)
+
+    def _flush(self) -> None:
+        while self._queue or self._desired_dirty:
+            batch = [self._queue.popleft()
+                     for _ in range(min(len(self._queue), self.config.batch_size))]
+            desired = {pool: self._desired[pool] for pool in list(self._desired_dirty)}
+            try:
+                self._write(batch, desired)
+            except redis.RedisError:
+                self._queue.extendleft(reversed(batch))  # keep order; deque bound drops newest
+                raise
+            self._desired_dirty.difference_update(desired)
+            self.flushed += len(batch)
+
+    def _write(self, batch: list[RequestRecord], desired: dict[str, int]) -> None:
+        tau = self.config.tau_s
+        pipe = self._client.pipeline(transaction=False)
+        for rec in batch:
+            pipe.xadd(STREAM_KEY, {"r": orjson.dumps(rec.to_dict())},
+                      maxlen=self.config.stream_maxlen, approximate=True)
+            context = ContextKey.of(rec).encode()
+            key = AGG_PREFIX + context
+            for name, inc in forward_increments(record_values(rec), rec.timestamp, tau).items():
+                pipe.hincrbyfloat(key, name, inc)
+            pipe.hdel(key, *stale_fields(rec.timestamp, tau))
+            pipe.sadd(AGG_INDEX, context)
+        for pool, k in desired.items():
+            pipe.set(desired_k_key(pool), k)
+        pipe.execute()
+
+    def _refresh(self) -> None:
+        contexts = sorted(c.decode() for c in self._client.smembers(AGG_INDEX))
+        pipe = self._client.pipeline(transaction=False)
+        for context in contexts:
+            pipe.hgetall(AGG_PREFIX + context)
+        hashes = pipe.execute() if contexts else []
+        self._remote = {
+            context: {f.decode(): float(v) for f, v in fields.items()}
+            for context, fields in zip(contexts, hashes, strict=True) if fields}
+        self._remote_at = self.clock()
+
+    def read_desired_k(self, pool: str) -> int | None:
+        """Direct read of a pool's desired k (supervisor/tests; not for the request path)."""
+        value = self._client.get(desired_k_key(pool))
+        return int(value) if value is not None else None

@@ -1,0 +1,79 @@
+"""Acceptance and step-cost estimators recover known parameters from synthetic telemetry."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from policies.acceptance import A_MAX, expected_accept_length, invert_accept_length
+from policies.cost import StepSample, fit_step_cost, generic_trend
+from policies.learner import Learner
+from policies.simulator import sample_steps
+from policies.telemetry import LocalTelemetry
+from policies.types import RequestRecord
+
+
+@pytest.mark.parametrize("a", [0.05, 0.3, 0.6, 0.8, 0.95])
+@pytest.mark.parametrize("k", [1, 4, 10])
+def test_inverse_round_trips(a: float, k: int) -> None:
+    assert invert_accept_length(expected_accept_length(a, k), k) == pytest.approx(a, abs=1e-6)
+
+
+def test_inverse_edges() -> None:
+    assert invert_accept_length(1.0, 5) == 0.0  # nothing accepted
+    assert invert_accept_length(0.7, 5) == 0.0  # below the floor: clamp, not crash
+    assert invert_accept_length(6.0, 5) == A_MAX  # everything accepted
+    assert invert_accept_length(9.0, 5) == A_MAX
+    assert invert_accept_length(3.0, 0) == 0.0
+    assert expected_accept_length(0.9, 0) == 1.0
+
+
+def _record(a: float, k: int, task: str, rng: np.random.Generator, method: str = "eagle3",
+            t: float = 1.0, load: int = 0, step_s: float = 0.02) -> RequestRecord:
+    tokens = int(rng.integers(64, 256))
+    steps = sample_steps(rng, a, k, tokens)
+    return RequestRecord(model="m", pool=method, method=method, k=k, task=task,
+                         temperature_bucket="t0", prompt_tokens=100, output_tokens=tokens,
+                         verify_steps=steps, accept_length=tokens / steps, load=load,
+                         ttft_s=step_s, itl_s=step_s, e2e_s=steps * step_s, timestamp=t)
+
+
+@pytest.mark.parametrize("true_a", [0.4, 0.75, 0.92])
+def test_learner_recovers_acceptance_from_accept_lengths(true_a: float) -> None:
+    rng = np.random.default_rng(1)
+    store = LocalTelemetry(tau_s=1e6, clock=lambda: 1.0)
+    for i in range(300):
+        store.record(_record(true_a, (2, 4, 8)[i % 3], "code", rng))
+    a, n = Learner().fit(store.snapshot()).accept("m", "eagle3", "code", "t0")
+    assert n == pytest.approx(300, rel=1e-6)
+    assert a == pytest.approx(true_a, abs=0.03)
+
+
+def test_prior_transfers_task_effect_to_an_unseen_method() -> None:
+    """Chat accepts less than code for two methods; a third seen only on code is predicted
+    lower on chat too."""
+    rng = np.random.default_rng(2)
+    store = LocalTelemetry(tau_s=1e6, clock=lambda: 1.0)
+    for method, code_a, chat_a in (("eagle3", 0.9, 0.7), ("eagle2", 0.85, 0.65)):
+        for _ in range(60):
+            store.record(_record(code_a, 4, "code", rng, method))
+            store.record(_record(chat_a, 4, "chat", rng, method))
+    for _ in range(60):
+        store.record(_record(0.6, 4, "code", rng, "medusa"))
+    state = Learner().fit(store.snapshot())
+    chat, n = state.accept("m", "medusa", "chat", "t0")
+    assert n == 0.0
+    assert chat < state.accept("m", "medusa", "code", "t0")[0] - 0.05
+
+
+def test_step_cost_recovers_a_linear_truth_per_load() -> None:
+    def truth(k: int, load: float) -> float:
+        return 0.015 * (1 + load / 48) + k * (0.001 + 0.0003 * load)
+
+    samples = [StepSample(k, load, truth(k, load), 20.0, slot)
+               for slot, load in ((1, 1.5), (4, 5.0), (16, 20.0))
+               for k in (0, 2, 4, 6, 8)]
+    cost, _ = fit_step_cost(samples, generic_trend(0.015))
+    for load in (1.5, 5.0, 20.0):
+        for k in (0, 4, 8):
+            assert cost.step_s(k, load) == pytest.approx(truth(k, load), rel=0.05)
