@@ -2,14 +2,16 @@
 
 `create_app(config)` builds a Starlette app. The lifespan owns the long-lived
 resources: ONE `aiohttp.ClientSession` (pooled keep-alive connections, explicit
-timeouts) shared by every upstream call, the health monitor, and the tracer
-provider. The token routes are raw ASGI (`gateway.endpoints`); the rest are plain
+timeouts) shared by every upstream call, the health monitor, the Redis worker
+discovery (when `redis_url` is set), the classifier model, and the tracer provider. The token routes are raw ASGI (`gateway.endpoints`); the rest are plain
 Starlette routes, where speed does not matter.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
 
@@ -26,11 +28,14 @@ from gateway.adapters import make_adapters
 from gateway.auth import Authenticator, RateLimiter
 from gateway.config import GatewayConfig
 from gateway.dispatch import Gateway
-from gateway.endpoints import TokenEndpoint
+from gateway.endpoints import ExplainEndpoint, TokenEndpoint
 from gateway.errors import GatewayError, ModelNotFound, error_response
-from gateway.pools import HealthMonitor, build_pools
+from gateway.health import HealthMonitor
+from gateway.pools import build_pools
 from gateway.routing import Classify, Decide, Router, first_healthy, minimal_profile
 from gateway.telemetry import PrometheusRecorder, Recorder, make_tracer
+
+log = logging.getLogger("specroute.gateway")
 
 
 def json_response(body: object, status: int = 200) -> Response:
@@ -73,8 +78,11 @@ async def ready(request: Request) -> Response:
     models: dict[str, int] = dict.fromkeys(gateway.config.models, 0)
     for pool in gateway.pools.values():
         models[pool.config.model] += pool.healthy_workers
+    now = time.monotonic()
     pools = {p.name: {"healthy_workers": p.healthy_workers, "workers": len(p.workers),
-                      "outstanding": p.outstanding} for p in gateway.pools.values()}
+                      "outstanding": p.outstanding,
+                      "worker_states": [w.state(now) for w in p.workers]}
+             for p in gateway.pools.values()}
     is_ready = all(models.values())
     return json_response({"ready": is_ready, "models": models, "pools": pools},
                          200 if is_ready else 503)
@@ -98,10 +106,25 @@ async def http_error(request: Request, exc: Exception) -> Response:
     return error_response(error)
 
 
+def load_default_classifier() -> Classify:
+    """`gateway.classify.classify` with its model loaded; the minimal profile (logged
+    once) when the classifier or its model cannot load. Blocking: call it in a thread."""
+    try:
+        from gateway.classify import classify, load_classifier
+
+        load_classifier()
+    except Exception as exc:  # noqa: BLE001 - any failure to load means: use the fallback
+        log.warning("request classifier unavailable (%s: %s); using the minimal profile",
+                    type(exc).__name__, exc)
+        return minimal_profile
+    return classify
+
+
 def create_app(config: GatewayConfig, *, decide: Decide = first_healthy,
-               classify: Classify = minimal_profile,
+               classify: Classify | None = None,
                recorder: Recorder | None = None) -> Starlette:
-    """Build the app; `decide`, `classify` and `recorder` are the policy/telemetry plugs."""
+    """Build the app; `decide`, `classify` and `recorder` are the policy/telemetry plugs.
+    `classify=None` means `gateway.classify`, loaded in the lifespan."""
     registry = CollectorRegistry()
     recorder = recorder or PrometheusRecorder(registry)
     server = config.server
@@ -112,25 +135,38 @@ def create_app(config: GatewayConfig, *, decide: Decide = first_healthy,
                                         sock_read=server.read_timeout_s)
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
         provider, tracer = make_tracer(server.otel_exporter)
+        chosen = classify or await asyncio.to_thread(load_default_classifier)
         async with aiohttp.ClientSession(timeout=timeout, connector=connector,
                                          auto_decompress=False) as session:
             pools = build_pools(config)
-            monitor = HealthMonitor(pools, session, server.health_interval_s)
+            monitor = HealthMonitor(pools, session, server)
+            discovery = None
+            if config.redis_url:
+                from gateway.discovery import RegistryDiscovery
+
+                discovery = RegistryDiscovery(pools, config.redis_url,
+                                              server.discovery_interval_s,
+                                              on_new=monitor.probe)
             app.state.gateway = Gateway(
                 config=config, pools=pools,
-                router=Router(pools, decide=decide, classify=classify),
+                router=Router(pools, decide=decide, classify=chosen),
                 auth=Authenticator(config.tenants), limiter=RateLimiter(),
                 adapters=make_adapters(session), recorder=recorder, tracer=tracer)
             await monitor.start()
+            if discovery is not None:
+                await discovery.start()
             try:
                 yield
             finally:
+                if discovery is not None:
+                    await discovery.stop()
                 await monitor.stop()
                 provider.shutdown()
 
     routes = [
         Route("/v1/chat/completions", TokenEndpoint("chat"), methods=["POST"]),
         Route("/v1/completions", TokenEndpoint("completions"), methods=["POST"]),
+        Route("/v1/routing/explain", ExplainEndpoint(), methods=["POST"]),
         Route("/v1/models", list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", get_model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),

@@ -32,7 +32,12 @@ class ServerConfig:
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 300.0  # longest silence allowed between upstream bytes
     health_interval_s: float = 2.0  # how often each worker's /health is polled
-    max_attempts: int = 2  # workers tried per request before the first token is sent
+    unhealthy_after: int = 3  # consecutive failed probes that take a worker out
+    healthy_after: int = 2  # consecutive good probes that bring it back
+    breaker_failures: int = 3  # consecutive failed requests that open a worker's breaker
+    breaker_cooldown_s: float = 10.0  # open breaker: no requests; then one trial request
+    discovery_interval_s: float = 2.0  # how often the Redis worker registry is read
+    max_attempts: int = 3  # workers tried per request before the first token is sent
     otel_exporter: str = "none"  # "none" | "console" | "otlp"
     log_level: str = "info"
 
@@ -54,6 +59,8 @@ class PoolConfig:
     method: str = "plain"
     k: int = 0
     capabilities: Capabilities = field(default_factory=Capabilities)
+    model_path: str | None = None  # read by `specroute supervise` only
+    launch: dict = field(default_factory=dict)  # SGLang launch options, supervisor only
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,7 +149,8 @@ def _positive(value: float, path: str) -> None:
 def _server(raw: Any, path: str) -> ServerConfig:
     server = _build(ServerConfig, raw, path)
     for name in ("max_body_bytes", "connect_timeout_s", "read_timeout_s",
-                 "health_interval_s", "max_attempts"):
+                 "health_interval_s", "unhealthy_after", "healthy_after", "breaker_failures",
+                 "breaker_cooldown_s", "discovery_interval_s", "max_attempts"):
         _positive(getattr(server, name), f"{path}.{name}")
     if not 0 <= server.port < 65536:
         raise ConfigError(f"{path}.port: must be in 0..65535, got {server.port}")
@@ -157,12 +165,15 @@ def _server(raw: Any, path: str) -> ServerConfig:
 def _pool(raw: Any, path: str) -> PoolConfig:
     def workers(value: Any, p: str) -> tuple[str, ...]:
         urls = _str_list(value, p)
-        if not urls:
-            raise ConfigError(f"{p}: needs at least one worker URL")
         for i, url in enumerate(urls):
             if not url.startswith(("http://", "https://")):
                 raise ConfigError(f"{p}[{i}]: not an http(s) URL: {url!r}")
         return tuple(url.rstrip("/") for url in urls)
+
+    def launch(value: Any, p: str) -> dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{p}: expected a mapping")
+        return value
 
     def capabilities(value: Any, p: str) -> Capabilities:
         caps = _build(Capabilities, value, p)
@@ -170,7 +181,8 @@ def _pool(raw: Any, path: str) -> PoolConfig:
         return caps
 
     pool = _build(PoolConfig, raw, path,
-                  nested={"workers": workers, "capabilities": capabilities})
+                  nested={"workers": workers, "capabilities": capabilities,
+                          "launch": launch})
     if pool.engine not in ENGINES:
         raise ConfigError(f"{path}.engine: must be one of {', '.join(ENGINES)}, "
                           f"got {pool.engine!r}")
@@ -214,6 +226,10 @@ def parse_config(raw: Any) -> GatewayConfig:
             if item.name in seen:
                 raise ConfigError(f"{kind}[{i}].name: duplicate name {item.name!r}")
             seen.add(item.name)
+    for i, pool in enumerate(config.pools):
+        if not pool.workers and not config.redis_url:
+            raise ConfigError(f"pools[{i}].workers: needs at least one worker URL "
+                              f"(or set redis_url to discover workers)")
     return config
 
 

@@ -1,30 +1,34 @@
 """Dispatch: run a routed request on a worker, failing over before the first token.
 
-The order of tries is: least-loaded healthy worker of the chosen pool, the pool's
-other healthy workers, then the policy's fallback pools, at most
-`server.max_attempts` workers in all. Only failures that say nothing about the
-request itself are retried (connection refused, 5xx); a worker's 4xx or a timeout is
-final. Once a stream's first item has arrived, the client owns that worker's answer:
-no retry can happen after tokens were sent.
+The order of tries is: the chosen pool's best available worker, its other available
+workers, then the pools after it in the router's order (the policy's fallbacks, plain
+pools last), at most `server.max_attempts` workers in all. Failures that say nothing
+about the request itself are retried: connection errors, timeouts, 5xx. A worker's 4xx
+is final. Once a stream's first token has arrived the client owns that worker's
+answer: no retry can happen after tokens were sent. Every outcome feeds the worker's
+circuit breaker (`gateway.pools`).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field, replace
 
 from opentelemetry.trace import Tracer
 
-from gateway.adapters.base import Adapter, Generation, SpecStats, StreamItem, Usage
+from gateway.adapters.base import Adapter, Delta, Generation, SpecStats, StreamItem, Usage
 from gateway.auth import Authenticator, RateLimiter
 from gateway.config import GatewayConfig, TenantConfig
-from gateway.errors import GatewayError, NoHealthyWorker, UpstreamUnavailable
+from gateway.errors import GatewayError, NoHealthyWorker, UpstreamTimeout, UpstreamUnavailable
 from gateway.pools import Pool, Worker
 from gateway.routing import Router
 from gateway.schemas import GenerationRequest
 from gateway.telemetry import Recorder, span_attributes
 from policies.types import Decision, RequestProfile, RequestRecord
+
+log = logging.getLogger("specroute.gateway")
 
 
 @dataclass(slots=True)
@@ -49,12 +53,23 @@ class Lease:
     worker: Worker
     decision: Decision
     load: int
+    workers: int = 1  # available workers in the pool at dispatch
     released: bool = False
 
     def release(self) -> None:
         if not self.released:
             self.released = True
             self.worker.outstanding -= 1
+
+    def succeeded(self) -> None:
+        self.worker.breaker.success()
+
+    def failed(self, exc: GatewayError) -> None:
+        """Count a failure against the worker; connection refused opens its breaker."""
+        log.info("worker %s of pool %s failed: %s", self.worker.url, self.pool.name,
+                 exc.message)
+        hard = exc.code == "upstream_connect_error"
+        self.worker.breaker.failure(time.monotonic(), hard=hard)
 
 
 @dataclass(slots=True)
@@ -88,14 +103,19 @@ def _candidates(gateway: Gateway, pools: list[Pool], decision: Decision
 
 
 def _lease(pool: Pool, worker: Worker, decision: Decision) -> Lease:
-    load = pool.outstanding
+    load, workers = pool.outstanding, pool.healthy_workers
     worker.outstanding += 1
-    return Lease(pool=pool, worker=worker, decision=decision, load=load)
+    worker.breaker.begin(time.monotonic())
+    return Lease(pool=pool, worker=worker, decision=decision, load=load, workers=workers)
 
 
-def _note_failure(worker: Worker, exc: GatewayError) -> None:
-    if exc.code == "upstream_connect_error":
-        worker.healthy = False  # the health monitor brings it back
+RETRYABLE = (UpstreamUnavailable, UpstreamTimeout)
+
+
+def _is_empty(item: StreamItem) -> bool:
+    """A delta with nothing the client lacks: the writer adds the role itself."""
+    return isinstance(item, Delta) and not item.text and item.finish_reason is None and (
+        not item.extra or item.extra == {"role": "assistant"})
 
 
 async def generate(gateway: Gateway, request: GenerationRequest, decision: Decision,
@@ -107,10 +127,16 @@ async def generate(gateway: Gateway, request: GenerationRequest, decision: Decis
         lease = _lease(pool, worker, attempt)
         adapter = gateway.adapters[pool.config.engine]
         try:
-            return lease, await adapter.generate(worker.url, request, pool.config, attempt.k)
-        except UpstreamUnavailable as exc:
-            _note_failure(worker, exc)
+            result = await adapter.generate(worker.url, request, pool.config, attempt.k)
+        except RETRYABLE as exc:
+            lease.failed(exc)
             error = exc
+        except GatewayError:
+            lease.succeeded()  # the worker answered: a 4xx is about the request
+            raise
+        else:
+            lease.succeeded()
+            return lease, result
         finally:
             lease.release()
     raise error
@@ -128,14 +154,19 @@ async def open_stream(gateway: Gateway, request: GenerationRequest, decision: De
             worker.url, request, pool.config, attempt.k)
         try:
             first = await anext(items)
-        except UpstreamUnavailable as exc:
-            _note_failure(worker, exc)
+            while _is_empty(first):
+                first = await anext(items)
+        except RETRYABLE as exc:
+            lease.failed(exc)
             error = exc
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, GatewayError):
+                lease.succeeded()
             lease.release()
             await items.aclose()  # type: ignore[attr-defined]
             raise
         else:
+            lease.succeeded()
             return lease, first, items
         lease.release()
         await items.aclose()  # type: ignore[attr-defined]
@@ -144,7 +175,7 @@ async def open_stream(gateway: Gateway, request: GenerationRequest, decision: De
 
 def record(gateway: Gateway, *, request: GenerationRequest, profile: RequestProfile,
            tenant: TenantConfig, decision: Decision, load: int, timer: Timer, usage: Usage,
-           spec: SpecStats, ok: bool) -> None:
+           spec: SpecStats, ok: bool, workers: int = 1) -> None:
     """Report one finished request to the recorder and as one OpenTelemetry span."""
     end = time.perf_counter()
     first = timer.first_token or end
@@ -158,7 +189,7 @@ def record(gateway: Gateway, *, request: GenerationRequest, profile: RequestProf
         verify_steps=spec.verify_steps or (tokens if accept == 1.0 else 0),
         accept_length=accept, load=load,
         ttft_s=first - timer.start, itl_s=itl, e2e_s=end - timer.start,
-        tenant=tenant.name, ok=ok, timestamp=time.time(),
+        tenant=tenant.name, ok=ok, timestamp=time.time(), workers=max(1, workers),
         slo_met=ok and (first - timer.start) * 1000 <= tenant.slo_ttft_ms
         and itl * 1000 <= tenant.slo_tpot_ms,
     )

@@ -1,44 +1,122 @@
-"""Worker pools at run time: health, outstanding requests, least-loaded choice.
+"""Worker pools at run time: who may take a request now, and which one should.
 
-A worker is healthy when its last `GET /health` answered 200 and no request has
-failed to connect to it since. The monitor polls every worker each
-`server.health_interval_s`; a connection failure on the request path marks the
-worker down at once so the next request skips it without waiting for the poll.
+A worker takes new requests only when all three agree:
+- health (`gateway.health`): active probes; `unhealthy_after` failures in a row take it
+  out, `healthy_after` successes in a row bring it back (the first answer decides for a
+  worker never probed yet, so a fresh gateway is ready at once);
+- its circuit breaker: request failures in a row open it for a cooldown, after which
+  one trial request is let through (half-open); that request's outcome closes or
+  re-opens it (the classic breaker of Nygard, "Release It!", 2007);
+- the registry's drain flag (`gateway.discovery`): a worker about to be relaunched
+  finishes what it has but gets nothing new.
+
+Within a pool the least-loaded eligible worker wins; with more than two eligible,
+power of two choices (Mitzenmacher 2001: two random candidates, the less loaded one),
+which avoids the herd that pure least-outstanding causes across gateway replicas.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from dataclasses import dataclass
+import random
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
 
-import aiohttp
-
-from gateway.config import GatewayConfig, PoolConfig
+from gateway.config import GatewayConfig, PoolConfig, ServerConfig
 from policies.types import PoolView
 
-log = logging.getLogger("specroute.gateway")
+
+class BreakerState(StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+@dataclass(slots=True)
+class CircuitBreaker:
+    """Per-worker request-failure breaker; `now` is `time.monotonic()` seconds."""
+
+    failures_to_open: int
+    cooldown_s: float
+    failures: int = 0
+    opened_at: float | None = None
+    trial_in_flight: bool = False
+
+    def state(self, now: float) -> BreakerState:
+        if self.opened_at is None:
+            return BreakerState.CLOSED
+        if now - self.opened_at < self.cooldown_s:
+            return BreakerState.OPEN
+        return BreakerState.HALF_OPEN
+
+    def allows(self, now: float) -> bool:
+        state = self.state(now)
+        return state is BreakerState.CLOSED or (
+            state is BreakerState.HALF_OPEN and not self.trial_in_flight)
+
+    def begin(self, now: float) -> None:
+        """A request was sent; in half-open it is the one trial."""
+        if self.state(now) is BreakerState.HALF_OPEN:
+            self.trial_in_flight = True
+
+    def success(self) -> None:
+        self.failures, self.opened_at, self.trial_in_flight = 0, None, False
+
+    def failure(self, now: float, *, hard: bool = False) -> None:
+        """Count one failed request; `hard` (connection refused) opens at once."""
+        self.failures += 1
+        self.trial_in_flight = False
+        if hard or self.failures >= self.failures_to_open or self.opened_at is not None:
+            self.opened_at = now
 
 
 @dataclass(slots=True)
 class Worker:
     url: str
+    breaker: CircuitBreaker
     healthy: bool = False  # unknown until the first probe answers
+    probed: bool = False
+    probe_failures: int = 0  # consecutive
+    probe_successes: int = 0  # consecutive
+    draining: bool = False
+    discovered: bool = False  # came from the Redis registry, not the config
     outstanding: int = 0
 
+    def available(self, now: float) -> bool:
+        return self.healthy and not self.draining and self.breaker.allows(now)
 
+    def state(self, now: float) -> dict:
+        """For `/ready` and `/v1/routing/explain`."""
+        return {"url": self.url, "healthy": self.healthy, "draining": self.draining,
+                "breaker": self.breaker.state(now).value, "outstanding": self.outstanding,
+                "probe_failures": self.probe_failures,
+                "probe_successes": self.probe_successes, "discovered": self.discovered}
+
+
+@dataclass(slots=True)
 class Pool:
-    def __init__(self, config: PoolConfig) -> None:
-        self.config = config
-        self.workers = [Worker(url) for url in config.workers]
+    config: PoolConfig
+    server: ServerConfig
+    workers: list[Worker] = field(default_factory=list)
+    rng: random.Random = field(default_factory=random.Random)
 
     @property
     def name(self) -> str:
         return self.config.name
 
+    def new_worker(self, url: str, *, discovered: bool = False) -> Worker:
+        breaker = CircuitBreaker(self.server.breaker_failures, self.server.breaker_cooldown_s)
+        worker = Worker(url, breaker, discovered=discovered)
+        self.workers.append(worker)
+        return worker
+
+    def worker(self, url: str) -> Worker | None:
+        return next((w for w in self.workers if w.url == url), None)
+
     @property
     def healthy_workers(self) -> int:
-        return sum(w.healthy for w in self.workers)
+        now = time.monotonic()
+        return sum(w.available(now) for w in self.workers)
 
     @property
     def outstanding(self) -> int:
@@ -50,58 +128,20 @@ class Pool:
                         per_request_k=self.config.capabilities.per_request_k,
                         healthy_workers=self.healthy_workers, outstanding=self.outstanding)
 
-    def pick(self, exclude: set[str] = frozenset()) -> Worker | None:  # type: ignore[assignment]
-        """The healthy worker with the fewest requests in flight, skipping `exclude`."""
-        best: Worker | None = None
-        for worker in self.workers:
-            if worker.healthy and worker.url not in exclude and (
-                    best is None or worker.outstanding < best.outstanding):
-                best = worker
-        return best
+    def pick(self, exclude: frozenset[str] | set[str] = frozenset()) -> Worker | None:
+        """Least outstanding among eligible workers; power of two choices beyond two."""
+        now = time.monotonic()
+        eligible = [w for w in self.workers if w.url not in exclude and w.available(now)]
+        if len(eligible) > 2:
+            eligible = self.rng.sample(eligible, 2)
+        return min(eligible, key=lambda w: w.outstanding, default=None)
 
 
 def build_pools(config: GatewayConfig) -> dict[str, Pool]:
-    return {pool.name: Pool(pool) for pool in config.pools}
-
-
-class HealthMonitor:
-    """Polls every worker's `/health`; owns no state besides its task."""
-
-    def __init__(self, pools: dict[str, Pool], session: aiohttp.ClientSession,
-                 interval_s: float) -> None:
-        self.pools = pools
-        self.session = session
-        self.interval_s = interval_s
-        self.timeout = aiohttp.ClientTimeout(total=max(1.0, interval_s))
-        self._task: asyncio.Task | None = None
-
-    async def probe(self, worker: Worker) -> None:
-        try:
-            async with self.session.get(worker.url + "/health", timeout=self.timeout) as r:
-                healthy = r.status == 200
-        except (TimeoutError, aiohttp.ClientError):
-            healthy = False
-        if healthy != worker.healthy:
-            log.info("worker %s is now %s", worker.url, "healthy" if healthy else "down")
-        worker.healthy = healthy
-
-    async def probe_all(self) -> None:
-        workers = [w for pool in self.pools.values() for w in pool.workers]
-        await asyncio.gather(*(self.probe(w) for w in workers))
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            await self.probe_all()
-
-    async def start(self) -> None:
-        await self.probe_all()
-        self._task = asyncio.create_task(self._run(), name="specroute-health")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+    pools = {}
+    for pool_config in config.pools:
+        pool = Pool(pool_config, config.server)
+        for url in pool_config.workers:
+            pool.new_worker(url)
+        pools[pool.name] = pool
+    return pools

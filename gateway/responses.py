@@ -37,10 +37,16 @@ def usage_dict(usage: Usage) -> dict:
             "total_tokens": usage.prompt_tokens + usage.completion_tokens}
 
 
+def header_value(text: str) -> bytes:
+    """Printable ASCII only: a policy's free-text reason must not break the header."""
+    return "".join(c if " " <= c <= "~" else "?" for c in text)[:256].encode()
+
+
 def headers_for(decision: Decision) -> list[tuple[bytes, bytes]]:
-    return [(b"x-specroute-pool", decision.pool.encode()),
-            (b"x-specroute-method", decision.method.encode()),
-            (b"x-specroute-k", str(decision.k).encode())]
+    return [(b"x-specroute-pool", header_value(decision.pool)),
+            (b"x-specroute-method", header_value(decision.method)),
+            (b"x-specroute-k", str(decision.k).encode()),
+            (b"x-specroute-reason", header_value(decision.reason))]
 
 
 def response_body(request: GenerationRequest, result: Generation, decision: Decision) -> bytes:

@@ -1,25 +1,31 @@
 """Which pool serves a request: filter by model and capability, then ask a policy.
 
-The `Router` owns the parts that are facts (which pools serve the model, which can do
-constrained decoding or tools, which have a healthy worker); the choice among the
-remaining pools is a pluggable `decide(profile, pools) -> Decision` callable from
-`policies/`. The default, `first_healthy`, takes the first pool with a healthy worker
-in config order; the learned policy replaces it without touching this module.
+The `Router` owns the facts (which pools serve the model, which can do constrained
+decoding or tools, which fit the prompt, which have an available worker); the choice
+among the remaining pools is a pluggable `decide(profile, pools) -> Decision` from
+`policies/`. Built in: `first_healthy` (config order) and `static_rules` (task and
+temperature → method; a hand-written stand-in until the learned policy takes over).
+A `Pin` from the `x-specroute-pool` / `x-specroute-k` headers overrides the policy
+for benchmarks and debugging; capability checks still apply.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from gateway.errors import InvalidRequest, ModelNotFound, NoHealthyWorker
 from gateway.pools import Pool
 from gateway.schemas import GenerationRequest
 from policies.types import Decision, PoolView, RequestProfile
 
+log = logging.getLogger("specroute.gateway")
 Decide = Callable[[RequestProfile, list[PoolView]], Decision]
 Classify = Callable[[dict, str, str], RequestProfile]
 CHARS_PER_TOKEN = 4  # rough prompt-size estimate; the gateway has no tokenizer
+MAX_PINNED_K = 16
 
 
 def estimate_prompt_tokens(body: dict) -> int:
@@ -35,8 +41,8 @@ def estimate_prompt_tokens(body: dict) -> int:
 
 
 def minimal_profile(body: dict, endpoint: str, tenant: str) -> RequestProfile:
-    """A stand-in classifier (task from response_format/tools only), same signature as
-    `gateway.classify.classify`, which replaces it."""
+    """Fallback classifier (task from response_format/tools only), same signature as
+    `gateway.classify.classify`; used only when that one cannot load its model."""
     fmt = body.get("response_format") or {}
     constrained = fmt.get("type") in ("json_object", "json_schema")
     tools = bool(body.get("tools")) and body.get("tool_choice") != "none"
@@ -69,52 +75,217 @@ def first_healthy(profile: RequestProfile, pools: list[PoolView]) -> Decision:
                           code="no_healthy_worker")
 
 
+# method preference per request class for `static_rules`, best first. Input-grounded
+# code suits prompt-lookup/lookahead drafting; JSON's fixed keys and punctuation suit
+# lookahead's n-gram pool and tree drafts; free chat needs a learned drafter (EAGLE,
+# arXiv 2401.15077); at high temperature acceptance collapses, so plain decoding wins.
+STATIC_PREFERENCES: dict[str, tuple[str, ...]] = {
+    "code": ("ngram", "lookahead", "eagle2", "eagle3", "eagle", "medusa", "draft"),
+    "structured": ("lookahead", "ngram", "eagle2", "eagle3", "medusa", "eagle", "draft"),
+    "chat": ("eagle3", "eagle2", "eagle", "medusa", "draft", "lookahead", "ngram"),
+    "thigh": ("plain",),
+}
+
+
+def static_rules(profile: RequestProfile, pools: list[PoolView]) -> Decision:
+    """Hand-written class → method rules: code → n-gram, structured → lookahead,
+    chat → EAGLE, temperature > 0.7 → plain; plain pools are always the last fallback."""
+    key = "thigh" if profile.temperature_bucket == "thigh" else profile.task
+    preference = STATIC_PREFERENCES[key]
+
+    def rank(view: PoolView) -> tuple[int, float]:
+        plain = view.method == "plain" or view.k == 0
+        order = preference.index(view.method) if view.method in preference else (
+            len(preference) + (1 if plain else 0))
+        return order, view.outstanding / max(1, view.healthy_workers)
+
+    ranked = sorted((v for v in pools if v.healthy_workers > 0), key=rank)
+    if not ranked:
+        raise NoHealthyWorker(f"no healthy worker serves model {profile.model!r}",
+                              code="no_healthy_worker")
+    best = ranked[0]
+    reason = (f"static rule: {key} -> {best.method}" if best.method in preference
+              else f"static rule: no {'/'.join(preference[:2])} pool for {key}")
+    return Decision(pool=best.name, method=best.method, k=best.k, reason=reason,
+                    fallbacks=tuple(v.name for v in ranked[1:]))
+
+
+@dataclass(frozen=True, slots=True)
+class Pin:
+    """Routing forced by request headers; empty by default."""
+
+    pool: str | None = None
+    k: int | None = None
+
+    @classmethod
+    def from_headers(cls, pool: str | None, k: str | None) -> Pin:
+        if k is not None:
+            if not k.strip().isdigit() or int(k) > MAX_PINNED_K:
+                raise InvalidRequest(f"x-specroute-k must be an integer 0..{MAX_PINNED_K}, "
+                                     f"got {k!r}", param="x-specroute-k", code="invalid_value")
+        return cls(pool=pool or None, k=None if k is None else int(k))
+
+
+class Requirement(NamedTuple):
+    """One thing a request needs of a pool: why a pool fails it, the test, the error
+    when no pool passes."""
+
+    why: str
+    keep: Callable[[Pool], bool]
+    error: Callable[[], InvalidRequest]
+
+
+@dataclass(frozen=True, slots=True)
+class Assessment:
+    """One pool as the router sees one request: excluded (and why) or eligible."""
+
+    pool: Pool
+    excluded: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"pool": self.pool.name, "engine": self.pool.config.engine,
+                "method": self.pool.config.method, "k": self.pool.config.k,
+                "eligible": self.excluded is None, "why_not": self.excluded,
+                "healthy_workers": self.pool.healthy_workers,
+                "outstanding": self.pool.outstanding}
+
+
 class Router:
     def __init__(self, pools: dict[str, Pool], decide: Decide = first_healthy,
                  classify: Classify = minimal_profile) -> None:
         self.pools = pools
         self.decide = decide
-        self.classify = classify
-        self.by_model: dict[str, list[Pool]] = {}
-        for pool in pools.values():
-            self.by_model.setdefault(pool.config.model, []).append(pool)
+        self.classifier = classify
+        self._classifier_failed = False
 
-    def candidates(self, request: GenerationRequest, profile: RequestProfile) -> list[Pool]:
-        """Pools serving the model that have every capability the request needs."""
-        pools = self.by_model.get(request.model)
-        if not pools:
+    def classify(self, body: dict, endpoint: str, tenant: str) -> RequestProfile:
+        """The classifier's profile; a classifier bug must not fail a valid request, so
+        it degrades to the minimal profile (logged with its traceback the first time)."""
+        try:
+            return self.classifier(body, endpoint, tenant)
+        except Exception:  # noqa: BLE001 - any classifier failure: route on the basics
+            if not self._classifier_failed:
+                self._classifier_failed = True
+                log.exception("request classifier failed; using the minimal profile")
+            return minimal_profile(body, endpoint, tenant)
+
+    def assess(self, request: GenerationRequest, profile: RequestProfile,
+               pin: Pin = Pin()) -> list[Assessment]:
+        """Every pool, excluded with a reason or eligible; raises when none is eligible,
+        naming the first requirement no pool of the model meets."""
+        out = {name: Assessment(pool) for name, pool in self.pools.items()}
+        serving = [p for p in self.pools.values() if p.config.model == request.model]
+        if not serving:
             raise ModelNotFound(f"The model '{request.model}' does not exist",
                                 param="model", code="model_not_found")
-        needs = [("constrained_decoding", request.needs_constrained, "response_format"),
-                 ("tools", request.needs_tools, "tools")]
-        for capability, needed, param in needs:
-            if needed:
-                pools = [p for p in pools if getattr(p.config.capabilities, capability)]
-                if not pools:
-                    raise InvalidRequest(
-                        f"no pool serving '{request.model}' supports {capability} "
-                        f"(needed for '{param}')", param=param, code="unsupported_capability")
-        wanted = profile.prompt_tokens + (request.max_tokens or 0)
-        fitting = [p for p in pools if p.config.capabilities.max_context >= wanted]
-        if not fitting:
-            raise InvalidRequest(
-                f"the request needs about {wanted} tokens of context; the largest "
-                f"max_context for '{request.model}' is "
-                f"{max(p.config.capabilities.max_context for p in pools)}",
-                param="max_tokens", code="context_length_exceeded")
-        return fitting
+        for pool in self.pools.values():
+            if pool.config.model != request.model:
+                out[pool.name] = Assessment(pool, f"serves model '{pool.config.model}'")
+        if pin.pool is not None and pin.pool not in {p.name for p in serving}:
+            raise InvalidRequest(f"x-specroute-pool: no pool named '{pin.pool}' serves "
+                                 f"model '{request.model}'", param="x-specroute-pool",
+                                 code="unknown_pool")
+        remaining = serving
+        for why, keep, error in self._requirements(request, profile, pin, serving):
+            kept = [p for p in remaining if keep(p)]
+            if not kept and pin.pool is not None:
+                raise InvalidRequest(f"x-specroute-pool: pool '{pin.pool}' cannot serve this "
+                                     f"request: it {why}", param="x-specroute-pool",
+                                     code="unsupported_capability")
+            if not kept:
+                raise error()
+            for pool in remaining:
+                if pool not in kept:
+                    out[pool.name] = Assessment(pool, why)
+            remaining = kept
+        for pool in remaining:
+            if pool.healthy_workers == 0:
+                out[pool.name] = Assessment(pool, "no available worker")
+        return list(out.values())
 
-    def route(self, request: GenerationRequest,
-              profile: RequestProfile) -> tuple[Decision, list[Pool]]:
-        """The policy's decision and the pools to try, chosen pool first."""
-        pools = self.candidates(request, profile)
-        by_name = {p.name: p for p in pools}
-        decision = self.decide(profile, [p.view() for p in pools])
+    def _requirements(self, request: GenerationRequest, profile: RequestProfile, pin: Pin,
+                      serving: list[Pool]) -> list[Requirement]:
+        """What this request needs of a pool, in the order the errors are reported."""
+        caps = [(pin.pool is not None, Requirement(
+                    "is not the pool pinned by x-specroute-pool",
+                    lambda p: p.name == pin.pool, lambda: InvalidRequest("unreachable")))]
+        caps.append((request.needs_constrained or profile.needs_constrained, Requirement(
+            "lacks constrained_decoding (response_format)",
+            lambda p: p.config.capabilities.constrained_decoding,
+            lambda: self._missing("constrained_decoding", "response_format", request))))
+        caps.append((request.needs_tools or profile.needs_tools, Requirement(
+            "lacks tools", lambda p: p.config.capabilities.tools,
+            lambda: self._missing("tools", "tools", request))))
+        wanted = profile.prompt_tokens + (request.max_tokens or 0)
+        caps.append((True, Requirement(
+            f"has max_context < ~{wanted} tokens needed",
+            lambda p: p.config.capabilities.max_context >= wanted,
+            lambda: self._too_long(wanted, request, serving))))
+        caps.append((pin.k is not None, Requirement(
+            f"has k fixed at launch, not {pin.k}",
+            lambda p: p.config.capabilities.per_request_k or p.config.k == pin.k,
+            lambda: self._no_k(pin, request))))
+        return [requirement for needed, requirement in caps if needed]
+
+    @staticmethod
+    def _missing(capability: str, param: str, request: GenerationRequest) -> InvalidRequest:
+        return InvalidRequest(f"no pool serving '{request.model}' supports {capability} "
+                              f"(needed for '{param}')", param=param,
+                              code="unsupported_capability")
+
+    @staticmethod
+    def _too_long(wanted: int, request: GenerationRequest,
+                  serving: list[Pool]) -> InvalidRequest:
+        largest = max(p.config.capabilities.max_context for p in serving)
+        return InvalidRequest(f"the request needs about {wanted} tokens of context; the "
+                              f"largest max_context for '{request.model}' is {largest}",
+                              param="max_tokens", code="context_length_exceeded")
+
+    @staticmethod
+    def _no_k(pin: Pin, request: GenerationRequest) -> InvalidRequest:
+        return InvalidRequest(f"x-specroute-k: no eligible pool serving '{request.model}' "
+                              f"takes k per request or runs k={pin.k}",
+                              param="x-specroute-k", code="unsupported_capability")
+
+    def route(self, request: GenerationRequest, profile: RequestProfile,
+              pin: Pin = Pin()) -> tuple[Decision, list[Pool]]:
+        """The decision and the pools to try: chosen, fallbacks, then plain pools last."""
+        return self.route_assessed(self.assess(request, profile, pin), profile, pin)
+
+    def route_assessed(self, assessed: list[Assessment], profile: RequestProfile,
+                       pin: Pin) -> tuple[Decision, list[Pool]]:
+        eligible = [a.pool for a in assessed if a.excluded is None]
+        by_name = {p.name: p for p in eligible}
+        if pin.pool is not None:
+            pool = self.pools[pin.pool]
+            decision = Decision(pool=pool.name, method=pool.config.method, k=pool.config.k,
+                                reason="pinned by x-specroute-pool")
+            if not eligible:
+                raise NoHealthyWorker(f"no available worker in pinned pool {pin.pool!r}",
+                                      code="no_healthy_worker")
+        else:
+            if not eligible:
+                raise NoHealthyWorker(f"no healthy worker serves model {profile.model!r}",
+                                      code="no_healthy_worker")
+            decision = self.decide(profile, [p.view() for p in eligible])
         chosen = by_name.get(decision.pool)
         if chosen is None:
-            raise NoHealthyWorker(f"policy chose unknown pool {decision.pool!r}")
-        if not chosen.config.capabilities.per_request_k:
-            decision = replace(decision, k=chosen.config.k)  # k is fixed at launch
-        order = [chosen] + [by_name[n] for n in decision.fallbacks if n in by_name]
-        return decision, order
+            raise NoHealthyWorker(f"policy chose unavailable pool {decision.pool!r}",
+                                  code="no_healthy_worker")
+        decision = self._with_k(decision, chosen, pin)
+        rest = [by_name[n] for n in dict.fromkeys(decision.fallbacks)
+                if n in by_name and n != chosen.name]
+        if pin.pool is None:
+            rest += [p for p in eligible if p.config.k == 0 and p not in rest
+                     and p is not chosen]
+            rest.sort(key=lambda p: p.config.k == 0)  # stable: plain pools last
+        return decision, [chosen, *rest]
 
+    @staticmethod
+    def _with_k(decision: Decision, pool: Pool, pin: Pin) -> Decision:
+        if not pool.config.capabilities.per_request_k:
+            return replace(decision, k=pool.config.k)  # k is fixed at launch
+        if pin.k is not None:
+            return replace(decision, k=pin.k, reason=f"{decision.reason}; k pinned by "
+                           f"x-specroute-k")
+        return decision

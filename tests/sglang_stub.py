@@ -7,10 +7,12 @@ and the `spec_*` counters; streamed `text`/`output_ids` CUMULATIVE unless
 `return_spec_tokens_details` is set, `/health`, `/server_info`, `/model_info`,
 `/v1/models`. Output is deterministic: the prompt's words echoed back, one word per
 token. Prompt words trigger failures: TRIGGER_400 (a 4xx), TRIGGER_SLOW (sleeps 3 s),
-TRIGGER_MIDSTREAM_ERROR (an in-band error after two chunks).
+TRIGGER_MIDSTREAM_ERROR (an in-band error after two chunks). `--stall S` waits S seconds
+before answering `/generate`, `--drip S` between streamed chunks; a client that leaves
+meanwhile is counted in `GET /stats` (`generate_calls`, `in_flight`, `cancelled`, `k_seen`).
 
     python tests/sglang_stub.py --port P [--model NAME] [--method M] [--k K]
-                                [--fail-after N] [--incremental]
+                                [--fail-after N] [--incremental] [--stall S] [--drip S]
 """
 
 from __future__ import annotations
@@ -33,7 +35,13 @@ class StubConfig:
     k: int = 3
     fail_after: int = -1  # generation requests served before failing; -1 = never
     incremental: bool = False
+    stall_s: float = 0.0
+    drip_s: float = 0.0
     served: int = 0
+    generate_calls: int = 0
+    in_flight: int = 0
+    cancelled: int = 0
+    last_k: int | None = None
 
     def failing(self) -> bool:
         return 0 <= self.fail_after <= self.served
@@ -118,9 +126,28 @@ def openai_reject(status: int, message: str) -> web.Response:
                              status=status)
 
 
+class ClientLeft(Exception):
+    """The gateway closed the connection while the stub was working."""
+
+
+async def pause(request: web.Request, seconds: float) -> None:
+    """Sleep, noticing within 20 ms when the client has closed the connection."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if request.transport is None or request.transport.is_closing():
+            raise ClientLeft
+        await asyncio.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
+
+
 class StubServer:
     def __init__(self, cfg: StubConfig) -> None:
         self.cfg = cfg
+
+    async def stats(self, request: web.Request) -> web.Response:
+        c = self.cfg
+        return web.json_response({"generate_calls": c.generate_calls, "in_flight": c.in_flight,
+                                  "cancelled": c.cancelled, "served": c.served,
+                                  "last_k": c.last_k})
 
     async def admit(self, prompt: str) -> web.Response | None:
         if self.cfg.failing():
@@ -134,13 +161,26 @@ class StubServer:
 
     # --- native routes --------------------------------------------------------------
     async def generate(self, request: web.Request) -> web.StreamResponse:
+        self.cfg.generate_calls += 1
+        self.cfg.in_flight += 1
+        try:
+            await pause(request, self.cfg.stall_s)
+            return await self._generate(request)
+        except (ClientLeft, ConnectionResetError, asyncio.CancelledError):
+            self.cfg.cancelled += 1
+            raise
+        finally:
+            self.cfg.in_flight -= 1
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json(loads=orjson.loads)
         prompt = prompt_text(body)
         if (failure := await self.admit(prompt)) is not None:
             return failure
         params = body.get("sampling_params") or {}
+        self.cfg.last_k = request_k(self.cfg, params.get("custom_params"))
         p = plan(self.cfg, prompt, prompt, params.get("max_new_tokens", 128),
-                 params.get("stop"), request_k(self.cfg, params.get("custom_params")))
+                 params.get("stop"), self.cfg.last_k)
         start = time.perf_counter()
 
         def meta(done: int, final: bool) -> dict:
@@ -158,6 +198,8 @@ class StubServer:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         for i in range(1, len(p.words) + 1):
+            if i > 1:
+                await pause(request, self.cfg.drip_s)
             if "TRIGGER_MIDSTREAM_ERROR" in prompt and i == 3:
                 await resp.write(b"data: " + orjson.dumps(
                     {"error": {"message": "stub failed mid-stream"}}) + b"\n\n")
@@ -200,6 +242,7 @@ class StubServer:
         return {}
 
     async def openai(self, request: web.Request) -> web.StreamResponse:
+        self.cfg.generate_calls += 1
         chat = request.path.endswith("/chat/completions")
         body = await request.json(loads=orjson.loads)
         prompt = prompt_text(body)
@@ -208,8 +251,9 @@ class StubServer:
         if body.get("model") != self.cfg.model:
             return openai_reject(404, f"model {body.get('model')!r} not served here")
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+        self.cfg.last_k = request_k(self.cfg, body.get("custom_params"))
         p = plan(self.cfg, prompt, last_user_text(body), max_tokens, body.get("stop"),
-                 request_k(self.cfg, body.get("custom_params")))
+                 self.cfg.last_k)
         finish = p.finish["type"]
         usage = {"prompt_tokens": p.prompt_tokens, "completion_tokens": len(p.words),
                  "total_tokens": p.prompt_tokens + len(p.words)}
@@ -265,6 +309,7 @@ class StubServer:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/generate", self.generate)
         app.router.add_get("/health", self.health)
+        app.router.add_get("/stats", self.stats)
         app.router.add_get("/health_generate", self.health)
         app.router.add_get("/server_info", self.server_info)
         app.router.add_get("/get_server_info", self.server_info)
@@ -285,9 +330,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, StubC
     parser.add_argument("--fail-after", type=int, default=-1)
     parser.add_argument("--incremental", action="store_true",
                         help="stream deltas, as with --incremental-streaming-output")
+    parser.add_argument("--stall", type=float, default=0.0)
+    parser.add_argument("--drip", type=float, default=0.0)
     args = parser.parse_args(argv)
     return args, StubConfig(model=args.model, method=args.method, k=args.k,
-                            fail_after=args.fail_after, incremental=args.incremental)
+                            fail_after=args.fail_after, incremental=args.incremental,
+                            stall_s=args.stall, drip_s=args.drip)
 
 
 if __name__ == "__main__":

@@ -74,3 +74,20 @@ def test_unreadable_and_invalid_yaml(tmp_path: Path) -> None:
     (tmp_path / "bad.yaml").write_text("pools: [")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(tmp_path / "bad.yaml")
+
+
+def test_health_and_discovery_keys_have_documented_defaults() -> None:
+    server = parse_config({"pools": [POOL]}).server
+    assert (server.unhealthy_after, server.healthy_after) == (3, 2)
+    assert (server.breaker_failures, server.breaker_cooldown_s) == (3, 10.0)
+    assert server.discovery_interval_s == 2.0 and server.max_attempts == 3
+    with pytest.raises(ConfigError, match=r"server\.healthy_after: must be > 0"):
+        parse_config({"pools": [POOL], "server": {"healthy_after": 0}})
+
+
+def test_supervisor_pool_keys_are_accepted() -> None:
+    pool = {**POOL, "model_path": "/models/x", "launch": {"context_length": 8192}}
+    parsed = parse_config({"pools": [pool]}).pools[0]
+    assert parsed.model_path == "/models/x" and parsed.launch == {"context_length": 8192}
+    with pytest.raises(ConfigError, match=r"pools\[0\]\.launch: expected a mapping"):
+        parse_config({"pools": [{**POOL, "launch": [1]}]})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections import Counter
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -26,7 +28,7 @@ from gateway.errors import (
     RateLimited,
     UpstreamUnavailable,
 )
-from gateway.pools import build_pools
+from gateway.pools import BreakerState, build_pools
 from gateway.routing import Router, minimal_profile
 from gateway.schemas import parse_request
 from gateway.telemetry import PrometheusRecorder, make_tracer
@@ -114,7 +116,9 @@ async def test_failover_to_next_worker_before_first_token(
     gateway = make_gateway(session, [pool("p", [dead, stubs["cumulative"]])])
     lease, items = await collect(gateway, {"model": "m", "prompt": "x y", "stream": True})
     assert lease.worker.url == stubs["cumulative"]
-    assert gateway.pools["p"].workers[0].healthy is False  # marked down at once
+    refused = gateway.pools["p"].workers[0]
+    assert refused.breaker.state(time.monotonic()) is BreakerState.OPEN  # out at once
+    assert gateway.pools["p"].pick() is gateway.pools["p"].workers[1]
     assert all(w.outstanding == 0 for w in gateway.pools["p"].workers)
     gateway.pools["p"].workers[1].healthy = False
     request = parse_request({"model": "m", "prompt": "x y"}, "completions")
@@ -151,14 +155,25 @@ async def test_all_workers_failing_gives_upstream_error(
 
 
 def test_least_outstanding_worker_is_picked() -> None:
-    config = parse_config({"pools": [pool("p", ["http://a:1", "http://b:1", "http://c:1"])]})
+    config = parse_config({"pools": [pool("p", ["http://a:1", "http://b:1"])]})
     p = build_pools(config)["p"]
-    for worker, outstanding in zip(p.workers, (3, 1, 2), strict=True):
+    for worker, outstanding in zip(p.workers, (3, 1), strict=True):
         worker.healthy, worker.outstanding = True, outstanding
     assert p.pick().url == "http://b:1"
-    assert p.pick({"http://b:1"}).url == "http://c:1"
-    p.workers[1].healthy = False
-    assert p.pick().url == "http://c:1"
+    assert p.pick({"http://b:1"}).url == "http://a:1"
+    p.workers[1].draining = True
+    assert p.pick().url == "http://a:1"
+
+
+def test_power_of_two_choices_beyond_two_workers() -> None:
+    urls = ["http://a:1", "http://b:1", "http://c:1", "http://d:1"]
+    p = build_pools(parse_config({"pools": [pool("p", urls)]}))["p"]
+    p.rng.seed(7)
+    for worker, outstanding in zip(p.workers, (9, 0, 5, 2), strict=True):
+        worker.healthy, worker.outstanding = True, outstanding
+    picks = Counter(p.pick().url for _ in range(400))
+    assert "http://a:1" not in picks  # the busiest never wins a pair
+    assert picks["http://b:1"] > picks["http://d:1"] > picks["http://c:1"] > 0
 
 
 def test_router_filters_by_model_and_capability() -> None:

@@ -73,7 +73,11 @@ async def post(session: aiohttp.ClientSession, worker: str, path: str,
                                 headers=JSON_HEADERS) as resp:
             if resp.status != 200:
                 raise status_error(worker, resp.status, await resp.read())
-            yield resp
+            try:
+                yield resp
+            except BaseException:
+                resp.close()  # drop the connection: the worker sees the client leave
+                raise
     except (TimeoutError, aiohttp.ClientError) as exc:
         raise transport_error(worker, exc) from exc
 

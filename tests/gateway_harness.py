@@ -1,0 +1,71 @@
+"""Real processes for the routing and failover tests: stub workers and a gateway whose
+`decide` is chosen by name (the CLI always uses the default policy)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import httpx
+import yaml
+from conftest import free_port, start_process, stop_process, wait_http
+
+GATEWAY_MAIN = """
+import logging
+import sys
+import uvicorn
+from gateway.app import create_app
+from gateway.config import load_config
+from gateway.routing import first_healthy, static_rules
+logging.basicConfig(level="INFO", format="%(levelname)s %(name)s: %(message)s")
+decide = {"first": first_healthy, "static": static_rules}[sys.argv[3]]
+uvicorn.run(create_app(load_config(sys.argv[1]), decide=decide), host="127.0.0.1",
+            port=int(sys.argv[2]), log_level="info", access_log=False)
+"""
+
+
+def start_stub(tmp: Path, name: str, *args: str, port: int | None = None,
+               script: str = "tests/sglang_stub.py") -> tuple[subprocess.Popen, str]:
+    port = port or free_port()
+    proc = start_process([script, "--port", str(port), *args], tmp / f"{name}.log")
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/health", 20, proc)
+    return proc, url
+
+
+def start_stubs(tmp: Path, specs: dict[str, list[str]],
+                script: str = "tests/sglang_stub.py"
+                ) -> tuple[dict[str, subprocess.Popen], dict[str, str]]:
+    """Several stubs started at once (then waited for); name -> extra arguments."""
+    ports = {name: free_port() for name in specs}
+    procs = {name: start_process([script, "--port", str(ports[name]), *args],
+                                 tmp / f"{name}.log") for name, args in specs.items()}
+    urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+    try:
+        for name, proc in procs.items():
+            wait_http(urls[name] + "/health", 20, proc)
+    except BaseException:
+        for proc in procs.values():
+            stop_process(proc)
+        raise
+    return procs, urls
+
+
+def start_gateway(tmp: Path, config: dict, policy: str = "first",
+                  name: str = "gateway") -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    proc = start_process(["-c", GATEWAY_MAIN, str(path), str(port), policy],
+                         tmp / f"{name}.log")
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/health", 30, proc)
+    return proc, url
+
+
+def stats(url: str) -> dict:
+    return httpx.get(url + "/stats", timeout=2).json()
+
+
+def worker_states(gateway: str, pool: str) -> list[dict]:
+    return httpx.get(gateway + "/ready", timeout=2).json()["pools"][pool]["worker_states"]
