@@ -12,7 +12,7 @@ from conftest import free_port, start_process, stop_process, wait_http
 from gateway_harness import start_gateway
 
 TEXT = ["def add(a, b):\n    return a + b\n", "The quick brown fox jumps over the dog.\n"] * 20
-CONTEXT = 2048
+CONTEXT = 8192  # long enough that generation outlasts the disconnect on a loaded CI box
 
 
 @pytest.fixture(scope="module")
