@@ -137,6 +137,9 @@ def run_stack(host: str = "127.0.0.1", port: int = 8000, methods: str | None = N
     started = time.monotonic()
 
     def stop_all(*_: object) -> None:
+        # A second Ctrl-C (or a signal forwarded by a wrapper) must not cut the shutdown short.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for child in reversed(children):
             if child.proc.poll() is None:
                 child.proc.terminate()
@@ -166,7 +169,7 @@ def run_stack(host: str = "127.0.0.1", port: int = 8000, methods: str | None = N
         for child, (_, worker_port) in zip(children[-len(pools):], pools, strict=True):
             _wait(f"http://127.0.0.1:{worker_port}/health", child, timeout=120)
         gateway = _spawn("gateway", [sys.executable, "-m", "gateway.cli", "gateway", "--config",
-                                     str(config_path)], work)
+                                     str(config_path), "--policy", "learned"], work)
         children.append(gateway)
         _wait(f"http://{host}:{port}/ready", gateway, timeout=60)
         print(f"specroute is up in {time.monotonic() - started:.1f}s: http://{host}:{port}/v1")
