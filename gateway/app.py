@@ -3,7 +3,9 @@
 `create_app(config)` builds a Starlette app. The lifespan owns the long-lived
 resources: ONE `aiohttp.ClientSession` (pooled keep-alive connections, explicit
 timeouts) shared by every upstream call, the health monitor, the Redis worker
-discovery (when `redis_url` is set), the classifier model, and the tracer provider. The token routes are raw ASGI (`gateway.endpoints`); the rest are plain
+discovery (when `redis_url` is set), the classifier model, the tracer provider and the
+routing policy (`gateway.learned`: the learned policy and its telemetry store by
+default). The token routes are raw ASGI (`gateway.endpoints`); the rest are plain
 Starlette routes, where speed does not matter.
 """
 
@@ -31,9 +33,10 @@ from gateway.dispatch import Gateway
 from gateway.endpoints import ExplainEndpoint, TokenEndpoint
 from gateway.errors import GatewayError, ModelNotFound, error_response
 from gateway.health import HealthMonitor
+from gateway.learned import Routing, build_routing
 from gateway.pools import build_pools
-from gateway.routing import Classify, Decide, Router, first_healthy, minimal_profile
-from gateway.telemetry import PrometheusRecorder, Recorder, make_tracer
+from gateway.routing import Classify, Decide, Router, minimal_profile
+from gateway.telemetry import FanoutRecorder, PrometheusRecorder, Recorder, make_tracer
 
 log = logging.getLogger("specroute.gateway")
 
@@ -120,11 +123,13 @@ def load_default_classifier() -> Classify:
     return classify
 
 
-def create_app(config: GatewayConfig, *, decide: Decide = first_healthy,
-               classify: Classify | None = None,
+def create_app(config: GatewayConfig, *, policy: str = "learned",
+               decide: Decide | None = None, classify: Classify | None = None,
                recorder: Recorder | None = None) -> Starlette:
-    """Build the app; `decide`, `classify` and `recorder` are the policy/telemetry plugs.
-    `classify=None` means `gateway.classify`, loaded in the lifespan."""
+    """Build the app. `policy` names the routing policy (`gateway.learned.POLICY_NAMES`);
+    a `decide` function replaces it (a fixed rule that learns nothing). `classify=None`
+    means `gateway.classify`, loaded in the lifespan; `recorder` replaces the Prometheus
+    recorder (the policy is fed either way)."""
     registry = CollectorRegistry()
     recorder = recorder or PrometheusRecorder(registry)
     server = config.server
@@ -136,6 +141,8 @@ def create_app(config: GatewayConfig, *, decide: Decide = first_healthy,
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
         provider, tracer = make_tracer(server.otel_exporter)
         chosen = classify or await asyncio.to_thread(load_default_classifier)
+        routing = Routing(decide, "custom") if decide else build_routing(policy, config)
+        app.state.routing = routing
         async with aiohttp.ClientSession(timeout=timeout, connector=connector,
                                          auto_decompress=False) as session:
             pools = build_pools(config)
@@ -149,9 +156,11 @@ def create_app(config: GatewayConfig, *, decide: Decide = first_healthy,
                                               on_new=monitor.probe)
             app.state.gateway = Gateway(
                 config=config, pools=pools,
-                router=Router(pools, decide=decide, classify=chosen),
+                router=Router(pools, decide=routing.decide, classify=chosen),
                 auth=Authenticator(config.tenants), limiter=RateLimiter(),
-                adapters=make_adapters(session), recorder=recorder, tracer=tracer)
+                adapters=make_adapters(session), recorder=FanoutRecorder(recorder, routing),
+                tracer=tracer)
+            routing.start()
             await monitor.start()
             if discovery is not None:
                 await discovery.start()
@@ -161,6 +170,7 @@ def create_app(config: GatewayConfig, *, decide: Decide = first_healthy,
                 if discovery is not None:
                     await discovery.stop()
                 await monitor.stop()
+                await asyncio.to_thread(routing.stop)  # joins threads, flushes telemetry
                 provider.shutdown()
 
     routes = [

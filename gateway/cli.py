@@ -26,7 +26,7 @@ def _up(args: argparse.Namespace) -> int:
 def _gateway(args: argparse.Namespace) -> int:
     from gateway.serve import serve
 
-    return serve(config_path=args.config, host=args.host, port=args.port)
+    return serve(config_path=args.config, host=args.host, port=args.port, policy=args.policy)
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -91,6 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--config", required=True, help="YAML config with pools and tenants")
     gw.add_argument("--host", default=None, help="override the config's listen host")
     gw.add_argument("--port", type=int, default=None, help="override the config's listen port")
+    gw.add_argument(
+        "--policy",
+        choices=["learned", "static", "first"],
+        default="learned",
+        help="routing policy: learned (default; learns from telemetry), static "
+        "(class -> method rules) or first (first pool with a healthy worker)",
+    )
     gw.set_defaults(func=_gateway)
 
     wk = sub.add_parser("worker", help="run one embedded speculative-decoding worker")

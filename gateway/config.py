@@ -17,6 +17,8 @@ from typing import Any, TypeVar
 
 import yaml
 
+from policies.policy import PolicyConfig
+
 ENGINES = ("sglang", "vllm", "openai", "embedded")
 
 
@@ -79,6 +81,7 @@ class GatewayConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     redis_url: str | None = None
     tenants: tuple[TenantConfig, ...] = ()
+    policy: PolicyConfig = field(default_factory=PolicyConfig)  # the learned policy's knobs
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -205,6 +208,18 @@ def _tenant(raw: Any, path: str) -> TenantConfig:
     return tenant
 
 
+def _policy(raw: Any, path: str) -> PolicyConfig:
+    """The learned policy's top-level knobs; their defaults live in `PolicyConfig`."""
+    if isinstance(raw, dict) and "learner" in raw:
+        raise ConfigError(f"{path}.learner: not settable from the config file")
+    policy = _build(PolicyConfig, raw or {}, path)
+    for name in ("explore_rate", "explore_cap"):
+        if not 0.0 <= getattr(policy, name) <= 1.0:
+            raise ConfigError(f"{path}.{name}: must be in 0..1, got {getattr(policy, name)}")
+    _positive(policy.refit_interval_s, f"{path}.refit_interval_s")
+    return policy
+
+
 def _list_of(item: Any, raw: Any, path: str) -> tuple:
     if not isinstance(raw, list):
         raise ConfigError(f"{path}: expected a list")
@@ -217,6 +232,7 @@ def parse_config(raw: Any) -> GatewayConfig:
         "server": _server,
         "pools": lambda v, p: _list_of(_pool, v, p),
         "tenants": lambda v, p: _list_of(_tenant, v or [], p),
+        "policy": _policy,
     })
     if not config.pools:
         raise ConfigError("pools: at least one pool is required")

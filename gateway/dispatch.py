@@ -102,6 +102,29 @@ def _candidates(gateway: Gateway, pools: list[Pool], decision: Decision
             yield pool, worker, decision
 
 
+def format_unenforced(request: GenerationRequest, pool: Pool) -> bool:
+    """A `json_object` request on a pool without constrained decoding: the router sends
+    one there only when no pool with it is eligible (docs/GATEWAY.md, JSON mode)."""
+    return request.wants_json_object and not pool.config.capabilities.constrained_decoding
+
+
+def for_pool(request: GenerationRequest, pool: Pool) -> GenerationRequest:
+    """The request as this pool's worker gets it: `response_format` json_object removed
+    where the pool cannot enforce it (an engine without constrained decoding rejects it)."""
+    if not format_unenforced(request, pool):
+        return request
+    body = {k: v for k, v in request.body.items() if k != "response_format"}
+    return replace(request, body=body, response_format=None)
+
+
+def warning_headers(request: GenerationRequest, pool: Pool) -> list[tuple[bytes, bytes]]:
+    if not format_unenforced(request, pool):
+        return []
+    return [(b"x-specroute-warning",
+             f"response_format json_object not enforced by pool {pool.name}".encode(
+                 "ascii", "replace"))]
+
+
 def _lease(pool: Pool, worker: Worker, decision: Decision) -> Lease:
     load, workers = pool.outstanding, pool.healthy_workers
     worker.outstanding += 1
@@ -127,7 +150,8 @@ async def generate(gateway: Gateway, request: GenerationRequest, decision: Decis
         lease = _lease(pool, worker, attempt)
         adapter = gateway.adapters[pool.config.engine]
         try:
-            result = await adapter.generate(worker.url, request, pool.config, attempt.k)
+            result = await adapter.generate(worker.url, for_pool(request, pool), pool.config,
+                                            attempt.k)
         except RETRYABLE as exc:
             lease.failed(exc)
             error = exc
@@ -151,7 +175,7 @@ async def open_stream(gateway: Gateway, request: GenerationRequest, decision: De
     for pool, worker, attempt in _candidates(gateway, pools, decision):
         lease = _lease(pool, worker, attempt)
         items = gateway.adapters[pool.config.engine].stream(
-            worker.url, request, pool.config, attempt.k)
+            worker.url, for_pool(request, pool), pool.config, attempt.k)
         try:
             first = await anext(items)
             while _is_empty(first):
@@ -173,29 +197,48 @@ async def open_stream(gateway: Gateway, request: GenerationRequest, decision: De
     raise error
 
 
+def slo_met(tenant: TenantConfig, ttft_s: float, itl_s: float, e2e_s: float, tokens: int,
+            streamed: bool) -> bool:
+    """Streaming: TTFT and mean inter-token time within the tenant's targets. Not
+    streaming (the client sees only the end): the last token by the deadline a streaming
+    client with those targets would have had, ttft + tpot x (tokens - 1)."""
+    if streamed:
+        return ttft_s * 1000 <= tenant.slo_ttft_ms and itl_s * 1000 <= tenant.slo_tpot_ms
+    return e2e_s * 1000 <= tenant.slo_ttft_ms + tenant.slo_tpot_ms * max(tokens - 1, 0)
+
+
 def record(gateway: Gateway, *, request: GenerationRequest, profile: RequestProfile,
            tenant: TenantConfig, decision: Decision, load: int, timer: Timer, usage: Usage,
            spec: SpecStats, ok: bool, workers: int = 1) -> None:
-    """Report one finished request to the recorder and as one OpenTelemetry span."""
+    """Report one finished request to the recorder and as one OpenTelemetry span.
+
+    `load` is the pool's outstanding requests at dispatch, this one excluded. A
+    non-streaming answer arrives whole, so its TTFT is estimated as one verify step's
+    share of the end-to-end time: the policy's step-cost model (decode time / steps after
+    the first) then still learns from it, with prefill spread over the steps."""
     end = time.perf_counter()
-    first = timer.first_token or end
+    e2e = end - timer.start
     tokens = usage.completion_tokens
-    itl = (end - first) / (tokens - 1) if tokens > 1 else 0.0
     accept = spec.accept_length or (1.0 if decision.k == 0 and ok else 0.0)
+    steps = spec.verify_steps or (tokens if accept == 1.0 else 0)
+    if request.stream:
+        ttft = (timer.first_token or end) - timer.start
+        itl = (end - timer.first_token) / (tokens - 1) if tokens > 1 and timer.first_token \
+            else 0.0
+    else:
+        ttft = e2e / max(steps, 1)
+        itl = (e2e - ttft) / (tokens - 1) if tokens > 1 else 0.0
     entry = RequestRecord(
         model=request.model, pool=decision.pool, method=decision.method, k=decision.k,
         task=profile.task, temperature_bucket=profile.temperature_bucket,
-        prompt_tokens=usage.prompt_tokens, output_tokens=tokens,
-        verify_steps=spec.verify_steps or (tokens if accept == 1.0 else 0),
-        accept_length=accept, load=load,
-        ttft_s=first - timer.start, itl_s=itl, e2e_s=end - timer.start,
+        prompt_tokens=usage.prompt_tokens, output_tokens=tokens, verify_steps=steps,
+        accept_length=accept, load=load, ttft_s=ttft, itl_s=itl, e2e_s=e2e,
         tenant=tenant.name, ok=ok, timestamp=time.time(), workers=max(1, workers),
-        slo_met=ok and (first - timer.start) * 1000 <= tenant.slo_ttft_ms
-        and itl * 1000 <= tenant.slo_tpot_ms,
+        slo_met=ok and slo_met(tenant, ttft, itl, e2e, tokens, request.stream),
+        extra={"explored": True} if decision.explored else {},
     )
     gateway.recorder.record(entry)
     span = gateway.tracer.start_span(f"specroute {request.endpoint}",
-                                     start_time=time.time_ns() - int((end - timer.start) * 1e9))
+                                     start_time=time.time_ns() - int(e2e * 1e9))
     span.set_attributes(span_attributes(entry))
     span.end()
-

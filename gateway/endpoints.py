@@ -149,7 +149,8 @@ class TokenEndpoint:
             decision, load, workers = lease.decision, lease.load, lease.workers
             usage, spec, ok = result.usage, result.spec, True
             await send_once(send, 200, response_body(job.request, result, decision),
-                            headers_for(decision))
+                            headers_for(decision) + dispatch.warning_headers(job.request,
+                                                                             lease.pool))
         except GatewayError as exc:
             await send_once(send, exc.status, error_body(exc), [])
         finally:
@@ -169,7 +170,8 @@ class TokenEndpoint:
                             spec=SpecStats(), ok=False)
             return
         await send({"type": "http.response.start", "status": 200,
-                    "headers": [*SSE, *headers_for(lease.decision)]})
+                    "headers": [*SSE, *headers_for(lease.decision),
+                                *dispatch.warning_headers(job.request, lease.pool)]})
         final: Final | None = None
         try:
             final = await self.relay(send, ChunkWriter(job.request, lease.decision), first,
@@ -228,7 +230,9 @@ class ExplainEndpoint:
         except GatewayError as exc:
             await send_once(send, exc.status, error_body(exc), [])
             return
+        warnings = dispatch.warning_headers(request, pools[0])
         answer = {"endpoint": endpoint, "profile": profile.to_dict(),
                   "decision": decision.to_dict(), "order": [p.name for p in pools],
-                  "candidates": [a.to_dict() for a in assessed]}
-        await send_once(send, 200, orjson.dumps(answer), headers_for(decision))
+                  "candidates": [a.to_dict() for a in assessed],
+                  "warnings": [value.decode() for _, value in warnings]}
+        await send_once(send, 200, orjson.dumps(answer), headers_for(decision) + warnings)

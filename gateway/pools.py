@@ -93,7 +93,7 @@ class Worker:
                 "probe_successes": self.probe_successes, "discovered": self.discovered}
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # identity: the router tests membership on hot paths
 class Pool:
     config: PoolConfig
     server: ServerConfig

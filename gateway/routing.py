@@ -26,6 +26,8 @@ Decide = Callable[[RequestProfile, list[PoolView]], Decision]
 Classify = Callable[[dict, str, str], RequestProfile]
 CHARS_PER_TOKEN = 4  # rough prompt-size estimate; the gateway has no tokenizer
 MAX_PINNED_K = 16
+JSON_OBJECT_PREFERENCE = ("lacks constrained_decoding, preferred for response_format "
+                          "json_object")
 
 
 def estimate_prompt_tokens(body: dict) -> int:
@@ -44,13 +46,14 @@ def minimal_profile(body: dict, endpoint: str, tenant: str) -> RequestProfile:
     """Fallback classifier (task from response_format/tools only), same signature as
     `gateway.classify.classify`; used only when that one cannot load its model."""
     fmt = body.get("response_format") or {}
-    constrained = fmt.get("type") in ("json_object", "json_schema")
+    constrained = fmt.get("type") == "json_schema"  # json_object is only a preference
     tools = bool(body.get("tools")) and body.get("tool_choice") != "none"
     temperature = body.get("temperature")
     top_p = body.get("top_p")
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 0
     return RequestProfile(
-        task="structured" if constrained or tools else "chat",
+        task="structured" if fmt.get("type") in ("json_object", "json_schema") or tools
+        else "chat",
         temperature=1.0 if temperature is None else float(temperature),
         top_p=1.0 if top_p is None else float(top_p),
         prompt_tokens=estimate_prompt_tokens(body),
@@ -201,7 +204,31 @@ class Router:
         for pool in remaining:
             if pool.healthy_workers == 0:
                 out[pool.name] = Assessment(pool, "no available worker")
+        if request.wants_json_object:
+            self._prefer_constrained(serving if pin.pool else remaining, out, pin)
         return list(out.values())
+
+    @staticmethod
+    def _prefer_constrained(pools: list[Pool], out: dict[str, Assessment], pin: Pin) -> None:
+        """json_object: pools that can enforce it win when one is available; otherwise
+        every pool stays and the format is stripped at dispatch (with a warning). A pin
+        to a pool that cannot enforce it while another can is a 400."""
+        def capable(pool: Pool) -> bool:
+            return pool.config.capabilities.constrained_decoding and pool.healthy_workers > 0
+
+        if not any(capable(p) for p in pools):
+            return
+        if pin.pool is not None:
+            pinned = out[pin.pool].pool
+            if not pinned.config.capabilities.constrained_decoding:
+                raise InvalidRequest(f"x-specroute-pool: pool '{pin.pool}' cannot serve this "
+                                     f"request: it {JSON_OBJECT_PREFERENCE} (another pool "
+                                     f"enforces it)", param="x-specroute-pool",
+                                     code="unsupported_capability")
+            return
+        for pool in pools:
+            if out[pool.name].excluded is None and not pool.config.capabilities.constrained_decoding:
+                out[pool.name] = Assessment(pool, JSON_OBJECT_PREFERENCE)
 
     def _requirements(self, request: GenerationRequest, profile: RequestProfile, pin: Pin,
                       serving: list[Pool]) -> list[Requirement]:
@@ -267,7 +294,11 @@ class Router:
             if not eligible:
                 raise NoHealthyWorker(f"no healthy worker serves model {profile.model!r}",
                                       code="no_healthy_worker")
-            decision = self.decide(profile, [p.view() for p in eligible])
+            try:
+                decision = self.decide(profile, [p.view() for p in eligible])
+            except ValueError as exc:  # the policy found no pool with a healthy worker
+                raise NoHealthyWorker(f"no healthy worker serves model {profile.model!r}: "
+                                      f"{exc}", code="no_healthy_worker") from exc
         chosen = by_name.get(decision.pool)
         if chosen is None:
             raise NoHealthyWorker(f"policy chose unavailable pool {decision.pool!r}",

@@ -39,8 +39,15 @@ class GenerationRequest:
 
     @property
     def needs_constrained(self) -> bool:
+        """json_schema is a hard requirement: only a constrained decoder can honour it."""
         fmt = self.response_format
-        return fmt is not None and fmt.get("type") in ("json_object", "json_schema")
+        return fmt is not None and fmt.get("type") == "json_schema"
+
+    @property
+    def wants_json_object(self) -> bool:
+        """json_object is a preference: served unenforced when no pool can enforce it."""
+        fmt = self.response_format
+        return fmt is not None and fmt.get("type") == "json_object"
 
     @property
     def needs_tools(self) -> bool:

@@ -13,13 +13,12 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.config import ConfigError, load_config
-from gateway.routing import Decide, first_healthy
 
 
 def serve(config_path: str, host: str | None = None, port: int | None = None,
-          decide: Decide = first_healthy) -> int:
+          policy: str = "learned") -> int:
     """Serve until interrupted; returns a process exit code (2 for a bad config).
-    `decide` is the routing policy (`gateway.routing.static_rules`, a learned one)."""
+    `policy` names the routing policy: learned, static or first (`gateway.learned`)."""
     try:
         config = load_config(config_path)
     except ConfigError as exc:
@@ -27,7 +26,7 @@ def serve(config_path: str, host: str | None = None, port: int | None = None,
         return 2
     logging.basicConfig(level=config.server.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(create_app(config, decide=decide), host=host or config.server.host,
+    uvicorn.run(create_app(config, policy=policy), host=host or config.server.host,
                 port=config.server.port if port is None else port,
                 loop="uvloop", http="httptools", workers=1,
                 log_level=config.server.log_level, access_log=False)

@@ -2,8 +2,8 @@
 
 Every finished request becomes one `policies.types.RequestRecord` handed to a
 `Recorder`. `record()` must not block: the default `PrometheusRecorder` only bumps
-in-process counters; the Redis telemetry store (another module) batches off the hot
-path. Each gateway app owns its own `CollectorRegistry`, so several apps in one
+in-process counters; the learned policy's Redis telemetry store (`gateway.learned`)
+enqueues and batches off the hot path; `FanoutRecorder` feeds both. Each gateway app owns its own `CollectorRegistry`, so several apps in one
 process (tests) never collide.
 """
 
@@ -31,6 +31,24 @@ ACCEPT_BUCKETS = (1, 1.5, 2, 2.5, 3, 3.5, 4, 5, 6, 8, 12)
 
 class Recorder(Protocol):
     def record(self, record: RequestRecord) -> None: ...
+
+
+class FanoutRecorder:
+    """Hands each record to several recorders (Prometheus, the learning policy). A
+    recorder's bug is logged once and never reaches the request that finished."""
+
+    def __init__(self, *recorders: Recorder) -> None:
+        self.recorders = recorders
+        self._failed: set[int] = set()
+
+    def record(self, record: RequestRecord) -> None:
+        for i, recorder in enumerate(self.recorders):
+            try:
+                recorder.record(record)
+            except Exception:  # noqa: BLE001 - telemetry must never fail a request
+                if i not in self._failed:
+                    self._failed.add(i)
+                    log.exception("recorder %s failed", type(recorder).__name__)
 
 
 class PrometheusRecorder:

@@ -1,5 +1,5 @@
 """Real processes for the routing and failover tests: stub workers and a gateway whose
-`decide` is chosen by name (the CLI always uses the default policy)."""
+policy is chosen by name (learned, static or first), with the gateway's log level."""
 
 from __future__ import annotations
 
@@ -16,10 +16,8 @@ import sys
 import uvicorn
 from gateway.app import create_app
 from gateway.config import load_config
-from gateway.routing import first_healthy, static_rules
 logging.basicConfig(level="INFO", format="%(levelname)s %(name)s: %(message)s")
-decide = {"first": first_healthy, "static": static_rules}[sys.argv[3]]
-uvicorn.run(create_app(load_config(sys.argv[1]), decide=decide), host="127.0.0.1",
+uvicorn.run(create_app(load_config(sys.argv[1]), policy=sys.argv[3]), host="127.0.0.1",
             port=int(sys.argv[2]), log_level="info", access_log=False)
 """
 
@@ -52,8 +50,9 @@ def start_stubs(tmp: Path, specs: dict[str, list[str]],
 
 
 def start_gateway(tmp: Path, config: dict, policy: str = "first",
-                  name: str = "gateway") -> tuple[subprocess.Popen, str]:
-    port = free_port()
+                  name: str = "gateway", port: int | None = None
+                  ) -> tuple[subprocess.Popen, str]:
+    port = port or free_port()
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
     proc = start_process(["-c", GATEWAY_MAIN, str(path), str(port), policy],

@@ -13,6 +13,7 @@ meanwhile is counted in `GET /stats` (`generate_calls`, `in_flight`, `cancelled`
 
     python tests/sglang_stub.py --port P [--model NAME] [--method M] [--k K]
                                 [--fail-after N] [--incremental] [--stall S] [--drip S]
+                                [--accept-length X] [--step-s S] [--no-constrained]
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ class StubConfig:
     in_flight: int = 0
     cancelled: int = 0
     last_k: int | None = None
+    accept_length: float = 3.0  # tokens per verify step reported (capped at k + 1)
+    step_s: float = 0.0  # simulated time per verify step (per token when not speculating)
+    no_constrained: bool = False  # 400 on response_format / json_schema, as the embedded engine
 
     def failing(self) -> bool:
         return 0 <= self.fail_after <= self.served
@@ -100,7 +104,7 @@ def plan(cfg: StubConfig, prompt: str, source: str, max_tokens: int | None,
     n = len(out)
     spec: dict = {}
     if cfg.method != "plain" and k > 0 and n:
-        verify = math.ceil(n / min(k + 1, 3))
+        verify = math.ceil(n / min(k + 1, cfg.accept_length))
         proposed = verify * k
         correct = n - verify
         spec = {"spec_verify_ct": verify, "spec_accept_length": n / verify,
@@ -159,6 +163,11 @@ class StubServer:
             await asyncio.sleep(3)
         return None
 
+    async def steps(self, request: web.Request, p: Plan) -> None:
+        """Take `step_s` per verify step, as a real engine would (before answering)."""
+        if self.cfg.step_s:
+            await pause(request, self.cfg.step_s * p.spec.get("spec_verify_ct", len(p.words)))
+
     # --- native routes --------------------------------------------------------------
     async def generate(self, request: web.Request) -> web.StreamResponse:
         self.cfg.generate_calls += 1
@@ -178,9 +187,12 @@ class StubServer:
         if (failure := await self.admit(prompt)) is not None:
             return failure
         params = body.get("sampling_params") or {}
+        if self.cfg.no_constrained and params.get("json_schema"):
+            return reject(400, "constrained decoding is not supported (json_schema)")
         self.cfg.last_k = request_k(self.cfg, params.get("custom_params"))
         p = plan(self.cfg, prompt, prompt, params.get("max_new_tokens", 128),
                  params.get("stop"), self.cfg.last_k)
+        await self.steps(request, p)
         start = time.perf_counter()
 
         def meta(done: int, final: bool) -> dict:
@@ -248,12 +260,15 @@ class StubServer:
         prompt = prompt_text(body)
         if (failure := await self.admit(prompt)) is not None:
             return openai_reject(failure.status, "stub rejected or failed the request")
+        if self.cfg.no_constrained and body.get("response_format"):
+            return openai_reject(400, "constrained decoding is not supported (response_format)")
         if body.get("model") != self.cfg.model:
             return openai_reject(404, f"model {body.get('model')!r} not served here")
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         self.cfg.last_k = request_k(self.cfg, body.get("custom_params"))
         p = plan(self.cfg, prompt, last_user_text(body), max_tokens, body.get("stop"),
                  self.cfg.last_k)
+        await self.steps(request, p)
         finish = p.finish["type"]
         usage = {"prompt_tokens": p.prompt_tokens, "completion_tokens": len(p.words),
                  "total_tokens": p.prompt_tokens + len(p.words)}
@@ -332,10 +347,18 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, StubC
                         help="stream deltas, as with --incremental-streaming-output")
     parser.add_argument("--stall", type=float, default=0.0)
     parser.add_argument("--drip", type=float, default=0.0)
+    parser.add_argument("--accept-length", type=float, default=3.0,
+                        help="tokens per verify step to report (capped at k + 1)")
+    parser.add_argument("--step-s", type=float, default=0.0,
+                        help="seconds per verify step before answering")
+    parser.add_argument("--no-constrained", action="store_true",
+                        help="reject response_format/json_schema with a 400")
     args = parser.parse_args(argv)
     return args, StubConfig(model=args.model, method=args.method, k=args.k,
                             fail_after=args.fail_after, incremental=args.incremental,
-                            stall_s=args.stall, drip_s=args.drip)
+                            stall_s=args.stall, drip_s=args.drip,
+                            accept_length=args.accept_length,
+                            no_constrained=args.no_constrained, step_s=args.step_s)
 
 
 if __name__ == "__main__":

@@ -55,7 +55,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     for name, cfg in (("gw", secured), ("open", open_cfg)):
         (tmp / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
         procs.append(start_process(["-m", "gateway.cli", "gateway", "--config",
-                                    str(tmp / f"{name}.yaml"), "--port", str(ports[name])],
+                                    str(tmp / f"{name}.yaml"), "--port", str(ports[name]),
+                                    "--policy", "first"],
                                    tmp / f"{name}.log"))
     try:
         for name in ("gw", "open"):

@@ -1,0 +1,101 @@
+"""The routing policy a gateway process runs, chosen by name, with its lifecycle.
+
+- `learned` (the default): `policies.policy.Policy` over a telemetry store — the shared
+  Redis `TelemetryStore` when `redis_url` is set, so replicas learn from each other's
+  traffic and agree, else an in-process `LocalTelemetry`. Every finished request is fed
+  back (`record`: an O(1) enqueue; the store's thread writes Redis, the policy's thread
+  refits about every second), so nothing here blocks the event loop.
+- `static`: `gateway.routing.static_rules`; `first`: `gateway.routing.first_healthy`.
+  Neither learns.
+
+Lifecycle, from the app lifespan: `start()` before serving, `stop()` after (the policy's
+thread first, then the store, which flushes what Redis will take within ~2 s).
+"""
+
+from __future__ import annotations
+
+import threading
+
+from gateway.config import GatewayConfig
+from gateway.routing import Decide, first_healthy, static_rules
+from policies.aggregates import ContextStats
+from policies.policy import Policy
+from policies.telemetry import LocalTelemetry, Telemetry, TelemetryStore
+from policies.types import RequestRecord
+
+POLICY_NAMES = ("learned", "static", "first")
+
+
+class LockedTelemetry:
+    """`LocalTelemetry` shared by the event loop (record) and the learner thread
+    (snapshot): one lock so a snapshot never iterates sums that are being added to."""
+
+    def __init__(self, inner: LocalTelemetry) -> None:
+        self.inner = inner
+        self._lock = threading.Lock()
+
+    def record(self, rec: RequestRecord) -> None:
+        with self._lock:
+            self.inner.record(rec)
+
+    def snapshot(self) -> dict[str, ContextStats]:
+        with self._lock:
+            return self.inner.snapshot()
+
+    def publish_desired_k(self, pool: str, k: int) -> None:
+        with self._lock:
+            self.inner.publish_desired_k(pool, k)
+
+
+class Routing:
+    """A fixed rule: decides, learns nothing."""
+
+    def __init__(self, decide: Decide, name: str) -> None:
+        self.decide = decide
+        self.name = name
+
+    def record(self, record: RequestRecord) -> None:
+        """Nothing to learn."""
+
+    def start(self) -> None:
+        """Nothing to start."""
+
+    def stop(self) -> None:
+        """Nothing to stop."""
+
+
+class LearnedRouting(Routing):
+    """The learned policy and its telemetry store (see the module docstring)."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.store: Telemetry = (TelemetryStore(config.redis_url) if config.redis_url
+                                 else LockedTelemetry(LocalTelemetry()))
+        self.policy = Policy(self.store, config.policy)
+        super().__init__(self.policy.decide, "learned")
+
+    def record(self, record: RequestRecord) -> None:
+        """Feed successful requests only: a failure carries no acceptance, and its
+        tokens-free time would read as a very slow step."""
+        if record.ok and record.output_tokens > 0:
+            self.policy.observe(record)
+
+    def start(self) -> None:
+        if isinstance(self.store, TelemetryStore):
+            self.store.start()
+        self.policy.start()
+
+    def stop(self) -> None:
+        self.policy.stop()
+        if isinstance(self.store, TelemetryStore):
+            self.store.stop()
+
+
+def build_routing(name: str, config: GatewayConfig) -> Routing:
+    """The policy called `name` (one of `POLICY_NAMES`), not yet started."""
+    if name == "learned":
+        return LearnedRouting(config)
+    if name == "static":
+        return Routing(static_rules, "static")
+    if name == "first":
+        return Routing(first_healthy, "first")
+    raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
