@@ -76,7 +76,7 @@ class Engine:
         self,
         model_dir: str | Path | None = None,
         device: str = "cpu",
-        dtype: torch.dtype = torch.bfloat16,
+        dtype: torch.dtype = torch.float32,
         max_k: int = 16,
     ) -> None:
         folder = Path(model_dir) if model_dir is not None else BUNDLED_MODEL_DIR

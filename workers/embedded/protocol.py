@@ -376,7 +376,8 @@ def error_body(message: str, status_code: int) -> dict[str, Any]:
 
 # The embedded method behind SGLang's `speculative_algorithm` name (spec.py lists
 # EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, ...); SGLang has no Medusa or lookahead.
-SGLANG_ALGORITHM = {"plain": None, "ngram": "NGRAM", "eagle": "EAGLE", "draft": "STANDALONE",
+SGLANG_ALGORITHM = {"plain": None, "ngram": "NGRAM", "eagle": "EAGLE", "eagle2": "EAGLE",
+                    "draft": "STANDALONE",
                     "medusa": "MEDUSA", "lookahead": "LOOKAHEAD"}
 
 

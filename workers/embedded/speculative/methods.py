@@ -9,11 +9,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
-from workers.embedded.model import LlamaForCausalLM
+import torch
+
+from workers.embedded.drafter_models import EagleHead, MedusaHeads, load_drafter
+from workers.embedded.model import LlamaForCausalLM, load_model
 from workers.embedded.speculative.draft import Drafter
+from workers.embedded.speculative.draftmodel import DraftModelDrafter
+from workers.embedded.speculative.eagle import EagleChainDrafter
+from workers.embedded.speculative.eagle2 import EagleTreeDrafter
 from workers.embedded.speculative.lookahead import LookaheadDrafter
+from workers.embedded.speculative.medusa import MedusaDrafter
 from workers.embedded.speculative.ngram import NgramDrafter, NoDraft
+
+_Module = TypeVar("_Module", MedusaHeads, EagleHead)
 
 
 @dataclass(frozen=True)
@@ -32,9 +42,30 @@ def builtin_methods() -> dict[str, Method]:
 
 
 def load_methods(model_dir: Path | None, model: LlamaForCausalLM) -> dict[str, Method]:
-    """Built-in methods plus those whose drafter weights are in `model_dir`.
+    """Built-in methods plus those whose drafter weights are in `model_dir`:
+    `medusa/` -> medusa; `eagle/` -> eagle (chain) and eagle2 (dynamic tree); `draft/` ->
+    draft. Weights load once, onto the model's device and dtype; drafters share them."""
+    methods = builtin_methods()
+    if model_dir is None:
+        return methods
+    folder = Path(model_dir)
+    weight = model.lm_head.weight
+    if (folder / "medusa" / "config.json").exists():
+        heads = _load(folder / "medusa", MedusaHeads, weight)
+        methods["medusa"] = Method("medusa", lambda: MedusaDrafter(model, heads), 6)
+    if (folder / "eagle" / "config.json").exists():
+        head = _load(folder / "eagle", EagleHead, weight)
+        methods["eagle"] = Method("eagle", lambda: EagleChainDrafter(model, head), 5)
+        methods["eagle2"] = Method("eagle2", lambda: EagleTreeDrafter(model, head), 8)
+    if (folder / "draft" / "config.json").exists():
+        draft = load_model(folder / "draft", dtype=weight.dtype, device=weight.device)
+        length = model.config.max_position_embeddings
+        methods["draft"] = Method("draft", lambda: DraftModelDrafter(draft, length), 4)
+    return methods
 
-    Part-2 drafters plug in here: check for their files, load them onto the model's
-    device/dtype, and add a Method whose factory closes over the loaded weights.
-    """
-    return builtin_methods()
+
+def _load(folder: Path, kind: type[_Module], like: torch.Tensor) -> _Module:
+    module = load_drafter(folder, dtype=like.dtype, device=like.device)
+    if not isinstance(module, kind):
+        raise ValueError(f"{folder} holds a {type(module).__name__}, expected {kind.__name__}")
+    return module
