@@ -1,10 +1,13 @@
 """`specroute bench policy`: the learned policy against baselines in the fleet simulator.
 
-Prints a table (mean tokens/s, p50/p99 latency, SLO attainment, tokens/s per phase) and,
-with --json, one JSON object last with the headline ratios. --plot FILE.png draws tokens/s
-over simulated time (adaptive, oracle, best fixed, plain; drift points marked) and the k
-the policy chose per request class. --quick runs a tenth of the requests on a smaller
-grid of fixed k.
+Runs every fleet scenario (policies/scenarios.py: the primary `sglang` first, then `vllm`
+and `embedded`) on the same arrivals and prints, per scenario, a table (mean tokens/s,
+p50/p99 latency, SLO attainment, tokens/s per phase) and the headline ratios. With --json,
+one JSON object last: the primary scenario's headline keys at the top level and every
+scenario's figures under `scenarios`. --plot FILE.png draws the primary scenario:
+tokens/s over simulated time (adaptive, oracle, best fixed, plain; drift points marked)
+and the k the policy chose per request class. --quick runs a tenth of the requests on a
+smaller grid of fixed k.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import numpy as np
 
 from policies.evaluation import FIXED_KS, Evaluation, PolicyResult, evaluate
 from policies.policy import PolicyConfig
+from policies.scenarios import PRIMARY, SCENARIOS
 from policies.simulator import Outcome, SimConfig, default_phases
 
 QUICK_SCALE = 0.1
@@ -26,29 +30,45 @@ QUICK_FIXED_KS = (1, 2, 4, 8)
 def main(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     config = SimConfig(default_phases(QUICK_SCALE if args.quick else 1.0), seed=args.seed)
-    evaluation = evaluate(config, PolicyConfig(seed=args.seed),
-                          QUICK_FIXED_KS if args.quick else FIXED_KS)
+    fixed_ks = QUICK_FIXED_KS if args.quick else FIXED_KS
+    order = [PRIMARY] + [name for name in SCENARIOS if name != PRIMARY]
+    evaluations: dict[str, Evaluation] = {}
+    for name in order:
+        scenario_started = time.perf_counter()
+        evaluation = evaluate(config, PolicyConfig(seed=args.seed), fixed_ks, SCENARIOS[name])
+        evaluations[name] = evaluation
+        print(f"== scenario {name}{' (primary)' if name == PRIMARY else ''}: "
+              f"{SCENARIOS[name].notes}")
+        print(_table(evaluation, config))
+        print(_headline(evaluation.summary, time.perf_counter() - scenario_started))
+        print()
     elapsed = time.perf_counter() - started
-    print(_table(evaluation, config))
-    print(_headline(evaluation.summary, elapsed))
+    print(f"wall {elapsed:.1f}s for {len(order)} scenarios")
     if args.plot:
-        _plot(evaluation, config, args.plot)
-        print(f"plot written to {args.plot}")
+        _plot(evaluations[PRIMARY], config, args.plot)
+        print(f"plot written to {args.plot} (scenario {PRIMARY})")
     if args.json:
-        out = dict(evaluation.summary)
+        out = _scenario_dict(evaluations[PRIMARY])
+        out["primary_scenario"] = PRIMARY
         out["wall_s"] = round(elapsed, 2)
-        out["table"] = [_row_dict(r) for r in _shown(evaluation)]
+        out["scenarios"] = {name: _scenario_dict(e) for name, e in evaluations.items()}
         print(json.dumps(out, default=float))
     return 0
+
+
+def _scenario_dict(evaluation: Evaluation) -> dict:
+    out = dict(evaluation.summary)
+    out["table"] = [_row_dict(r) for r in _shown(evaluation)]
+    return out
 
 
 def _shown(evaluation: Evaluation) -> list[PolicyResult]:
     results = evaluation.results
     fixed = sorted((r for n, r in results.items() if n.startswith("fixed:")),
                    key=lambda r: -r.mean_tokens_per_s)
-    named = [results[n] for n in ("adaptive", "oracle", "per-server-ema", "static-rules",
-                                  "plain")]
-    return named[:2] + fixed[:5] + named[2:]
+    head = [results[n] for n in ("adaptive", "adaptive-no-relaunch", "oracle") if n in results]
+    tail = [results[n] for n in ("per-server-ema", "static-rules", "plain") if n in results]
+    return head + fixed[:5] + tail
 
 
 def _row_dict(r: PolicyResult) -> dict:
@@ -85,7 +105,7 @@ def _headline(summary: dict, elapsed: float) -> str:
             f"requests to recover        {summary['requests_to_recover_after_drift']}  "
             f"(target <= 500; per drift: {recover})\n"
             f"explored                   {summary['adaptive_explored_fraction']:.1%}  "
-            f"(cap 5%)   wall {elapsed:.1f}s")
+            f"(cap 5%)   relaunches {summary['adaptive_relaunches']}   wall {elapsed:.1f}s")
 
 
 def _binned(outcomes: list[Outcome], edges: np.ndarray, value) -> np.ndarray:

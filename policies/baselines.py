@@ -3,8 +3,9 @@ the learned policy, and an oracle.
 
 A router sees the request and the pools' live views and answers (pool, k); `k = None`
 lets the chosen worker pick (the per-server EMA does). `observe` gets every finished
-request; `tick` runs between arrivals (the learned policy refits there, and fixed-k
-pools take the desired k the policy published, after a relaunch delay).
+request; `tick` runs between arrivals (the learned policy refits there, and asks for a
+relaunch of a fixed-k pool at the desired k the policy published; the simulator takes the
+pool out of service for the relaunch time, as the supervisor's drain-stop-launch does).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class PoolSpec:
     workers: int
     max_k: int = 12
     curve: str = "sglang-eagle1"
+    group: str = "fleet"  # pools of one group run on the same workers (share batches)
 
 
 @dataclass(slots=True)
@@ -59,8 +61,8 @@ class Router:
     def observe(self, rec: RequestRecord) -> None:
         return None
 
-    def tick(self, now: float, pools: dict[str, PoolView]) -> dict[str, int]:
-        """Fixed-k changes to apply to pools (name -> k); none by default."""
+    def tick(self, now: float, pools: dict[str, PoolView]) -> dict[str, tuple[int, float]]:
+        """Relaunches to start: pool -> (new k, seconds out of service); none by default."""
         return {}
 
 
@@ -78,7 +80,8 @@ class StaticRules(Router):
 
 @dataclass
 class Oracle(Router):
-    """Knows the true acceptance and every worker's batch; any k on every pool."""
+    """Knows the true acceptance and every worker's batch; best pool, and any k on pools
+    that take k per request (a fixed-k pool only at its k)."""
 
     truth: object = None  # callable (method, task, bucket, phase) -> a
     base_step_s: float = 0.015
@@ -87,11 +90,14 @@ class Oracle(Router):
     def route(self, req, pools, now):
         best = ("", 0, -1.0)
         for view, spec in zip(pools, self.fleet, strict=True):
+            if view.healthy_workers <= 0:
+                continue
             batch = self.least_batch(view.name) + 1
             a = (self.truth(spec.method, req.task, req.bucket, req.phase)
                  if spec.method != "plain" else 0.0)
             curve = LoadCurve(spec.curve)
-            for k in range(0, spec.max_k + 1) if spec.method != "plain" else (0,):
+            ks = range(0, spec.max_k + 1) if spec.per_request_k else (view.k,)
+            for k in ks if spec.method != "plain" else (0,):
                 tps = expected_accept_length(a, k) / true_step_s(spec.method, k, batch, curve,
                                                                  self.base_step_s)
                 if tps > best[2]:
@@ -173,17 +179,25 @@ class PerServerEMA(Router):
 
 @dataclass
 class Learned(Router):
-    """specroute's policy on an in-process store with the simulator's clock."""
+    """specroute's policy on an in-process store with the simulator's clock.
+
+    Plays the worker supervisor too: a fixed-k pool whose published desired k differs
+    from its k is relaunched (out of service `relaunch_s`) unless its last relaunch ended
+    less than `relaunch_interval_s` ago; `relaunch=False` never changes k.
+    """
 
     config: PolicyConfig = field(default_factory=PolicyConfig)
     tau_s: float = 10.0
     refit_every_s: float = 1.0
-    relaunch_s: float = 10.0
+    relaunch_s: float = 60.0
+    relaunch_interval_s: float = 30.0
+    relaunch: bool = True
     model: str = "base"
     policy: Policy | None = None
+    relaunches: list = field(default_factory=list)  # (time, pool, old k, new k)
     _clock: list = field(default_factory=lambda: [0.0])
     _next_refit: float = 0.0
-    _pending: dict = field(default_factory=dict)  # pool -> (k, apply_at)
+    _back_at: dict = field(default_factory=dict)  # pool -> time its last relaunch ends
 
     def __post_init__(self) -> None:
         self.store = LocalTelemetry(self.tau_s, clock=lambda: self._clock[0])
@@ -203,15 +217,20 @@ class Learned(Router):
 
     def tick(self, now, pools):
         self._clock[0] = now
-        changes = {}
-        if now >= self._next_refit:
-            self.policy.refit()
-            self._next_refit = now + self.refit_every_s
-            for name, k in self.store.desired_k.items():
-                if name in pools and k != pools[name].k and name not in self._pending:
-                    self._pending[name] = (k, now + self.relaunch_s)  # supervisor relaunch
-        for name, (k, at) in list(self._pending.items()):
-            if now >= at:
-                changes[name] = k
-                del self._pending[name]
+        changes: dict[str, tuple[int, float]] = {}
+        if now < self._next_refit:
+            return changes
+        self.policy.refit()
+        self._next_refit = now + self.refit_every_s
+        if not self.relaunch:
+            return changes
+        for name, k in self.store.desired_k.items():
+            view = pools.get(name)
+            if view is None or view.per_request_k or k == view.k:
+                continue
+            if now < self._back_at.get(name, -1e9) + self.relaunch_interval_s:
+                continue  # relaunching, or relaunched too recently
+            changes[name] = (k, self.relaunch_s)
+            self._back_at[name] = now + self.relaunch_s
+            self.relaunches.append((now, name, view.k, k))
         return changes

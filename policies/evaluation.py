@@ -4,7 +4,8 @@ Metrics per router: mean per-request tokens/s (output tokens / end-to-end second
 and p99 end-to-end latency, SLO attainment, and mean tokens/s per phase. Ratios:
 adaptive vs oracle and vs the best fixed (method, k) over the whole run, adaptive vs
 plain in the saturation phase, and per drift the requests until a 100-request rolling
-mean of adaptive tokens/s comes within 5% of the oracle's on the same requests.
+mean of adaptive tokens/s comes within 5% of the oracle's on the same requests. Each run
+is one fleet scenario (policies/scenarios.py); every router sees the same arrivals.
 """
 
 from __future__ import annotations
@@ -17,15 +18,8 @@ import numpy as np
 from policies.baselines import Learned, Oracle, PerServerEMA, Router, StaticRules
 from policies.calibration import METHODS, PAPER_K, true_accept
 from policies.policy import PolicyConfig
-from policies.simulator import (
-    SHARED_FLEET,
-    TRAINED_DRAFTERS,
-    Outcome,
-    SimConfig,
-    homogeneous,
-    simulate,
-    workload,
-)
+from policies.scenarios import SGLANG, Scenario
+from policies.simulator import TRAINED_DRAFTERS, Outcome, SimConfig, simulate, workload
 
 FIXED_KS = (1, 2, 3, 4, 6, 8)
 RECOVERY_WINDOW = 100
@@ -46,6 +40,7 @@ class PolicyResult:
 class Evaluation:
     results: dict[str, PolicyResult]
     summary: dict[str, object]
+    scenario: Scenario = SGLANG
     outcomes: dict[str, list[Outcome]] = field(repr=False, default_factory=dict)
 
 
@@ -74,39 +69,51 @@ def requests_to_recover(ours: list[Outcome], oracle: list[Outcome], start: int, 
 
 
 def routers(config: SimConfig, policy_config: PolicyConfig | None = None,
-            fixed_ks: tuple[int, ...] = FIXED_KS) -> dict[str, Callable[[], Router]]:
+            fixed_ks: tuple[int, ...] = FIXED_KS, scenario: Scenario = SGLANG
+            ) -> dict[str, Callable[[], Router]]:
     """Factories (fresh state per run) for every router the report compares."""
 
     def truth(method: str, task: str, bucket: str, phase: int) -> float:
         scale = config.phases[phase].drafter_scale if method in TRAINED_DRAFTERS else 1.0
         return true_accept(method, task, bucket) * scale
 
+    fleet, homogeneous = scenario.fleet, scenario.homogeneous
     factories: dict[str, Callable[[], Router]] = {
         "plain": lambda: Router("plain", homogeneous("plain", 0)),
     }
     for method in METHODS:
+        if method not in scenario.methods:
+            continue
         for k in fixed_ks:
             if k <= PAPER_K[method] or method == "ngram":
                 factories[f"fixed:{method}:k{k}"] = (
-                    lambda m=method, kk=k: Router(f"fixed:{m}:k{kk}",
-                                                  homogeneous(m, kk)))
-    factories["static-rules"] = lambda: StaticRules(
-        "static-rules", SHARED_FLEET,
-        {"code": "eagle3", "structured": "ngram", "chat": "eagle2"})
-    factories["per-server-ema"] = lambda: PerServerEMA(
-        "per-server-ema", homogeneous("eagle3", 3))
-    factories["adaptive"] = lambda: Learned("adaptive", SHARED_FLEET,
-                                            policy_config or PolicyConfig(seed=config.seed))
-    factories["oracle"] = lambda: Oracle("oracle", SHARED_FLEET, truth, config.base_step_s)
+                    lambda m=method, kk=k: Router(f"fixed:{m}:k{kk}", homogeneous(m, kk)))
+    factories["static-rules"] = lambda: StaticRules("static-rules", fleet,
+                                                    scenario.static_rules)
+    if scenario.per_server_ema:
+        factories["per-server-ema"] = lambda: PerServerEMA(
+            "per-server-ema", homogeneous("eagle3", 3))
+    policy_config = policy_config or PolicyConfig(seed=config.seed)
+    factories["adaptive"] = lambda: Learned(
+        "adaptive", fleet, policy_config, relaunch_s=scenario.relaunch_s,
+        relaunch_interval_s=scenario.relaunch_interval_s)
+    if scenario.fixed_k:
+        factories["adaptive-no-relaunch"] = lambda: Learned(
+            "adaptive-no-relaunch", fleet, policy_config, relaunch=False)
+    factories["oracle"] = lambda: Oracle("oracle", fleet, truth, config.base_step_s)
     return factories
 
 
 def evaluate(config: SimConfig, policy_config: PolicyConfig | None = None,
-             fixed_ks: tuple[int, ...] = FIXED_KS) -> Evaluation:
+             fixed_ks: tuple[int, ...] = FIXED_KS, scenario: Scenario = SGLANG) -> Evaluation:
     requests = workload(config)
     n_phases = len(config.phases)
-    outcomes = {name: simulate(make(), config, requests)
-                for name, make in routers(config, policy_config, fixed_ks).items()}
+    outcomes, relaunches = {}, 0
+    for name, make in routers(config, policy_config, fixed_ks, scenario).items():
+        router = make()
+        outcomes[name] = simulate(router, config, requests)
+        if name == "adaptive" and isinstance(router, Learned):
+            relaunches = len(router.relaunches)
     results = {name: summarize(name, out, n_phases) for name, out in outcomes.items()}
     fixed = {n: r for n, r in results.items() if n.startswith("fixed:")}
     best_fixed = max(fixed.values(), key=lambda r: r.mean_tokens_per_s)
@@ -126,8 +133,13 @@ def evaluate(config: SimConfig, policy_config: PolicyConfig | None = None,
             (r if r is not None else bounds[-1] for r in recover), default=0)),
         "recovery_per_drift": {config.phases[i + 1].name: r for i, r in enumerate(recover)},
         "adaptive_explored_fraction": ours.explored_fraction,
+        "adaptive_relaunches": relaunches,
         "requests": int(bounds[-1]),
         "seed": config.seed,
+        "scenario": scenario.name,
     }
-    return Evaluation(results, summary, outcomes)
+    if "adaptive-no-relaunch" in results:
+        summary["adaptive_no_relaunch_vs_best_fixed"] = (
+            results["adaptive-no-relaunch"].mean_tokens_per_s / best_fixed.mean_tokens_per_s)
+    return Evaluation(results, summary, scenario, outcomes)
 

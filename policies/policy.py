@@ -14,7 +14,12 @@ Around the greedy choice:
   requests) try the option with the highest optimistic (UCB, as in BanditSpec
   arXiv 2505.15141) tokens/s if it beats the greedy pick;
 - for fixed-k pools, publish the k that maximises tokens/s over the pool's traffic mix
-  (`specroute:pool:{pool}:desired_k`), for the worker supervisor to apply.
+  (`specroute:pool:{pool}:desired_k`), for the worker supervisor to apply. A change is a
+  relaunch that takes the pool out of service, so it is asked for only when it pays:
+  predicted gain above max(`desired_k_gain`, `relaunch_cost_s / relaunch_payback_s`),
+  acceptance measured (not prior) for the contexts scored, the same wish held for
+  `relaunch_cost_s` of refits (a mix that lasts less than an outage is not worth one),
+  one pool at a time and none while another is out of service.
 """
 
 from __future__ import annotations
@@ -41,6 +46,11 @@ class PolicyConfig:
     ucb_z: float = 1.5
     refit_interval_s: float = 1.0
     desired_k_gain: float = 0.05  # republish a fixed pool's k only for a larger gain
+    # A relaunch costs the pool's output for relaunch_cost_s; the gain must repay it
+    # within relaunch_payback_s (the time a traffic mix is assumed to last).
+    relaunch_cost_s: float = 60.0
+    relaunch_payback_s: float = 600.0
+    relaunch_min_samples: float = 20.0  # requests behind a context's acceptance
     seed: int = 0
     learner: LearnerConfig = LearnerConfig()
 
@@ -89,6 +99,7 @@ class Policy:
         self._pools: dict[str, PoolView] = {}
         self._decided = 0
         self._explored = 0
+        self._wishes: dict[str, tuple[int, int]] = {}  # pool -> (wished k, refits held)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -98,9 +109,9 @@ class Policy:
         task, bucket = profile.task, profile.temperature_bucket
         options = []
         for pool in pools:
+            self._pools[pool.name] = pool  # out-of-service pools too: refit must know
             if pool.healthy_workers <= 0:
                 continue
-            self._pools[pool.name] = pool
             slot = quantize_load((pool.outstanding + 1) / pool.healthy_workers)
             # the pool's identity, not its live counters: those enter through the load slot
             key = (pool.name, pool.method, pool.k, pool.per_request_k, pool.max_k, model, task,
@@ -236,40 +247,75 @@ class Policy:
         state = self.learner.fit(self.store.snapshot(), methods)
         self._state = state
         self._cache = {}
-        for pool in list(self._pools.values()):
-            if not pool.per_request_k and pool.method != "plain" and pool.healthy_workers > 0:
-                k = self.desired_k(pool, state)
-                if k is not None:
-                    self.store.publish_desired_k(pool.name, k)
+        self._publish_desired_k(state)
         return state
 
+    def _publish_desired_k(self, state: PolicyState) -> None:
+        """Ask for at most one relaunch: the fixed-k pool with the largest predicted gain;
+        every other pool (one without measured acceptance too) is told to keep its k.
+        Nothing while a pool is out of service (relaunching): its published k must stand
+        until it is back."""
+        fixed = [p for p in self._pools.values()
+                 if not p.per_request_k and p.method != "plain"]
+        if any(p.healthy_workers <= 0 for p in fixed):
+            return
+        wishes, held = {}, {}
+        for pool in fixed:
+            scores = self._k_scores(pool, state)
+            if scores:
+                best = max(scores, key=lambda k: (scores[k], -k))
+                wishes[pool.name] = (best, scores[best] / max(scores[pool.k], 1e-12))
+                if wishes[pool.name][1] > 1 + self.relaunch_gain:
+                    k, n = self._wishes.get(pool.name, (best, 0))
+                    held[pool.name] = (best, n + 1 if k == best else 1)
+        self._wishes = held
+        dwell = self.config.relaunch_cost_s / self.config.refit_interval_s
+        change = max((n for n in held if held[n][1] >= dwell),
+                     key=lambda n: wishes[n][1], default=None)
+        for pool in fixed:
+            k = wishes[pool.name][0] if pool.name == change else pool.k
+            self.store.publish_desired_k(pool.name, k)
+
+    @property
+    def relaunch_gain(self) -> float:
+        """Fractional tokens/s gain a fixed pool's new k must promise to be relaunched."""
+        cfg = self.config
+        return max(cfg.desired_k_gain, cfg.relaunch_cost_s / cfg.relaunch_payback_s)
+
     def desired_k(self, pool: PoolView, state: PolicyState | None = None) -> int | None:
-        """Best fixed k for the pool's recent traffic mix (the fleet's mix if it has none)."""
-        state = state or self._state
-        mix = {key[1:]: n for key, n in state.traffic.items() if key[0] == pool.name}
-        if not mix:
-            mix = {}
-            for key, n in state.traffic.items():
-                mix[key[1:]] = mix.get(key[1:], 0.0) + n
-        if not mix:
+        """Best fixed k for the pool's recent traffic mix (the fleet's mix if it has none),
+        or its current k unless the new one gains more than `relaunch_gain`; None when no
+        context of the mix has measured acceptance yet."""
+        scores = self._k_scores(pool, state or self._state)
+        if not scores:
             return None
-        cost = state.cost(pool.name)
-        load = (pool.outstanding + 1) / pool.healthy_workers
-
-        def value(k: int) -> float:
-            total = 0.0
-            for (model, task, bucket), n in mix.items():
-                if task not in TASKS:
-                    continue
-                a, _ = state.accept(model, pool.method, task, bucket)
-                total += n * expected_accept_length(a, k) / cost.step_s(k, load)
-            return total
-
-        scores = {k: value(k) for k in range(0, pool.max_k + 1)}
         best = max(scores, key=lambda k: (scores[k], -k))
-        if scores[best] > scores.get(pool.k, 0.0) * (1 + self.config.desired_k_gain):
+        if scores[best] > scores[pool.k] * (1 + self.relaunch_gain):
             return best
         return pool.k
+
+    def _k_scores(self, pool: PoolView, state: PolicyState) -> dict[int, float]:
+        """Predicted tokens/s of the pool's traffic mix at each k, at its current load;
+        only contexts whose acceptance rests on `relaunch_min_samples` requests count."""
+        if pool.healthy_workers <= 0:
+            return {}
+        mix = {key[1:]: n for key, n in state.traffic.items() if key[0] == pool.name}
+        if not mix:
+            for key, n in state.traffic.items():
+                mix[key[1:]] = mix.get(key[1:], 0.0) + n
+        measured = []
+        for (model, task, bucket), n in mix.items():
+            if task not in TASKS:
+                continue
+            a, samples = state.accept(model, pool.method, task, bucket)
+            if samples >= self.config.relaunch_min_samples:
+                measured.append((n, a))
+        if not measured:
+            return {}
+        cost = state.cost(pool.name)
+        load = (pool.outstanding + 1) / pool.healthy_workers
+        return {k: sum(n * expected_accept_length(a, k) for n, a in measured)
+                / cost.step_s(k, load) for k in range(0, max(pool.max_k, pool.k) + 1)}
 
     def start(self) -> Policy:
         """Refit every `refit_interval_s` in a daemon thread (sklearn never blocks a loop)."""

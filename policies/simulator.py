@@ -5,7 +5,8 @@ decode time is its sampled verify steps times the step time at the worker's batc
 was dispatched (policies/calibration.py), so events are only arrivals and completions.
 Accept lengths per step are drawn i.i.d. from the truncated geometric law behind
 E(a, k) (arXiv 2211.17192), with the true `a` of (method, task, temperature) from the
-published tables. Every router sees the same arrivals (same seed).
+published tables. Every router sees the same arrivals (same seed). The fleets — which
+pools, on which workers, at which k — are in policies/scenarios.py.
 
 Phases (the workload drifts at each boundary): code-heavy greedy; chat at temperature 1;
 a load ramp to saturation (batch per worker > 32); a newly fine-tuned target whose
@@ -63,29 +64,6 @@ def default_phases(scale: float = 1.0) -> tuple[Phase, ...]:
     )
 
 
-# A fleet of 12 identical workers that each serve every method with k per request (the
-# embedded engine's shape); each method is offered as a pool over the same workers, so
-# every router gets the same hardware and the same batches. Load curves per method family.
-FLEET_WORKERS = 12
-SHARED_FLEET = (
-    PoolSpec("eagle3", "embedded", "eagle3", 4, True, FLEET_WORKERS, 12, "sglang-eagle3"),
-    PoolSpec("eagle2", "embedded", "eagle2", 6, True, FLEET_WORKERS, 12, "sglang-eagle1"),
-    PoolSpec("eagle", "embedded", "eagle", 5, True, FLEET_WORKERS, 12, "sglang-eagle1"),
-    PoolSpec("medusa", "embedded", "medusa", 5, True, FLEET_WORKERS, 5, "sglang-eagle1"),
-    PoolSpec("ngram", "embedded", "ngram", 4, True, FLEET_WORKERS, 12, "vllm-eagle1"),
-    PoolSpec("lookahead", "embedded", "lookahead", 4, True, FLEET_WORKERS, 8, "vllm-eagle1"),
-    PoolSpec("draft", "embedded", "draft", 4, True, FLEET_WORKERS, 8, "vllm-eagle1"),
-    PoolSpec("plain", "embedded", "plain", 0, True, FLEET_WORKERS, 0, "sglang-eagle1"),
-)
-METHOD_CURVES = {spec.method: spec.curve for spec in SHARED_FLEET}
-
-
-def homogeneous(method: str, k: int) -> tuple[PoolSpec]:
-    """The whole fleet running one method at one k (the fixed baselines)."""
-    return (PoolSpec(method, "sglang", method, k, False, FLEET_WORKERS, 12,
-                     METHOD_CURVES[method]),)
-
-
 def workload(config: SimConfig) -> list[SimRequest]:
     rng = np.random.default_rng(config.seed)
     out, t = [], 0.0
@@ -134,21 +112,37 @@ class Outcome:
 
 @dataclass
 class Fleet:
-    """Worker batches; pools over the same workers share one list of batch sizes."""
+    """Worker batches; pools of one group run on the same workers and share one list of
+    batch sizes. A relaunching pool is out of service (no healthy workers) until its new
+    k is up; requests already on it finish."""
 
     specs: tuple[PoolSpec, ...]
     k: dict[str, int] = field(default_factory=dict)
     active: dict[str, list[int]] = field(default_factory=dict)
+    down_until: dict[str, float] = field(default_factory=dict)
+    pending_k: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        shared = [0] * FLEET_WORKERS
+        groups: dict[str, list[int]] = {}
         for spec in self.specs:
             self.k[spec.name] = spec.k
-            self.active[spec.name] = shared
+            self.active[spec.name] = groups.setdefault(spec.group, [0] * spec.workers)
+
+    def relaunch(self, pool: str, k: int, now: float, out_of_service_s: float) -> None:
+        self.pending_k[pool] = k
+        self.down_until[pool] = now + out_of_service_s
+
+    def advance(self, now: float) -> None:
+        """Bring relaunched pools back at their new k."""
+        for pool, until in list(self.down_until.items()):
+            if now >= until:
+                self.k[pool] = self.pending_k.pop(pool)
+                del self.down_until[pool]
 
     def views(self) -> list[PoolView]:
         return [PoolView(s.name, s.engine, s.method, self.k[s.name], s.per_request_k,
-                         s.workers, sum(self.active[s.name]), s.max_k) for s in self.specs]
+                         0 if s.name in self.down_until else s.workers,
+                         sum(self.active[s.name]), s.max_k) for s in self.specs]
 
     def least_batch(self, pool: str) -> int:
         return min(self.active[pool])
@@ -170,8 +164,10 @@ def simulate(router: Router, config: SimConfig, requests: list[SimRequest]) -> l
             _, _, pool, worker, rec = heapq.heappop(running)
             fleet.active[pool][worker] -= 1
             router.observe(rec)
-        for name, k in router.tick(now, {v.name: v for v in fleet.views()}).items():
-            fleet.k[name] = k
+        fleet.advance(now)
+        for name, (k, out_of_service_s) in router.tick(
+                now, {v.name: v for v in fleet.views()}).items():
+            fleet.relaunch(name, k, now, out_of_service_s)
         pool, k, explored = router.route(req, fleet.views(), now)
         spec = specs[pool]
         worker = int(np.argmin(fleet.active[pool]))

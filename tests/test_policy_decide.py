@@ -12,7 +12,8 @@ from policies.baselines import Learned, Oracle
 from policies.calibration import true_accept
 from policies.evaluation import summarize
 from policies.policy import Policy, PolicyConfig
-from policies.simulator import SHARED_FLEET, Phase, SimConfig, simulate, workload
+from policies.scenarios import SHARED_FLEET
+from policies.simulator import Phase, SimConfig, simulate, workload
 from policies.telemetry import LocalTelemetry
 from policies.types import PoolView, RequestProfile, RequestRecord
 

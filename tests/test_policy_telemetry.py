@@ -188,7 +188,9 @@ def test_two_replicas_converge_on_the_same_decisions(redis_url: str) -> None:
 
 def test_desired_k_is_published_for_fixed_k_pools(redis_url: str) -> None:
     store = TelemetryStore(redis_url, FAST).start()
-    policy = Policy(store, PolicyConfig(explore_rate=0.0, refit_interval_s=0.1))
+    # a relaunch is asked for once the wish held relaunch_cost_s of refits (3 here)
+    policy = Policy(store, PolicyConfig(explore_rate=0.0, refit_interval_s=0.1,
+                                        relaunch_cost_s=0.3))
     fixed = PoolView("eagle3", "sglang", "eagle3", 1, False, 2, 1, 10)
     try:
         policy.decide(PROFILE, [fixed])
@@ -196,7 +198,7 @@ def test_desired_k_is_published_for_fixed_k_pools(redis_url: str) -> None:
             store.record(record("eagle3", "eagle3", 1, 1.9, 0.021))
         policy.start()  # the learner thread refits and publishes on its own
         client = redis.Redis.from_url(redis_url)
-        wait_for(lambda: client.get(desired_k_key("eagle3")) is not None)
+        wait_for(lambda: int(client.get(desired_k_key("eagle3")) or 1) > 1)
         desired = int(client.get("specroute:pool:eagle3:desired_k"))
         assert desired > 1
         assert store.read_desired_k("eagle3") == desired
