@@ -67,6 +67,7 @@ def format_table(rows: list[dict]) -> str:
 
 def main(args: argparse.Namespace) -> int:
     import torch
+
     from workers.embedded.engine import Engine
 
     torch.set_num_threads(int(os.environ.get("SPECROUTE_BENCH_THREADS", "2")))

@@ -22,7 +22,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from workers.embedded.model import DecoderLayer, KVCache, ModelConfig, rope_tables
+from workers.embedded.model import (
+    DecoderLayer,
+    KVCache,
+    ModelConfig,
+    attention_inputs,
+    rope_tables,
+)
 
 
 @dataclass
@@ -106,15 +112,8 @@ class EagleHead(nn.Module):
         past = cache.length if cache is not None else 0
         if positions is None:
             positions = torch.arange(past, past + t, device=features.device)
-        dtype = self.fc.weight.dtype
-        cos = self.rope_cos[positions][None, None].to(dtype)  # (1, 1, T, hs)
-        sin = self.rope_sin[positions][None, None].to(dtype)
-        mask = None
-        if tree_mask is not None or (past > 0 and t > 1):
-            local = tree_mask if tree_mask is not None else torch.ones(t, t, dtype=torch.bool).tril()
-            full = torch.ones(t, past + t, dtype=torch.bool, device=features.device)
-            full[:, past:] = local
-            mask = full[None, None]  # (1, 1, T, L+T)
+        cos, sin, mask = attention_inputs(self.rope_cos, self.rope_sin, positions, past, tree_mask,
+                                          self.fc.weight.dtype)
         x = self.fc(torch.cat([features, next_embeddings], dim=-1))  # (B, T, C)
         return self.layer(x, cos, sin, mask, cache, 0)
 

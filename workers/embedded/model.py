@@ -145,6 +145,35 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+def attention_inputs(
+    rope_cos: torch.Tensor,
+    rope_sin: torch.Tensor,
+    positions: torch.Tensor,
+    past: int,
+    tree_mask: torch.Tensor | None,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """RoPE rows for `positions` and the attention mask for T new tokens after `past` cached.
+
+    The mask is None when plain causal attention (or a single query) suffices; otherwise
+    (1, 1, T, L+T) bool: every cached entry visible, new tokens per `tree_mask` (T, T)
+    or causal. A `tree_mask` of shape (T, L+T) is taken as the whole mask (a draft tree
+    whose earlier levels are already in the cache).
+    """
+    t = positions.shape[0]
+    cos = rope_cos[positions][None, None].to(dtype)  # (1, 1, T, hs)
+    sin = rope_sin[positions][None, None].to(dtype)
+    if tree_mask is None and (past == 0 or t == 1):
+        return cos, sin, None
+    if tree_mask is not None and tree_mask.shape[-1] == past + t:
+        return cos, sin, tree_mask[None, None]
+    device = positions.device
+    local = tree_mask if tree_mask is not None else torch.ones(t, t, dtype=torch.bool, device=device).tril()
+    full = torch.ones(t, past + t, dtype=torch.bool, device=device)
+    full[:, past:] = local
+    return cos, sin, full[None, None]  # (1, 1, T, L+T)
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -258,14 +287,8 @@ class LlamaForCausalLM(nn.Module):
         past = cache.length if cache is not None else 0
         if positions is None:
             positions = torch.arange(past, past + t, device=tokens.device)
-        cos = self.rope_cos[positions][None, None].to(self.lm_head.weight.dtype)  # (1, 1, T, hs)
-        sin = self.rope_sin[positions][None, None].to(self.lm_head.weight.dtype)
-        mask = None
-        if tree_mask is not None or (past > 0 and t > 1):
-            local = tree_mask if tree_mask is not None else torch.ones(t, t, dtype=torch.bool, device=tokens.device).tril()
-            full = torch.ones(t, past + t, dtype=torch.bool, device=tokens.device)
-            full[:, past:] = local
-            mask = full[None, None]  # (1, 1, T, L+T)
+        cos, sin, mask = attention_inputs(self.rope_cos, self.rope_sin, positions, past, tree_mask,
+                                          self.lm_head.weight.dtype)
         x = self.model.embed_tokens(tokens)  # (B, T, C)
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, mask, cache, i)

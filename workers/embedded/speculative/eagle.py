@@ -74,12 +74,7 @@ class EagleSync:
         mask: (T, L + T) bool over everything in the cache plus the new entries (a draft
         tree's visibility); None = a single chain token that sees the whole cache.
         """
-        head = self.head
-        x = head.fc(torch.cat([h, self._embed(tokens)], dim=-1)[None])  # (1, T, C)
-        dtype = x.dtype
-        cos = head.rope_cos[positions][None, None].to(dtype)  # (1, 1, T, hs)
-        sin = head.rope_sin[positions][None, None].to(dtype)
-        out = head.layer(x, cos, sin, None if mask is None else mask[None, None], self.cache, 0)
+        out = self.head(h[None], self._embed(tokens)[None], self.cache, positions, mask)
         self.cache.commit()
         return out[0]  # (T, C)
 
