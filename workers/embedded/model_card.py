@@ -42,7 +42,7 @@ def _samples(model_dir: Path) -> list[tuple[str, str, str]]:
     return out
 
 
-def render(model_dir: Path, bench: dict | None) -> str:
+def render(model_dir: Path, bench: dict | None, note: str = "") -> str:
     base = json.loads((model_dir / "training.json").read_text())
     config = json.loads((model_dir / "config.json").read_text())
     drafters_path = model_dir / "drafters.json"
@@ -74,8 +74,11 @@ def render(model_dir: Path, bench: dict | None) -> str:
         f"({base['train_tokens'] / 1e6:.1f} M tokens), AdamW, cosine LR {tc['lr']} -> "
         f"{tc['min_lr']}, bf16 autocast on CPU (`python -m workers.embedded.train`).",
         f"- Final loss: train {last['train_loss']:.3f}, held-out {last['val_loss']:.3f} "
-        f"(step {last['step']}).",
+        f"(step {last['step']}). Held-out loss by step: "
+        + ", ".join(f"{h['step']}: {h['val_loss']:.2f}" for h in base["history"]) + ".",
     ]
+    if note:
+        lines += ["", note]
     if drafters:
         dc, dl = drafters["train_config"], drafters["history"][-1]
         params = drafters["parameters"]
@@ -99,7 +102,8 @@ def render(model_dir: Path, bench: dict | None) -> str:
     lines += ["", f"Shipped weights: {_size_mb(model_dir):.1f} MB in all.", ""]
     if bench:
         lines += ["## Measured acceptance and speed (`specroute bench engine`)", "",
-                  f"bf16, {bench['threads']} threads, {bench['prompts_per_cell']} prompts x "
+                  f"float32 (the engine's CPU default), {bench['threads']} threads, "
+                  f"{bench['prompts_per_cell']} prompts x "
                   f"{bench['max_tokens']} tokens per cell.", "",
                   "| method | class | T | accept length | tokens/s | speedup |", "|---|---|---|---|---|---|"]
         for r in bench["rows"]:
@@ -108,7 +112,7 @@ def render(model_dir: Path, bench: dict | None) -> str:
         lines.append("")
     lines += ["## Sample outputs (greedy, 80 tokens)", ""]
     for task, prompt, text in _samples(model_dir):
-        lines += [f"**{task}** — {prompt}", "", "```", text.strip(), "```", ""]
+        lines += [f"**{task}** — {prompt}", "", "````text", text.strip(), "````", ""]
     return "\n".join(lines)
 
 
@@ -116,9 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=BUNDLED_MODEL_DIR)
     p.add_argument("--bench", type=Path, default=None, help="JSON from `specroute bench engine --json`")
+    p.add_argument("--note", default="", help="a paragraph to add under the base model")
     args = p.parse_args(argv)
     bench = json.loads(args.bench.read_text().strip().splitlines()[-1]) if args.bench else None
-    (args.model / "MODEL_CARD.md").write_text(render(args.model, bench))
+    (args.model / "MODEL_CARD.md").write_text(render(args.model, bench, args.note))
     print(f"wrote {args.model / 'MODEL_CARD.md'}")
     return 0
 

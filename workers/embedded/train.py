@@ -30,7 +30,7 @@ BUNDLED_MODEL_DIR = Path(__file__).parent / "weights" / "specroute-tiny"
 
 @dataclass
 class TrainConfig:
-    steps: int = 3600
+    steps: int = 2000
     batch_size: int = 16
     seq_len: int = 256
     lr: float = 2e-3
