@@ -180,6 +180,63 @@ def test_crashed_server_is_restarted(make_supervisor, redis_url: str) -> None:
     assert (worker.pid, worker.draining) == (sup.process.pid, False)
 
 
+
+def test_relaunches_a_real_embedded_worker_on_a_k_change(redis_url: str, tmp_path: Path) -> None:
+    """The whole loop with the real engine: the policy's key changes, the supervisor drains
+    a real `specroute worker` (an in-flight generation completes), relaunches it with the
+    new k, and the new server reports and uses that k."""
+    import redis
+
+    from tests.conftest import free_port
+    from workers.registry import list_workers
+    from workers.supervisor import (
+        PoolSpec,
+        Supervisor,
+        SupervisorSettings,
+        command_builder,
+        desired_k_key,
+    )
+
+    port = free_port()
+    pool = PoolSpec(name="ngram", engine="embedded", method="ngram", k=2, model="tiny",
+                    model_path=str(ROOT / "workers/embedded/weights/specroute-tiny"))
+    settings = SupervisorSettings(url=f"http://127.0.0.1:{port}", port=port,
+                                  log_path=tmp_path / "server.log", min_relaunch_interval_s=0.0,
+                                  health_timeout_s=90.0, drain_notice_s=0.0,
+                                  drain_timeout_s=60.0, drain_grace_s=0.5,
+                                  registration_ttl_s=3.0, stop_timeout_s=10.0)
+    template = ("{python} -m gateway.cli worker --method ngram --port {port} "
+                "--num-speculative-tokens {k} --model {model}")
+    sup = Supervisor(pool, redis_url, command_builder(pool, template), settings)
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        sup.start()
+        assert reported_k(settings.url) == 2
+        done: dict[str, object] = {}
+
+        def generate() -> None:
+            body = {"text": "def parse(line):\n", "sampling_params": {
+                "max_new_tokens": 400, "temperature": 0, "ignore_eos": True}}
+            resp = httpx.post(f"{settings.url}/generate", json=body, timeout=60)
+            done["status"], done["tokens"] = resp.status_code, len(resp.json()["output_ids"])
+
+        thread = threading.Thread(target=generate)
+        thread.start()
+        time.sleep(0.3)
+        client.set(desired_k_key("ngram"), "5")
+        assert sup.poll_once() == "relaunched"
+        thread.join(60)
+        assert done == {"status": 200, "tokens": 400}  # drained, not cut
+        assert reported_k(settings.url) == 5
+        [worker] = list_workers(client, "ngram")
+        assert (worker.k, worker.draining) == (5, False)
+        resp = httpx.post(f"{settings.url}/generate", timeout=60, json={
+            "text": "x = 1\nx = 1\nx = 1\n", "sampling_params": {"max_new_tokens": 24,
+                                                                "temperature": 0}})
+        assert resp.json()["meta_info"]["spec_accept_length"] <= 6  # at most k + 1 per step
+    finally:
+        sup.stop()
+
 def test_stop_deregisters_and_ends_the_server(make_supervisor, redis_url: str) -> None:
     import redis
 
