@@ -1,7 +1,7 @@
 """`specroute bench live`: the mixed workload through a real stack, adaptive vs fixed pools.
 
-Starts `specroute up` (or uses `--url`), sends a warm-up pass so the policy sees live
-acceptance, then measures the same mixed workload (code, JSON, chat at temperature 0 and
+Starts `specroute up` (or uses `--url`), sends `WARMUP_ROUNDS` warm-up passes so the policy
+sees live acceptance, then measures the same mixed workload (code, JSON, chat at temperature 0 and
 0.8) through the adaptive gateway and pinned to each pool in turn (`x-specroute-pool`),
 interleaved request by request so machine noise hits every configuration alike.
 Tokens/s = completion tokens / wall time of sequential requests (batch 1).
@@ -26,6 +26,7 @@ from bench.workload import TASKS, prompts
 
 TEMPERATURES = (0.0, 0.8)
 MODEL = "specroute-tiny"
+WARMUP_ROUNDS = 2  # passes over the workload (other prompts) before measuring
 
 
 def _free_port() -> int:
@@ -65,8 +66,9 @@ def measure(url: str, per_cell: int, seed: int) -> dict:
     work = _workload(per_cell, seed)
     with httpx.Client(base_url=url, timeout=120) as client:
         pools = _pools(client, work[0][2])
-        for _task, _t, body in _workload(per_cell, seed + 1000):  # warm-up: the policy learns
-            _send(client, body, None)
+        for round_ in range(WARMUP_ROUNDS):  # warm-up: the policy learns from its own picks
+            for _task, _t, body in _workload(per_cell, seed + 1000 + round_):
+                _send(client, body, None)
         configs = ["adaptive", *pools]
         totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
         per_class: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
@@ -116,7 +118,7 @@ def _print(result: dict) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    per_cell = 1 if args.quick else 4
+    per_cell = 1 if args.quick else 6
     if args.url:
         result = measure(args.url, per_cell, args.seed)
     else:

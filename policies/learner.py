@@ -49,6 +49,7 @@ class LearnerConfig:
     default_accept: float = 0.5  # a method with no base rate, before any data
     default_step_s: float = 0.02
     min_incumbent_requests: float = 3.0
+    min_k_requests: float = 1.0  # requests at a k before it counts as measured
     # A gap in per-token acceptance between the recent and the long view that counts as
     # a drift: ~3 standard errors of a 10-request mean at typical accept lengths.
     drift_min_delta: float = 0.04
@@ -72,6 +73,9 @@ class PolicyState:
     traffic: dict[tuple[str, str, str, str], float] = field(default_factory=dict)
     default_accept: float = 0.5
     method_base: dict[str, float] = field(default_factory=dict)
+    # largest k each pool has served with telemetry behind it (>= `min_k_requests`): the
+    # policy extrapolates E(a, k) and the step cost only a little beyond it
+    measured_k: dict[str, int] = field(default_factory=dict)
 
     def accept(self, model: str, method: str, task: str, bucket: str) -> tuple[float, float]:
         """(blended a, request count) for a context; the prior when unseen."""
@@ -114,7 +118,18 @@ class Learner:
         incumbent, traffic = self._traffic(contexts)
         self._version += 1
         return PolicyState(self._version, acceptance, prior, costs, fleet_cost, incumbent,
-                           traffic, self.config.default_accept, dict(self.config.method_base))
+                           traffic, self.config.default_accept, dict(self.config.method_base),
+                           self._measured_k(contexts))
+
+    def _measured_k(self, contexts: list[tuple[ContextKey, ContextStats]]) -> dict[str, int]:
+        per_k: dict[tuple[str, int], float] = defaultdict(float)
+        for ctx, stats in contexts:
+            per_k[(ctx.pool, ctx.k)] += stats.n
+        out: dict[str, int] = {}
+        for (pool, k), n in per_k.items():
+            if n >= self.config.min_k_requests:
+                out[pool] = max(out.get(pool, 0), k)
+        return out
 
     def _acceptance(self, contexts: list[tuple[ContextKey, ContextStats]]
                     ) -> dict[AcceptKey, tuple[float, float, float]]:

@@ -10,6 +10,19 @@ Around the greedy choice:
   is predicted better by `hysteresis`; the incumbent comes from shared telemetry, so
   replicas agree;
 - no speculation when the best predicted speedup over plain is below 1;
+- cold start (off by default; the simulator loses 7-9% with it, see docs/POLICY.md): a
+  pool with fewer than `cold_start_samples` requests in this context (in telemetry, or
+  tried by this process) is tried at its configured k before the policy trusts its
+  prior about it: at most `cold_start_samples` tries per (pool,
+  context), so the cost is bounded by pools x contexts, not by traffic. Without it a
+  pool the prior ranks low (n-gram at 0.4) is never measured: the 2% exploration
+  reaches each of tens of (pool, context) pairs once per thousands of requests. Off
+  with exploration (`explore_rate = 0`), so replicas stay deterministic;
+- k trust region: on a per-request-k pool the k search stops `k_trust_margin` above the
+  largest k measured on that pool (its configured k before any), because E(a, k) (an
+  i.i.d. chain model) and the linear step cost are least reliable far from the data: for
+  tree drafters (EAGLE-2, Medusa, lookahead) k counts tree nodes, and accept length
+  saturates at the tree's depth while the chain model keeps growing with k;
 - bounded exploration: with probability `explore_rate` (hard cap `explore_cap` of all
   requests) try the option with the highest optimistic (UCB, as in BanditSpec
   arXiv 2505.15141) tokens/s if it beats the greedy pick;
@@ -51,6 +64,8 @@ class PolicyConfig:
     relaunch_cost_s: float = 60.0
     relaunch_payback_s: float = 600.0
     relaunch_min_samples: float = 20.0  # requests behind a context's acceptance
+    cold_start_samples: float = 0.0  # tries per (pool, context) before trusting the prior
+    k_trust_margin: int | None = 2  # k search limit above the largest measured k (None: off)
     seed: int = 0
     learner: LearnerConfig = LearnerConfig()
 
@@ -81,10 +96,21 @@ def quantize_load(load: float) -> int:
     return min(int(math.log(load) / math.log(1.07) + 0.5), len(LOAD_SLOTS) - 1)
 
 
-def candidate_ks(pool: PoolView) -> range | tuple[int, ...]:
+def candidate_ks(pool: PoolView, top: int | None = None) -> range | tuple[int, ...]:
+    """The k's a pool can run: one on fixed-k pools, 0..max_k (or ..`top`) otherwise."""
     if pool.method == "plain":
         return (0,)
-    return range(0, pool.max_k + 1) if pool.per_request_k else (pool.k,)
+    if not pool.per_request_k:
+        return (pool.k,)
+    return range(0, min(pool.max_k, top if top is not None else pool.max_k) + 1)
+
+
+def trusted_top_k(pool: PoolView, state: PolicyState, margin: int | None) -> int | None:
+    """The largest k worth predicting on a per-request-k pool: `margin` above the largest
+    k measured there, or above its configured k (the operator's default) before any."""
+    if margin is None:
+        return None
+    return max(state.measured_k.get(pool.name, 0), pool.k) + margin
 
 
 class Policy:
@@ -99,6 +125,8 @@ class Policy:
         self._pools: dict[str, PoolView] = {}
         self._decided = 0
         self._explored = 0
+        self._cold = 0  # cold-start tries (not under explore_cap: bounded per pool/context)
+        self._cold_tries: dict[tuple[str, str, str, str], int] = {}
         self._wishes: dict[str, tuple[int, int]] = {}  # pool -> (wished k, refits held)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -118,8 +146,9 @@ class Policy:
                    bucket, slot)
             option = self._cache.get(key)
             if option is None:
-                option = self._cache[key] = self._evaluate(state, pool, model, task, bucket,
-                                                           LOAD_SLOTS[slot])
+                option = self._cache[key] = self._evaluate(
+                    state, pool, model, task, bucket, LOAD_SLOTS[slot],
+                    top_k=trusted_top_k(pool, state, self.config.k_trust_margin))
             options.append(option)
         if not options:
             raise ValueError("no healthy pool to decide between")
@@ -131,9 +160,12 @@ class Policy:
         if not chosen.is_plain and chosen.tokens_per_s < plain_tps and plain:
             chosen = plain[0]
         explored = False
-        if self._may_explore():
-            loads = {p.name: (p.outstanding + 1) / p.healthy_workers
-                     for p in pools if p.healthy_workers > 0}
+        loads = {p.name: (p.outstanding + 1) / p.healthy_workers
+                 for p in pools if p.healthy_workers > 0}
+        cold = self._cold_start(options, state, loads, (model, task, bucket))
+        if cold is not None:
+            chosen, explored = cold, True
+        elif self._may_explore():
             challenger = (self._optimistic(options, chosen, state, loads, model, task, bucket)
                           or self._nearby_k(chosen, state, loads))
             if challenger is not None:
@@ -153,14 +185,15 @@ class Policy:
     # -- helpers for decide --------------------------------------------------------------
     @staticmethod
     def _evaluate(state: PolicyState, pool: PoolView, model: str, task: str, bucket: str,
-                  load: float, accept: float | None = None) -> Option:
+                  load: float, accept: float | None = None, top_k: int | None = None
+                  ) -> Option:
         a, n = state.accept(model, pool.method, task, bucket)
         if accept is not None:
             a = accept
         cost = state.cost(pool.name)
         plain_tps = 1.0 / cost.step_s(0, load)
         best = None
-        for k in candidate_ks(pool):
+        for k in candidate_ks(pool, top_k):
             e = expected_accept_length(a, k)
             tps = e / cost.step_s(k, load)
             if best is None or tps > best[2] + 1e-12:
@@ -181,6 +214,36 @@ class Policy:
                 break
         return best
 
+    def _cold_start(self, options: list[Option], state: PolicyState,
+                    loads: dict[str, float], context: tuple[str, str, str]) -> Option | None:
+        """The least-tried pool of this context that has fewer than `cold_start_samples`
+        requests behind it, at its configured k; None once every pool has them."""
+        need = self.config.cold_start_samples
+        if need <= 0 or self.config.explore_rate <= 0:  # exploration off: deterministic
+            return None
+        best = None
+        for option in options:
+            key = (option.pool.name, *context)
+            seen, tries = state.traffic.get(key, 0.0), self._cold_tries.get(key, 0)
+            if seen >= need or tries >= need:
+                continue
+            rank = (seen + tries, -option.tokens_per_s)
+            if best is None or rank < best[0]:
+                best = (rank, option, key)
+        if best is None:
+            return None
+        _, option, key = best
+        self._cold_tries[key] = self._cold_tries.get(key, 0) + 1
+        self._cold += 1
+        pool = option.pool
+        k = 0 if pool.method == "plain" else (min(pool.k, pool.max_k) if pool.per_request_k
+                                               else pool.k)
+        if k == option.k:
+            return option
+        e = expected_accept_length(option.accept, k)
+        tps = e / state.cost(pool.name).step_s(k, loads[pool.name])
+        return Option(pool, k, option.accept, option.samples, e, tps, option.plain_tokens_per_s)
+
     def _may_explore(self) -> bool:
         cfg = self.config
         if cfg.explore_rate <= 0 or self._explored + 1 > cfg.explore_cap * self._decided:
@@ -199,7 +262,9 @@ class Policy:
             upper = min(option.accept + self.config.ucb_z
                         * acceptance_std(option.accept, samples), A_MAX)
             load = loads[option.pool.name]
-            hopeful = self._evaluate(state, option.pool, model, task, bucket, load, upper)
+            hopeful = self._evaluate(
+                state, option.pool, model, task, bucket, load, upper,
+                top_k=trusted_top_k(option.pool, state, self.config.k_trust_margin))
             if hopeful.tokens_per_s > best_tps and hopeful.k > 0:
                 best, best_tps = (option, hopeful, load), hopeful.tokens_per_s
         if best is None:
@@ -217,7 +282,9 @@ class Policy:
         pool = chosen.pool
         if not pool.per_request_k or pool.method == "plain" or chosen.k == 0:
             return None
-        k = min(max(chosen.k + self._rng.choice((-2, -1, 1, 2)), 1), pool.max_k)
+        top = trusted_top_k(pool, state, self.config.k_trust_margin)
+        k = min(max(chosen.k + self._rng.choice((-2, -1, 1, 2)), 1), pool.max_k,
+                top if top is not None else pool.max_k)
         if k == chosen.k:
             return None
         load = loads[pool.name]
@@ -345,4 +412,5 @@ class Policy:
 
     @property
     def explored_fraction(self) -> float:
-        return self._explored / self._decided if self._decided else 0.0
+        """Decisions that were not the greedy pick: exploration and cold-start tries."""
+        return (self._explored + self._cold) / self._decided if self._decided else 0.0

@@ -142,3 +142,32 @@ def test_goes_plain_under_high_load_only() -> None:
     assert (idle.pool, idle.k) == ("eagle3", 4)
     assert (busy.pool, busy.k) == ("plain", 0)
     assert busy.fallbacks == ("eagle3",)
+
+
+def test_k_search_stays_near_the_measured_k() -> None:
+    """A pool measured only at k 4 and 8 with a step cost that barely grows with k: the
+    chain model alone would run to max_k (12); the trust region stops at 8 + 2."""
+    policy = Policy(LocalTelemetry(tau_s=1e6, clock=lambda: 1.0),
+                    PolicyConfig(explore_rate=0.0, k_trust_margin=2))
+    policy.decide(PROFILE, pools())
+    feed(policy, "eagle3", "eagle3", 4, 4.2, 0.024)
+    feed(policy, "eagle3", "eagle3", 8, 7.0, 0.0245)
+    policy.refit()
+    assert policy.state.measured_k["eagle3"] == 8
+    assert policy.decide(PROFILE, pools()).k == 10
+    free = Policy(policy.store, PolicyConfig(explore_rate=0.0, k_trust_margin=None))
+    free.decide(PROFILE, pools())
+    free.refit()
+    assert free.decide(PROFILE, pools()).k == 12
+
+
+def test_cold_start_tries_every_pool_a_bounded_number_of_times() -> None:
+    policy = Policy(LocalTelemetry(tau_s=1e6, clock=lambda: 1.0),
+                    PolicyConfig(explore_rate=0.02, explore_cap=0.05, cold_start_samples=2))
+    decisions = [policy.decide(PROFILE, pools()) for _ in range(20)]
+    tried = [(d.pool, d.k) for d in decisions if d.explored]
+    # each pool twice, at its configured k, then the greedy pick (no data is fed back)
+    assert sorted(tried) == sorted([("eagle3", 4), ("ngram", 4), ("plain", 0)] * 2)
+    assert all(d.explored for d in decisions[:6])
+    off = Policy(LocalTelemetry(), PolicyConfig(explore_rate=0.0, cold_start_samples=2))
+    assert not any(off.decide(PROFILE, pools()).explored for _ in range(10))
