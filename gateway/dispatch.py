@@ -25,7 +25,7 @@ from gateway.errors import GatewayError, NoHealthyWorker, UpstreamTimeout, Upstr
 from gateway.pools import Pool, Worker
 from gateway.routing import Router
 from gateway.schemas import GenerationRequest
-from gateway.telemetry import Recorder, span_attributes
+from gateway.telemetry import GatewayTracerProvider, Recorder, span_attributes
 from policies.types import Decision, RequestProfile, RequestRecord
 
 log = logging.getLogger("specroute.gateway")
@@ -43,6 +43,7 @@ class Gateway:
     adapters: dict[str, Adapter]
     recorder: Recorder
     tracer: Tracer
+    provider: GatewayTracerProvider | None = None  # None: always emit spans
 
 
 @dataclass(slots=True)
@@ -238,7 +239,8 @@ def record(gateway: Gateway, *, request: GenerationRequest, profile: RequestProf
         extra={"explored": True} if decision.explored else {},
     )
     gateway.recorder.record(entry)
-    span = gateway.tracer.start_span(f"specroute {request.endpoint}",
-                                     start_time=time.time_ns() - int(e2e * 1e9))
-    span.set_attributes(span_attributes(entry))
-    span.end()
+    if gateway.provider is None or gateway.provider.listening:
+        span = gateway.tracer.start_span(f"specroute {request.endpoint}",
+                                         start_time=time.time_ns() - int(e2e * 1e9),
+                                         attributes=span_attributes(entry))
+        span.end()
