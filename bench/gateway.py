@@ -3,7 +3,9 @@
 Starts a trivial SGLang-shaped upstream (`bench.upstream`) and a real gateway in front of
 it, then measures, in one run on this machine: sequential latency (p50/p99) and requests/s
 at concurrency 32, direct to the upstream vs through the gateway, non-streaming and
-streaming. The load client shares the cores with both servers, as in REFERENCES.md.
+streaming, with a minimal raw-ASGI + aiohttp pass-through (`bench.minproxy`) beside it:
+the floor any Python proxy pays here. The load client shares the cores with the servers,
+as in REFERENCES.md.
 """
 
 from __future__ import annotations
@@ -76,14 +78,18 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def _measure(upstream: str, gateway: str, n: int, seconds: float) -> list[dict]:
+async def _measure(upstream: str, minproxy: str, gateway: str, n: int,
+                   seconds: float) -> list[dict]:
     direct = {"text": "hello", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
     via = {"model": "bench", "prompt": "hello", "max_tokens": 8, "temperature": 0}
+    stream_direct, stream_via = {**direct, "stream": True}, {**via, "stream": True}
     cases = [
         ("direct /generate", f"{upstream}/generate", direct),
+        ("minimal proxy /generate", f"{minproxy}/generate", direct),
         ("gateway /v1/completions", f"{gateway}/v1/completions", via),
-        ("direct /generate stream", f"{upstream}/generate", {**direct, "stream": True}),
-        ("gateway /v1/completions stream", f"{gateway}/v1/completions", {**via, "stream": True}),
+        ("direct /generate stream", f"{upstream}/generate", stream_direct),
+        ("minimal proxy /generate stream", f"{minproxy}/generate", stream_direct),
+        ("gateway /v1/completions stream", f"{gateway}/v1/completions", stream_via),
     ]
     rows = []
     connector = aiohttp.TCPConnector(limit=64)
@@ -94,14 +100,15 @@ async def _measure(upstream: str, gateway: str, n: int, seconds: float) -> list[
             rps = await _throughput(session, url, body, seconds, 32)
             rows.append({"path": name, "p50_ms": round(_pct(lat, 0.5), 3),
                          "p99_ms": round(_pct(lat, 0.99), 3), "rps_c32": round(rps)})
-    for i in (1, 3):
-        rows[i]["added_p50_ms"] = round(rows[i]["p50_ms"] - rows[i - 1]["p50_ms"], 3)
+    for direct_row in (0, 3):  # each proxy's p50 over the direct call in the same group
+        for i in (direct_row + 1, direct_row + 2):
+            rows[i]["added_p50_ms"] = round(rows[i]["p50_ms"] - rows[direct_row]["p50_ms"], 3)
     return rows
 
 
 def main(args: argparse.Namespace) -> int:
     n, seconds = (200, 1.0) if args.quick else (2000, 5.0)
-    up_port, gw_port = _free_port(), _free_port()
+    up_port, gw_port, min_port = _free_port(), _free_port(), _free_port()
     procs = []
     with tempfile.TemporaryDirectory() as tmp:
         config = {"server": {"host": "127.0.0.1", "port": gw_port, "log_level": "warning"},
@@ -114,10 +121,15 @@ def main(args: argparse.Namespace) -> int:
             procs.append(subprocess.Popen([sys.executable, "-m", "bench.upstream", "--port",
                                            str(up_port)]))
             _wait(f"http://127.0.0.1:{up_port}/health")
+            procs.append(subprocess.Popen([sys.executable, "-m", "bench.minproxy", "--port",
+                                           str(min_port), "--upstream",
+                                           f"http://127.0.0.1:{up_port}"]))
+            _wait(f"http://127.0.0.1:{min_port}/health")
             procs.append(subprocess.Popen([sys.executable, "-m", "gateway.cli", "gateway",
                                            "--config", str(path)]))
             _wait(f"http://127.0.0.1:{gw_port}/ready")
             rows = asyncio.run(_measure(f"http://127.0.0.1:{up_port}",
+                                        f"http://127.0.0.1:{min_port}",
                                         f"http://127.0.0.1:{gw_port}", n, seconds))
         finally:
             for proc in procs:

@@ -1,0 +1,62 @@
+"""The floor for any Python proxy on this machine: raw ASGI in, one aiohttp session out.
+
+    python -m bench.minproxy --port P --upstream URL
+
+Forwards `POST /generate` bodies unchanged and relays the answer (streamed chunk by
+chunk), with no parsing, routing or telemetry. `specroute bench gateway` runs it beside
+the gateway so the table separates what the HTTP stack costs from what specroute adds.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import aiohttp
+
+
+def make_app(upstream: str):
+    session: aiohttp.ClientSession | None = None
+
+    async def app(scope, receive, send) -> None:
+        nonlocal session
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256))
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await session.close()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        chunks, more = [], True
+        while more:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        async with session.request(scope["method"], upstream + scope["path"],
+                                   data=b"".join(chunks),
+                                   headers={"content-type": "application/json"}) as resp:
+            await send({"type": "http.response.start", "status": resp.status,
+                        "headers": [(b"content-type", resp.content_type.encode())]})
+            async for chunk in resp.content.iter_any():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+
+    return app
+
+
+def main(argv: list[str] | None = None) -> int:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--upstream", required=True)
+    args = parser.parse_args(argv)
+    uvicorn.run(make_app(args.upstream.rstrip("/")), host="127.0.0.1", port=args.port,
+                loop="uvloop", http="httptools", log_level="warning", access_log=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
