@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import near_bigram_llama
 
 from workers.embedded.engine import (
     BUNDLED_MODEL_DIR,
@@ -14,7 +15,7 @@ from workers.embedded.engine import (
     Generation,
     SamplingParams,
 )
-from workers.embedded.model import LlamaForCausalLM, ModelConfig, init_weights
+from workers.embedded.model import LlamaForCausalLM
 from workers.embedded.tokenizer import TextTokenizer, train_tokenizer
 
 METHODS = ("plain", "ngram", "lookahead")
@@ -31,24 +32,7 @@ def one_thread():
 def _model(residual_scale: float) -> LlamaForCausalLM:
     """A seeded random model; a small residual_scale makes it nearly a bigram model, whose
     greedy output soon cycles (so drafts get accepted)."""
-    torch.manual_seed(0)
-    config = ModelConfig(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=192,
-        tie_word_embeddings=False,
-    )
-    model = LlamaForCausalLM(config)
-    init_weights(model, std=0.3)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(("o_proj.weight", "down_proj.weight")):
-                p.mul_(residual_scale)
-    return model.eval()
+    return near_bigram_llama(300, 192, residual_scale)
 
 
 @pytest.fixture(scope="module")

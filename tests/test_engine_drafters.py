@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from scipy.stats import chisquare
+from tiny_models import near_bigram_llama
 
 from workers.embedded.drafter_models import (
     EagleConfig,
@@ -23,7 +24,6 @@ from workers.embedded.drafter_models import (
 from workers.embedded.engine import BUNDLED_MODEL_DIR, Engine, Generation, SamplingParams
 from workers.embedded.model import (
     LlamaForCausalLM,
-    ModelConfig,
     init_weights,
     load_model,
     save_model,
@@ -52,24 +52,7 @@ def one_thread():
 
 
 def _base(residual_scale: float = 0.3) -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = ModelConfig(
-        vocab_size=V,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=192,
-        tie_word_embeddings=False,
-    )
-    model = LlamaForCausalLM(config)
-    init_weights(model, std=0.3)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(("o_proj.weight", "down_proj.weight")):
-                p.mul_(residual_scale)
-    return model.eval()
+    return near_bigram_llama(V, 192, residual_scale)
 
 
 def _eagle_config() -> EagleConfig:

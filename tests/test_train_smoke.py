@@ -9,11 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tiny_models import near_bigram_llama
 
 from workers.embedded import train, train_drafters
 from workers.embedded.corpus import EOS
 from workers.embedded.engine import Engine, SamplingParams
-from workers.embedded.model import LlamaForCausalLM, ModelConfig, init_weights, save_model
+from workers.embedded.model import ModelConfig, save_model
 from workers.embedded.tokenizer import train_tokenizer
 
 VOCAB = 300
@@ -95,24 +96,7 @@ def test_base_then_drafters_train_and_serve(tmp_path: Path) -> None:
 def _near_bigram_base(folder: Path) -> None:
     """A random base whose residual blocks barely matter: its next token is (nearly) a
     function of the current one, something a few hundred drafter steps can learn."""
-    torch.manual_seed(0)
-    config = ModelConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-    )
-    model = LlamaForCausalLM(config)
-    init_weights(model, std=0.3)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(("o_proj.weight", "down_proj.weight")):
-                p.mul_(0.02)
-    save_model(model, folder, dtype=torch.float32)
+    save_model(near_bigram_llama(VOCAB, 128, 0.02), folder, dtype=torch.float32)
 
 
 def test_briefly_trained_drafters_are_accepted(tmp_path: Path) -> None:
