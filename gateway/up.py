@@ -149,6 +149,9 @@ def run_stack(host: str = "127.0.0.1", port: int = 8000, methods: str | None = N
             except subprocess.TimeoutExpired:
                 child.proc.kill()
 
+    # Also when started from a script that ignores SIGINT in background jobs: Ctrl-C and
+    # SIGTERM both mean "stop everything".
+    signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         url = redis_url or os.environ.get("REDIS_URL")
