@@ -59,6 +59,10 @@ def test_base_then_drafters_train_and_serve(tmp_path: Path) -> None:
     )
     summary = train.train(base_cfg, model_cfg, workdir, out)
     assert summary["history"][-1]["step"] == 2 and (workdir / "ckpt.pt").exists()
+    longer = train.TrainConfig(**{**vars(base_cfg), "steps": 4})
+    resumed = train.train(longer, model_cfg, workdir, out)  # picks up at step 2
+    assert [h["step"] for h in resumed["history"]] == [2, 4]
+    assert resumed["history"][0] == summary["history"][0]
     assert {"config.json", "model.safetensors", "tokenizer.json", "training.json"} <= {
         p.name for p in out.iterdir()
     }

@@ -94,6 +94,28 @@ def evaluate(model: torch.nn.Module, val: torch.Tensor, cfg: TrainConfig, batche
     return sum(losses) / len(losses)
 
 
+def load_checkpoint(workdir: Path, module: torch.nn.Module, opt: torch.optim.Optimizer,
+                    gen: torch.Generator) -> tuple[int, list[dict]]:
+    """Restore module, optimizer and sampler state from `workdir/ckpt.pt`; (step, history)."""
+    ckpt = workdir / "ckpt.pt"
+    if not ckpt.exists():
+        return 0, []
+    state = torch.load(ckpt, weights_only=False)
+    module.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    gen.set_state(state["gen"])
+    print(f"resumed from step {state['step']}", flush=True)
+    return state["step"], state["history"]
+
+
+def save_checkpoint(workdir: Path, module: torch.nn.Module, opt: torch.optim.Optimizer,
+                    gen: torch.Generator, step: int, history: list[dict]) -> None:
+    """Write the checkpoint atomically (a crash mid-write keeps the previous one)."""
+    torch.save({"model": module.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
+                "step": step, "history": history}, workdir / "ckpt.tmp")
+    (workdir / "ckpt.tmp").replace(workdir / "ckpt.pt")
+
+
 def train(cfg: TrainConfig, model_cfg: ModelConfig, workdir: Path, out: Path) -> dict:
     torch.set_num_threads(cfg.threads)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -110,15 +132,7 @@ def train(cfg: TrainConfig, model_cfg: ModelConfig, workdir: Path, out: Path) ->
         lr=cfg.lr, betas=(0.9, 0.95),
     )
     gen = torch.Generator().manual_seed(cfg.seed)
-    step, history = 0, []
-    ckpt = workdir / "ckpt.pt"
-    if ckpt.exists():
-        state = torch.load(ckpt, weights_only=False)
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        gen.set_state(state["gen"])
-        step, history = state["step"], state["history"]
-        print(f"resumed from step {step}", flush=True)
+    step, history = load_checkpoint(workdir, model, opt, gen)
     model.train()
     t0, tokens_seen = time.time(), 0
     while step < cfg.steps:
@@ -140,9 +154,7 @@ def train(cfg: TrainConfig, model_cfg: ModelConfig, workdir: Path, out: Path) ->
             val = evaluate(model, val_stream, cfg)
             history.append({"step": step, "train_loss": round(loss.item(), 4), "val_loss": round(val, 4)})
             print(f"step {step} val_loss {val:.3f}", flush=True)
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gen": gen.get_state(),
-                        "step": step, "history": history}, workdir / "ckpt.tmp")
-            (workdir / "ckpt.tmp").replace(ckpt)
+            save_checkpoint(workdir, model, opt, gen, step, history)
     save_model(model, out)
     (out / "tokenizer.json").write_text(tok_path.read_text())
     summary = {

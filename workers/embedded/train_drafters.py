@@ -37,7 +37,15 @@ from workers.embedded.model import (
     load_model,
     save_model,
 )
-from workers.embedded.train import BUNDLED_MODEL_DIR, TrainConfig, batch, prepare_data, split
+from workers.embedded.train import (
+    BUNDLED_MODEL_DIR,
+    TrainConfig,
+    batch,
+    load_checkpoint,
+    prepare_data,
+    save_checkpoint,
+    split,
+)
 
 
 @dataclass
@@ -145,15 +153,7 @@ def train(cfg: DrafterTrainConfig, model_dir: Path, workdir: Path, base_workdir:
     students = Students(base.config, cfg)
     opt = torch.optim.AdamW(students.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     gen = torch.Generator().manual_seed(cfg.seed + 1)
-    step, history = 0, []
-    ckpt = workdir / "ckpt.pt"
-    if ckpt.exists():
-        state = torch.load(ckpt, weights_only=False)
-        students.load_state_dict(state["students"])
-        opt.load_state_dict(state["opt"])
-        gen.set_state(state["gen"])
-        step, history = state["step"], state["history"]
-        print(f"resumed from step {step}", flush=True)
+    step, history = load_checkpoint(workdir, students, opt, gen)
     window = TrainConfig(batch_size=cfg.batch_size, seq_len=cfg.seq_len)
     t0, done = time.time(), 0
     while step < cfg.steps:
@@ -172,9 +172,7 @@ def train(cfg: DrafterTrainConfig, model_dir: Path, workdir: Path, base_workdir:
                   flush=True)
         if step % cfg.ckpt_every == 0 or step == cfg.steps:
             history.append({"step": step, **{k: round(v, 4) for k, v in stats.items()}})
-            torch.save({"students": students.state_dict(), "opt": opt.state_dict(),
-                        "gen": gen.get_state(), "step": step, "history": history}, workdir / "ckpt.tmp")
-            (workdir / "ckpt.tmp").replace(ckpt)
+            save_checkpoint(workdir, students, opt, gen, step, history)
     save_drafter(students.medusa, "medusa", model_dir / "medusa")
     save_drafter(students.eagle, "eagle", model_dir / "eagle")
     save_model(students.draft, model_dir / "draft")
