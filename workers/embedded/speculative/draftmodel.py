@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from workers.embedded.model import LlamaForCausalLM
-from workers.embedded.speculative.draft import DecodeState, Draft
+from workers.embedded.speculative.draft import DecodeState, Draft, draft_chain
 
 
 class DraftModelDrafter:
@@ -50,23 +50,13 @@ class DraftModelDrafter:
         if len(state.tokens) > self._cache.max_length:  # a draft model with a shorter context
             return Draft.empty()
         logits = self.sync(state)
-        sampler = state.sampler
         steps = min(state.k, self._cache.max_length - self._cache.length + 1)
-        tokens: list[torch.Tensor] = []  # (1,) each; greedy stays on the device, no sync
-        qs: list[torch.Tensor] = []
-        for depth in range(steps):
-            if sampler.greedy:
-                token = logits.argmax().view(1)
-            else:
-                q = sampler.probs(logits)
-                token = torch.multinomial(q, 1, generator=sampler.generator)
-                qs.append(q)
-            tokens.append(token)
-            if depth + 1 == steps:
-                break
+
+        def advance(depth: int, token: torch.Tensor) -> torch.Tensor:
             out = self._model(token.view(1, 1), self._cache)
             self._cache.commit()
-            logits = out.logits[0, -1]
-        draft_tokens = torch.cat(tokens).tolist() if tokens else []
-        self._cached.extend(draft_tokens[: steps - 1])
-        return Draft.chain(draft_tokens, torch.stack(qs) if qs else None)
+            return out.logits[0, -1]
+
+        draft = draft_chain(logits, steps, state.sampler, advance)
+        self._cached.extend(draft.tokens[: steps - 1])  # fed to the cache by `advance`
+        return draft

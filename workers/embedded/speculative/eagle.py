@@ -22,7 +22,7 @@ import torch
 
 from workers.embedded.drafter_models import EagleHead
 from workers.embedded.model import KVCache, LlamaForCausalLM
-from workers.embedded.speculative.draft import DecodeState, Draft
+from workers.embedded.speculative.draft import DecodeState, Draft, draft_chain
 
 
 class EagleSync:
@@ -95,23 +95,13 @@ class EagleChainDrafter:
         if not eagle.fits(state):
             return Draft.empty()
         h = eagle.sync(state)  # (C,)
-        sampler = state.sampler
         root_position = len(state.tokens) - 1
         steps = min(state.k, eagle.room())
         positions = torch.arange(root_position, root_position + steps, device=h.device)
-        tokens: list[torch.Tensor] = []  # (1,) each; greedy stays on the device, no sync
-        qs: list[torch.Tensor] = []
-        for depth in range(steps):
-            logits = eagle.logits(h)  # (V,)
-            if sampler.greedy:
-                token = logits.argmax().view(1)
-            else:
-                q = sampler.probs(logits)
-                token = torch.multinomial(q, 1, generator=sampler.generator)
-                qs.append(q)
-            tokens.append(token)
-            if depth + 1 == steps:
-                break
+
+        def advance(depth: int, token: torch.Tensor) -> torch.Tensor:
+            nonlocal h
             h = eagle.step(h[None], token, positions[depth : depth + 1])[0]
-        draft_tokens = torch.cat(tokens).tolist() if tokens else []
-        return Draft.chain(draft_tokens, torch.stack(qs) if qs else None)
+            return eagle.logits(h)  # (V,)
+
+        return draft_chain(eagle.logits(h), steps, state.sampler, advance)
