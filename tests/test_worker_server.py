@@ -29,22 +29,9 @@ CONTEXT = 2048  # room for a generation long enough to outlast a client disconne
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import torch
+    from tests.tiny_models import tiny_model_dir
 
-    from workers.embedded.model import LlamaForCausalLM, ModelConfig, init_weights, save_model
-    from workers.embedded.tokenizer import train_tokenizer
-
-    out = tmp_path_factory.mktemp("tiny-model")
-    tok = train_tokenizer(TEXT, vocab_size=320)
-    tok.save(str(out / "tokenizer.json"))
-    config = ModelConfig(vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=CONTEXT)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    init_weights(model)
-    save_model(model, out)
-    return out
+    return tiny_model_dir(tmp_path_factory.mktemp("tiny-model"), TEXT, 320, CONTEXT)
 
 
 @pytest.fixture(scope="module")

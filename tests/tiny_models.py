@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from workers.embedded.model import LlamaForCausalLM, ModelConfig, init_weights
@@ -30,3 +32,21 @@ def near_bigram_llama(vocab_size: int, max_positions: int = 192,
             if name.endswith(("o_proj.weight", "down_proj.weight")):
                 p.mul_(residual_scale)
     return model.eval()
+
+
+def tiny_model_dir(out: Path, texts: list[str], vocab_size: int, context: int) -> Path:
+    """A servable model folder: a BPE tokenizer trained on `texts` plus a random (seed 0)
+    2-layer Llama with the default init, saved in the Hugging Face layout."""
+    from workers.embedded.model import save_model
+    from workers.embedded.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(texts, vocab_size=vocab_size)
+    tok.save(str(out / "tokenizer.json"))
+    config = ModelConfig(vocab_size=tok.get_vocab_size(), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=context)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    init_weights(model)
+    save_model(model, out)
+    return out
