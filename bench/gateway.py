@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,25 +22,7 @@ from pathlib import Path
 import aiohttp
 import yaml
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait(url: str, timeout: float = 30.0) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise TimeoutError(url)
+from gateway.up import free_port, wait_http
 
 
 async def _sequential(session: aiohttp.ClientSession, url: str, body: dict, n: int) -> list[float]:
@@ -108,7 +89,7 @@ async def _measure(upstream: str, minproxy: str, gateway: str, n: int,
 
 def main(args: argparse.Namespace) -> int:
     n, seconds = (200, 1.0) if args.quick else (2000, 5.0)
-    up_port, gw_port, min_port = _free_port(), _free_port(), _free_port()
+    up_port, gw_port, min_port = free_port(), free_port(), free_port()
     procs = []
     with tempfile.TemporaryDirectory() as tmp:
         config = {"server": {"host": "127.0.0.1", "port": gw_port, "log_level": "warning"},
@@ -120,14 +101,14 @@ def main(args: argparse.Namespace) -> int:
         try:
             procs.append(subprocess.Popen([sys.executable, "-m", "bench.upstream", "--port",
                                            str(up_port)]))
-            _wait(f"http://127.0.0.1:{up_port}/health")
+            wait_http(f"http://127.0.0.1:{up_port}/health", 30, procs[-1], "upstream")
             procs.append(subprocess.Popen([sys.executable, "-m", "bench.minproxy", "--port",
                                            str(min_port), "--upstream",
                                            f"http://127.0.0.1:{up_port}"]))
-            _wait(f"http://127.0.0.1:{min_port}/health")
+            wait_http(f"http://127.0.0.1:{min_port}/health", 30, procs[-1], "minimal proxy")
             procs.append(subprocess.Popen([sys.executable, "-m", "gateway.cli", "gateway",
                                            "--config", str(path)]))
-            _wait(f"http://127.0.0.1:{gw_port}/ready")
+            wait_http(f"http://127.0.0.1:{gw_port}/ready", 30, procs[-1], "gateway")
             rows = asyncio.run(_measure(f"http://127.0.0.1:{up_port}",
                                         f"http://127.0.0.1:{min_port}",
                                         f"http://127.0.0.1:{gw_port}", n, seconds))

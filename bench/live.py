@@ -13,7 +13,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,16 +22,11 @@ from collections import defaultdict
 import httpx
 
 from bench.workload import TASKS, prompts
+from gateway.up import free_port, wait_http
 
 TEMPERATURES = (0.0, 0.8)
 MODEL = "specroute-tiny"
 WARMUP_ROUNDS = 2  # passes over the workload (other prompts) before measuring
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _workload(per_cell: int, seed: int) -> list[tuple[str, float, dict]]:
@@ -122,23 +116,17 @@ def main(args: argparse.Namespace) -> int:
     if args.url:
         result = measure(args.url, per_cell, args.seed)
     else:
-        port = _free_port()
+        port = free_port()
         with tempfile.TemporaryDirectory() as workdir:
             proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "up", "--port", str(port),
                                      "--workdir", workdir], start_new_session=True)
             try:
                 url = f"http://127.0.0.1:{port}"
-                deadline = time.monotonic() + 180
-                while True:
-                    try:
-                        if httpx.get(f"{url}/ready", timeout=1).status_code == 200:
-                            break
-                    except httpx.HTTPError:
-                        pass
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        print("specroute up did not become ready", file=sys.stderr)
-                        return 1
-                    time.sleep(0.5)
+                try:
+                    wait_http(f"{url}/ready", 180, proc, "specroute up")
+                except (RuntimeError, TimeoutError) as exc:
+                    print(f"specroute up did not become ready: {exc}", file=sys.stderr)
+                    return 1
                 result = measure(url, per_cell, args.seed)
             finally:
                 os.killpg(proc.pid, signal.SIGTERM)

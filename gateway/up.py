@@ -57,12 +57,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait(url: str, child: Child, timeout: float) -> None:
+def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None,
+              name: str = "server", log: Path | None = None) -> None:
+    """Poll `url` until it answers 200; fail early (with the log's tail) if `proc` exits."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if child.proc.poll() is not None:
-            tail = child.log.read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"{child.name} exited with {child.proc.returncode}:\n{tail}")
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:] if log is not None else ""
+            raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
         try:
             with urllib.request.urlopen(url, timeout=1) as resp:
                 if resp.status == 200:
@@ -70,7 +72,11 @@ def _wait(url: str, child: Child, timeout: float) -> None:
         except (urllib.error.URLError, OSError):
             pass
         time.sleep(0.1)
-    raise TimeoutError(f"{child.name} did not answer {url} within {timeout:.0f}s")
+    raise TimeoutError(f"{name} did not answer {url} within {timeout:.0f}s")
+
+
+def _wait(url: str, child: Child, timeout: float) -> None:
+    wait_http(url, timeout, child.proc, child.name, child.log)
 
 
 def _spawn(name: str, args: list[str], workdir: Path) -> Child:
