@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
@@ -79,6 +80,14 @@ async def drain(ticket) -> list[StepEvent | ErrorEvent]:
             return events
 
 
+async def until(condition: Callable[[], bool], timeout: float = 5) -> None:
+    """Wait for a state the engine thread reaches, not for a guessed duration."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "state not reached"
+        await asyncio.sleep(0.001)
+
+
 @pytest.fixture
 def engine_and_scheduler():
     engine = CountingEngine()
@@ -109,7 +118,7 @@ async def test_queue_is_bounded_and_waiting_requests_are_fifo(engine_and_schedul
     engine, scheduler = engine_and_scheduler
     engine.gate.clear()
     running = [scheduler.submit([t], 5, "plain", None) for t in (1, 2)]
-    await asyncio.sleep(0.05)  # the engine thread admits both, then blocks in step()
+    await until(lambda: scheduler.num_running == 2)  # admitted, then blocked in step()
     queued = [scheduler.submit([t], 1, "plain", None) for t in (3, 4)]
     assert scheduler.num_running == 2 and scheduler.num_queued == 2
     with pytest.raises(Overloaded):

@@ -7,7 +7,6 @@ surface (SGLang 0.5.23 shapes), scheduling and error handling, not output qualit
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -39,7 +38,7 @@ def worker(model_dir: Path, tmp_path_factory: pytest.TempPathFactory,
            redis_server: str) -> Iterator[str]:
     port = free_port()
     log = tmp_path_factory.mktemp("worker-log") / "worker.log"
-    proc = start_process(["-m", "gateway.cli", "worker", "--method", "ngram", "--port", str(port),
+    proc = start_process(["-m", "specroute.cli", "worker", "--method", "ngram", "--port", str(port),
                           "--model", str(model_dir), "--threads", "1",
                           "--redis-url", redis_server, "--pool", "worker-test"], log)
     url = f"http://127.0.0.1:{port}"
@@ -184,21 +183,33 @@ def test_openai_completion_stream_has_sglext_usage_and_done(worker: str) -> None
     assert bad.status_code == 400 and "constrained decoding" in bad.json()["message"]
 
 
+def running_requests(worker: str) -> int:
+    return httpx.get(f"{worker}/server_info").json()["internal_states"][0]["num_running_reqs"]
+
+
+def wait_until_idle(worker: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while running_requests(worker) != 0:
+        if time.monotonic() > deadline:
+            raise AssertionError("the worker still runs requests")
+        time.sleep(0.05)
+
+
 async def test_short_request_overtakes_a_long_one(worker: str) -> None:
-    finished: list[str] = []
-
-    async def call(client: httpx.AsyncClient, name: str, tokens: int) -> None:
-        r = await client.post(f"{worker}/generate", json={
-            "text": "x", "sampling_params": greedy(tokens, custom_params={"method": "plain"})})
-        assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == tokens
-        finished.append(name)
-
     async with httpx.AsyncClient(timeout=60) as client:
-        long_call = asyncio.create_task(call(client, "long", 300))
-        await asyncio.sleep(0.2)
-        await call(client, "short", 4)
-        await long_call
-    assert finished == ["short", "long"]
+        async with client.stream("POST", f"{worker}/generate", json={
+                "text": "x", "stream": True,
+                "sampling_params": greedy(CONTEXT - 8, custom_params={"method": "plain"})}) as long:
+            lines = long.aiter_lines()  # held: a dropped iterator closes the stream
+            while not (await anext(lines)).startswith("data: "):
+                pass  # the long request is decoding once its first tokens are out
+            r = await client.post(f"{worker}/generate", json={
+                "text": "x", "sampling_params": greedy(4, custom_params={"method": "plain"})})
+            assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 4
+            # the short one is done while the long one (2040 tokens) still holds its slot
+            assert (await client.get(f"{worker}/server_info")).json()[
+                "internal_states"][0]["num_running_reqs"] == 1
+    wait_until_idle(worker)  # leaving the stream disconnected the long request
 
 
 def test_client_disconnect_frees_the_slot(worker: str) -> None:
