@@ -8,6 +8,7 @@ FROM python:3.11-slim AS base
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /app
 COPY pyproject.toml README.md ./
+COPY specroute specroute
 COPY gateway gateway
 COPY policies policies
 COPY workers workers
@@ -31,6 +32,7 @@ CMD ["worker", "--method", "plain", "--host", "0.0.0.0", "--port", "30000"]
 FROM ${SGLANG_IMAGE} AS sglang-worker
 WORKDIR /opt/specroute
 COPY pyproject.toml README.md ./
+COPY specroute specroute
 COPY gateway gateway
 COPY policies policies
 COPY workers workers

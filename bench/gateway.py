@@ -22,7 +22,7 @@ from pathlib import Path
 import aiohttp
 import yaml
 
-from gateway.up import free_port, wait_http
+from specroute.procs import free_port, wait_http
 
 
 async def _sequential(session: aiohttp.ClientSession, url: str, body: dict, n: int) -> list[float]:
@@ -106,7 +106,7 @@ def main(args: argparse.Namespace) -> int:
                                            str(min_port), "--upstream",
                                            f"http://127.0.0.1:{up_port}"]))
             wait_http(f"http://127.0.0.1:{min_port}/health", 30, procs[-1], "minimal proxy")
-            procs.append(subprocess.Popen([sys.executable, "-m", "gateway.cli", "gateway",
+            procs.append(subprocess.Popen([sys.executable, "-m", "specroute.cli", "gateway",
                                            "--config", str(path)]))
             wait_http(f"http://127.0.0.1:{gw_port}/ready", 30, procs[-1], "gateway")
             rows = asyncio.run(_measure(f"http://127.0.0.1:{up_port}",

@@ -22,7 +22,7 @@ from collections import defaultdict
 import httpx
 
 from bench.workload import TASKS, prompts
-from gateway.up import free_port, wait_http
+from specroute.procs import free_port, wait_http
 
 TEMPERATURES = (0.0, 0.8)
 MODEL = "specroute-tiny"
@@ -118,7 +118,7 @@ def main(args: argparse.Namespace) -> int:
     else:
         port = free_port()
         with tempfile.TemporaryDirectory() as workdir:
-            proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "up", "--port", str(port),
+            proc = subprocess.Popen([sys.executable, "-m", "specroute.cli", "up", "--port", str(port),
                                      "--workdir", workdir], start_new_session=True)
             try:
                 url = f"http://127.0.0.1:{port}"

@@ -7,7 +7,7 @@ Redis layout (see docs/POLICY.md):
   `{context}` = `model|pool|method|k|task|temperature_bucket|load_bucket`.
 - `specroute:agg:index` — set of the context strings, so readers need no SCAN.
 - `specroute:pool:{pool}:desired_k` — string, the k the policy wants on a fixed-k pool
-  (read by the worker supervisor).
+  (read by the worker supervisor; the key is part of the fleet contract, policies/fleet.py).
 
 Design: one daemon thread per store owns the Redis client. `record()` updates the
 in-process aggregates and appends to a bounded deque (never blocks, never raises); the
@@ -40,6 +40,7 @@ from policies.aggregates import (
     record_values,
     stale_fields,
 )
+from policies.fleet import desired_k_key
 from policies.types import RequestRecord
 
 log = logging.getLogger(__name__)
@@ -47,10 +48,6 @@ log = logging.getLogger(__name__)
 STREAM_KEY = "specroute:telemetry"
 AGG_PREFIX = "specroute:agg:"
 AGG_INDEX = "specroute:agg:index"
-
-
-def desired_k_key(pool: str) -> str:
-    return f"specroute:pool:{pool}:desired_k"
 
 
 class Telemetry(Protocol):

@@ -18,8 +18,9 @@ import pytest
 import yaml
 
 from gateway.config import PoolConfig, parse_config
+from policies.fleet import FleetPool, load_pool
 from tests.test_sglang_launch import SGLANG_0_5_23_ALGORITHMS, SGLANG_0_5_23_FLAGS
-from workers.supervisor import PoolSpec, command_builder, load_pool
+from workers.supervisor import advertised_url, command_builder
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "deploy/config.example.yaml"
@@ -169,9 +170,9 @@ def test_otel_pipelines_reference_defined_components() -> None:
 
 
 def test_pool_spec_advertised_url() -> None:
-    spec = PoolSpec(name="p", engine="sglang", method="eagle", k=3, model="m",
+    spec = FleetPool(name="p", engine="sglang", method="eagle", k=3, model="m",
                     workers=("http://a:30000", "http://b:30001"))
-    assert spec.advertised_url(None, None) == ("http://a:30000", 30000)
-    assert spec.advertised_url(30001, None) == ("http://b:30001", 30001)
-    assert spec.advertised_url(30002, None) == ("http://127.0.0.1:30002", 30002)
-    assert spec.advertised_url(None, "http://pod-ip:30000/") == ("http://pod-ip:30000", 30000)
+    assert advertised_url(spec, None, None) == ("http://a:30000", 30000)
+    assert advertised_url(spec, 30001, None) == ("http://b:30001", 30001)
+    assert advertised_url(spec, 30002, None) == ("http://127.0.0.1:30002", 30002)
+    assert advertised_url(spec, None, "http://pod-ip:30000/") == ("http://pod-ip:30000", 30000)

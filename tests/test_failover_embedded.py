@@ -21,7 +21,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
 
     tmp = tiny_model_dir(tmp_path_factory.mktemp("embedded"), TEXT, 300, CONTEXT)
     port = free_port()
-    worker = start_process(["-m", "gateway.cli", "worker", "--method", "plain", "--port",
+    worker = start_process(["-m", "specroute.cli", "worker", "--method", "plain", "--port",
                             str(port), "--model", str(tmp), "--threads", "1"],
                            tmp / "worker.log")
     procs = [worker]

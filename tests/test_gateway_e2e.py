@@ -2,7 +2,7 @@
 
 Every service is a real process speaking HTTP on loopback: SGLang-shaped and
 vLLM-shaped stub workers (tests/sglang_stub.py, tests/openai_stub.py) and
-`python -m gateway.cli gateway --config F`.
+`python -m specroute.cli gateway --config F`.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
                                      "k": 3, "model": "m4", "workers": [url["incr"]]}]}
     for name, cfg in (("gw", secured), ("open", open_cfg)):
         (tmp / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
-        procs.append(start_process(["-m", "gateway.cli", "gateway", "--config",
+        procs.append(start_process(["-m", "specroute.cli", "gateway", "--config",
                                     str(tmp / f"{name}.yaml"), "--port", str(ports[name]),
                                     "--policy", "first"],
                                    tmp / f"{name}.log"))

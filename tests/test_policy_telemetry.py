@@ -11,6 +11,7 @@ import pytest
 import redis
 from conftest import free_port
 
+from policies.fleet import desired_k_key
 from policies.policy import Policy, PolicyConfig
 from policies.telemetry import (
     AGG_INDEX,
@@ -18,7 +19,6 @@ from policies.telemetry import (
     STREAM_KEY,
     TelemetryConfig,
     TelemetryStore,
-    desired_k_key,
 )
 from policies.types import PoolView, RequestProfile, RequestRecord
 

@@ -24,8 +24,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from policies.fleet import BUNDLED_MODEL_DIR  # noqa: E402
+
 STUB_TEMPLATE = f"{{python}} {ROOT / 'tests/sglang_stub.py'} --port {{port}} --k {{k}}"
-EMBEDDED_TEMPLATE = ("{python} -m gateway.cli worker --method plain --port {port} "
+EMBEDDED_TEMPLATE = ("{python} -m specroute.cli worker --method plain --port {port} "
                      "--num-speculative-tokens {k} --model {model}")
 BUILTIN_TEMPLATE = f"{{python}} {Path(__file__).resolve()} --port {{port}} --k {{k}}"
 WORKER_TEMPLATE = os.environ.get("SPECROUTE_SUPERVISOR_TEST_COMMAND", BUILTIN_TEMPLATE)
@@ -58,15 +60,16 @@ def pid_gone(pid: int, timeout: float = 10.0) -> bool:
 # -- the fixtures use workers.*, imported lazily so the module also runs as a server --
 @pytest.fixture
 def make_supervisor(redis_url: str, tmp_path: Path):
+    from policies.fleet import FleetPool
     from tests.conftest import free_port
-    from workers.supervisor import PoolSpec, Supervisor, SupervisorSettings, command_builder
+    from workers.supervisor import Supervisor, SupervisorSettings, command_builder
 
     made = []
 
     def make(k: int = 2, **overrides: float):
         port = free_port()
-        pool = PoolSpec(name="eagle", engine="sglang", method="eagle", k=k, model="tiny",
-                        model_path=str(ROOT / "workers/embedded/weights/specroute-tiny"))
+        pool = FleetPool(name="eagle", engine="sglang", method="eagle", k=k, model="tiny",
+                          model_path=str(BUNDLED_MODEL_DIR))
         options = dict(min_relaunch_interval_s=0.0, health_timeout_s=60.0,
                        drain_notice_s=0.0, drain_timeout_s=10.0, drain_grace_s=0.5,
                        restart_backoff_s=0.2, registration_ttl_s=3.0, stop_timeout_s=5.0)
@@ -101,8 +104,8 @@ def test_launch_registers_with_ttl(make_supervisor, redis_url: str) -> None:
 def test_desired_k_change_drains_then_relaunches(make_supervisor, redis_url: str) -> None:
     import redis
 
+    from policies.fleet import desired_k_key
     from workers.registry import list_workers
-    from workers.supervisor import desired_k_key
 
     sup = make_supervisor(k=2)
     sup.start()
@@ -134,7 +137,7 @@ def test_desired_k_change_drains_then_relaunches(make_supervisor, redis_url: str
 def test_relaunch_held_by_min_interval(make_supervisor, redis_url: str) -> None:
     import redis
 
-    from workers.supervisor import desired_k_key
+    from policies.fleet import desired_k_key
 
     sup = make_supervisor(k=2, min_relaunch_interval_s=60.0)
     sup.start()
@@ -146,8 +149,8 @@ def test_relaunch_held_by_min_interval(make_supervisor, redis_url: str) -> None:
 def test_k_that_fails_to_start_falls_back(make_supervisor, redis_url: str) -> None:
     import redis
 
+    from policies.fleet import desired_k_key
     from workers.registry import list_workers
-    from workers.supervisor import desired_k_key
 
     if WORKER_TEMPLATE != BUILTIN_TEMPLATE:
         pytest.skip("needs the builtin worker's refusal to start")
@@ -187,25 +190,20 @@ def test_relaunches_a_real_embedded_worker_on_a_k_change(redis_url: str, tmp_pat
     new k, and the new server reports and uses that k."""
     import redis
 
+    from policies.fleet import FleetPool, desired_k_key
     from tests.conftest import free_port
     from workers.registry import list_workers
-    from workers.supervisor import (
-        PoolSpec,
-        Supervisor,
-        SupervisorSettings,
-        command_builder,
-        desired_k_key,
-    )
+    from workers.supervisor import Supervisor, SupervisorSettings, command_builder
 
     port = free_port()
-    pool = PoolSpec(name="ngram", engine="embedded", method="ngram", k=2, model="tiny",
-                    model_path=str(ROOT / "workers/embedded/weights/specroute-tiny"))
+    pool = FleetPool(name="ngram", engine="embedded", method="ngram", k=2, model="tiny",
+                     model_path=str(BUNDLED_MODEL_DIR))
     settings = SupervisorSettings(url=f"http://127.0.0.1:{port}", port=port,
                                   log_path=tmp_path / "server.log", min_relaunch_interval_s=0.0,
                                   health_timeout_s=90.0, drain_notice_s=0.0,
                                   drain_timeout_s=60.0, drain_grace_s=0.5,
                                   registration_ttl_s=3.0, stop_timeout_s=10.0)
-    template = ("{python} -m gateway.cli worker --method ngram --port {port} "
+    template = ("{python} -m specroute.cli worker --method ngram --port {port} "
                 "--num-speculative-tokens {k} --model {model}")
     sup = Supervisor(pool, redis_url, command_builder(pool, template), settings)
     client = redis.Redis.from_url(redis_url, decode_responses=True)
@@ -262,7 +260,7 @@ def test_cli_supervise_runs_until_sigterm(redis_url: str, tmp_path: Path) -> Non
     config.write_text(yaml.safe_dump({"redis_url": redis_url, "pools": [
         {"name": "ngram", "engine": "sglang", "method": "ngram", "k": 4, "model": "tiny",
          "workers": [f"http://127.0.0.1:{port}"]}]}))
-    proc = start_process(["-m", "gateway.cli", "supervise", "--config", str(config),
+    proc = start_process(["-m", "specroute.cli", "supervise", "--config", str(config),
                           "--pool", "ngram", "--command", WORKER_TEMPLATE,
                           "--port", str(port)], tmp_path / "supervise.log")
     client = redis.Redis.from_url(redis_url)

