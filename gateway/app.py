@@ -112,10 +112,10 @@ async def http_error(request: Request, exc: Exception) -> Response:
 
 
 def load_default_classifier() -> Classify:
-    """`gateway.classify.classify` with its model loaded; the minimal profile (logged
+    """`gateway.classifier.classify.classify` with its model loaded; the minimal profile (logged
     once) when the classifier or its model cannot load. Blocking: call it in a thread."""
     try:
-        from gateway.classify import classify, load_classifier
+        from gateway.classifier.classify import classify, load_classifier
 
         load_classifier()
     except Exception as exc:  # noqa: BLE001 - any failure to load means: use the fallback
@@ -150,7 +150,7 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
                recorder: Recorder | None = None) -> GatewayApp:
     """Build the app. `policy` names the routing policy (`gateway.learned.POLICY_NAMES`);
     a `decide` function replaces it (a fixed rule that learns nothing). `classify=None`
-    means `gateway.classify`, loaded in the lifespan; `recorder` replaces the Prometheus
+    means `gateway.classifier.classify`, loaded in the lifespan; `recorder` replaces the Prometheus
     recorder (the policy is fed either way)."""
     registry = CollectorRegistry()
     recorder = recorder or PrometheusRecorder(registry)
@@ -162,7 +162,8 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
                                         sock_read=server.read_timeout_s)
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
         provider, tracer = make_tracer(server.otel_exporter)
-        chosen = classify or await asyncio.to_thread(load_default_classifier)
+        chosen = classify if classify is not None else await asyncio.to_thread(
+            load_default_classifier)
         routing = Routing(decide, "custom") if decide else build_routing(policy, config)
         app.state.routing = routing
         async with aiohttp.ClientSession(timeout=timeout, connector=connector,

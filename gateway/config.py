@@ -17,9 +17,8 @@ from typing import Any, TypeVar
 
 import yaml
 
+from policies.fleet import ENGINES
 from policies.policy import PolicyConfig
-
-ENGINES = ("sglang", "vllm", "openai", "embedded")
 
 
 class ConfigError(ValueError):
@@ -236,12 +235,13 @@ def parse_config(raw: Any) -> GatewayConfig:
     })
     if not config.pools:
         raise ConfigError("pools: at least one pool is required")
-    for kind, items in (("pools", config.pools), ("tenants", config.tenants)):
+    for kind, names in (("pools", [p.name for p in config.pools]),
+                        ("tenants", [t.name for t in config.tenants])):
         seen: set[str] = set()
-        for i, item in enumerate(items):
-            if item.name in seen:
-                raise ConfigError(f"{kind}[{i}].name: duplicate name {item.name!r}")
-            seen.add(item.name)
+        for i, name in enumerate(names):
+            if name in seen:
+                raise ConfigError(f"{kind}[{i}].name: duplicate name {name!r}")
+            seen.add(name)
     for i, pool in enumerate(config.pools):
         if not pool.workers and not config.redis_url:
             raise ConfigError(f"pools[{i}].workers: needs at least one worker URL "

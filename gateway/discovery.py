@@ -43,7 +43,8 @@ class RegistryDiscovery:
 
     async def _read(self, pool: str) -> tuple[list[WorkerInfo], set[str]]:
         """Live registered workers of `pool`, and the URLs flagged draining."""
-        urls = sorted(u.decode() for u in await self.client.smembers(pool_workers_key(pool)))
+        urls = sorted(u.decode()  # type: ignore[union-attr]  # the client returns bytes
+                      for u in await self.client.smembers(pool_workers_key(pool)))
         current = self.pools[pool]
         flagged = sorted({*urls, *(w.url for w in current.workers)})
         infos = await self.client.mget([worker_key(pool, u) for u in urls]) if urls else []

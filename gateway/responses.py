@@ -117,7 +117,7 @@ class ChunkWriter:
         finish = {**self.base, "choices": [self._choice("", {}, item.finish_reason or "stop")]}
         if not self.request.include_usage:
             return self._event({**finish, "specroute": facts}) + DONE
-        usage = {**self.base, "choices": [], "usage": usage_dict(item.usage),
+        usage: dict = {**self.base, "choices": [], "usage": usage_dict(item.usage),
                  "specroute": facts}
         return self._event(finish) + self._event(usage) + DONE
 

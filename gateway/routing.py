@@ -44,7 +44,7 @@ def estimate_prompt_tokens(body: dict) -> int:
 
 def minimal_profile(body: dict, endpoint: str, tenant: str) -> RequestProfile:
     """Fallback classifier (task from response_format/tools only), same signature as
-    `gateway.classify.classify`; used only when that one cannot load its model."""
+    `gateway.classifier.classify.classify`; used only when that one cannot load its model."""
     fmt = body.get("response_format") or {}
     constrained = fmt.get("type") == "json_schema"  # json_object is only a preference
     tools = bool(body.get("tools")) and body.get("tool_choice") != "none"

@@ -141,7 +141,7 @@ def _read(fields: dict[str, float], now: float, tau: float, prefix: str) -> dict
 
 def read_stats(fields: dict[str, float], now: float, tau: float) -> ContextStats:
     """Decayed sums at `now` from a hash of forward-decayed fields (both views)."""
-    recent = ContextStats(**_read(fields, now, tau * RECENT_FRACTION, RECENT_PREFIX))
+    recent = ContextStats(**_read(fields, now, tau * RECENT_FRACTION, RECENT_PREFIX))  # type: ignore[arg-type]
     return ContextStats(**_read(fields, now, tau, ""), recent=recent)
 
 

@@ -87,7 +87,8 @@ def routers(config: SimConfig, policy_config: PolicyConfig | None = None,
         for k in fixed_ks:
             if k <= PAPER_K[method] or method == "ngram":
                 factories[f"fixed:{method}:k{k}"] = (
-                    lambda m=method, kk=k: Router(f"fixed:{m}:k{kk}", homogeneous(m, kk)))
+                    lambda m=method, kk=k: Router(  # type: ignore[misc]
+                        f"fixed:{m}:k{kk}", homogeneous(m, kk)))
     factories["static-rules"] = lambda: StaticRules("static-rules", fleet,
                                                     scenario.static_rules)
     if scenario.per_server_ema:

@@ -111,13 +111,14 @@ class Learner:
         predicted = prior_model.predict_many((g[1], g[2], g[3], mean_k[g[1]]) for g in grid)
         prior = dict(zip(grid, predicted, strict=True))
         acceptance = {
-            key: (blend(a, n, prior.get(key, self.config.base_accept(key[1])),
+            key: (blend(a, n, prior.get(key, self.config.base_accept(key[1])),  # type: ignore[arg-type]
                         self.config.prior_weight), n)
             for key, (a, n, _) in raw.items()}
         fleet_cost, costs = self._costs(contexts)
         incumbent, traffic = self._traffic(contexts)
         self._version += 1
-        return PolicyState(self._version, acceptance, prior, costs, fleet_cost, incumbent,
+        return PolicyState(self._version, acceptance, prior,  # type: ignore[arg-type]
+                           costs, fleet_cost, incumbent,
                            traffic, self.config.default_accept, dict(self.config.method_base),
                            self._measured_k(contexts))
 

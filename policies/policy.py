@@ -198,7 +198,7 @@ class Policy:
             tps = e / cost.step_s(k, load)
             if best is None or tps > best[2] + 1e-12:
                 best = (k, e, tps)
-        k, e, tps = best
+        k, e, tps = best  # type: ignore[misc]  # candidate_ks is never empty
         return Option(pool, k, a, n, e, tps, plain_tps)
 
     def _with_hysteresis(self, state: PolicyState, options: list[Option],

@@ -66,7 +66,8 @@ def default_phases(scale: float = 1.0) -> tuple[Phase, ...]:
 
 def workload(config: SimConfig) -> list[SimRequest]:
     rng = np.random.default_rng(config.seed)
-    out, t = [], 0.0
+    out: list[SimRequest] = []
+    t = 0.0
     for p_index, phase in enumerate(config.phases):
         weights = np.array([w for _, _, w in phase.mix])
         choices = rng.choice(len(phase.mix), size=phase.requests, p=weights / weights.sum())
@@ -165,9 +166,9 @@ def simulate(router: Router, config: SimConfig, requests: list[SimRequest]) -> l
             fleet.active[pool][worker] -= 1
             router.observe(rec)
         fleet.advance(now)
-        for name, (k, out_of_service_s) in router.tick(
+        for name, (new_k, out_of_service_s) in router.tick(
                 now, {v.name: v for v in fleet.views()}).items():
-            fleet.relaunch(name, k, now, out_of_service_s)
+            fleet.relaunch(name, new_k, now, out_of_service_s)
         pool, k, explored = router.route(req, fleet.views(), now)
         spec = specs[pool]
         worker = int(np.argmin(fleet.active[pool]))

@@ -220,7 +220,7 @@ class TelemetryStore:
         pipe.execute()
 
     def _refresh(self) -> None:
-        contexts = sorted(c.decode() for c in self._client.smembers(AGG_INDEX))
+        contexts = sorted(c.decode() for c in self._client.smembers(AGG_INDEX))  # type: ignore[union-attr]
         pipe = self._client.pipeline(transaction=False)
         for context in contexts:
             pipe.hgetall(AGG_PREFIX + context)

@@ -1,4 +1,4 @@
-"""`gateway.classify`: hard rules, prompt rules, tricky negatives and profile fields."""
+"""`gateway.classifier.classify`: hard rules, prompt rules, tricky negatives and profile fields."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from gateway.classify import classify
+from gateway.classifier.classify import classify
 from policies.types import RequestProfile
 
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gateway.classifier_data import build_dataset
-from gateway.classifier_model import LinearTextModel, features, window
-from gateway.classify import DEFAULT_MODEL_PATH, classify, load_classifier
-from gateway.train_classifier import TrainConfig, chat_body, evaluate, train
+from gateway.classifier.classify import DEFAULT_MODEL_PATH, classify, load_classifier
+from gateway.classifier.model import LinearTextModel, features, window
+from gateway.classifier.training.data import build_dataset
+from gateway.classifier.training.train import TrainConfig, chat_body, evaluate, train
 from policies.types import TASKS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,7 +122,7 @@ def test_window_bounds_long_prompts() -> None:
 
 
 def test_no_model_io_at_import() -> None:
-    code = ("import gateway.classify as c; assert c._MODEL is None; "
+    code = ("import gateway.classifier.classify as c; assert c._MODEL is None; "
             "c.classify({'messages': [{'role': 'user', 'content': 'hi'}]}, 'chat'); "
             "assert c._MODEL is not None")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
@@ -134,3 +134,14 @@ def test_load_classifier_replaces_cached_model(tmp_path: Path, shipped: LinearTe
         assert load_classifier(tmp_path / "copy.npz").names == shipped.names
     finally:
         load_classifier()
+
+
+def test_runtime_import_path_has_no_training_code() -> None:
+    """The gateway classifies with numpy only: scikit-learn and the training package are
+    never imported by the app, not even after the first classification."""
+    code = ("import sys, gateway.app; from gateway.classifier.classify import classify; "
+            "classify({'messages': [{'role': 'user', 'content': 'hi'}]}, 'chat'); "
+            "bad = [m for m in sys.modules if m.startswith(('sklearn', 'scipy', "
+            "'gateway.classifier.training', 'torch', 'specroute', 'bench'))]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)

@@ -91,3 +91,15 @@ def test_supervisor_pool_keys_are_accepted() -> None:
     assert parsed.model_path == "/models/x" and parsed.launch == {"context_length": 8192}
     with pytest.raises(ConfigError, match=r"pools\[0\]\.launch: expected a mapping"):
         parse_config({"pools": [{**POOL, "launch": [1]}]})
+
+
+def test_pool_config_carries_every_fleet_pool_key() -> None:
+    """The gateway's pool schema is a superset of the fleet contract's, so a file the
+    supervisor reads is a file the gateway accepts."""
+    import dataclasses
+
+    from gateway.config import PoolConfig
+    from policies.fleet import FleetPool
+
+    fleet_keys = {f.name for f in dataclasses.fields(FleetPool)}
+    assert fleet_keys <= {f.name for f in dataclasses.fields(PoolConfig)}

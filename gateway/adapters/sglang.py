@@ -104,7 +104,8 @@ class SGLangAdapter:
             async for item in self.chat.stream(worker, request, pool, k):
                 yield item
             return
-        sent, meta = 0, {}
+        sent = 0
+        meta: dict = {}
         payload = self.payload(request, pool, k, stream=True)
         async with post(self.session, worker, "/generate", payload) as resp:
             async for chunk in sse_data(worker, resp):

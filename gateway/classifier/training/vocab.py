@@ -1,6 +1,6 @@
 """Prompt templates and vocabulary for the classifier's labelled set (pure data).
 
-Placeholders are `@slot@`; `gateway.classifier_data` fills them and splits every
+Placeholders are `@slot@`; `gateway.classifier.training.data` fills them and splits every
 template list by index (index % 4 == 3 -> held-out test split).
 """
 

@@ -1,6 +1,6 @@
-"""The text model behind `gateway.classify`: one featurizer, one linear scorer.
+"""The text model behind `gateway.classifier.classify`: one featurizer, one linear scorer.
 
-Training (`gateway.train_classifier`, scikit-learn) and inference (here, numpy) call the
+Training (`gateway.classifier.training.train`, scikit-learn) and inference (here, numpy) call the
 same `features()` function, so the two cannot drift apart. The shipped model is a
 vocabulary plus a weight matrix in a `.npz` file (no pickle): scoring a prompt is a
 dict lookup per feature and one gather-and-sum, which keeps a 4 KB prompt well under

@@ -7,7 +7,7 @@ quarter of the stdlib modules) form the held-out test split, the rest the traini
 split, and each split has its own seed. So the test set measures phrasings and code
 shapes the model never saw, not memorised ones.
 
-Labels follow `gateway.classify`: `structured` = asks for JSON/YAML/CSV/XML output;
+Labels follow `gateway.classifier.classify`: `structured` = asks for JSON/YAML/CSV/XML output;
 `code` = code in the prompt or code asked for; `chat` = everything else, including
 tricky negatives (Java the island, python the snake, questions *about* JSON).
 """
@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from gateway.classifier_snippets import SNIPPETS, STDLIB_MODULES, TRACES
-from gateway.classifier_vocab import (
+from gateway.classifier.training.snippets import SNIPPETS, STDLIB_MODULES, TRACES
+from gateway.classifier.training.vocab import (
     CHAT_TEMPLATES,
     CODE_TEMPLATES,
     SENTENCES,

@@ -16,7 +16,7 @@ in `reasons`):
 3. code in the prompt: a fenced block in a programming language (or unlabelled), a
    stack trace, or >= 3 code-looking lines; or an explicit "write a function/script/
    query/regex" -> `code`.
-4. otherwise the linear text model (`gateway.classifier_model`) picks the class.
+4. otherwise the linear text model (`gateway.classifier.model`) picks the class.
 
 Structured beats code because a requested output format is the strongest signal about
 what will be decoded. Rules read the system messages plus the last user message (head
@@ -31,7 +31,7 @@ import re
 from itertools import islice
 from pathlib import Path
 
-from gateway.classifier_model import LinearTextModel
+from gateway.classifier.model import LinearTextModel
 from policies.types import RequestProfile, Task
 
 DEFAULT_MODEL_PATH = Path(__file__).resolve().parent / "assets" / "classifier.npz"
@@ -109,12 +109,6 @@ def load_classifier(path: Path | str | None = None) -> LinearTextModel:
     return _MODEL
 
 
-def set_classifier(model: LinearTextModel | None) -> None:
-    """Use `model` for the model step (None: load the shipped one on next use)."""
-    global _MODEL
-    _MODEL = model
-
-
 def classify(body: dict, endpoint: str, tenant: str = "default", *,
              model: LinearTextModel | None = None) -> RequestProfile:
     """Profile a validated OpenAI request body; `endpoint` is "chat" or "completions".
@@ -158,9 +152,9 @@ def _decide(body: dict, system: str, user: str,
         constrained = True
         reasons.append(f"constrained decoding ({', '.join(extras)})")
     tool_list = body.get("tools") or body.get("functions")
-    tools = bool(tool_list) and isinstance(tool_list, list) and body.get("tool_choice") != "none"
+    tools = isinstance(tool_list, list) and bool(tool_list) and body.get("tool_choice") != "none"
     if tools:
-        reasons.append(f"tools ({len(tool_list)})")
+        reasons.append(f"tools ({len(tool_list)})")  # type: ignore[arg-type]
     if reasons:
         return "structured", reasons, constrained, tools
 

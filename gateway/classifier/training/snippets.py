@@ -1,7 +1,7 @@
 """Code snippet and error-trace templates in many languages, for the labelled set.
 
 Pure data. Placeholders are `@slot@` (not `{}` or `$`, which the code itself uses);
-`classifier_data` fills them. Within each language the last template is held out for
+`training.data` fills them. Within each language the last template is held out for
 the test split, so the test set contains code shapes the model never saw.
 """
 

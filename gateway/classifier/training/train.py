@@ -1,8 +1,8 @@
 """Train the request classifier's text model and write it with its report.
 
-`python -m gateway.train_classifier` builds the labelled set (`gateway.classifier_data`),
-fits a multinomial logistic regression with scikit-learn over `classifier_model.features`
-(the same function inference uses), writes `gateway/assets/classifier.npz` (plain
+`python -m gateway.classifier.training.train` builds the labelled set (`gateway.classifier.training.data`),
+fits a multinomial logistic regression with scikit-learn over `model.features`
+(the same function inference uses), writes `gateway/classifier/assets/classifier.npz` (plain
 arrays, no pickle) and `classifier.json` (held-out accuracy, confusion matrices, sizes,
 seeds, latency), and prints the held-out figures. Takes about a minute on one core.
 """
@@ -21,12 +21,12 @@ from sklearn.feature_extraction.text import CountVectorizer
 from sklearn.linear_model import LogisticRegression
 from sklearn.preprocessing import normalize
 
-from gateway.classifier_data import SEEDS, Example, build_dataset
-from gateway.classifier_model import LinearTextModel, features
-from gateway.classify import classify
+from gateway.classifier.classify import classify
+from gateway.classifier.model import LinearTextModel, features
+from gateway.classifier.training.data import SEEDS, Example, build_dataset
 from policies.types import TASKS
 
-ASSETS = Path(__file__).resolve().parent / "assets"
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ def evaluate(model: LinearTextModel, examples: list[Example]) -> EvalResult:
     fallback = [0, 0]  # (examples the model decided, of which correct)
     for example in examples:
         predicted = model.predict(example.text, explain=0).label
-        model_cm[order[example.label], order[predicted]] += 1
+        model_cm[order[example.label], order[predicted]] += 1  # type: ignore[index]
         profile = classify(chat_body(example.text), "chat", model=model)
         pipe_cm[order[example.label], order[profile.task]] += 1
         if profile.reasons[0].startswith("model:"):
@@ -159,7 +159,7 @@ def train(config: TrainConfig, out_dir: Path = ASSETS) -> TrainReport:
         model_confusion=result.model_confusion, pipeline_confusion=result.pipeline_confusion,
         classes=list(TASKS),
         train_examples=len(train_set), test_examples=len(test_set),
-        vocabulary_size=len(model.vocabulary), seeds=dict(SEEDS),
+        vocabulary_size=len(model.vocabulary), seeds=dict(SEEDS),  # type: ignore[arg-type]
         trained_at=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         sklearn_version=sklearn.__version__,
         latency_us=latency_profile(model, config.latency_calls) if config.latency_calls else {},
