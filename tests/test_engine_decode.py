@@ -16,7 +16,8 @@ from workers.embedded.engine import (
     SamplingParams,
 )
 from workers.embedded.model import LlamaForCausalLM
-from workers.embedded.tokenizer import TextTokenizer, train_tokenizer
+from workers.embedded.tokenizer import TextTokenizer
+from workers.embedded.training.bpe import train_tokenizer
 
 METHODS = ("plain", "ngram", "lookahead")
 
@@ -171,7 +172,7 @@ def test_cancel_finishes_the_generation(engine: Engine) -> None:
         ([5] * 192, SamplingParams(), "plain", None),
         ([300], SamplingParams(), "plain", None),
         ([5], SamplingParams(), "medusa-typo", None),
-        ([5], SamplingParams(), "ngram", 0),
+        ([5], SamplingParams(), "ngram", -1),
         ([5], SamplingParams(), "ngram", 17),
         ([5], SamplingParams(), "plain", 3),
         ([5], SamplingParams(max_new_tokens=0), "plain", None),
@@ -184,6 +185,20 @@ def test_cancel_finishes_the_generation(engine: Engine) -> None:
 def test_bad_input_raises_engine_input_error(engine: Engine, prompt, params, method, k) -> None:
     with pytest.raises(EngineInputError):
         engine.start(prompt, params, method, k)
+
+
+def test_validate_decides_method_and_k_once(engine: Engine) -> None:
+    plain = engine.validate([5], SamplingParams(), "ngram", 0)  # k = 0: plain decoding
+    assert (plain.method, plain.k) == ("plain", 0)
+    ngram = engine.validate([5], SamplingParams(max_new_tokens=None), "ngram", None)
+    assert (ngram.method, ngram.k) == ("ngram", engine.default_k["ngram"])
+    assert ngram.max_new_tokens == engine.max_context - 1
+    default = engine.default_k["ngram"]
+    engine.set_default_k("ngram", 3)  # a worker's --num-speculative-tokens
+    try:
+        assert engine.validate([5], SamplingParams(), "ngram", None).k == 3
+    finally:
+        engine.set_default_k("ngram", default)
 
 
 def test_context_limit_ends_with_length(engine: Engine) -> None:

@@ -34,7 +34,7 @@ from workers.embedded.speculative.eagle2 import EagleTreeConfig, EagleTreeDrafte
 from workers.embedded.speculative.medusa import best_paths
 from workers.embedded.speculative.methods import load_methods
 from workers.embedded.speculative.verify import accept
-from workers.embedded.tokenizer import train_tokenizer
+from workers.embedded.training.bpe import train_tokenizer
 
 METHODS = ("medusa", "eagle", "eagle2", "draft")
 V = 300

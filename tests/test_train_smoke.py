@@ -11,11 +11,11 @@ import pytest
 import torch
 from tiny_models import near_bigram_llama
 
-from workers.embedded import train, train_drafters
-from workers.embedded.corpus import EOS
+from workers.embedded.chat_template import EOS
 from workers.embedded.engine import Engine, SamplingParams
 from workers.embedded.model import ModelConfig, save_model
-from workers.embedded.tokenizer import train_tokenizer
+from workers.embedded.training import train, train_drafters
+from workers.embedded.training.bpe import train_tokenizer
 
 VOCAB = 300
 

@@ -1,4 +1,5 @@
-"""Parsing and response shapes of the worker's SGLang surface, without a model."""
+"""Parsing (`requests`) and response shapes (`responses`) of the worker's SGLang surface,
+without a model."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from workers.embedded import protocol
-from workers.embedded.protocol import BadRequest
+from workers.embedded import info, requests, responses
+from workers.embedded.errors import BadRequest
 
 
 @dataclass
@@ -29,7 +30,7 @@ class Out:
 
 
 def test_generate_body_maps_sglang_names_to_the_engine() -> None:
-    req = protocol.parse_generate({
+    req = requests.parse_generate({
         "text": "hi", "stream": True, "rid": "r1",
         "sampling_params": {"max_new_tokens": 9, "temperature": 0, "top_p": 0.5, "top_k": -1,
                             "stop": "\n", "stop_token_ids": [2], "ignore_eos": True,
@@ -44,12 +45,12 @@ def test_generate_body_maps_sglang_names_to_the_engine() -> None:
 
 
 def test_sglang_defaults_apply_when_fields_are_missing() -> None:
-    req = protocol.parse_generate({"input_ids": [5, 6]})
+    req = requests.parse_generate({"input_ids": [5, 6]})
     assert req.input_ids == [5, 6] and req.sampling.max_new_tokens == 128
     assert req.sampling.temperature == 1.0  # SGLang's default, not greedy
-    assert protocol.parse_chat({"messages": [{"role": "user", "content": "x"}]},
+    assert requests.parse_chat({"messages": [{"role": "user", "content": "x"}]},
                                lambda m, add_generation_prompt: "p").sampling.max_new_tokens is None
-    assert protocol.parse_completion({"prompt": "x"}).sampling.max_new_tokens == 16
+    assert requests.parse_completion({"prompt": "x"}).sampling.max_new_tokens == 16
 
 
 @pytest.mark.parametrize("body, message", [
@@ -63,9 +64,9 @@ def test_sglang_defaults_apply_when_fields_are_missing() -> None:
     ({"text": "a", "sampling_params": {"max_new_tokens": "9"}}, "must be of type int"),
     ({"text": "a", "sampling_params": {"temperature": -1}}, "temperature must be >= 0"),
     ({"text": "a", "sampling_params": {"top_p": 0}}, "top_p"),
-    ({"text": "a", "sampling_params": {"json_schema": "{}"}}, protocol.CONSTRAINED_MESSAGE),
-    ({"text": "a", "sampling_params": {"regex": "a+"}}, protocol.CONSTRAINED_MESSAGE),
-    ({"text": "a", "sampling_params": {"ebnf": "root ::= 'a'"}}, protocol.CONSTRAINED_MESSAGE),
+    ({"text": "a", "sampling_params": {"json_schema": "{}"}}, requests.CONSTRAINED_MESSAGE),
+    ({"text": "a", "sampling_params": {"regex": "a+"}}, requests.CONSTRAINED_MESSAGE),
+    ({"text": "a", "sampling_params": {"ebnf": "root ::= 'a'"}}, requests.CONSTRAINED_MESSAGE),
     ({"text": "a", "sampling_params": {"custom_params": {"num_speculative_tokens": -1}}},
      "num_speculative_tokens must be >= 0"),
     ({"text": "a", "sampling_params": {"custom_params": {"num_speculative_tokens": 2.5}}},
@@ -76,44 +77,44 @@ def test_sglang_defaults_apply_when_fields_are_missing() -> None:
 ])
 def test_bad_generate_bodies_are_400_with_a_message(body: dict, message: str) -> None:
     with pytest.raises(BadRequest, match=message.replace("(", r"\(").replace("+", r"\+")):
-        protocol.parse_generate(body)
+        requests.parse_generate(body)
 
 
 def test_malformed_json_and_non_objects_are_bad_requests() -> None:
     with pytest.raises(BadRequest, match="malformed JSON"):
-        protocol.parse_json(b"{nope")
+        requests.parse_json(b"{nope")
     with pytest.raises(BadRequest, match="JSON object"):
-        protocol.parse_json(b"[1, 2]")
+        requests.parse_json(b"[1, 2]")
 
 
 def test_openai_bodies_refuse_constraints_and_tools() -> None:
     chat = {"messages": [{"role": "user", "content": "x"}]}
     with pytest.raises(BadRequest, match="constrained decoding"):
-        protocol.parse_chat({**chat, "response_format": {"type": "json_object"}}, lambda m, **_: "")
+        requests.parse_chat({**chat, "response_format": {"type": "json_object"}}, lambda m, **_: "")
     with pytest.raises(BadRequest, match="tool calling"):
-        protocol.parse_chat({**chat, "tools": [{"type": "function"}]}, lambda m, **_: "")
+        requests.parse_chat({**chat, "tools": [{"type": "function"}]}, lambda m, **_: "")
     with pytest.raises(BadRequest, match="role"):
-        protocol.parse_chat({"messages": [{"role": "tool", "content": "x"}]}, lambda m, **_: "")
+        requests.parse_chat({"messages": [{"role": "tool", "content": "x"}]}, lambda m, **_: "")
     with pytest.raises(BadRequest, match="max_tokens must be >= 1"):
-        protocol.parse_completion({"prompt": "x", "max_tokens": 0})
+        requests.parse_completion({"prompt": "x", "max_tokens": 0})
 
 
 def test_meta_info_adds_latency_and_spec_fields_only_at_the_end() -> None:
-    running = protocol.meta_info("r", Out([1], "a", False, None), Stats(), 0.0, True)
+    running = responses.meta_info("r", Out([1], "a", False, None), Stats(), 0.0, True)
     assert running["finish_reason"] is None
     assert "e2e_latency" not in running and "spec_verify_ct" not in running
-    final = protocol.meta_info("r", Out([1], "a", True, "stop", "\n"), Stats(), 0.0, True)
+    final = responses.meta_info("r", Out([1], "a", True, "stop", "\n"), Stats(), 0.0, True)
     assert final["finish_reason"] == {"type": "stop", "matched": "\n"}
     assert final["spec_accept_length"] == 12 / 4  # completion_tokens / spec_verify_ct
     assert final["spec_accept_rate"] == 8 / 16
-    plain = protocol.meta_info("r", Out([1], "a", True, "length"), Stats(), 0.0, False)
+    plain = responses.meta_info("r", Out([1], "a", True, "length"), Stats(), 0.0, False)
     assert plain["finish_reason"] == {"type": "length", "length": 12}
     assert "spec_verify_ct" not in plain
 
 
 def test_key_names_match_sglang_0_5_23() -> None:
     """Names read from the sglang==0.5.23 wheel (paths under sglang/srt/)."""
-    final = protocol.meta_info("r", Out([1], "a", True, "length"), Stats(), 0.0, True)
+    final = responses.meta_info("r", Out([1], "a", True, "length"), Stats(), 0.0, True)
     # managers/tokenizer_manager.py: _handle_batch_output (meta_info = {...}, ~L2507-2557,
     # e2e_latency ~L2753) and _calculate_spec_decoding_metrics (~L3138-3172)
     sglang_meta = {"id", "finish_reason", "prompt_tokens", "weight_version", "num_retractions",
@@ -122,17 +123,17 @@ def test_key_names_match_sglang_0_5_23() -> None:
                    "spec_num_proposed_drafts", "spec_verify_ct"}
     assert set(final) == sglang_meta
     # entrypoints/openai/protocol.py: class SpecTokensDetails (~L456)
-    details = protocol.spec_tokens_details(final)
+    details = responses.spec_tokens_details(final)
     assert details is not None and set(details) == {
         "spec_accept_rate", "spec_accept_length", "spec_cap_length", "spec_block_accept_length",
         "spec_num_correct_drafts", "spec_num_proposed_drafts", "spec_verify_ct",
         "spec_correct_drafts_histogram", "spec_cap_lens_histogram"}
     # entrypoints/openai/protocol.py: class UsageInfo (~L221)
-    assert {"prompt_tokens", "total_tokens", "completion_tokens"} <= set(protocol.usage(1, 2))
+    assert {"prompt_tokens", "total_tokens", "completion_tokens"} <= set(responses.usage(1, 2))
     # entrypoints/openai/protocol.py: class ErrorResponse (~L106)
-    assert set(protocol.error_body("m", 400)) == {"object", "message", "type", "param", "code"}
+    assert set(responses.error_body("m", 400)) == {"object", "message", "type", "param", "code"}
     # arg_groups/fields/spec.py: speculative_* server args; builtin algorithm names
-    assert {"NGRAM", "EAGLE", "STANDALONE"} <= set(protocol.SGLANG_ALGORITHM.values())
+    assert {"NGRAM", "EAGLE", "STANDALONE"} <= set(info.SGLANG_ALGORITHM.values())
     # sampling/sampling_params.py: SamplingParams (~L140); TOP_K_ALL = 1 << 30
-    assert protocol.parse_generate({"text": "a", "sampling_params": {
+    assert requests.parse_generate({"text": "a", "sampling_params": {
         "sampling_seed": 1, "top_k": 1 << 30}}).sampling.seed == 1

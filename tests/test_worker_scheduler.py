@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from workers.embedded.protocol import Overloaded
+from workers.embedded.api import DecodeRequest, SamplingParams
+from workers.embedded.errors import Overloaded
 from workers.embedded.scheduler import ErrorEvent, Scheduler, StepEvent
 
 
@@ -62,13 +63,18 @@ class CountingEngine:
         self.log: list[int] = []
         self.generations: list[CountingGeneration] = []
 
-    def start(self, input_ids: list[int], params: int, method: str = "plain",
-              k: int | None = None) -> CountingGeneration:
-        if params < 1:
+    def generate(self, request: DecodeRequest) -> CountingGeneration:
+        if request.max_new_tokens < 1:
             raise ValueError("length must be >= 1")
-        gen = CountingGeneration(params, self.gate, self.log, input_ids[0])
+        gen = CountingGeneration(request.max_new_tokens, self.gate, self.log,
+                                 request.input_ids[0])
         self.generations.append(gen)
         return gen
+
+
+def request(tag: int, length: int) -> DecodeRequest:
+    """Request `tag` emits `length` tokens, each `tag`."""
+    return DecodeRequest([tag], SamplingParams(max_new_tokens=length), "plain", 0)
 
 
 async def drain(ticket) -> list[StepEvent | ErrorEvent]:
@@ -101,8 +107,8 @@ def engine_and_scheduler():
 async def test_short_request_is_not_stuck_behind_a_long_one(engine_and_scheduler) -> None:
     engine, scheduler = engine_and_scheduler
     engine.gate.clear()
-    long_run = scheduler.submit([1], 50, "plain", None)
-    short_run = scheduler.submit([2], 3, "plain", None)
+    long_run = scheduler.submit(request(1, 50))
+    short_run = scheduler.submit(request(2, 3))
     engine.gate.set()
     short_events = await drain(short_run)
     long_events = await drain(long_run)
@@ -117,12 +123,12 @@ async def test_short_request_is_not_stuck_behind_a_long_one(engine_and_scheduler
 async def test_queue_is_bounded_and_waiting_requests_are_fifo(engine_and_scheduler) -> None:
     engine, scheduler = engine_and_scheduler
     engine.gate.clear()
-    running = [scheduler.submit([t], 5, "plain", None) for t in (1, 2)]
+    running = [scheduler.submit(request(t, 5)) for t in (1, 2)]
     await until(lambda: scheduler.num_running == 2)  # admitted, then blocked in step()
-    queued = [scheduler.submit([t], 1, "plain", None) for t in (3, 4)]
+    queued = [scheduler.submit(request(t, 1)) for t in (3, 4)]
     assert scheduler.num_running == 2 and scheduler.num_queued == 2
     with pytest.raises(Overloaded):
-        scheduler.submit([5], 1, "plain", None)
+        scheduler.submit(request(5, 1))
     engine.gate.set()
     for ticket in running + queued:
         await drain(ticket)
@@ -132,8 +138,8 @@ async def test_queue_is_bounded_and_waiting_requests_are_fifo(engine_and_schedul
 
 async def test_cancel_frees_the_slot_for_the_next_request(engine_and_scheduler) -> None:
     engine, scheduler = engine_and_scheduler
-    endless = [scheduler.submit([t], 10_000, "plain", None) for t in (1, 2)]
-    waiting = scheduler.submit([3], 2, "plain", None)
+    endless = [scheduler.submit(request(t, 10_000)) for t in (1, 2)]
+    waiting = scheduler.submit(request(3, 2))
     await asyncio.wait_for(endless[0].events.get(), 5)
     for ticket in endless:
         scheduler.cancel(ticket)
@@ -146,7 +152,7 @@ async def test_cancel_frees_the_slot_for_the_next_request(engine_and_scheduler) 
 async def test_engine_errors_reach_the_request_and_the_thread_survives(
         engine_and_scheduler) -> None:
     _, scheduler = engine_and_scheduler
-    bad = await drain(scheduler.submit([1], 0, "plain", None))
+    bad = await drain(scheduler.submit(request(1, 0)))
     assert isinstance(bad[0], ErrorEvent) and "length" in str(bad[0].error)
-    good = await drain(scheduler.submit([2], 1, "plain", None))
+    good = await drain(scheduler.submit(request(2, 1)))
     assert good[-1].output.finished

@@ -38,7 +38,7 @@ def tiny_model_dir(out: Path, texts: list[str], vocab_size: int, context: int) -
     """A servable model folder: a BPE tokenizer trained on `texts` plus a random (seed 0)
     2-layer Llama with the default init, saved in the Hugging Face layout."""
     from workers.embedded.model import save_model
-    from workers.embedded.tokenizer import train_tokenizer
+    from workers.embedded.training.bpe import train_tokenizer
 
     tok = train_tokenizer(texts, vocab_size=vocab_size)
     tok.save(str(out / "tokenizer.json"))

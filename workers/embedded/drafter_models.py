@@ -16,7 +16,7 @@ Legend: B batch, T tokens, C hidden size, H Medusa heads.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -85,6 +85,9 @@ class EagleConfig:
 
 
 class EagleHead(nn.Module):
+    rope_cos: torch.Tensor  # buffers, registered in __init__
+    rope_sin: torch.Tensor
+
     def __init__(self, config: EagleConfig) -> None:
         super().__init__()
         self.config = config
@@ -143,7 +146,8 @@ def load_drafter(folder: str | Path, dtype: torch.dtype = torch.bfloat16,
 
     meta = json.loads((Path(folder) / "config.json").read_text())
     config_cls, module_cls = _KINDS[meta["drafter"]]
-    fields = {k: v for k, v in meta.items() if k in config_cls.__dataclass_fields__}
-    module = module_cls(config_cls(**fields))
+    names = {f.name for f in fields(config_cls)}
+    known = {k: v for k, v in meta.items() if k in names}
+    module = module_cls(config_cls(**known))
     module.load_state_dict(load_file(str(Path(folder) / "model.safetensors")))
     return module.to(device=device, dtype=dtype).eval()

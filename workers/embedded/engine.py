@@ -1,21 +1,31 @@
 """The embedded engine: per-request generations over one model, any method, any k.
 
-`Engine.start()` validates a request and returns a `Generation`; each `step()` is one
+`Engine.validate()` checks a request once and resolves its method and k (k = 0 means
+plain decoding, whatever the method); `Engine.generate()` starts it and returns a
+`Generation` (`start()` does both); each `step()` is one
 blocking cycle (prefill and first token; then draft, verify, commit) and returns the
 tokens and text it committed. Every method goes through the same `verify()`, so greedy
 output equals plain greedy output and sampled output follows the target distribution
 (see workers/embedded/speculative). Several generations may be stepped from one thread;
 each owns its KV cache and drafter. Exceptions: `EngineInputError` (a bad request).
+The types at the server seam live in `api` (torch-free).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from workers.embedded.api import (
+    DecodeRequest,
+    EngineInputError,
+    GenerationStats,
+    SamplingParams,
+    StepOutput,
+)
 from workers.embedded.model import LlamaForCausalLM, load_model
 from workers.embedded.speculative import DecodeState, Draft, Sampler, verify
 from workers.embedded.speculative.methods import Method, builtin_methods, load_methods
@@ -24,51 +34,15 @@ from workers.embedded.tokenizer import TextTokenizer
 BUNDLED_MODEL_DIR = Path(__file__).resolve().parent / "weights" / "specroute-tiny"
 
 
-class EngineInputError(ValueError):
-    """The request cannot be served as given (the server answers HTTP 400)."""
-
-
-@dataclass
-class SamplingParams:
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = off
-    stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
-    seed: int | None = None
-
-
-@dataclass
-class GenerationStats:
-    """Counters in SGLang's meta_info terms. verify_steps counts every target forward that
-    committed tokens, the prefill included, so plain decoding has accept_length 1.0."""
-
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    verify_steps: int = 0
-    num_proposed_drafts: int = 0
-    num_correct_drafts: int = 0
-
-    @property
-    def accept_length(self) -> float:
-        return self.completion_tokens / self.verify_steps if self.verify_steps else 0.0
-
-    @property
-    def accept_rate(self) -> float:
-        return (
-            self.num_correct_drafts / self.num_proposed_drafts if self.num_proposed_drafts else 0.0
-        )
-
-
-@dataclass
-class StepOutput:
-    token_ids: list[int]  # tokens committed this step
-    text: str  # text delta (stop string removed; incomplete UTF-8 held back)
-    finished: bool
-    finish_reason: str | None  # "stop" | "length" | None
-    matched_stop: str | int | None
+__all__ = [
+    "BUNDLED_MODEL_DIR",
+    "Engine",
+    "EngineInputError",
+    "Generation",
+    "GenerationStats",
+    "SamplingParams",
+    "StepOutput",
+]
 
 
 class Engine:
@@ -120,22 +94,48 @@ class Engine:
         method: str = "plain",
         k: int | None = None,
     ) -> Generation:
-        chosen = self._methods.get(method)
-        if chosen is None:
+        return self.generate(self.validate(input_ids, params, method, k))
+
+    def validate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        method: str = "plain",
+        k: int | None = None,
+    ) -> DecodeRequest:
+        """Check a request and resolve it: text is encoded, k = None takes the method's
+        default, k = 0 means plain decoding, max_new_tokens = None the rest of the context."""
+        if method not in self._methods:
             raise EngineInputError(
                 f"unknown method {method!r}; this engine offers {', '.join(self.methods)}"
             )
+        if k is None:
+            k = self.default_k[method]
+        if k == 0:
+            method = "plain"
         k = self._check_k(method, k)
+        input_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self._check_params(input_ids, params)
-        return Generation(self, list(input_ids), params, chosen, k)
+        if params.max_new_tokens is None:
+            params = dataclasses.replace(params,
+                                         max_new_tokens=self.max_context - len(input_ids))
+        return DecodeRequest(input_ids, params, method, k)
 
-    def _check_k(self, method: str, k: int | None) -> int:
+    def generate(self, request: DecodeRequest) -> Generation:
+        """Start a validated request (blocking work happens in its first `step()`)."""
+        return Generation(self, request, self._methods[request.method])
+
+    def set_default_k(self, method: str, k: int) -> None:
+        """The k a request on `method` gets when it names none (a worker's `--k`)."""
+        if method not in self._methods:
+            raise EngineInputError(f"unknown method {method!r}")
+        self.default_k[method] = 0 if k == 0 else self._check_k(method, k)
+
+    def _check_k(self, method: str, k: int) -> int:
         if method == "plain":
-            if k not in (None, 0):
+            if k != 0:
                 raise EngineInputError(f"k must be 0 or unset for plain decoding, got {k}")
             return 0
-        if k is None:
-            return self.default_k[method]
         if not 1 <= k <= self.max_k:
             raise EngineInputError(f"k must be in 1..{self.max_k} for {method}, got {k}")
         return k
@@ -144,13 +144,14 @@ class Engine:
         vocab = self.model.config.vocab_size
         if not input_ids:
             raise EngineInputError("the prompt is empty")
-        if len(input_ids) >= self.max_context:
+        if len(input_ids) >= self.max_context:  # SGLang's wording (tokenizer_manager.py)
             raise EngineInputError(
-                f"prompt has {len(input_ids)} tokens; the context holds {self.max_context} (prompt + output)"
+                f"The input ({len(input_ids)} tokens) is longer than the model's "
+                f"context length ({self.max_context} tokens)."
             )
         if any(not 0 <= t < vocab for t in input_ids):
             raise EngineInputError(f"prompt token ids must be in 0..{vocab - 1}")
-        if params.max_new_tokens < 1:
+        if params.max_new_tokens is not None and params.max_new_tokens < 1:
             raise EngineInputError("max_new_tokens must be at least 1")
         if params.temperature < 0:
             raise EngineInputError("temperature must be >= 0")
@@ -165,13 +166,12 @@ class Engine:
 class Generation:
     """One request's decoding loop; not thread-safe on its own (step it from one thread)."""
 
-    def __init__(
-        self, engine: Engine, prompt: list[int], params: SamplingParams, method: Method, k: int
-    ) -> None:
+    def __init__(self, engine: Engine, request: DecodeRequest, method: Method) -> None:
+        params, prompt = request.params, request.input_ids
         self._engine = engine
         self._model = engine.model
-        self._params = params
-        self._k = k
+        self._max_new_tokens = request.max_new_tokens
+        self._k = request.k
         self._drafter = method.new_drafter()
         self._cache = self._model.new_cache(max_length=engine.max_context)
         generator = torch.Generator(device=self._model.lm_head.weight.device)
@@ -239,7 +239,7 @@ class Generation:
 
     def _fit(self, draft: Draft, state: DecodeState) -> Draft:
         """Trim a draft to k nodes, to the tokens still allowed, and to the cache's room."""
-        left_tokens = self._params.max_new_tokens - len(self.output_ids)
+        left_tokens = self._max_new_tokens - len(self.output_ids)
         left_context = self._engine.max_context - len(state.tokens)
         room = self._cache.max_length - self._cache.length - 1  # slots after the root
         if draft.aux is not None and len(draft.aux.tokens) + len(draft) > room:
@@ -250,7 +250,7 @@ class Generation:
     def _commit(self, new_tokens: list[int]) -> StepOutput:
         reason: str | None = None
         matched: str | int | None = None
-        left = self._params.max_new_tokens - len(self.output_ids)
+        left = self._max_new_tokens - len(self.output_ids)
         if len(new_tokens) >= left:  # drafts are pruned so this only trims, never overshoots
             new_tokens, reason = new_tokens[:left], "length"
         text_tokens = new_tokens

@@ -255,6 +255,9 @@ class ForwardOutput:
 
 
 class LlamaForCausalLM(nn.Module):
+    rope_cos: torch.Tensor  # buffers, registered in __init__
+    rope_sin: torch.Tensor
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config

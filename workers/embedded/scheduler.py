@@ -1,7 +1,7 @@
 """The engine thread: owns the Engine and steps active generations round-robin.
 
 The torch work never runs on the event loop. One thread starts requests and calls
-`Generation.step()` on each active one in turn (one draft+verify cycle per turn), so a
+`RunningGeneration.step()` on each active one in turn (one draft+verify cycle per turn), so a
 short request finishes while a long one is still decoding. At most `max_running`
 generations are active; the rest wait in a bounded FIFO queue whose depth, with the
 running count, is the worker's load signal. Each step's output goes back to the
@@ -20,17 +20,23 @@ import copy
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any
 
-from workers.embedded.protocol import Overloaded
+from workers.embedded.api import (
+    DecodeRequest,
+    GenerationEngine,
+    GenerationStats,
+    RunningGeneration,
+    StepOutput,
+)
+from workers.embedded.errors import Overloaded
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class StepEvent:
-    output: Any  # engine StepOutput
-    stats: Any  # engine GenerationStats, a copy taken after this step
+    output: StepOutput
+    stats: GenerationStats  # a copy taken after this step
 
 
 @dataclass
@@ -50,7 +56,7 @@ class SchedulerStats:
     num_correct_drafts: int = 0
     num_proposed_drafts: int = 0
     # (completion_tokens, verify_steps, correct, proposed) of the last finished requests
-    recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=64))
+    recent: collections.deque[tuple[int, int, int, int]] = field(default_factory=lambda: collections.deque(maxlen=64))
 
     def recent_accept_length(self) -> float:
         """Tokens per verify step over the recent window (SGLang's `spec_accept_length`)."""
@@ -68,16 +74,12 @@ class SchedulerStats:
 class Ticket:
     """One request's place in the scheduler; the asyncio side reads `events`."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, input_ids: list[int], params: Any,
-                 method: str, k: int | None) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, request: DecodeRequest) -> None:
         self.loop = loop
         self.events: asyncio.Queue[StepEvent | ErrorEvent] = asyncio.Queue()
-        self.input_ids = input_ids
-        self.params = params
-        self.method = method
-        self.k = k
+        self.request = request
         self.cancelled = threading.Event()
-        self.generation: Any = None
+        self.generation: RunningGeneration | None = None
 
     def deliver(self, event: StepEvent | ErrorEvent) -> None:
         """Called on the engine thread; hands the event to the event loop."""
@@ -90,7 +92,7 @@ class Ticket:
 class Scheduler:
     """Round-robin stepping of up to `max_running` generations on one thread."""
 
-    def __init__(self, engine: Any, max_running: int = 4, max_queue: int = 64) -> None:
+    def __init__(self, engine: GenerationEngine, max_running: int = 4, max_queue: int = 64) -> None:
         self.engine = engine
         self.max_running = max_running
         self.max_queue = max_queue
@@ -120,9 +122,10 @@ class Scheduler:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def submit(self, input_ids: list[int], params: Any, method: str, k: int | None) -> Ticket:
-        """Queue a request; raises Overloaded when the queue is full. Call on the event loop."""
-        ticket = Ticket(asyncio.get_running_loop(), input_ids, params, method, k)
+    def submit(self, request: DecodeRequest) -> Ticket:
+        """Queue a validated request; raises Overloaded when the queue is full. Call on the
+        event loop."""
+        ticket = Ticket(asyncio.get_running_loop(), request)
         with self._cond:
             free_slots = max(0, self.max_running - len(self._active))
             if len(self._pending) >= self.max_queue + free_slots:
@@ -149,7 +152,7 @@ class Scheduler:
                     self._cond.wait()
                 if self._stopping:
                     break
-                admitted = []
+                admitted: list[Ticket] = []
                 while self._pending and len(self._active) + len(admitted) < self.max_running:
                     admitted.append(self._pending.popleft())
             for ticket in admitted:
@@ -157,21 +160,23 @@ class Scheduler:
             for ticket in list(self._active):
                 self._step(ticket)
         for ticket in self._active:
-            ticket.generation.cancel()
+            if ticket.generation is not None:
+                ticket.generation.cancel()
 
     def _admit(self, ticket: Ticket) -> None:
         try:
-            ticket.generation = self.engine.start(ticket.input_ids, ticket.params,
-                                                  method=ticket.method, k=ticket.k)
-        except Exception as exc:  # EngineInputError becomes a 400 at the HTTP edge
+            ticket.generation = self.engine.generate(ticket.request)
+        except Exception as exc:  # reaches the request as an engine failure (HTTP 500)
+            logger.exception("engine start failed")
             ticket.deliver(ErrorEvent(exc))
             return
-        self.stats.prompt_tokens += len(ticket.input_ids)
+        self.stats.prompt_tokens += len(ticket.request.input_ids)
         with self._cond:
             self._active.append(ticket)
 
     def _step(self, ticket: Ticket) -> None:
         generation = ticket.generation
+        assert generation is not None, "stepped only once admitted"
         if ticket.cancelled.is_set():
             generation.cancel()
             self._retire(ticket)
@@ -196,7 +201,7 @@ class Scheduler:
         with self._cond:
             self._active.remove(ticket)
 
-    def _record(self, stats: Any) -> None:
+    def _record(self, stats: GenerationStats) -> None:
         s = self.stats
         s.requests_finished += 1
         s.verify_steps += stats.verify_steps

@@ -1,27 +1,12 @@
-"""The byte-level BPE tokenizer: training it, and the thin wrapper the engine uses."""
+"""The thin tokenizer wrapper the engine uses (training it: `training/bpe.py`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
-from workers.embedded.corpus import BOS, EOS, SPECIAL_TOKENS
-
-
-def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Tokenizer:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer=trainer)
-    return tok
+from workers.embedded.chat_template import BOS, EOS
 
 
 class TextTokenizer:

@@ -1,37 +1,24 @@
-"""The worker's wire protocol: SGLang 0.5.23 request parsing and response shapes.
+"""Parsing the worker's requests: SGLang 0.5.23 `/generate` and its OpenAI routes.
 
 Bodies are parsed by hand rather than by pydantic models so that every bad input gets
 a short message that names the field, and a malformed body is a 400, never a 500.
 Field names and shapes follow the SGLang wheel; docs/WORKER.md cites file and line.
-
-Errors (the worker's one exception tree; the server maps it to HTTP in one handler):
-
-    WorkerError            500, base
-    ├── BadRequest         400, the request is invalid for this worker
-    └── Overloaded         503, the queue is full; retry elsewhere
+What depends on the model (prompt length, vocabulary, method, k) the engine checks.
 """
 
 from __future__ import annotations
 
-import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
+from workers.embedded.api import SamplingParams
+from workers.embedded.errors import BadRequest
 
-class WorkerError(Exception):
-    status_code = 500
-
-
-class BadRequest(WorkerError):
-    status_code = 400
-
-
-class Overloaded(WorkerError):
-    status_code = 503
-
+RenderChat = Callable[..., str]  # render_chat(messages, add_generation_prompt=True)
 
 CONSTRAINED_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 CONSTRAINED_MESSAGE = "constrained decoding is not supported by this engine"
@@ -44,26 +31,12 @@ UNSUPPORTED_DEFAULTS = {"min_p": 0.0, "frequency_penalty": 0.0, "presence_penalt
 
 
 @dataclass
-class SamplingSpec:
-    """The engine's SamplingParams before the prompt length is known."""
-
-    max_new_tokens: int | None = 128  # None: the rest of the context (SGLang's behaviour)
-    temperature: float = 1.0  # SGLang's default, unlike OpenAI clients that send their own
-    top_p: float = 1.0
-    top_k: int = 0  # 0: no cut
-    stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
-    seed: int | None = None
-
-
-@dataclass
 class GenerateRequest:
     """A single `/generate` or OpenAI request, validated, engine-agnostic."""
 
     text: str | None
     input_ids: list[int] | None
-    sampling: SamplingSpec
+    sampling: SamplingParams  # max_new_tokens None: the rest of the context
     method: str | None = None  # custom_params.method; None: the worker's method
     k: int | None = None  # custom_params.num_speculative_tokens; None: the worker's k
     stream: bool = False
@@ -146,7 +119,7 @@ def _custom_params(raw: Any, where: str) -> tuple[str | None, int | None]:
 
 
 def parse_sampling(raw: dict[str, Any], where: str, max_tokens_key: str = "max_new_tokens",
-                   default_max: int | None = 128, seed_key: str = "sampling_seed") -> SamplingSpec:
+                   default_max: int | None = 128, seed_key: str = "sampling_seed") -> SamplingParams:
     _refuse_constraints(raw, where)
     max_new = _get(raw, max_tokens_key, int, default_max, where)
     if max_new is not None and max_new < 1:
@@ -161,7 +134,7 @@ def parse_sampling(raw: dict[str, Any], where: str, max_tokens_key: str = "max_n
     if top_k < -1:
         raise BadRequest(f"{where}top_k must be -1 (off) or >= 1")
     stop_ids = raw.get("stop_token_ids")
-    return SamplingSpec(
+    return SamplingParams(
         max_new_tokens=max_new,
         temperature=temperature,
         top_p=top_p,
@@ -264,7 +237,7 @@ def _message_text(content: Any, index: int) -> str:
     raise BadRequest(f"messages[{index}].content must be a string or a list of text parts")
 
 
-def parse_chat(body: dict[str, Any], render_chat: Any) -> GenerateRequest:
+def parse_chat(body: dict[str, Any], render_chat: RenderChat) -> GenerateRequest:
     """OpenAI `/v1/chat/completions`; the prompt is rendered with the model's template."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -278,186 +251,3 @@ def parse_chat(body: dict[str, Any], render_chat: Any) -> GenerateRequest:
         else "max_tokens"
     return GenerateRequest(text=render_chat(rendered, add_generation_prompt=True),
                            input_ids=None, **_openai_common(body, None, max_key))
-
-
-# ---------------------------------------------------------------- response shapes
-
-
-def finish_reason_json(output: Any, completion_tokens: int) -> dict[str, Any] | None:
-    """SGLang's BaseFinishReason.to_json() (managers/schedule_batch.py)."""
-    if not output.finished:
-        return None
-    if output.finish_reason == "length":
-        return {"type": "length", "length": completion_tokens}
-    if output.finish_reason == "stop":
-        return {"type": "stop", "matched": output.matched_stop}
-    return {"type": "abort", "message": "aborted", "status_code": None, "err_type": None}
-
-
-def spec_fields(stats: Any) -> dict[str, Any]:
-    """meta_info spec fields of a request that ran with speculation on.
-
-    SGLang adds them whenever speculation is on and a verify step ran; its proposed
-    count is verify_ct * k, here it is what the drafter actually proposed.
-    """
-    if not stats.verify_steps:
-        return {}
-    proposed = stats.num_proposed_drafts
-    return {
-        "spec_accept_rate": stats.num_correct_drafts / proposed if proposed else 0.0,
-        "spec_accept_length": stats.completion_tokens / stats.verify_steps,
-        "spec_num_correct_drafts": stats.num_correct_drafts,
-        "spec_num_proposed_drafts": stats.num_proposed_drafts,
-        "spec_verify_ct": stats.verify_steps,
-    }
-
-
-def meta_info(rid: str, output: Any, stats: Any, started: float,
-              speculative: bool) -> dict[str, Any]:
-    """SGLang meta_info (tokenizer_manager.py _handle_batch_output); final fields at finish."""
-    info: dict[str, Any] = {
-        "id": rid,
-        "finish_reason": finish_reason_json(output, stats.completion_tokens),
-        "prompt_tokens": stats.prompt_tokens,
-        "weight_version": "default",
-        "num_retractions": 0,
-        "reasoning_tokens": 0,
-        "completion_tokens": stats.completion_tokens,
-        "cached_tokens": 0,
-    }
-    if output.finished:
-        info["e2e_latency"] = time.perf_counter() - started
-        if speculative:
-            info.update(spec_fields(stats))
-    return info
-
-
-def spec_tokens_details(info: dict[str, Any]) -> dict[str, Any] | None:
-    """SGLang SpecTokensDetails (entrypoints/openai/protocol.py) from a final meta_info."""
-    if "spec_verify_ct" not in info:
-        return None
-    return {
-        "spec_accept_rate": info["spec_accept_rate"],
-        "spec_accept_length": info["spec_accept_length"],
-        "spec_cap_length": 0.0,
-        "spec_block_accept_length": 0.0,
-        "spec_num_correct_drafts": info["spec_num_correct_drafts"],
-        "spec_num_proposed_drafts": info["spec_num_proposed_drafts"],
-        "spec_verify_ct": info["spec_verify_ct"],
-        "spec_correct_drafts_histogram": [],
-        "spec_cap_lens_histogram": [],
-    }
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-    """SGLang UsageInfo."""
-    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
-            "completion_tokens": completion_tokens, "prompt_tokens_details": None,
-            "reasoning_tokens": 0}
-
-
-def openai_finish(info: dict[str, Any]) -> tuple[str | None, str | int | None]:
-    """(finish_reason, matched_stop) of an OpenAI choice from meta_info.finish_reason."""
-    reason = info["finish_reason"]
-    if reason is None:
-        return None, None
-    return reason["type"], reason.get("matched")
-
-
-def error_body(message: str, status_code: int) -> dict[str, Any]:
-    """SGLang ErrorResponse (openai/serving_base.py create_error_response), flat, no "error" key."""
-    kind = {400: "BadRequestError", 503: "ServiceUnavailableError"}.get(
-        status_code, "InternalServerError")
-    return {"object": "error", "message": message, "type": kind, "param": None,
-            "code": status_code}
-
-
-# ---------------------------------------------------------------- server_info and /metrics
-
-# The embedded method behind SGLang's `speculative_algorithm` name (spec.py lists
-# EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, ...); SGLang has no Medusa or lookahead.
-SGLANG_ALGORITHM = {"plain": None, "ngram": "NGRAM", "eagle": "EAGLE", "eagle2": "EAGLE",
-                    "draft": "STANDALONE",
-                    "medusa": "MEDUSA", "lookahead": "LOOKAHEAD"}
-
-
-def worker_k(state: Any) -> int:
-    """The worker's default k for its own method."""
-    config = state.config
-    return config.k if config.k is not None else int(state.engine.default_k.get(config.method, 0))
-
-
-def server_info(state: Any, version: str) -> dict[str, Any]:
-    """SGLang /server_info: flat server args + `internal_states` (http_server.py server_info)."""
-    config, scheduler = state.config, state.scheduler
-    k = worker_k(state)
-    speculative = config.method != "plain" and k > 0
-    internal: dict[str, Any] = {
-        "effective_max_running_requests_per_dp": scheduler.max_running,
-        "num_running_reqs": scheduler.num_running,
-        "num_waiting_reqs": scheduler.num_queued,
-    }
-    if speculative and scheduler.stats.recent:
-        internal["avg_spec_accept_length"] = scheduler.stats.recent_accept_length()
-    return {
-        "model_path": config.model_path,
-        "tokenizer_path": config.model_path,
-        "served_model_name": config.served_model_name,
-        "context_length": state.engine.max_context,
-        "max_running_requests": scheduler.max_running,
-        "max_queued_requests": scheduler.max_queue,
-        "speculative_algorithm": SGLANG_ALGORITHM.get(config.method, config.method.upper())
-        if speculative else None,
-        "speculative_num_steps": k if speculative else None,
-        "speculative_eagle_topk": 1 if speculative else None,
-        "speculative_num_draft_tokens": k + 1 if speculative else None,
-        "incremental_streaming_output": False,
-        "weight_version": "default",
-        "internal_states": [internal],
-        "version": version,
-        "frontend": "python",
-        # specroute additions: the embedded method, every loaded method, and the load signal
-        "specroute_method": config.method,
-        "specroute_methods": list(state.engine.methods),
-        "num_speculative_tokens": k,
-        "load": {"num_running_reqs": scheduler.num_running,
-                 "num_queue_reqs": scheduler.num_queued},
-    }
-
-
-def model_card(state: Any) -> dict[str, Any]:
-    """SGLang ModelCard (entrypoints/openai/protocol.py)."""
-    name = state.config.served_model_name
-    return {"id": name, "object": "model", "created": int(state.started), "owned_by": "sglang",
-            "root": name, "parent": None, "max_model_len": state.engine.max_context}
-
-
-def metrics_text(state: Any) -> str:
-    """Prometheus text with SGLang's metric names (observability/metrics_collector.py)."""
-    scheduler, stats = state.scheduler, state.scheduler.stats
-    name = state.config.served_model_name.replace("\\", "\\\\").replace('"', '\\"')
-    label = f'{{model_name="{name}"}}'
-    k = worker_k(state)
-    speculative = state.config.method != "plain" and k > 0
-    gauges = {
-        "num_running_reqs": scheduler.num_running,
-        "num_queue_reqs": scheduler.num_queued,
-        "spec_accept_length": stats.recent_accept_length(),
-        "spec_accept_rate": stats.recent_accept_rate(),
-        "spec_num_steps": k if speculative else 0,
-        "spec_num_draft_tokens": k + 1 if speculative else 0,
-    }
-    counters = {
-        "prompt_tokens": stats.prompt_tokens,
-        "generation_tokens": stats.generation_tokens,
-        "num_requests": stats.requests_finished,
-        "num_aborted_requests": stats.requests_aborted,
-        "spec_verify_calls": stats.verify_steps,
-    }
-    lines = []
-    for metric, value in gauges.items():
-        lines += [f"# TYPE sglang:{metric} gauge", f"sglang:{metric}{label} {float(value)}"]
-    for metric, value in counters.items():
-        lines += [f"# TYPE sglang:{metric}_total counter",
-                  f"sglang:{metric}_total{label} {float(value)}"]
-    return "\n".join(lines) + "\n"

@@ -1,6 +1,6 @@
 """Train the three drafters of the bundled model against its frozen base, in one loop.
 
-    python -m workers.embedded.train_drafters [--steps N] [--model DIR] [--workdir runs/drafters]
+    python -m workers.embedded.training.train_drafters [--steps N] [--model DIR] [--workdir runs/drafters]
 
 Every step runs the frozen base once over a batch of corpus windows and distils it into:
 - Medusa heads (arXiv 2401.10774), head i matching the base's distribution for token t+2+i
@@ -30,6 +30,7 @@ from workers.embedded.drafter_models import (
     MedusaHeads,
     save_drafter,
 )
+from workers.embedded.engine import BUNDLED_MODEL_DIR
 from workers.embedded.model import (
     LlamaForCausalLM,
     ModelConfig,
@@ -37,8 +38,7 @@ from workers.embedded.model import (
     load_model,
     save_model,
 )
-from workers.embedded.train import (
-    BUNDLED_MODEL_DIR,
+from workers.embedded.training.train import (
     TrainConfig,
     batch,
     load_checkpoint,

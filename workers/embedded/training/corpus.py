@@ -6,7 +6,7 @@ Four sources, all deterministic for a given seed and Python version:
 - structured: JSON records from a seeded generator (also asked for inside chat turns);
 - chat: chat-formatted question/answer turns built from docstrings and records.
 
-Chat turns use the template in `CHAT_TEMPLATE`, shared with the worker's chat route.
+Chat turns use `chat_template.render_chat`, shared with the worker's chat route.
 """
 
 from __future__ import annotations
@@ -18,21 +18,9 @@ import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|eos|>", "<|system|>", "<|user|>", "<|assistant|>"]
-PAD, BOS, EOS = 0, 1, 2
-
-
-def render_chat(messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-    """The chat template: role tag line, content, then `<|eos|>` after assistant turns."""
-    parts = []
-    for m in messages:
-        parts.append(f"<|{m['role']}|>\n{m['content']}\n")
-        if m["role"] == "assistant":
-            parts[-1] = parts[-1][:-1] + "<|eos|>\n"
-    if add_generation_prompt:
-        parts.append("<|assistant|>\n")
-    return "".join(parts)
+from workers.embedded.chat_template import render_chat
 
 
 @dataclass
@@ -88,7 +76,7 @@ def json_record(rng: random.Random) -> dict:
             "tags": rng.sample(_TAGS, rng.randint(0, 3)),
         }
     if kind == "order":
-        items = [
+        items: list[dict[str, Any]] = [
             {"product": rng.choice(_PRODUCTS), "quantity": rng.randint(1, 5),
              "price": round(rng.uniform(5, 900), 2)}
             for _ in range(rng.randint(1, 3))
@@ -170,10 +158,13 @@ def build_corpus(seed: int = 0) -> list[Document]:
                 segment = ast.get_source_segment(source, node)
                 if segment and len(segment) < 1500:
                     docs.append(Document("chat", _code_turn(node.name, segment, rng)))
+    topics: dict[str, str] = {}
     try:
-        from pydoc_data.topics import topics
+        from pydoc_data.topics import topics as pydoc_topics
+
+        topics = dict(pydoc_topics)
     except ImportError:  # some distributions strip pydoc_data
-        topics = {}
+        pass
     for _, text in sorted(topics.items()):
         docs.append(Document("prose", text))
     n_code = sum(len(d.text) for d in docs if d.kind == "code")

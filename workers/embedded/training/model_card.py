@@ -1,6 +1,6 @@
 """Write MODEL_CARD.md for a trained model folder from its training records and a live run.
 
-    python -m workers.embedded.model_card [--model DIR] [--bench bench.json]
+    python -m workers.embedded.training.model_card [--model DIR] [--bench bench.json]
 
 Reads `training.json` (base) and `drafters.json` (drafters) written by the training
 scripts, generates sample outputs with the engine, and, given the JSON that
@@ -13,8 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
-from workers.embedded.corpus import render_chat
-from workers.embedded.train import BUNDLED_MODEL_DIR
+from workers.embedded.chat_template import render_chat
+from workers.embedded.engine import BUNDLED_MODEL_DIR
 
 SAMPLES = [
     ("code", [{"role": "user", "content": "Write a Python function dedent."}]),
@@ -69,10 +69,10 @@ def render(model_dir: Path, bench: dict | None, note: str = "") -> str:
         f"- Corpus ({base['corpus_tokens'] / 1e6:.2f} M tokens): the Python standard library's "
         "source (code), its docstrings and `pydoc_data.topics` (prose), seeded JSON records "
         "(structured), chat turns built from docstrings, functions and records "
-        "(`workers/embedded/corpus.py`).",
+        "(`workers/embedded/training/corpus.py`).",
         f"- Training: {tc['steps']} steps x {tc['batch_size']} x {tc['seq_len']} tokens "
         f"({base['train_tokens'] / 1e6:.1f} M tokens), AdamW, cosine LR {tc['lr']} -> "
-        f"{tc['min_lr']}, bf16 autocast on CPU (`python -m workers.embedded.train`).",
+        f"{tc['min_lr']}, bf16 autocast on CPU (`python -m workers.embedded.training.train`).",
         f"- Final loss: train {last['train_loss']:.3f}, held-out {last['val_loss']:.3f} "
         f"(step {last['step']}). Held-out loss by step: "
         + ", ".join(f"{h['step']}: {h['val_loss']:.2f}" for h in base["history"]) + ".",
@@ -84,7 +84,7 @@ def render(model_dir: Path, bench: dict | None, note: str = "") -> str:
         params = drafters["parameters"]
         lines += [
             "",
-            "## Drafters (`python -m workers.embedded.train_drafters`)",
+            "## Drafters (`python -m workers.embedded.training.train_drafters`)",
             "",
             f"Distilled from the frozen base in one loop, {dc['steps']} steps x "
             f"{dc['batch_size']} x {dc['seq_len']} tokens. Agreement = share of positions "

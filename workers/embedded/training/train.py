@@ -1,6 +1,6 @@
 """Train the bundled base model from scratch: corpus -> BPE tokenizer -> Llama decoder.
 
-    python -m workers.embedded.train [--steps N] [--out DIR] [--workdir runs/base]
+    python -m workers.embedded.training.train [--steps N] [--out DIR] [--workdir runs/base]
 
 Resumable: a checkpoint (model, optimizer, step, RNG) is written to the workdir every
 `--ckpt-every` steps and picked up on the next start. Progress lines report loss,
@@ -21,11 +21,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from workers.embedded.corpus import EOS, build_corpus
+from workers.embedded.chat_template import EOS
+from workers.embedded.engine import BUNDLED_MODEL_DIR
 from workers.embedded.model import LlamaForCausalLM, ModelConfig, init_weights, save_model
-from workers.embedded.tokenizer import train_tokenizer
-
-BUNDLED_MODEL_DIR = Path(__file__).parent / "weights" / "specroute-tiny"
+from workers.embedded.training.bpe import train_tokenizer
+from workers.embedded.training.corpus import build_corpus
 
 
 @dataclass

@@ -1,0 +1,109 @@
+"""The engine's interface to the server: what goes in, what comes out. Imports no torch.
+
+The server parses a request, has the engine validate it once (`validate` -> a
+`DecodeRequest` with method and k resolved), and the scheduler's thread starts it
+(`generate`) and steps the returned `RunningGeneration`; each step yields a
+`StepOutput`, and the generation's `GenerationStats` are read after every step.
+`EngineInputError` is the one error for a request that cannot be served as given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class EngineInputError(ValueError):
+    """The request cannot be served as given (the server answers HTTP 400)."""
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int | None = 128  # None: the rest of the context
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class DecodeRequest:
+    """A request the engine has validated: method and k are final (k = 0: plain decoding),
+    `params.max_new_tokens` is set."""
+
+    input_ids: list[int]
+    params: SamplingParams
+    method: str
+    k: int
+
+    @property
+    def max_new_tokens(self) -> int:
+        assert self.params.max_new_tokens is not None, "validate() sets it"
+        return self.params.max_new_tokens
+
+    @property
+    def speculative(self) -> bool:
+        return self.k > 0
+
+
+@dataclass
+class GenerationStats:
+    """Counters in SGLang's meta_info terms. verify_steps counts every target forward that
+    committed tokens, the prefill included, so plain decoding has accept_length 1.0."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    verify_steps: int = 0
+    num_proposed_drafts: int = 0
+    num_correct_drafts: int = 0
+
+    @property
+    def accept_length(self) -> float:
+        return self.completion_tokens / self.verify_steps if self.verify_steps else 0.0
+
+    @property
+    def accept_rate(self) -> float:
+        return (
+            self.num_correct_drafts / self.num_proposed_drafts if self.num_proposed_drafts else 0.0
+        )
+
+
+@dataclass
+class StepOutput:
+    token_ids: list[int]  # tokens committed this step
+    text: str  # text delta (stop string removed; incomplete UTF-8 held back)
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | None
+    matched_stop: str | int | None
+
+
+class RunningGeneration(Protocol):
+    """One started request; stepped from one thread."""
+
+    @property
+    def stats(self) -> GenerationStats: ...
+
+    def step(self) -> StepOutput: ...
+
+    def cancel(self) -> None: ...
+
+
+class GenerationEngine(Protocol):
+    """What the server and the scheduler need of an engine."""
+
+    @property
+    def methods(self) -> tuple[str, ...]: ...
+
+    @property
+    def default_k(self) -> dict[str, int]: ...
+
+    @property
+    def max_context(self) -> int: ...
+
+    def validate(self, prompt: str | list[int], params: SamplingParams, method: str,
+                 k: int | None) -> DecodeRequest: ...
+
+    def generate(self, request: DecodeRequest) -> RunningGeneration: ...

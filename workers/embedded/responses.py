@@ -1,0 +1,101 @@
+"""Response shapes of the worker's SGLang surface: meta_info, OpenAI pieces, error bodies.
+
+Each function names the SGLang 0.5.23 structure it reproduces; docs/WORKER.md cites
+file and line.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from workers.embedded.api import GenerationStats, StepOutput
+
+
+def finish_reason_json(output: StepOutput, completion_tokens: int) -> dict[str, Any] | None:
+    """SGLang's BaseFinishReason.to_json() (managers/schedule_batch.py)."""
+    if not output.finished:
+        return None
+    if output.finish_reason == "length":
+        return {"type": "length", "length": completion_tokens}
+    if output.finish_reason == "stop":
+        return {"type": "stop", "matched": output.matched_stop}
+    return {"type": "abort", "message": "aborted", "status_code": None, "err_type": None}
+
+
+def spec_fields(stats: GenerationStats) -> dict[str, Any]:
+    """meta_info spec fields of a request that ran with speculation on.
+
+    SGLang adds them whenever speculation is on and a verify step ran; its proposed
+    count is verify_ct * k, here it is what the drafter actually proposed.
+    """
+    if not stats.verify_steps:
+        return {}
+    proposed = stats.num_proposed_drafts
+    return {
+        "spec_accept_rate": stats.num_correct_drafts / proposed if proposed else 0.0,
+        "spec_accept_length": stats.completion_tokens / stats.verify_steps,
+        "spec_num_correct_drafts": stats.num_correct_drafts,
+        "spec_num_proposed_drafts": stats.num_proposed_drafts,
+        "spec_verify_ct": stats.verify_steps,
+    }
+
+
+def meta_info(rid: str, output: StepOutput, stats: GenerationStats, started: float,
+              speculative: bool) -> dict[str, Any]:
+    """SGLang meta_info (tokenizer_manager.py _handle_batch_output); final fields at finish."""
+    info: dict[str, Any] = {
+        "id": rid,
+        "finish_reason": finish_reason_json(output, stats.completion_tokens),
+        "prompt_tokens": stats.prompt_tokens,
+        "weight_version": "default",
+        "num_retractions": 0,
+        "reasoning_tokens": 0,
+        "completion_tokens": stats.completion_tokens,
+        "cached_tokens": 0,
+    }
+    if output.finished:
+        info["e2e_latency"] = time.perf_counter() - started
+        if speculative:
+            info.update(spec_fields(stats))
+    return info
+
+
+def spec_tokens_details(info: dict[str, Any]) -> dict[str, Any] | None:
+    """SGLang SpecTokensDetails (entrypoints/openai/protocol.py) from a final meta_info."""
+    if "spec_verify_ct" not in info:
+        return None
+    return {
+        "spec_accept_rate": info["spec_accept_rate"],
+        "spec_accept_length": info["spec_accept_length"],
+        "spec_cap_length": 0.0,
+        "spec_block_accept_length": 0.0,
+        "spec_num_correct_drafts": info["spec_num_correct_drafts"],
+        "spec_num_proposed_drafts": info["spec_num_proposed_drafts"],
+        "spec_verify_ct": info["spec_verify_ct"],
+        "spec_correct_drafts_histogram": [],
+        "spec_cap_lens_histogram": [],
+    }
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """SGLang UsageInfo."""
+    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens": completion_tokens, "prompt_tokens_details": None,
+            "reasoning_tokens": 0}
+
+
+def openai_finish(info: dict[str, Any]) -> tuple[str | None, str | int | None]:
+    """(finish_reason, matched_stop) of an OpenAI choice from meta_info.finish_reason."""
+    reason = info["finish_reason"]
+    if reason is None:
+        return None, None
+    return reason["type"], reason.get("matched")
+
+
+def error_body(message: str, status_code: int) -> dict[str, Any]:
+    """SGLang ErrorResponse (openai/serving_base.py create_error_response), flat, no "error" key."""
+    kind = {400: "BadRequestError", 503: "ServiceUnavailableError"}.get(
+        status_code, "InternalServerError")
+    return {"object": "error", "message": message, "type": kind, "param": None,
+            "code": status_code}

@@ -1,0 +1,164 @@
+"""The worker's HTTP routes: SGLang 0.5.23's `/generate`, its OpenAI routes, and the
+introspection routes; each parses (`requests`), admits a `Run`, and shapes the answer
+(`responses`, `info`). docs/WORKER.md lists where each shape comes from."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from workers.embedded import info, requests, responses
+from workers.embedded.chat_template import render_chat
+from workers.embedded.errors import WorkerError
+from workers.embedded.run import Chunks, Run, admit, sse_stream
+from workers.embedded.scheduler import StepEvent
+from workers.embedded.state import WorkerState
+
+# ---------------------------------------------------------------- /generate
+
+
+def _generate_chunk(run: Run, event: StepEvent) -> list[Any]:
+    # SGLang's default (no --incremental-streaming-output): cumulative text and ids.
+    return [{"text": run.text, "output_ids": list(run.output_ids),
+             "meta_info": run.meta_info(event)}]
+
+
+async def generate(request: Request) -> Response:
+    state: WorkerState = request.app.state.worker
+    req = requests.parse_generate(requests.parse_json(await request.body()))
+    run, first = await admit(state, req)
+    if req.stream:
+        return StreamingResponse(sse_stream(run, first, _generate_chunk, lambda r, e: []),
+                                 media_type="text/event-stream")
+    event = first if first.output.finished else await run.final(request)
+    return JSONResponse(_generate_chunk(run, event)[0])
+
+
+# ---------------------------------------------------------------- OpenAI routes
+
+
+def _openai(state: WorkerState, run: Run, kind: str) -> dict[str, Any]:
+    prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
+    obj = "chat.completion" if kind == "chat" else "text_completion"
+    return {"id": prefix + run.req.rid, "object": obj, "created": int(time.time()),
+            "model": run.req.model or state.config.served_model_name}
+
+
+def _sglext(run: Run, info: dict[str, Any]) -> dict[str, Any] | None:
+    details = responses.spec_tokens_details(info) if run.req.return_spec_tokens_details else None
+    return None if details is None else {"spec_tokens_details": details}
+
+
+def _openai_body(state: WorkerState, run: Run, event: StepEvent, kind: str) -> dict[str, Any]:
+    info = run.meta_info(event)
+    reason, matched = responses.openai_finish(info)
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": reason,
+                              "matched_stop": matched}
+    if kind == "chat":
+        choice["message"] = {"role": "assistant", "content": run.text,
+                             "reasoning_content": None, "tool_calls": None}
+    else:
+        choice["text"] = run.text
+    body = {**_openai(state, run, kind), "choices": [choice], "metadata": None,
+            "usage": responses.usage(info["prompt_tokens"], info["completion_tokens"])}
+    if (ext := _sglext(run, info)) is not None:
+        body["sglext"] = ext
+    return body
+
+
+def _openai_chunks(state: WorkerState, kind: str) -> Chunks:
+    def chunks(run: Run, event: StepEvent) -> list[Any]:
+        head = {**_openai(state, run, kind)}
+        head["object"] = "chat.completion.chunk" if kind == "chat" else "text_completion"
+        reason, matched = responses.openai_finish(run.meta_info(event))
+        delta = event.output.text
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": reason,
+                                  "matched_stop": matched}
+        if kind == "chat":
+            choice["delta"] = {"role": "assistant", "content": delta} if \
+                len(run.output_ids) == len(event.output.token_ids) else {"content": delta}
+        else:
+            choice["text"] = delta
+        return [{**head, "choices": [choice]}]
+    return chunks
+
+
+def _openai_tail(state: WorkerState, kind: str) -> Chunks:
+    """After the last token: an sglext chunk, then a usage chunk (SGLang's order)."""
+    def tail(run: Run, event: StepEvent) -> list[Any]:
+        info = run.meta_info(event)
+        head = {**_openai(state, run, kind), "choices": []}
+        head["object"] = "chat.completion.chunk" if kind == "chat" else "text_completion"
+        out = []
+        if (ext := _sglext(run, info)) is not None:
+            out.append({**head, "sglext": ext})
+        if run.req.include_usage:
+            out.append({**head, "usage": responses.usage(info["prompt_tokens"],
+                                                        info["completion_tokens"])})
+        return out
+    return tail
+
+
+async def _openai_route(request: Request, kind: str) -> Response:
+    state: WorkerState = request.app.state.worker
+    body = requests.parse_json(await request.body())
+    if kind == "chat":
+        req = requests.parse_chat(body, render_chat)
+    else:
+        req = requests.parse_completion(body)
+    run, first = await admit(state, req)
+    if req.stream:
+        return StreamingResponse(
+            sse_stream(run, first, _openai_chunks(state, kind), _openai_tail(state, kind)),
+            media_type="text/event-stream")
+    event = first if first.output.finished else await run.final(request)
+    return JSONResponse(_openai_body(state, run, event, kind))
+
+
+async def completions(request: Request) -> Response:
+    return await _openai_route(request, "completion")
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _openai_route(request, "chat")
+
+
+# ---------------------------------------------------------------- info routes
+
+
+async def health(request: Request) -> Response:
+    return Response(status_code=200)
+
+
+async def get_server_info(request: Request) -> Response:
+    return JSONResponse(info.server_info(request.app.state.worker))
+
+
+async def get_model_info(request: Request) -> Response:
+    return JSONResponse(info.model_info(request.app.state.worker))
+
+
+async def list_models(request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [info.model_card(request.app.state.worker)]})
+
+
+async def loads(request: Request) -> Response:
+    return JSONResponse(info.loads(request.app.state.worker))
+
+
+async def metrics(request: Request) -> Response:
+    return Response(info.metrics_text(request.app.state.worker),
+                    media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+async def worker_error(request: Request, exc: Exception) -> Response:
+    """The one place a WorkerError becomes an HTTP answer."""
+    assert isinstance(exc, WorkerError)
+    if request.url.path.startswith("/v1/"):
+        body: dict[str, Any] = responses.error_body(str(exc), exc.status_code)
+    else:  # SGLang's native routes: {"error": {"message": ...}}
+        body = {"error": {"message": str(exc)}}
+    return JSONResponse(body, status_code=exc.status_code)
