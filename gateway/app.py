@@ -36,9 +36,9 @@ from gateway.endpoints import ExplainEndpoint, TokenEndpoint
 from gateway.errors import GatewayError, ModelNotFound, error_response
 from gateway.health import HealthMonitor
 from gateway.learned import Routing, build_routing
+from gateway.observability import FanoutRecorder, PrometheusRecorder, Recorder, make_tracer
 from gateway.pools import build_pools
 from gateway.routing import Classify, Decide, Router, minimal_profile
-from gateway.telemetry import FanoutRecorder, PrometheusRecorder, Recorder, make_tracer
 
 log = logging.getLogger("specroute.gateway")
 

@@ -22,10 +22,10 @@ from gateway.adapters.base import Adapter, Delta, Generation, SpecStats, StreamI
 from gateway.auth import Authenticator, RateLimiter
 from gateway.config import GatewayConfig, TenantConfig
 from gateway.errors import GatewayError, NoHealthyWorker, UpstreamTimeout, UpstreamUnavailable
+from gateway.observability import GatewayTracerProvider, Recorder, span_attributes
 from gateway.pools import Pool, Worker
 from gateway.routing import Router
 from gateway.schemas import GenerationRequest
-from gateway.telemetry import GatewayTracerProvider, Recorder, span_attributes
 from policies.types import Decision, RequestProfile, RequestRecord
 
 log = logging.getLogger("specroute.gateway")

@@ -28,10 +28,10 @@ from gateway.errors import (
     RateLimited,
     UpstreamUnavailable,
 )
+from gateway.observability import PrometheusRecorder, make_tracer
 from gateway.pools import BreakerState, build_pools
 from gateway.routing import Router, minimal_profile
 from gateway.schemas import parse_request
-from gateway.telemetry import PrometheusRecorder, make_tracer
 
 
 async def serve(app: web.Application) -> TestServer:
