@@ -12,15 +12,13 @@ Legend: n draft nodes, A auxiliary tokens, V vocabulary, C hidden size.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from workers.embedded.speculative.sampling import Sampler
-    from workers.embedded.speculative.verify import VerifyResult
+from workers.embedded.speculative.result import VerifyResult
+from workers.embedded.speculative.sampling import Sampler
 
 ROOT = -1  # parent index of the root's children
 
@@ -143,31 +141,3 @@ class Drafter(Protocol):
     """One per generation (it may keep state across steps, e.g. its own KV cache)."""
 
     def propose(self, state: DecodeState) -> Draft: ...
-
-
-def draft_chain(
-    logits: torch.Tensor,
-    steps: int,
-    sampler: Sampler,
-    advance: Callable[[int, torch.Tensor], torch.Tensor],
-) -> Draft:
-    """A chain of `steps` tokens from an autoregressive drafter, starting from `logits` (V,).
-
-    Greedy: argmax, q = None. Sampling: x ~ q with q = sampler.probs(logits), carried in the
-    draft for min(1, p/q). `advance(depth, token (1,))` feeds the drafted token and returns
-    the logits for the next position; it is not called after the last token.
-    """
-    tokens: list[torch.Tensor] = []  # (1,) each; greedy stays on the device, no sync
-    qs: list[torch.Tensor] = []
-    for depth in range(steps):
-        if sampler.greedy:
-            token = logits.argmax().view(1)
-        else:
-            q = sampler.probs(logits)
-            token = torch.multinomial(q, 1, generator=sampler.generator)
-            qs.append(q)
-        tokens.append(token)
-        if depth + 1 < steps:
-            logits = advance(depth, token)
-    draft_tokens = torch.cat(tokens).tolist() if tokens else []
-    return Draft.chain(draft_tokens, torch.stack(qs) if qs else None)

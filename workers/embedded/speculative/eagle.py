@@ -22,7 +22,8 @@ import torch
 
 from workers.embedded.drafter_models import EagleHead
 from workers.embedded.model import KVCache, LlamaForCausalLM
-from workers.embedded.speculative.draft import DecodeState, Draft, draft_chain
+from workers.embedded.speculative.chain import draft_chain
+from workers.embedded.speculative.draft import DecodeState, Draft
 
 
 class EagleSync:

@@ -16,7 +16,7 @@ import torch
 from workers.embedded.drafter_models import EagleHead, MedusaHeads, load_drafter
 from workers.embedded.model import LlamaForCausalLM, load_model
 from workers.embedded.speculative.draft import Drafter
-from workers.embedded.speculative.draftmodel import DraftModelDrafter
+from workers.embedded.speculative.draft_model import DraftModelDrafter
 from workers.embedded.speculative.eagle import EagleChainDrafter
 from workers.embedded.speculative.eagle2 import EagleTreeDrafter
 from workers.embedded.speculative.lookahead import LookaheadDrafter

@@ -16,28 +16,12 @@ cache afterwards looks exactly like a plain decode of the same tokens.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from workers.embedded.model import KVCache, LlamaForCausalLM
 from workers.embedded.speculative.draft import Draft, attention_layout
+from workers.embedded.speculative.result import VerifyResult
 from workers.embedded.speculative.sampling import Sampler, acceptance_probability, residual
-
-
-@dataclass
-class VerifyResult:
-    accepted: list[int]  # accepted draft tokens, in path order
-    accepted_nodes: list[int]  # their node indices in the draft
-    bonus: int  # token from the target after the accepted path
-    hidden: torch.Tensor  # (a + 1, C) target features of the root and the accepted nodes
-    aux_logits: torch.Tensor | None  # (A, V) target logits of the aux branch
-    num_proposed: int
-
-    @property
-    def tokens(self) -> list[int]:
-        """Tokens committed by this step: the accepted path, then the bonus token."""
-        return [*self.accepted, self.bonus]
 
 
 def verify(

@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 
 from workers.embedded.model import LlamaForCausalLM
-from workers.embedded.speculative.draft import DecodeState, Draft, draft_chain
+from workers.embedded.speculative.chain import draft_chain
+from workers.embedded.speculative.draft import DecodeState, Draft
 
 
 class DraftModelDrafter:

@@ -1,0 +1,41 @@
+"""A draft chain from an autoregressive drafter (the EAGLE head, a draft model).
+
+Legend: V vocabulary, q draft probabilities.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from workers.embedded.speculative.draft import Draft
+from workers.embedded.speculative.sampling import Sampler
+
+
+def draft_chain(
+    logits: torch.Tensor,
+    steps: int,
+    sampler: Sampler,
+    advance: Callable[[int, torch.Tensor], torch.Tensor],
+) -> Draft:
+    """A chain of `steps` tokens from an autoregressive drafter, starting from `logits` (V,).
+
+    Greedy: argmax, q = None. Sampling: x ~ q with q = sampler.probs(logits), carried in the
+    draft for min(1, p/q). `advance(depth, token (1,))` feeds the drafted token and returns
+    the logits for the next position; it is not called after the last token.
+    """
+    tokens: list[torch.Tensor] = []  # (1,) each; greedy stays on the device, no sync
+    qs: list[torch.Tensor] = []
+    for depth in range(steps):
+        if sampler.greedy:
+            token = logits.argmax().view(1)
+        else:
+            q = sampler.probs(logits)
+            token = torch.multinomial(q, 1, generator=sampler.generator)
+            qs.append(q)
+        tokens.append(token)
+        if depth + 1 < steps:
+            logits = advance(depth, token)
+    draft_tokens = torch.cat(tokens).tolist() if tokens else []
+    return Draft.chain(draft_tokens, torch.stack(qs) if qs else None)
