@@ -32,7 +32,7 @@ def _run(engine, ids: list[int], method: str, temperature: float, max_tokens: in
 
 
 def measure(engine, methods: list[str], n_prompts: int, max_tokens: int, seed: int) -> list[dict]:
-    from workers.embedded.corpus import render_chat
+    from workers.embedded.chat_template import render_chat
 
     rows = []
     for task in TASKS:
