@@ -18,10 +18,10 @@ import time
 
 import numpy as np
 
-from policies.evaluation import FIXED_KS, Evaluation, PolicyResult, evaluate
 from policies.policy import PolicyConfig
-from policies.scenarios import PRIMARY, SCENARIOS
-from policies.simulator import Outcome, SimConfig, default_phases
+from policies.sim.evaluation import FIXED_KS, Evaluation, PolicyResult, evaluate
+from policies.sim.scenarios import PRIMARY, SCENARIOS
+from policies.sim.simulator import Outcome, SimConfig, default_phases
 
 QUICK_SCALE = 0.1
 QUICK_FIXED_KS = (1, 2, 4, 8)

@@ -8,7 +8,7 @@ import pytest
 from policies.acceptance import A_MAX, expected_accept_length, invert_accept_length
 from policies.cost import StepSample, fit_step_cost, generic_trend
 from policies.learner import Learner
-from policies.simulator import sample_steps
+from policies.sim.simulator import sample_steps
 from policies.telemetry import LocalTelemetry
 from policies.types import RequestRecord
 

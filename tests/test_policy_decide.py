@@ -8,12 +8,12 @@ from dataclasses import replace
 
 import pytest
 
-from policies.baselines import Learned, Oracle
-from policies.calibration import true_accept
-from policies.evaluation import summarize
 from policies.policy import Policy, PolicyConfig
-from policies.scenarios import SHARED_FLEET
-from policies.simulator import Phase, SimConfig, simulate, workload
+from policies.sim.baselines import Learned, Oracle
+from policies.sim.calibration import true_accept
+from policies.sim.evaluation import summarize
+from policies.sim.scenarios import SHARED_FLEET
+from policies.sim.simulator import Phase, SimConfig, simulate, workload
 from policies.telemetry import LocalTelemetry
 from policies.types import PoolView, RequestProfile, RequestRecord
 

@@ -3,12 +3,12 @@ curves, and the relaunch rules of the policy's desired k."""
 
 from __future__ import annotations
 
-from policies.baselines import Learned, Router
-from policies.calibration import LoadCurve, true_step_s
-from policies.evaluation import summarize
 from policies.policy import Policy, PolicyConfig
-from policies.scenarios import EMBEDDED, SCENARIOS, VLLM
-from policies.simulator import Fleet, Phase, SimConfig, simulate, workload
+from policies.sim.baselines import Learned, SimRouter
+from policies.sim.calibration import LoadCurve, true_step_s
+from policies.sim.evaluation import summarize
+from policies.sim.scenarios import EMBEDDED, SCENARIOS, VLLM
+from policies.sim.simulator import Fleet, Phase, SimConfig, simulate, workload
 from policies.telemetry import LocalTelemetry
 from policies.types import PoolView, RequestProfile, RequestRecord
 
@@ -59,7 +59,7 @@ def test_vllm_fleet_at_saturation_sheds_speculation_and_keeps_up_with_plain() ->
     config = SimConfig(phases, seed=5)
     requests = workload(config)
     ours = simulate(Learned("adaptive", VLLM.fleet, PolicyConfig(seed=5)), config, requests)
-    plain = simulate(Router("plain", VLLM.homogeneous("plain", 0)), config, requests)
+    plain = simulate(SimRouter("plain", VLLM.homogeneous("plain", 0)), config, requests)
     ratio = (summarize("a", ours, 1).mean_tokens_per_s
              / summarize("p", plain, 1).mean_tokens_per_s)
     print(f"vLLM fleet, saturation: adaptive / plain fleet = {ratio:.3f}")

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from policies.acceptance import expected_accept_length
-from policies.baselines import PoolSpec, Router, SimRequest
-from policies.calibration import LoadCurve, true_accept, true_step_s
+from policies.sim.baselines import SimPool, SimRequest, SimRouter
+from policies.sim.calibration import LoadCurve, true_accept, true_step_s
 from policies.types import PoolView, RequestRecord, temperature_bucket
 
 TRAINED_DRAFTERS = frozenset({"eagle", "eagle2", "eagle3", "medusa", "draft"})
@@ -117,7 +117,7 @@ class Fleet:
     batch sizes. A relaunching pool is out of service (no healthy workers) until its new
     k is up; requests already on it finish."""
 
-    specs: tuple[PoolSpec, ...]
+    specs: tuple[SimPool, ...]
     k: dict[str, int] = field(default_factory=dict)
     active: dict[str, list[int]] = field(default_factory=dict)
     down_until: dict[str, float] = field(default_factory=dict)
@@ -149,7 +149,7 @@ class Fleet:
         return min(self.active[pool])
 
 
-def simulate(router: Router, config: SimConfig, requests: list[SimRequest]) -> list[Outcome]:
+def simulate(router: SimRouter, config: SimConfig, requests: list[SimRequest]) -> list[Outcome]:
     """Serve `requests` with `router`'s decisions; one Outcome per request, in order."""
     rng = np.random.default_rng(config.seed + 1)
     fleet = Fleet(router.fleet)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from policies.baselines import PoolSpec
+from policies.sim.baselines import SimPool
 
 FLEET_WORKERS = 12
 
@@ -34,7 +34,7 @@ FLEET_WORKERS = 12
 @dataclass(frozen=True, slots=True)
 class Scenario:
     name: str
-    fleet: tuple[PoolSpec, ...]
+    fleet: tuple[SimPool, ...]
     curves: dict[str, str]  # method -> load curve, also for the fixed baselines
     static_rules: dict[str, str]  # task -> pool
     per_server_ema: bool = False  # SGLang's --speculative-adaptive exists on this engine
@@ -52,9 +52,9 @@ class Scenario:
         """Some pool fixes k at launch (the relaunch path matters)."""
         return any(not s.per_request_k and s.method != "plain" for s in self.fleet)
 
-    def homogeneous(self, method: str, k: int) -> tuple[PoolSpec]:
+    def homogeneous(self, method: str, k: int) -> tuple[SimPool]:
         """All workers running one method at one k (the fixed baselines)."""
-        return (PoolSpec(method, "sglang", method, k, False, FLEET_WORKERS, 12,
+        return (SimPool(method, "sglang", method, k, False, FLEET_WORKERS, 12,
                          self.curves.get(method, "sglang-eagle1")),)
 
 
@@ -63,7 +63,7 @@ SGLANG_CURVES = {"eagle3": "sglang-eagle3", "eagle2": "sglang-eagle1", "eagle": 
                  "draft": "vllm-eagle1", "plain": "sglang-eagle1"}
 _SHARED = (("eagle3", 4, 12), ("eagle2", 6, 12), ("eagle", 5, 12), ("medusa", 5, 5),
            ("ngram", 4, 12), ("lookahead", 4, 8), ("draft", 4, 8), ("plain", 0, 0))
-SHARED_FLEET = tuple(PoolSpec(m, "embedded", m, k, True, FLEET_WORKERS, max_k, SGLANG_CURVES[m])
+SHARED_FLEET = tuple(SimPool(m, "embedded", m, k, True, FLEET_WORKERS, max_k, SGLANG_CURVES[m])
                      for m, k, max_k in _SHARED)
 
 SGLANG = Scenario(
@@ -82,7 +82,7 @@ VLLM_CURVES = {"eagle3": "vllm-eagle3", "eagle": "vllm-eagle1", "ngram": "vllm-n
 _VLLM_POOLS = (("plain", "plain", 0), ("eagle3-k2", "eagle3", 2), ("eagle3-k5", "eagle3", 5),
                ("eagle-k3", "eagle", 3), ("ngram-k4", "ngram", 4), ("draft-k3", "draft", 3))
 VLLM_MAX_K = {"plain": 0, "eagle3": 8, "eagle": 5, "ngram": 8, "draft": 4}
-VLLM_FLEET = tuple(PoolSpec(name, "vllm", method, k, False, 2, VLLM_MAX_K[method],
+VLLM_FLEET = tuple(SimPool(name, "vllm", method, k, False, 2, VLLM_MAX_K[method],
                             VLLM_CURVES[method], group=name)
                    for name, method, k in _VLLM_POOLS)
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from policies.baselines import Learned, Oracle, PerServerEMA, Router, StaticRules
-from policies.calibration import METHODS, PAPER_K, true_accept
 from policies.policy import PolicyConfig
-from policies.scenarios import SGLANG, Scenario
-from policies.simulator import TRAINED_DRAFTERS, Outcome, SimConfig, simulate, workload
+from policies.sim.baselines import Learned, Oracle, PerServerEMA, SimRouter, StaticRules
+from policies.sim.calibration import METHODS, PAPER_K, true_accept
+from policies.sim.scenarios import SGLANG, Scenario
+from policies.sim.simulator import TRAINED_DRAFTERS, Outcome, SimConfig, simulate, workload
 
 FIXED_KS = (1, 2, 3, 4, 6, 8)
 RECOVERY_WINDOW = 100
@@ -70,7 +70,7 @@ def requests_to_recover(ours: list[Outcome], oracle: list[Outcome], start: int, 
 
 def routers(config: SimConfig, policy_config: PolicyConfig | None = None,
             fixed_ks: tuple[int, ...] = FIXED_KS, scenario: Scenario = SGLANG
-            ) -> dict[str, Callable[[], Router]]:
+            ) -> dict[str, Callable[[], SimRouter]]:
     """Factories (fresh state per run) for every router the report compares."""
 
     def truth(method: str, task: str, bucket: str, phase: int) -> float:
@@ -78,8 +78,8 @@ def routers(config: SimConfig, policy_config: PolicyConfig | None = None,
         return true_accept(method, task, bucket) * scale
 
     fleet, homogeneous = scenario.fleet, scenario.homogeneous
-    factories: dict[str, Callable[[], Router]] = {
-        "plain": lambda: Router("plain", homogeneous("plain", 0)),
+    factories: dict[str, Callable[[], SimRouter]] = {
+        "plain": lambda: SimRouter("plain", homogeneous("plain", 0)),
     }
     for method in METHODS:
         if method not in scenario.methods:
@@ -87,7 +87,7 @@ def routers(config: SimConfig, policy_config: PolicyConfig | None = None,
         for k in fixed_ks:
             if k <= PAPER_K[method] or method == "ngram":
                 factories[f"fixed:{method}:k{k}"] = (
-                    lambda m=method, kk=k: Router(  # type: ignore[misc]
+                    lambda m=method, kk=k: SimRouter(  # type: ignore[misc]
                         f"fixed:{m}:k{kk}", homogeneous(m, kk)))
     factories["static-rules"] = lambda: StaticRules("static-rules", fleet,
                                                     scenario.static_rules)

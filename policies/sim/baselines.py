@@ -13,14 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from policies.acceptance import expected_accept_length
-from policies.calibration import LoadCurve, true_step_s
 from policies.policy import Policy, PolicyConfig
+from policies.sim.calibration import LoadCurve, true_step_s
 from policies.telemetry import LocalTelemetry
 from policies.types import PoolView, RequestProfile, RequestRecord
 
 
 @dataclass(frozen=True, slots=True)
-class PoolSpec:
+class SimPool:
     name: str
     engine: str
     method: str
@@ -45,11 +45,11 @@ class SimRequest:
 
 
 @dataclass
-class Router:
+class SimRouter:
     """Base: route to the first pool at its configured k."""
 
     name: str
-    fleet: tuple[PoolSpec, ...]
+    fleet: tuple[SimPool, ...]
 
     def route(self, req: SimRequest, pools: list[PoolView], now: float
               ) -> tuple[str, int | None, bool]:
@@ -67,7 +67,7 @@ class Router:
 
 
 @dataclass
-class StaticRules(Router):
+class StaticRules(SimRouter):
     """A hand-written class -> pool table (what a gateway without telemetry would do)."""
 
     rules: dict[str, str] = field(default_factory=dict)
@@ -79,7 +79,7 @@ class StaticRules(Router):
 
 
 @dataclass
-class Oracle(Router):
+class Oracle(SimRouter):
     """Knows the true acceptance and every worker's batch; best pool, and any k on pools
     that take k per request (a fixed-k pool only at its k)."""
 
@@ -152,7 +152,7 @@ SGLANG_TIERS = ((1, [1, 3, 5, 7], -0.25), (8, [0, 1, 3], 0.0), (32, [0, 1], 0.0)
 
 
 @dataclass
-class PerServerEMA(Router):
+class PerServerEMA(SimRouter):
     """Homogeneous EAGLE-3 fleet, each server adapting its steps per batch tier."""
 
     initial_k: int = 3
@@ -178,7 +178,7 @@ class PerServerEMA(Router):
 
 
 @dataclass
-class Learned(Router):
+class Learned(SimRouter):
     """specroute's policy on an in-process store with the simulator's clock.
 
     Plays the worker supervisor too: a fixed-k pool whose published desired k differs

@@ -1,4 +1,4 @@
-"""Ground truth for the simulator, derived from published tables (see /work/shared/REFERENCES.md).
+"""Ground truth for the simulator, derived from published tables (sources in docs/POLICY.md).
 
 Acceptance. EAGLE-2 (arXiv 2406.16858) and EAGLE-3 (arXiv 2503.01840) Table 1 give, per
 method on Vicuna-13B, speedup S and tokens per cycle tau at T0 and T1. The simulator's
