@@ -145,7 +145,7 @@ class TokenEndpoint:
         try:
             tenant, body, pin = await read_request(gateway, scope, receive)
             request = parse_request(body, self.endpoint)
-            profile = gateway.router.classify(body, self.endpoint, tenant.name)
+            profile = gateway.router.classify(request, tenant.name)
             decision, pools = gateway.router.route(request, profile, pin)
         except GatewayError as exc:
             await send_once(send, exc.status, error_body(exc), [])
@@ -246,7 +246,7 @@ class ExplainEndpoint:
                 raise InvalidRequest("give 'messages' (chat) or 'prompt' (completions)",
                                      param="messages", code="invalid_value")
             request = parse_request(body, endpoint)
-            profile = gateway.router.classify(body, endpoint, tenant.name)
+            profile = gateway.router.classify(request, tenant.name)
             assessed = gateway.router.assess(request, profile, pin)
             decision, pools = gateway.router.route_assessed(assessed, profile, pin)
         except GatewayError as exc:

@@ -23,46 +23,28 @@ from policies.types import Decision, PoolView, RequestProfile
 
 log = logging.getLogger("specroute.gateway")
 Decide = Callable[[RequestProfile, list[PoolView]], Decision]
-Classify = Callable[[dict, str, str], RequestProfile]
-CHARS_PER_TOKEN = 4  # rough prompt-size estimate; the gateway has no tokenizer
+Classify = Callable[[GenerationRequest, str], RequestProfile]
 MAX_PINNED_K = 16
 JSON_OBJECT_PREFERENCE = ("lacks constrained_decoding, preferred for response_format "
                           "json_object")
 
 
-def estimate_prompt_tokens(body: dict) -> int:
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        chars = sum(len(m.get("content") or "") if isinstance(m.get("content"), str)
-                    else 64 for m in messages if isinstance(m, dict))
-        return chars // CHARS_PER_TOKEN + 4 * len(messages)
-    prompt = body.get("prompt")
-    if isinstance(prompt, list):
-        return len(prompt) if prompt and isinstance(prompt[0], int) else 1
-    return len(prompt or "") // CHARS_PER_TOKEN + 1
-
-
-def minimal_profile(body: dict, endpoint: str, tenant: str) -> RequestProfile:
+def minimal_profile(request: GenerationRequest, tenant: str) -> RequestProfile:
     """Fallback classifier (task from response_format/tools only), same signature as
     `gateway.classifier.classify.classify`; used only when that one cannot load its model."""
-    fmt = body.get("response_format") or {}
-    constrained = fmt.get("type") == "json_schema"  # json_object is only a preference
-    tools = bool(body.get("tools")) and body.get("tool_choice") != "none"
-    temperature = body.get("temperature")
-    top_p = body.get("top_p")
-    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or 0
+    fmt_type = request.response_format["type"] if request.response_format else None
     return RequestProfile(
-        task="structured" if fmt.get("type") in ("json_object", "json_schema") or tools
-        else "chat",
-        temperature=1.0 if temperature is None else float(temperature),
-        top_p=1.0 if top_p is None else float(top_p),
-        prompt_tokens=estimate_prompt_tokens(body),
-        max_tokens=int(max_tokens),
-        stream=bool(body.get("stream")),
+        task="structured" if fmt_type in ("json_object", "json_schema")
+        or request.needs_tools else "chat",
+        temperature=1.0 if request.temperature is None else request.temperature,
+        top_p=1.0 if request.top_p is None else request.top_p,
+        prompt_tokens=request.prompt_tokens_estimate,
+        max_tokens=request.max_tokens or 0,
+        stream=request.stream,
         tenant=tenant,
-        model=str(body.get("model", "")),
-        needs_constrained=constrained,
-        needs_tools=tools,
+        model=request.model,
+        needs_constrained=request.needs_constrained,  # json_object is only a preference
+        needs_tools=request.needs_tools,
         reasons=("minimal_profile",),
     )
 
@@ -161,16 +143,16 @@ class Router:
         self.classifier = classify
         self._classifier_failed = False
 
-    def classify(self, body: dict, endpoint: str, tenant: str) -> RequestProfile:
+    def classify(self, request: GenerationRequest, tenant: str) -> RequestProfile:
         """The classifier's profile; a classifier bug must not fail a valid request, so
         it degrades to the minimal profile (logged with its traceback the first time)."""
         try:
-            return self.classifier(body, endpoint, tenant)
+            return self.classifier(request, tenant)
         except Exception:  # noqa: BLE001 - any classifier failure: route on the basics
             if not self._classifier_failed:
                 self._classifier_failed = True
                 log.exception("request classifier failed; using the minimal profile")
-            return minimal_profile(body, endpoint, tenant)
+            return minimal_profile(request, tenant)
 
     def assess(self, request: GenerationRequest, profile: RequestProfile,
                pin: Pin = Pin()) -> list[Assessment]:

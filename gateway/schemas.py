@@ -14,6 +14,8 @@ from typing import Any, Literal
 from gateway.errors import InvalidRequest
 
 Endpoint = Literal["chat", "completions"]
+BYTES_PER_TOKEN = 4  # the gateway has no tokenizer: prompt size is estimated from bytes
+TOKENS_PER_MESSAGE = 4  # chat-template overhead per message
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 RESPONSE_FORMATS = frozenset({"text", "json_object", "json_schema"})
 
@@ -61,6 +63,27 @@ class GenerationRequest:
             return None
         spec = fmt.get("json_schema") or {}
         return spec.get("schema") if isinstance(spec, dict) else None
+
+    @property
+    def prompt_tokens_estimate(self) -> int:
+        """UTF-8 bytes / 4 (rounded up) + 4 per message; token ids count as they are."""
+        if isinstance(self.prompt, list):
+            return len(self.prompt)
+        if self.prompt is not None:
+            return -(-len(self.prompt.encode("utf-8")) // BYTES_PER_TOKEN)
+        messages = self.messages or []
+        size = sum(len(content_text(m.get("content")).encode("utf-8")) for m in messages)
+        return -(-size // BYTES_PER_TOKEN) + TOKENS_PER_MESSAGE * len(messages)
+
+
+def content_text(content: object) -> str:
+    """A message's text: a string, or the text parts of a content-part list."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(part["text"] for part in content
+                         if isinstance(part, dict) and isinstance(part.get("text"), str))
+    return ""
 
 
 def _bad(param: str, message: str) -> InvalidRequest:

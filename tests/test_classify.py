@@ -7,12 +7,18 @@ import time
 import pytest
 
 from gateway.classifier.classify import classify
+from gateway.errors import InvalidRequest
+from gateway.schemas import Endpoint, parse_request
 from policies.types import RequestProfile
 
 
+def profile_of(body: dict, endpoint: Endpoint = "chat") -> RequestProfile:
+    return classify(parse_request({"model": "m", **body}, endpoint))
+
+
 def chat(text: str, **extra: object) -> RequestProfile:
-    return classify({"model": "m", "messages": [{"role": "user", "content": text}], **extra},
-                    "chat", "acme")
+    return classify(parse_request({"model": "m", "messages": [{"role": "user", "content": text}],
+                                   **extra}, "chat"), "acme")
 
 
 SCHEMA = {"type": "json_schema",
@@ -105,7 +111,7 @@ def test_format_asks_are_structured(text: str, fmt: str) -> None:
 def test_format_ask_in_system_prompt_counts() -> None:
     body = {"messages": [{"role": "system", "content": "Always reply in JSON."},
                          {"role": "user", "content": "Who painted the Mona Lisa?"}]}
-    assert classify(body, "chat").task == "structured"
+    assert profile_of(body).task == "structured"
 
 
 def test_function_returning_json_is_code_not_structured() -> None:
@@ -218,8 +224,7 @@ def test_fresh_prompts_mostly_right() -> None:
 
 
 def test_profile_defaults_follow_openai() -> None:
-    profile = classify({"model": "llama", "messages": [{"role": "user", "content": "hi"}]},
-                       "chat")
+    profile = profile_of({"model": "llama", "messages": [{"role": "user", "content": "hi"}]})
     assert (profile.temperature, profile.top_p) == (1.0, 1.0)
     assert (profile.max_tokens, profile.stream, profile.tenant) == (0, False, "default")
     assert profile.model == "llama"
@@ -238,24 +243,25 @@ def test_prompt_tokens_estimate_is_bytes_over_four_plus_message_overhead() -> No
     body = {"messages": [{"role": "system", "content": "s" * 40},
                          {"role": "user", "content": [{"type": "text", "text": "u" * 80},
                                                       {"type": "image_url", "image_url": {}}]}]}
-    assert classify(body, "chat").prompt_tokens == 30 + 2 * 4
+    assert profile_of(body).prompt_tokens == 30 + 2 * 4
 
 
 def test_content_parts_are_read() -> None:
     body = {"messages": [{"role": "user", "content": [
         {"type": "text", "text": "Fix this:"},
         {"type": "text", "text": "```go\nfunc main() {}\n```"}]}]}
-    assert classify(body, "chat").task == "code"
+    assert profile_of(body).task == "code"
 
 
 def test_completions_prompt_string_and_list() -> None:
-    single = classify({"prompt": "def fib(n):\n    ```", "max_tokens": 32}, "completions")
+    single = profile_of({"prompt": "def fib(n):\n    ```", "max_tokens": 32}, "completions")
     assert single.max_tokens == 32
-    batch = classify({"prompt": ["Respond in JSON: name a fruit.", "x" * 400]}, "completions")
-    assert batch.task == "structured"
-    assert batch.max_tokens == 16  # the /v1/completions default
-    assert batch.prompt_tokens == (len("Respond in JSON: name a fruit.") + 400 + 3) // 4
-    tokens = classify({"prompt": [1, 2, 3, 4, 5]}, "completions")
+    listed = profile_of({"prompt": ["Respond in JSON: name a fruit. " + "x" * 400]},
+                        "completions")
+    assert listed.task == "structured"
+    assert listed.max_tokens == 16  # the /v1/completions default
+    assert listed.prompt_tokens == (len("Respond in JSON: name a fruit. ") + 400 + 3) // 4
+    tokens = profile_of({"prompt": [1, 2, 3, 4, 5]}, "completions")
     assert tokens.prompt_tokens == 5
 
 
@@ -266,10 +272,10 @@ def test_completions_prompt_string_and_list() -> None:
     {"messages": [{"role": "user", "content": None}], "temperature": "hot", "top_p": None,
      "max_tokens": None, "stream": "yes", "response_format": "json", "tools": {}},
 ])
-def test_malformed_bodies_get_defaults_not_errors(body: dict) -> None:
-    profile = classify(body, "chat")
-    assert profile.task in ("chat", "code", "structured")
-    assert (profile.temperature, profile.top_p, profile.stream) == (1.0, 1.0, False)
+def test_malformed_bodies_never_reach_the_classifier(body: dict) -> None:
+    """`classify` takes the typed request: a malformed body is a 400 before it."""
+    with pytest.raises(InvalidRequest):
+        profile_of(body)
 
 
 @pytest.mark.parametrize("text", [

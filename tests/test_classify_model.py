@@ -15,6 +15,7 @@ from gateway.classifier.classify import DEFAULT_MODEL_PATH, classify, load_class
 from gateway.classifier.model import LinearTextModel, features, window
 from gateway.classifier.training.data import build_dataset
 from gateway.classifier.training.train import TrainConfig, chat_body, evaluate, train
+from gateway.schemas import parse_request
 from policies.types import TASKS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,16 +50,16 @@ def test_latency_of_4kb_prompt(shipped: LinearTextModel) -> None:
     1 ms guard: a loaded CI box preempts us, which wall time would count as our cost.
     Wall-clock p50 is checked too; the real figures are in docs/CLASSIFIER.md."""
     sentence = "Could you tell me more about the history of the old harbour town we visited? "
-    body = chat_body((sentence * 60)[:4096])
-    assert classify(body, "chat", model=shipped).reasons[0].startswith("model:")
+    body = parse_request(chat_body((sentence * 60)[:4096]), "chat")
+    assert classify(body, model=shipped).reasons[0].startswith("model:")
     for _ in range(200):
-        classify(body, "chat", model=shipped)
+        classify(body, model=shipped)
     cpu_p99, wall_p50 = [], []
     for _ in range(3):
         wall, cpu = [], []
         for _ in range(1000):
             start_wall, start_cpu = time.perf_counter_ns(), time.thread_time_ns()
-            classify(body, "chat", model=shipped)
+            classify(body, model=shipped)
             cpu.append(time.thread_time_ns() - start_cpu)
             wall.append(time.perf_counter_ns() - start_wall)
         cpu_p99.append(sorted(cpu)[989])
@@ -74,7 +75,8 @@ def test_training_smoke_writes_a_loadable_model(tmp_path: Path) -> None:
     assert set(model.classes) == set(TASKS)
     assert report.pipeline_accuracy > 0.8
     assert json.loads((tmp_path / "classifier.json").read_text())["train_examples"] == 360
-    profile = classify(chat_body("Fix this bug:\nint main() { return 0 }"), "chat", model=model)
+    profile = classify(parse_request(chat_body("Fix this bug:\nint main() { return 0 }"), "chat"),
+                       model=model)
     assert profile.task == "code"
 
 
@@ -123,7 +125,9 @@ def test_window_bounds_long_prompts() -> None:
 
 def test_no_model_io_at_import() -> None:
     code = ("import gateway.classifier.classify as c; assert c._MODEL is None; "
-            "c.classify({'messages': [{'role': 'user', 'content': 'hi'}]}, 'chat'); "
+            "from gateway.schemas import parse_request; "
+            "c.classify(parse_request({'model': 'm', 'messages': [{'role': 'user', "
+            "'content': 'hi'}]}, 'chat')); "
             "assert c._MODEL is not None")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
 
@@ -140,7 +144,9 @@ def test_runtime_import_path_has_no_training_code() -> None:
     """The gateway classifies with numpy only: scikit-learn and the training package are
     never imported by the app, not even after the first classification."""
     code = ("import sys, gateway.app; from gateway.classifier.classify import classify; "
-            "classify({'messages': [{'role': 'user', 'content': 'hi'}]}, 'chat'); "
+            "from gateway.schemas import parse_request; "
+            "classify(parse_request({'model': 'm', 'messages': [{'role': 'user', "
+            "'content': 'hi'}]}, 'chat')); "
             "bad = [m for m in sys.modules if m.startswith(('sklearn', 'scipy', "
             "'gateway.classifier.training', 'torch', 'specroute', 'bench'))]; "
             "assert not bad, bad")

@@ -94,7 +94,7 @@ async def test_failing_worker_is_skipped_once_its_breaker_opens(
         request = parse_request({"model": "m", "prompt": "x y"}, "completions")
         for _ in range(4):
             decision, pools = gateway.router.route(request, gateway.router.classify(
-                request.body, "completions", "t"))
+                request, "t"))
             lease, result = await dispatch.generate(gateway, request, decision, pools)
             assert lease.worker.url == good_url and result.text == "x y"
         assert failing_cfg.generate_calls == 3  # the 4th request skipped it: breaker open
@@ -112,7 +112,7 @@ async def test_all_attempts_fail_with_the_last_error(session: aiohttp.ClientSess
         gateway = make_gateway(session, [pool("p", [url])])
         request = parse_request({"model": "m", "prompt": "x"}, "completions")
         decision, pools = gateway.router.route(request, gateway.router.classify(
-            request.body, "completions", "t"))
+            request, "t"))
         with pytest.raises(UpstreamUnavailable, match="answered 500"):
             await dispatch.generate(gateway, request, decision, pools)
     finally:

@@ -81,7 +81,7 @@ def pool(name: str, workers: list[str], engine: str = "sglang", **caps: object) 
 
 async def collect(gateway: dispatch.Gateway, body: dict, endpoint: str = "completions"):
     request = parse_request(body, endpoint)  # type: ignore[arg-type]
-    decision, pools = gateway.router.route(request, minimal_profile(body, endpoint, "t"))
+    decision, pools = gateway.router.route(request, minimal_profile(request, "t"))
     lease, first, items = await dispatch.open_stream(gateway, request, decision, pools)
     out = [first] + [item async for item in items]
     lease.release()
@@ -123,7 +123,7 @@ async def test_failover_to_next_worker_before_first_token(
     gateway.pools["p"].workers[1].healthy = False
     request = parse_request({"model": "m", "prompt": "x y"}, "completions")
     with pytest.raises(NoHealthyWorker, match="no healthy worker"):
-        gateway.router.route(request, minimal_profile(request.body, "completions", "t"))
+        gateway.router.route(request, minimal_profile(request, "t"))
 
 
 async def test_failover_to_fallback_pool_updates_decision(
@@ -132,7 +132,7 @@ async def test_failover_to_fallback_pool_updates_decision(
     gateway = make_gateway(session, [pool("a", [dead]), pool("b", [stubs["vllm"]], "vllm")])
     body = {"model": "m", "prompt": "x y"}
     request = parse_request(body, "completions")
-    decision, pools = gateway.router.route(request, minimal_profile(body, "completions", "t"))
+    decision, pools = gateway.router.route(request, minimal_profile(request, "t"))
     assert decision.pool == "a" and decision.fallbacks == ("b",)
     lease, result = await dispatch.generate(gateway, request, decision, pools)
     assert lease.decision.pool == "b" and "failover" in lease.decision.reason
@@ -146,7 +146,7 @@ async def test_all_workers_failing_gives_upstream_error(
         url = str(failing.make_url("")).rstrip("/")
         gateway = make_gateway(session, [pool("p", [url])])
         request = parse_request({"model": "m", "prompt": "x"}, "completions")
-        decision, pools = gateway.router.route(request, minimal_profile({}, "", "t"))
+        decision, pools = gateway.router.route(request, minimal_profile(request, "t"))
         with pytest.raises(UpstreamUnavailable, match="500") as info:
             await dispatch.generate(gateway, request, decision, pools)
         assert info.value.status == 502
@@ -187,7 +187,7 @@ def test_router_filters_by_model_and_capability() -> None:
 
     def route(body: dict):
         request = parse_request({"model": "m", "prompt": "hi", **body}, "completions")
-        return router.route(request, minimal_profile(request.body, "completions", "t"))
+        return router.route(request, minimal_profile(request, "t"))
 
     assert route({})[0].pool == "plain"
     assert route({"response_format": {"type": "json_object"}})[0].pool == "json"
@@ -271,7 +271,7 @@ def test_record_feeds_recorder_and_one_span() -> None:
                                recorder=ListRecorder(), tracer=tracer)
     request = parse_request({"model": "m", "prompt": "x", "temperature": 0}, "completions")
     dispatch.record(gateway, request=request,
-                    profile=minimal_profile(request.body, "completions", "acme"),
+                    profile=minimal_profile(request, "acme"),
                     tenant=DEFAULT_TENANT, decision=Decision("p", "eagle", 3, "test"), load=2,
                     timer=dispatch.Timer(), usage=Usage(5, 9), spec=SpecStats(3, 3.0), ok=True)
     (entry,) = records

@@ -207,7 +207,7 @@ def test_a_policy_without_a_pool_answers_503() -> None:
     pools["p"].workers[0].healthy = True
     request = parse_request(chat("m"), "chat")
     with pytest.raises(NoHealthyWorker) as info:
-        Router(pools, decide=no_pool).route(request, minimal_profile(request.body, "chat", "t"))
+        Router(pools, decide=no_pool).route(request, minimal_profile(request, "t"))
     assert info.value.status == 503 and info.value.code == "no_healthy_worker"
 
 
@@ -226,7 +226,7 @@ def test_json_object_prefers_constrained_pools_and_strips_elsewhere() -> None:
         p.workers[0].healthy = True
     router = Router(pools, decide=first_healthy)
     request = parse_request(chat("m", response_format={"type": "json_object"}), "chat")
-    profile = minimal_profile(request.body, "chat", "t")
+    profile = minimal_profile(request, "t")
     assert profile.task == "structured" and not profile.needs_constrained
     why = {a.pool.name: a.excluded for a in router.assess(request, profile)}
     assert why == {"free": JSON_OBJECT_PREFERENCE, "json": None}

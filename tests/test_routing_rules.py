@@ -8,7 +8,7 @@ from gateway.config import parse_config
 from gateway.errors import InvalidRequest
 from gateway.pools import build_pools
 from gateway.routing import Pin, Router, minimal_profile, static_rules
-from gateway.schemas import parse_request
+from gateway.schemas import GenerationRequest, parse_request
 from policies.types import Decision, PoolView, RequestProfile
 
 
@@ -57,9 +57,9 @@ def test_failover_order_keeps_policy_fallbacks_and_adds_plain_last() -> None:
 
     router = Router(built, decide=decide)
     request = parse_request({"model": "m", "prompt": "x"}, "completions")
-    decision, order = router.route(request, minimal_profile(request.body, "completions", "t"))
+    decision, order = router.route(request, minimal_profile(request, "t"))
     assert [p.name for p in order] == ["b", "a", "p"]  # c is not a fallback; plain last
-    _, pinned = router.route(request, minimal_profile(request.body, "completions", "t"),
+    _, pinned = router.route(request, minimal_profile(request, "t"),
                              Pin(pool="a"))
     assert [p.name for p in pinned] == ["a"]  # a pinned pool never fails over
 
@@ -73,10 +73,10 @@ def test_pin_headers_are_validated() -> None:
 
 
 def test_a_failing_classifier_degrades_to_the_minimal_profile() -> None:
-    def broken(body: dict, endpoint: str, tenant: str) -> RequestProfile:
+    def broken(request: GenerationRequest, tenant: str) -> RequestProfile:
         raise KeyError("bug")
 
     router = Router({}, classify=broken)
     body = {"model": "m", "prompt": "x", "response_format": {"type": "json_object"}}
-    got = router.classify(body, "completions", "t")
+    got = router.classify(parse_request(body, "completions"), "t")
     assert got.reasons == ("minimal_profile",) and got.task == "structured"

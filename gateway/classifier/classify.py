@@ -1,4 +1,4 @@
-"""Request classification: an OpenAI request body -> `RequestProfile`.
+"""Request classification: a validated `GenerationRequest` -> `RequestProfile`.
 
 Why: speculative drafts are accepted far more often on code and JSON than on free chat,
 so the policy needs to know which one a request is before choosing a pool and `k`.
@@ -21,8 +21,9 @@ in `reasons`):
 Structured beats code because a requested output format is the strongest signal about
 what will be decoded. Rules read the system messages plus the last user message (head
 6 KB + tail 2 KB); the model reads only the last user message (its own head/tail
-window). `prompt_tokens` is an estimate, UTF-8 bytes / 4 + 4 per message: there is no
-tokenizer in the gateway. The model loads lazily on first use (`load_classifier`).
+window). `prompt_tokens` is the request's own estimate
+(`GenerationRequest.prompt_tokens_estimate`). The model loads lazily on first use
+(`load_classifier`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from itertools import islice
 from pathlib import Path
 
 from gateway.classifier.model import LinearTextModel
+from gateway.schemas import GenerationRequest, content_text
 from policies.types import RequestProfile, Task
 
 DEFAULT_MODEL_PATH = Path(__file__).resolve().parent / "assets" / "classifier.npz"
@@ -39,8 +41,6 @@ RULE_HEAD_CHARS = 6144
 RULE_TAIL_CHARS = 2048
 SYSTEM_CHARS = 1024
 MAX_FENCES = 16  # fenced blocks inspected per prompt
-BYTES_PER_TOKEN = 4
-TOKENS_PER_MESSAGE = 4
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI /v1/completions default; chat: 0 = unset
 
 _CONSTRAINED_EXTRAS = ("guided_json", "guided_regex", "guided_grammar", "regex", "ebnf",
@@ -109,50 +109,48 @@ def load_classifier(path: Path | str | None = None) -> LinearTextModel:
     return _MODEL
 
 
-def classify(body: dict, endpoint: str, tenant: str = "default", *,
+def classify(request: GenerationRequest, tenant: str = "default", *,
              model: LinearTextModel | None = None) -> RequestProfile:
-    """Profile a validated OpenAI request body; `endpoint` is "chat" or "completions".
+    """Profile a request `gateway.schemas.parse_request` has validated.
 
     `model` overrides the cached text model (training evaluates a fresh one this way).
     """
-    system, user, total_bytes, n_messages = _prompt_parts(body, endpoint)
-    task, reasons, constrained, tools = _decide(body, system, user, model)
-    if endpoint == "completions":
-        default_max = COMPLETIONS_DEFAULT_MAX_TOKENS
-        max_tokens = body.get("max_tokens")
+    system, user = _prompt_parts(request)
+    task, reasons, constrained, tools = _decide(request, system, user, model)
+    if request.max_tokens is not None:
+        max_tokens = request.max_tokens
     else:
-        default_max = 0
-        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+        max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if request.endpoint == "completions" else 0
     return RequestProfile(
         task=task,
-        temperature=max(0.0, _number(body.get("temperature"), 1.0)),
-        top_p=_number(body.get("top_p"), 1.0),
-        prompt_tokens=-(-total_bytes // BYTES_PER_TOKEN) + TOKENS_PER_MESSAGE * n_messages,
-        max_tokens=int(_number(max_tokens, default_max)),
-        stream=body.get("stream") is True,
+        temperature=1.0 if request.temperature is None else request.temperature,
+        top_p=1.0 if request.top_p is None else request.top_p,
+        prompt_tokens=request.prompt_tokens_estimate,
+        max_tokens=max_tokens,
+        stream=request.stream,
         tenant=tenant,
-        model=str(body.get("model") or ""),
+        model=request.model,
         needs_constrained=constrained,
         needs_tools=tools,
         reasons=tuple(reasons),
     )
 
 
-def _decide(body: dict, system: str, user: str,
+def _decide(request: GenerationRequest, system: str, user: str,
             model: LinearTextModel | None) -> tuple[Task, list[str], bool, bool]:
     """Task, reasons, needs_constrained, needs_tools — rules first, then the model."""
     reasons: list[str] = []
-    fmt = body.get("response_format")
-    fmt_type = fmt.get("type") if isinstance(fmt, dict) else None
+    fmt_type = request.response_format["type"] if request.response_format else None
     constrained = fmt_type == "json_schema"
     if fmt_type in ("json_object", "json_schema"):
         reasons.append(f"response_format={fmt_type}")
-    extras = [k for k in _CONSTRAINED_EXTRAS if body.get(k)]
+    extras = [k for k in _CONSTRAINED_EXTRAS if request.body.get(k)]  # engine pass-through
     if extras:
         constrained = True
         reasons.append(f"constrained decoding ({', '.join(extras)})")
-    tool_list = body.get("tools") or body.get("functions")
-    tools = isinstance(tool_list, list) and bool(tool_list) and body.get("tool_choice") != "none"
+    tool_list = request.tools or request.body.get("functions")  # functions: legacy, unchecked
+    tools = (isinstance(tool_list, list) and bool(tool_list)
+             and request.tool_choice != "none")
     if tools:
         reasons.append(f"tools ({len(tool_list)})")  # type: ignore[arg-type]
     if reasons:
@@ -219,57 +217,18 @@ def _bounded(text: str) -> str:
     return text[:RULE_HEAD_CHARS] + "\n" + text[-RULE_TAIL_CHARS:]
 
 
-def _prompt_parts(body: dict, endpoint: str) -> tuple[str, str, int, int]:
-    """(system text, last user text, total prompt bytes, message count)."""
-    if endpoint == "completions":
-        prompt = body.get("prompt")
-        if isinstance(prompt, str):
-            return "", prompt, len(prompt.encode("utf-8")), 0
-        if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-            return "", prompt[0], sum(len(p.encode("utf-8")) for p in prompt), 0
-        if isinstance(prompt, list):  # token ids: count them, nothing to read
-            return "", "", BYTES_PER_TOKEN * _count_token_ids(prompt), 0
-        return "", "", 0, 0
-    messages = body.get("messages")
-    if not isinstance(messages, list):
-        return "", "", 0, 0
+def _prompt_parts(request: GenerationRequest) -> tuple[str, str]:
+    """(system text, last user text); token-id prompts have no text to read."""
+    if request.messages is None:
+        return "", request.prompt if isinstance(request.prompt, str) else ""
     system_parts: list[str] = []
     user = ""
-    total = 0
-    for message in messages:
-        if not isinstance(message, dict):
-            continue
-        text = _content_text(message.get("content"))
-        total += len(text.encode("utf-8"))
-        role = message.get("role")
+    for message in request.messages:
+        role = message["role"]
         if role in ("system", "developer"):
-            system_parts.append(text[:SYSTEM_CHARS])
+            system_parts.append(content_text(message.get("content"))[:SYSTEM_CHARS])
         elif role == "user":
-            user = text
-    if not user and messages and isinstance(messages[-1], dict):
-        user = _content_text(messages[-1].get("content"))
-    return "\n".join(system_parts)[:SYSTEM_CHARS], user, total, len(messages)
-
-
-def _content_text(content: object) -> str:
-    """A message's text: a string, or the text parts of a content-part list."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "\n".join(
-            part["text"] for part in content
-            if isinstance(part, dict) and isinstance(part.get("text"), str)
-        )
-    return ""
-
-
-def _count_token_ids(prompt: list) -> int:
-    if prompt and isinstance(prompt[0], list):
-        return sum(len(p) for p in prompt if isinstance(p, list))
-    return len(prompt)
-
-
-def _number(value: object, default: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return default
-    return float(value)
+            user = content_text(message.get("content"))
+    if not user:
+        user = content_text(request.messages[-1].get("content"))
+    return "\n".join(system_parts)[:SYSTEM_CHARS], user

@@ -24,6 +24,7 @@ from sklearn.preprocessing import normalize
 from gateway.classifier.classify import classify
 from gateway.classifier.model import LinearTextModel, features
 from gateway.classifier.training.data import SEEDS, Example, build_dataset
+from gateway.schemas import parse_request
 from policies.types import TASKS
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -103,7 +104,7 @@ def evaluate(model: LinearTextModel, examples: list[Example]) -> EvalResult:
     for example in examples:
         predicted = model.predict(example.text, explain=0).label
         model_cm[order[example.label], order[predicted]] += 1  # type: ignore[index]
-        profile = classify(chat_body(example.text), "chat", model=model)
+        profile = classify(parse_request(chat_body(example.text), "chat"), model=model)
         pipe_cm[order[example.label], order[profile.task]] += 1
         if profile.reasons[0].startswith("model:"):
             fallback[0] += 1
@@ -121,7 +122,7 @@ def latency_profile(model: LinearTextModel, calls: int) -> dict[str, float]:
     """p50/p99 µs of `classify` on a 4 KB prompt that reaches the model (no rule fires):
     wall time (perf_counter_ns) and this thread's CPU time (immune to preemption)."""
     sentence = "Could you tell me more about the history of the old harbour town we visited? "
-    body = chat_body((sentence * (4096 // len(sentence) + 1))[:4096])
+    request = parse_request(chat_body((sentence * (4096 // len(sentence) + 1))[:4096]), "chat")
     start = time.thread_time_ns()
     for _ in range(20):
         sum(range(10_000))
@@ -130,11 +131,11 @@ def latency_profile(model: LinearTextModel, calls: int) -> dict[str, float]:
                              "reference_loop": (time.thread_time_ns() - start) / 20_000}
     for name, clock in (("wall", time.perf_counter_ns), ("cpu", time.thread_time_ns)):
         for _ in range(200):
-            classify(body, "chat", model=model)
+            classify(request, model=model)
         samples = []
         for _ in range(calls):
             start = clock()
-            classify(body, "chat", model=model)
+            classify(request, model=model)
             samples.append(clock() - start)
         samples.sort()
         out[f"{name}_p50"] = samples[len(samples) // 2] / 1000
