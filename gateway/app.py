@@ -35,10 +35,10 @@ from gateway.dispatch import Gateway
 from gateway.endpoints import ExplainEndpoint, TokenEndpoint
 from gateway.errors import GatewayError, ModelNotFound, error_response
 from gateway.health import HealthMonitor
-from gateway.learned import Routing, build_routing
+from gateway.learned import RoutingPolicy, build_routing_policy
 from gateway.observability import FanoutRecorder, PrometheusRecorder, Recorder, make_tracer
 from gateway.pools import build_pools
-from gateway.routing import Classify, Decide, Router, minimal_profile
+from gateway.routing import Classify, Decide, PoolRouter, minimal_profile
 
 log = logging.getLogger("specroute.gateway")
 
@@ -164,7 +164,8 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
         provider, tracer = make_tracer(server.otel_exporter)
         chosen = classify if classify is not None else await asyncio.to_thread(
             load_default_classifier)
-        routing = Routing(decide, "custom") if decide else build_routing(policy, config)
+        routing = (RoutingPolicy(decide, "custom") if decide
+                   else build_routing_policy(policy, config))
         app.state.routing = routing
         async with aiohttp.ClientSession(timeout=timeout, connector=connector,
                                          auto_decompress=False) as session:
@@ -179,7 +180,7 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
                                               on_new=monitor.probe)
             app.state.gateway = Gateway(
                 config=config, pools=pools,
-                router=Router(pools, decide=routing.decide, classify=chosen),
+                router=PoolRouter(pools, decide=routing.decide, classify=chosen),
                 auth=Authenticator(config.tenants), limiter=RateLimiter(),
                 adapters=make_adapters(session), recorder=FanoutRecorder(recorder, routing),
                 tracer=tracer, provider=provider)

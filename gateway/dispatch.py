@@ -18,13 +18,13 @@ from dataclasses import dataclass, field, replace
 
 from opentelemetry.trace import Tracer
 
-from gateway.adapters.base import Adapter, Delta, Generation, SpecStats, StreamItem, Usage
+from gateway.adapters.base import Adapter, Delta, GenerationResult, SpecStats, StreamItem, Usage
 from gateway.auth import Authenticator, RateLimiter
 from gateway.config import GatewayConfig, TenantConfig
 from gateway.errors import GatewayError, NoHealthyWorker, UpstreamTimeout, UpstreamUnavailable
 from gateway.observability import GatewayTracerProvider, Recorder, span_attributes
 from gateway.pools import Pool, Worker
-from gateway.routing import Router
+from gateway.routing import PoolRouter
 from gateway.schemas import GenerationRequest
 from policies.types import Decision, RequestProfile, RequestRecord
 
@@ -37,7 +37,7 @@ class Gateway:
 
     config: GatewayConfig
     pools: dict[str, Pool]
-    router: Router
+    router: PoolRouter
     auth: Authenticator
     limiter: RateLimiter
     adapters: dict[str, Adapter]
@@ -143,7 +143,7 @@ def _is_empty(item: StreamItem) -> bool:
 
 
 async def generate(gateway: Gateway, request: GenerationRequest, decision: Decision,
-                   pools: list[Pool]) -> tuple[Lease, Generation]:
+                   pools: list[Pool]) -> tuple[Lease, GenerationResult]:
     """Non-streaming dispatch; the returned lease is already released."""
     error: GatewayError = NoHealthyWorker(
         f"no healthy worker in pool {decision.pool!r}", code="no_healthy_worker")
@@ -208,6 +208,19 @@ def slo_met(tenant: TenantConfig, ttft_s: float, itl_s: float, e2e_s: float, tok
     return e2e_s * 1000 <= tenant.slo_ttft_ms + tenant.slo_tpot_ms * max(tokens - 1, 0)
 
 
+def verify_steps(spec: SpecStats, k: int, tokens: int) -> int | None:
+    """Verify steps behind `tokens`: as reported, or from the reported accept length
+    (vLLM reports only its mean), or one per token without speculation; None when a
+    speculative worker reported neither, which the policy must not read as anything."""
+    if tokens <= 0:
+        return 0
+    if spec.verify_steps > 0:
+        return spec.verify_steps
+    if spec.accept_length > 0:
+        return max(round(tokens / spec.accept_length), 1)
+    return tokens if k == 0 else None
+
+
 def record(gateway: Gateway, *, request: GenerationRequest, profile: RequestProfile,
            tenant: TenantConfig, decision: Decision, load: int, timer: Timer, usage: Usage,
            spec: SpecStats, ok: bool, workers: int = 1) -> None:
@@ -220,14 +233,14 @@ def record(gateway: Gateway, *, request: GenerationRequest, profile: RequestProf
     end = time.perf_counter()
     e2e = end - timer.start
     tokens = usage.completion_tokens
-    accept = spec.accept_length or (1.0 if decision.k == 0 and ok else 0.0)
-    steps = spec.verify_steps or (tokens if accept == 1.0 else 0)
+    steps = verify_steps(spec, decision.k, tokens)
+    accept = spec.accept_length or (tokens / steps if steps else 0.0)
     if request.stream:
         ttft = (timer.first_token or end) - timer.start
         itl = (end - timer.first_token) / (tokens - 1) if tokens > 1 and timer.first_token \
             else 0.0
     else:
-        ttft = e2e / max(steps, 1)
+        ttft = e2e / max(steps or tokens, 1)
         itl = (e2e - ttft) / (tokens - 1) if tokens > 1 else 0.0
     entry = RequestRecord(
         model=request.model, pool=decision.pool, method=decision.method, k=decision.k,

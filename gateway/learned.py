@@ -62,7 +62,7 @@ class LockedTelemetry:
             self.inner.publish_desired_k(pool, k)
 
 
-class Routing:
+class RoutingPolicy:
     """A fixed rule: decides, learns nothing."""
 
     def __init__(self, decide: Decide, name: str) -> None:
@@ -79,7 +79,7 @@ class Routing:
         """Nothing to stop."""
 
 
-class LearnedRouting(Routing):
+class LearnedRoutingPolicy(RoutingPolicy):
     """The learned policy and its telemetry store (see the module docstring)."""
 
     def __init__(self, config: GatewayConfig) -> None:
@@ -105,12 +105,12 @@ class LearnedRouting(Routing):
             self.store.stop()
 
 
-def build_routing(name: str, config: GatewayConfig) -> Routing:
+def build_routing_policy(name: str, config: GatewayConfig) -> RoutingPolicy:
     """The policy called `name` (one of `POLICY_NAMES`), not yet started."""
     if name == "learned":
-        return LearnedRouting(config)
+        return LearnedRoutingPolicy(config)
     if name == "static":
-        return Routing(static_rules, "static")
+        return RoutingPolicy(static_rules, "static")
     if name == "first":
-        return Routing(first_healthy, "first")
+        return RoutingPolicy(first_healthy, "first")
     raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")

@@ -14,7 +14,7 @@ import uuid
 
 import orjson
 
-from gateway.adapters.base import Delta, Final, Generation, SpecStats, Usage
+from gateway.adapters.base import Delta, Final, GenerationResult, SpecStats, Usage
 from gateway.schemas import GenerationRequest
 from policies.types import Decision
 
@@ -59,7 +59,8 @@ def headers_for(decision: Decision) -> list[tuple[bytes, bytes]]:
                                   decision.reason))
 
 
-def response_body(request: GenerationRequest, result: Generation, decision: Decision) -> bytes:
+def response_body(request: GenerationRequest, result: GenerationResult,
+                  decision: Decision) -> bytes:
     if request.endpoint == "chat":
         message = dict(result.message or {})
         message["role"] = "assistant"

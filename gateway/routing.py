@@ -1,6 +1,6 @@
 """Which pool serves a request: filter by model and capability, then ask a policy.
 
-The `Router` owns the facts (which pools serve the model, which can do constrained
+The `PoolRouter` owns the facts (which pools serve the model, which can do constrained
 decoding or tools, which fit the prompt, which have an available worker); the choice
 among the remaining pools is a pluggable `decide(profile, pools) -> Decision` from
 `policies/`. Built in: `first_healthy` (config order) and `static_rules` (task and
@@ -135,7 +135,7 @@ class Assessment:
                 "outstanding": self.pool.outstanding}
 
 
-class Router:
+class PoolRouter:
     def __init__(self, pools: dict[str, Pool], decide: Decide = first_healthy,
                  classify: Classify = minimal_profile) -> None:
         self.pools = pools

@@ -30,7 +30,7 @@ from gateway.errors import (
 )
 from gateway.observability import PrometheusRecorder, make_tracer
 from gateway.pools import BreakerState, build_pools
-from gateway.routing import Router, minimal_profile
+from gateway.routing import PoolRouter, minimal_profile
 from gateway.schemas import parse_request
 
 
@@ -67,7 +67,7 @@ def make_gateway(session: aiohttp.ClientSession, pools: list[dict],
     for pool in built.values():
         for worker in pool.workers:
             worker.healthy = True  # as if the last health probe had answered
-    return dispatch.Gateway(config=config, pools=built, router=Router(built),
+    return dispatch.Gateway(config=config, pools=built, router=PoolRouter(built),
                             auth=Authenticator(()), limiter=RateLimiter(),
                             adapters=make_adapters(session),
                             recorder=PrometheusRecorder(CollectorRegistry()),
@@ -183,7 +183,7 @@ def test_router_filters_by_model_and_capability() -> None:
     pools = build_pools(config)
     for p in pools.values():
         p.workers[0].healthy = True
-    router = Router(pools)
+    router = PoolRouter(pools)
 
     def route(body: dict):
         request = parse_request({"model": "m", "prompt": "hi", **body}, "completions")
@@ -266,7 +266,7 @@ def test_record_feeds_recorder_and_one_span() -> None:
     spans = InMemorySpanExporter()
     provider.add_span_processor(SimpleSpanProcessor(spans))
     config = parse_config({"pools": [pool("p", ["http://a:1"])]})
-    gateway = dispatch.Gateway(config=config, pools={}, router=Router({}),
+    gateway = dispatch.Gateway(config=config, pools={}, router=PoolRouter({}),
                                auth=Authenticator(()), limiter=RateLimiter(), adapters={},
                                recorder=ListRecorder(), tracer=tracer)
     request = parse_request({"model": "m", "prompt": "x", "temperature": 0}, "completions")

@@ -196,7 +196,7 @@ def test_a_policy_without_a_pool_answers_503() -> None:
     from gateway.config import parse_config
     from gateway.errors import NoHealthyWorker
     from gateway.pools import build_pools
-    from gateway.routing import Router, minimal_profile
+    from gateway.routing import PoolRouter, minimal_profile
     from gateway.schemas import parse_request
 
     def no_pool(profile: object, pools: object) -> None:
@@ -207,7 +207,7 @@ def test_a_policy_without_a_pool_answers_503() -> None:
     pools["p"].workers[0].healthy = True
     request = parse_request(chat("m"), "chat")
     with pytest.raises(NoHealthyWorker) as info:
-        Router(pools, decide=no_pool).route(request, minimal_profile(request, "t"))
+        PoolRouter(pools, decide=no_pool).route(request, minimal_profile(request, "t"))
     assert info.value.status == 503 and info.value.code == "no_healthy_worker"
 
 
@@ -215,7 +215,7 @@ def test_json_object_prefers_constrained_pools_and_strips_elsewhere() -> None:
     from gateway.config import parse_config
     from gateway.dispatch import for_pool, warning_headers
     from gateway.pools import build_pools
-    from gateway.routing import JSON_OBJECT_PREFERENCE, Router, first_healthy, minimal_profile
+    from gateway.routing import JSON_OBJECT_PREFERENCE, PoolRouter, first_healthy, minimal_profile
     from gateway.schemas import parse_request
 
     config = parse_config({"pools": [pool("free", "eagle", "http://a:1"),
@@ -224,7 +224,7 @@ def test_json_object_prefers_constrained_pools_and_strips_elsewhere() -> None:
     pools = build_pools(config)
     for p in pools.values():
         p.workers[0].healthy = True
-    router = Router(pools, decide=first_healthy)
+    router = PoolRouter(pools, decide=first_healthy)
     request = parse_request(chat("m", response_format={"type": "json_object"}), "chat")
     profile = minimal_profile(request, "t")
     assert profile.task == "structured" and not profile.needs_constrained

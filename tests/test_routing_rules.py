@@ -1,4 +1,4 @@
-"""Router facts and the built-in policies, in process (no I/O)."""
+"""PoolRouter facts and the built-in policies, in process (no I/O)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from gateway.config import parse_config
 from gateway.errors import InvalidRequest
 from gateway.pools import build_pools
-from gateway.routing import Pin, Router, minimal_profile, static_rules
+from gateway.routing import Pin, PoolRouter, minimal_profile, static_rules
 from gateway.schemas import GenerationRequest, parse_request
 from policies.types import Decision, PoolView, RequestProfile
 
@@ -55,7 +55,7 @@ def test_failover_order_keeps_policy_fallbacks_and_adds_plain_last() -> None:
     def decide(_: RequestProfile, views: list[PoolView]) -> Decision:
         return Decision(pool="b", method="ngram", k=4, reason="test", fallbacks=("p", "a"))
 
-    router = Router(built, decide=decide)
+    router = PoolRouter(built, decide=decide)
     request = parse_request({"model": "m", "prompt": "x"}, "completions")
     decision, order = router.route(request, minimal_profile(request, "t"))
     assert [p.name for p in order] == ["b", "a", "p"]  # c is not a fallback; plain last
@@ -76,7 +76,7 @@ def test_a_failing_classifier_degrades_to_the_minimal_profile() -> None:
     def broken(request: GenerationRequest, tenant: str) -> RequestProfile:
         raise KeyError("bug")
 
-    router = Router({}, classify=broken)
+    router = PoolRouter({}, classify=broken)
     body = {"model": "m", "prompt": "x", "response_format": {"type": "json_object"}}
     got = router.classify(parse_request(body, "completions"), "t")
     assert got.reasons == ("minimal_profile",) and got.task == "structured"

@@ -1,7 +1,7 @@
 """What every engine adapter returns, whatever the worker speaks.
 
 An adapter turns a validated `GenerationRequest` into one worker call and answers in
-engine-neutral values: a `Generation` (non-streaming), or a stream of `Delta`s closed
+engine-neutral values: a `GenerationResult` (non-streaming), or a stream of `Delta`s closed
 by exactly one `Final`. The gateway renders these into OpenAI responses itself, so
 every pool's answers look the same to the client and carry the same speculation facts.
 """
@@ -38,7 +38,9 @@ class Usage:
 
 
 @dataclass(slots=True)
-class Generation:
+class GenerationResult:
+    """A whole non-streaming answer, finished when the adapter returns it."""
+
     text: str
     finish_reason: str
     usage: Usage
@@ -67,7 +69,7 @@ class Adapter(Protocol):
     """One engine's wire protocol; stateless apart from the shared HTTP session."""
 
     async def generate(self, worker: str, request: GenerationRequest, pool: PoolConfig,
-                       k: int) -> Generation: ...
+                       k: int) -> GenerationResult: ...
 
     def stream(self, worker: str, request: GenerationRequest, pool: PoolConfig,
                k: int) -> AsyncIterator[StreamItem]: ...

@@ -22,7 +22,7 @@ import aiohttp
 from gateway.adapters.base import (
     Delta,
     Final,
-    Generation,
+    GenerationResult,
     SpecStats,
     StreamItem,
     Usage,
@@ -91,7 +91,7 @@ class OpenAIAdapter:
         return body
 
     async def generate(self, worker: str, request: GenerationRequest, pool: PoolConfig,
-                       k: int) -> Generation:
+                       k: int) -> GenerationResult:
         body = await post_json(self.session, worker, PATHS[request.endpoint],
                                self.payload(request, pool, k, stream=False))
         choices = body.get("choices") or [{}]
@@ -101,7 +101,7 @@ class OpenAIAdapter:
             text = message.get("content") or ""
         else:
             message, text = None, choice.get("text") or ""
-        return Generation(
+        return GenerationResult(
             text=text,
             finish_reason=finish_reason_of(choice.get("finish_reason")),
             usage=usage_from_body(body) or Usage(),

@@ -27,7 +27,7 @@ import orjson
 from gateway.adapters.base import (
     Delta,
     Final,
-    Generation,
+    GenerationResult,
     SpecStats,
     StreamItem,
     Usage,
@@ -88,13 +88,13 @@ class SGLangAdapter:
                 "sampling_params": sampling_params(request, pool, k)}
 
     async def generate(self, worker: str, request: GenerationRequest, pool: PoolConfig,
-                       k: int) -> Generation:
+                       k: int) -> GenerationResult:
         if request.endpoint == "chat":
             return await self.chat.generate(worker, request, pool, k)
         body = await post_json(self.session, worker, "/generate",
                                self.payload(request, pool, k, stream=False))
         meta = body.get("meta_info") or {}
-        return Generation(text=body.get("text") or "",
+        return GenerationResult(text=body.get("text") or "",
                           finish_reason=finish_reason_of(meta.get("finish_reason")),
                           usage=usage_from_meta(meta), spec=spec_from_meta(meta))
 
