@@ -123,12 +123,14 @@ def make_tracer(exporter: str) -> tuple[GatewayTracerProvider, Tracer]:
 
 
 def span_attributes(record: RequestRecord) -> dict[str, str | int | float | bool]:
-    return {
+    attributes: dict[str, str | int | float | bool] = {
         "specroute.pool": record.pool, "specroute.method": record.method,
         "specroute.k": record.k, "specroute.task": record.task,
         "specroute.tenant": record.tenant, "specroute.accept_length": record.accept_length,
-        "specroute.verify_steps": record.verify_steps,
         "gen_ai.usage.input_tokens": record.prompt_tokens,
         "gen_ai.usage.output_tokens": record.output_tokens,
         "gen_ai.request.model": record.model, "specroute.ok": record.ok,
     }
+    if record.verify_steps is not None:  # None: the worker did not report it
+        attributes["specroute.verify_steps"] = record.verify_steps
+    return attributes

@@ -2,7 +2,8 @@
 
 A context is (model, pool, method, k, task, temperature bucket, load bucket). Each
 finished request adds to a handful of sums (requests, verify steps, output tokens, decode
-seconds, load). Old observations fade with time constant `tau`.
+seconds, load; `known` counts the requests whose verify steps the worker reported, the
+only ones behind steps, tokens and decode seconds). Old observations fade with time constant `tau`.
 
 Forward decay (Cormode et al., "Forward Decay", ICDE 2009): a contribution x at time t is
 stored as x * exp((t - L) / tau) for a landmark L, and read at time `now` as
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from policies.types import RequestRecord
 
 ERA_TAUS = 8.0
-FIELDS = ("n", "steps", "tokens", "decode_s", "load")
+FIELDS = ("n", "known", "steps", "tokens", "decode_s", "load")
 RECENT_FRACTION = 0.2  # the recent view decays 5x faster, to notice drift (prefix "f")
 RECENT_PREFIX = "f"
 LOAD_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 48, 64, 96, 128)
@@ -67,7 +68,8 @@ class ContextKey:
 class ContextStats:
     """Decayed sums for one context at read time."""
 
-    n: float = 0.0
+    n: float = 0.0  # every request: traffic
+    known: float = 0.0  # requests with reported verify steps: behind the sums below
     steps: float = 0.0
     tokens: float = 0.0
     decode_s: float = 0.0
@@ -81,7 +83,7 @@ class ContextStats:
     @property
     def step_s(self) -> float:
         """Seconds per verify step after the first (whose time is inside TTFT)."""
-        decode_steps = self.steps - self.n
+        decode_steps = self.steps - self.known
         return self.decode_s / decode_steps if decode_steps > 0 else 0.0
 
     @property
@@ -89,13 +91,22 @@ class ContextStats:
         return self.load / self.n if self.n > 0 else 0.0
 
 
+def steps_known(rec: RequestRecord) -> bool:
+    """Whether the record says how many verify steps its output took. None, or 0 steps
+    for a non-empty output, means the worker did not report it."""
+    return rec.verify_steps is not None and (rec.verify_steps > 0 or rec.output_tokens == 0)
+
+
 def record_values(rec: RequestRecord) -> dict[str, float]:
     """The sums one request contributes; decode time excludes time to first token, and load
-    counts the request itself (the batch it joined), as `Policy.decide` does."""
-    steps = max(rec.verify_steps, 1) if rec.output_tokens > 0 else 0
-    decode_s = max(rec.e2e_s - rec.ttft_s, 0.0)
-    return {"n": 1.0, "steps": float(steps), "tokens": float(rec.output_tokens),
-            "decode_s": decode_s, "load": (rec.load + 1) / max(rec.workers, 1)}
+    counts the request itself (the batch it joined), as `Policy.decide` does. A request
+    without reported verify steps adds only to the traffic sums (`n`, `load`)."""
+    load = (rec.load + 1) / max(rec.workers, 1)
+    if not steps_known(rec):
+        return {"n": 1.0, "load": load}
+    return {"n": 1.0, "known": 1.0, "steps": float(rec.verify_steps or 0),
+            "tokens": float(rec.output_tokens),
+            "decode_s": max(rec.e2e_s - rec.ttft_s, 0.0), "load": load}
 
 
 def era_of(t: float, tau: float) -> int:

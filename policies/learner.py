@@ -125,7 +125,7 @@ class Learner:
     def _measured_k(self, contexts: list[tuple[ContextKey, ContextStats]]) -> dict[str, int]:
         per_k: dict[tuple[str, int], float] = defaultdict(float)
         for ctx, stats in contexts:
-            per_k[(ctx.pool, ctx.k)] += stats.n
+            per_k[(ctx.pool, ctx.k)] += stats.known
         out: dict[str, int] = {}
         for (pool, k), n in per_k.items():
             if n >= self.config.min_k_requests:
@@ -158,7 +158,7 @@ class Learner:
             acc = sums[(ctx.model, ctx.method, ctx.task, ctx.temperature_bucket)]
             acc[0] += a * stats.steps
             acc[1] += stats.steps
-            acc[2] += stats.n
+            acc[2] += stats.known
             acc[3] += ctx.k * stats.steps
         return {key: (s[0] / s[1], s[2], s[3] / s[1]) for key, s in sums.items() if s[1] > 0}
 
@@ -168,7 +168,7 @@ class Learner:
         for ctx, stats in contexts:
             if stats.step_s > 0:
                 per_pool[ctx.pool].append(StepSample(ctx.k, stats.mean_load, stats.step_s,
-                                                     stats.n, ctx.load_bucket))
+                                                     stats.known, ctx.load_bucket))
         everything = [s for samples in per_pool.values() for s in samples]
         base = (statistics.median(s.step_s for s in everything) if everything
                 else self.config.default_step_s)

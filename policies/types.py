@@ -78,7 +78,11 @@ class Decision:
 
 @dataclass(slots=True)
 class RequestRecord:
-    """One finished request, as the telemetry store keeps it."""
+    """One finished request, as the telemetry store keeps it.
+
+    `verify_steps` is None when the worker did not say how many verify steps it took
+    (an OpenAI-compatible upstream without speculation counters): such a request counts
+    as traffic, never for acceptance or step cost — unknown is not "all accepted"."""
 
     model: str
     pool: str
@@ -88,7 +92,7 @@ class RequestRecord:
     temperature_bucket: str
     prompt_tokens: int
     output_tokens: int
-    verify_steps: int
+    verify_steps: int | None  # None: the upstream reported no speculation counters
     accept_length: float
     load: int  # outstanding requests on the pool at dispatch
     ttft_s: float
