@@ -8,10 +8,9 @@ shared by all replicas replaces `RateLimiter` behind the same `admit` call.
 
 from __future__ import annotations
 
-import hashlib
 import time
 
-from gateway.config import TenantConfig
+from gateway.config import TenantConfig, hash_api_key
 from gateway.errors import AuthenticationFailed, RateLimited
 
 DEFAULT_TENANT = TenantConfig(name="default")
@@ -29,7 +28,7 @@ class Authenticator:
         if not authorization or not authorization.startswith("Bearer "):
             raise AuthenticationFailed(
                 "Missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
-        digest = hashlib.sha256(authorization[7:].strip().encode()).hexdigest()
+        digest = hash_api_key(authorization[7:].strip())
         tenant = self.by_hash.get(digest)
         if tenant is None:
             raise AuthenticationFailed("Incorrect API key provided", code="invalid_api_key")

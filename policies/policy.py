@@ -349,18 +349,6 @@ class Policy:
         cfg = self.config
         return max(cfg.desired_k_gain, cfg.relaunch_cost_s / cfg.relaunch_payback_s)
 
-    def desired_k(self, pool: PoolView, state: PolicyState | None = None) -> int | None:
-        """Best fixed k for the pool's recent traffic mix (the fleet's mix if it has none),
-        or its current k unless the new one gains more than `relaunch_gain`; None when no
-        context of the mix has measured acceptance yet."""
-        scores = self._k_scores(pool, state or self._state)
-        if not scores:
-            return None
-        best = max(scores, key=lambda k: (scores[k], -k))
-        if scores[best] > scores[pool.k] * (1 + self.relaunch_gain):
-            return best
-        return pool.k
-
     def _k_scores(self, pool: PoolView, state: PolicyState) -> dict[int, float]:
         """Predicted tokens/s of the pool's traffic mix at each k, at its current load;
         only contexts whose acceptance rests on `relaunch_min_samples` requests count."""
