@@ -5,7 +5,7 @@ it, then measures, in one run on this machine: sequential latency (p50/p99) and 
 at concurrency 32, direct to the upstream vs through the gateway, non-streaming and
 streaming, with a minimal raw-ASGI + aiohttp pass-through (`bench.minproxy`) beside it:
 the floor any Python proxy pays here. The load client shares the cores with the servers,
-as in REFERENCES.md.
+as in the figures of docs/GATEWAY.md ("Overhead").
 """
 
 from __future__ import annotations

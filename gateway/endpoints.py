@@ -2,13 +2,14 @@
 `/v1/routing/explain` as raw ASGI apps.
 
 These run on every generated request, so they skip FastAPI's dependency and response
-layers (shared/REFERENCES.md: raw ASGI + aiohttp added 0.20 ms p50 here, a FastAPI
-route 0.29 ms and ~45% less throughput under concurrency). One request, in order:
-authenticate → read the body (size-capped) → rate limit → parse JSON → validate →
-classify → route → dispatch → respond → record. Every failure is a `GatewayError`,
-turned into a response in exactly one place (`errors.error_body`). A client that
-disconnects cancels the work at once (the upstream connection is closed, so the worker
-frees its slot); explain runs the same steps up to the route and stops there.
+layers (measured on the 2-core dev box: raw ASGI + aiohttp added 0.20 ms p50, a FastAPI
+route 0.29 ms and ~45% less throughput under concurrency; docs/GATEWAY.md, "What the
+proxy stack costs"). One request, in order: authenticate → read the body (size-capped)
+→ rate limit → parse JSON → validate → classify → route → dispatch → respond → record.
+Every failure is a `GatewayError`, turned into a response in exactly one place
+(`errors.error_body`). A client that disconnects cancels the work at once (the upstream
+connection is closed, so the worker frees its slot); explain runs the same steps up to
+the route and stops there.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """HTTP to the workers: one shared aiohttp session, errors mapped at this boundary.
 
 aiohttp rather than httpx because on this project's loopback measurements it adds
-~0.45 ms less per upstream call (shared/REFERENCES.md, "What the proxy stack costs").
+~0.45 ms less per upstream call (docs/GATEWAY.md, "What the proxy stack costs").
 Everything aiohttp can raise is translated here into `gateway.errors`; nothing above
 this module sees an aiohttp exception.
 """
