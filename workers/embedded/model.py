@@ -131,8 +131,10 @@ class RMSNorm(nn.Module):
 
 def rope_tables(config: ModelConfig, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     hs = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, hs, 2, dtype=torch.float32) / hs))
-    t = torch.arange(config.max_position_embeddings, dtype=torch.float32)
+    # device="cpu": real tables even when the model is built under torch.device("meta")
+    arange = torch.arange(0, hs, 2, dtype=torch.float32, device="cpu")
+    inv_freq = 1.0 / (config.rope_theta ** (arange / hs))
+    t = torch.arange(config.max_position_embeddings, dtype=torch.float32, device="cpu")
     freqs = torch.outer(t, inv_freq)  # (Lmax, hs/2)
     emb = torch.cat([freqs, freqs], dim=-1)  # (Lmax, hs)
     return emb.cos().to(device), emb.sin().to(device)
@@ -325,17 +327,24 @@ def load_model(
     dtype: torch.dtype = torch.bfloat16,
     device: torch.device | str = "cpu",
 ) -> LlamaForCausalLM:
+    """The checkpoint's tensors become the parameters, with no copy when `dtype` is the
+    stored one on the CPU: the model is built on the meta device (no random init) and
+    `assign=True` adopts the tensors safetensors maps from the file, so workers serving
+    the same folder share its pages in the page cache."""
     from safetensors.torch import load_file
 
     config = load_config(model_dir)
-    model = LlamaForCausalLM(config)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
     state = load_file(str(Path(model_dir) / "model.safetensors"))
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     missing = [m for m in missing if not (config.tie_word_embeddings and m == "lm_head.weight")]
     if missing or unexpected:
         raise ValueError(f"checkpoint mismatch: missing {missing}, unexpected {unexpected}")
+    if config.tie_word_embeddings:  # assign replaced embed_tokens.weight: tie again
+        model.lm_head.weight = model.model.embed_tokens.weight
     return model.to(device=device, dtype=dtype).eval()
 
 
