@@ -3,8 +3,9 @@
 - `learned` (the default): `policies.policy.Policy` over a telemetry store — the shared
   Redis `TelemetryStore` when `redis_url` is set, so replicas learn from each other's
   traffic and agree, else an in-process `LocalTelemetry`. Every finished request is fed
-  back (`record`: an O(1) enqueue; the store's thread writes Redis, the policy's thread
-  refits about every second), so nothing here blocks the event loop.
+  back (`record`: an O(1) enqueue in either store; the store's thread folds and writes
+  Redis, the policy's thread refits about every second), so nothing here blocks the
+  event loop.
 - `static`: `gateway.routing.static_rules`; `first`: `gateway.routing.first_healthy`.
   Neither learns.
 
@@ -14,52 +15,13 @@ thread first, then the store, which flushes what Redis will take within ~2 s).
 
 from __future__ import annotations
 
-import threading
-from collections import deque
-
 from gateway.config import GatewayConfig
 from gateway.routing import Decide, first_healthy, static_rules
-from policies.aggregates import ContextStats
 from policies.policy import Policy
 from policies.telemetry import LocalTelemetry, Telemetry, TelemetryStore
 from policies.types import RequestRecord
 
 POLICY_NAMES = ("learned", "static", "first")
-
-
-class LockedTelemetry:
-    """`LocalTelemetry` shared by the event loop (record) and the learner thread
-    (snapshot). `record` only appends to a deque (atomic, no lock, ~0.1 us); the
-    aggregation (~15 us a record) runs in batches under the lock when a snapshot is
-    taken, i.e. on the learner thread, off the request path. Nothing is dropped: every
-    snapshot first folds in everything recorded before it."""
-
-    MAX_PENDING = 4096  # fold in on the request path only if nobody snapshots for long
-
-    def __init__(self, inner: LocalTelemetry) -> None:
-        self.inner = inner
-        self._lock = threading.Lock()
-        self._pending: deque[RequestRecord] = deque()
-
-    def record(self, rec: RequestRecord) -> None:
-        self._pending.append(rec)
-        if len(self._pending) > self.MAX_PENDING:
-            with self._lock:
-                self._fold()
-
-    def _fold(self) -> None:
-        pending = self._pending
-        while pending:
-            self.inner.record(pending.popleft())
-
-    def snapshot(self) -> dict[str, ContextStats]:
-        with self._lock:
-            self._fold()
-            return self.inner.snapshot()
-
-    def publish_desired_k(self, pool: str, k: int) -> None:
-        with self._lock:
-            self.inner.publish_desired_k(pool, k)
 
 
 class RoutingPolicy:
@@ -84,7 +46,7 @@ class LearnedRoutingPolicy(RoutingPolicy):
 
     def __init__(self, config: GatewayConfig) -> None:
         self.store: Telemetry = (TelemetryStore(config.redis_url) if config.redis_url
-                                 else LockedTelemetry(LocalTelemetry()))
+                                 else LocalTelemetry())
         self.policy = Policy(self.store, config.policy)
         super().__init__(self.policy.decide, "learned")
 

@@ -9,9 +9,11 @@ Redis layout (see docs/POLICY.md):
 - `specroute:pool:{pool}:desired_k` — string, the k the policy wants on a fixed-k pool
   (read by the worker supervisor; the key is part of the fleet contract, policies/fleet.py).
 
-Design: one daemon thread per store owns the Redis client. `record()` updates the
-in-process aggregates and appends to a bounded deque (never blocks, never raises); the
-thread drains the deque in pipelined batches and refreshes the read cache about every
+Design: one daemon thread per store owns the Redis client. `record()` only appends, to
+the in-process aggregates' pending deque and to a bounded send deque: O(1), no lock, no
+I/O, never raises, so it is safe on the event loop. The thread folds the pending records
+into the local aggregates (`PendingAggregates`, the same mechanism `LocalTelemetry` uses),
+drains the send deque in pipelined batches and refreshes the read cache about every
 second. A thread, not an asyncio task, so the same store serves async gateway code and
 sync code (simulator, tests, supervisor) alike. While Redis is down the thread keeps the
 batch (bounded, oldest dropped first) and retries with backoff; readers fall back to the
@@ -34,7 +36,7 @@ import redis
 from policies.aggregates import (
     ContextKey,
     ContextStats,
-    LocalAggregates,
+    PendingAggregates,
     forward_increments,
     read_stats,
     record_values,
@@ -73,15 +75,19 @@ class TelemetryConfig:
 
 
 class LocalTelemetry:
-    """In-process store with an injectable clock: the simulator's and unit tests' store."""
+    """In-process store with an injectable clock: a gateway without Redis, the simulator
+    and unit tests. `record` is an O(1) enqueue that is safe on the event loop while a
+    thread snapshots; the snapshot folds the records in (`PendingAggregates`)."""
 
     def __init__(self, tau_s: float = 300.0, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
-        self._aggregates = LocalAggregates(tau_s)
+        self._aggregates = PendingAggregates(tau_s)
         self.desired_k: dict[str, int] = {}
 
     def record(self, rec: RequestRecord) -> None:
-        self._aggregates.add(rec, rec.timestamp or self.clock())
+        if not rec.timestamp:
+            rec.timestamp = self.clock()
+        self._aggregates.add(rec)
 
     def snapshot(self) -> dict[str, ContextStats]:
         return self._aggregates.snapshot(self.clock())
@@ -100,8 +106,7 @@ class TelemetryStore:
         self._client = redis.Redis.from_url(
             redis_url, socket_timeout=self.config.socket_timeout_s,
             socket_connect_timeout=self.config.socket_timeout_s)
-        self._local = LocalAggregates(self.config.tau_s)
-        self._local_lock = threading.Lock()
+        self._local = PendingAggregates(self.config.tau_s)
         self._queue: deque[RequestRecord] = deque(maxlen=self.config.buffer_max)
         self._desired: dict[str, int] = {}
         self._desired_dirty: set[str] = set()
@@ -116,11 +121,10 @@ class TelemetryStore:
 
     # -- request path -------------------------------------------------------------------
     def record(self, rec: RequestRecord) -> None:
-        """Enqueue one finished request; O(1), no I/O, never raises on Redis trouble."""
+        """Enqueue one finished request; O(1), no lock, no I/O, never raises."""
         if not rec.timestamp:
             rec.timestamp = self.clock()
-        with self._local_lock:
-            self._local.add(rec, rec.timestamp)
+        self._local.add(rec)
         if len(self._queue) == self._queue.maxlen:
             self.dropped += 1
         self._queue.append(rec)
@@ -132,8 +136,7 @@ class TelemetryStore:
             remote = self._remote
             return {key: read_stats(fields, now, self.config.tau_s)
                     for key, fields in remote.items()}
-        with self._local_lock:
-            return self._local.snapshot(now)
+        return self._local.snapshot(now)
 
     def publish_desired_k(self, pool: str, k: int) -> None:
         if self._desired.get(pool) != k:
@@ -179,6 +182,7 @@ class TelemetryStore:
         while not self._stopping.is_set():
             self._wake.wait(timeout=max(self.config.flush_interval_s, backoff))
             self._wake.clear()
+            self._local.fold()
             try:
                 self._flush()
                 if time.monotonic() >= next_refresh:
