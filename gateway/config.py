@@ -216,6 +216,7 @@ def _policy(raw: Any, path: str) -> PolicyConfig:
         if not 0.0 <= getattr(policy, name) <= 1.0:
             raise ConfigError(f"{path}.{name}: must be in 0..1, got {getattr(policy, name)}")
     _positive(policy.refit_interval_s, f"{path}.refit_interval_s")
+    _positive(policy.decay_tau_s, f"{path}.decay_tau_s")
     return policy
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from gateway.config import GatewayConfig
 from gateway.routing import Decide, first_healthy, static_rules
 from policies.policy import Policy
-from policies.telemetry import LocalTelemetry, Telemetry, TelemetryStore
+from policies.telemetry import LocalTelemetry, Telemetry, TelemetryConfig, TelemetryStore
 from policies.types import RequestRecord
 
 POLICY_NAMES = ("learned", "static", "first")
@@ -45,8 +45,10 @@ class LearnedRoutingPolicy(RoutingPolicy):
     """The learned policy and its telemetry store (see the module docstring)."""
 
     def __init__(self, config: GatewayConfig) -> None:
-        self.store: Telemetry = (TelemetryStore(config.redis_url) if config.redis_url
-                                 else LocalTelemetry())
+        tau_s = config.policy.decay_tau_s
+        self.store: Telemetry = (
+            TelemetryStore(config.redis_url, TelemetryConfig(tau_s=tau_s)) if config.redis_url
+            else LocalTelemetry(tau_s))
         self.policy = Policy(self.store, config.policy)
         super().__init__(self.policy.decide, "learned")
 

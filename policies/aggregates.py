@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from policies.types import RequestRecord
 
+DECAY_TAU_S = 300.0  # default decay time constant; the gateway's policy.decay_tau_s
 ERA_TAUS = 8.0
 FIELDS = ("n", "known", "steps", "tokens", "decode_s", "load")
 RECENT_FRACTION = 0.2  # the recent view decays 5x faster, to notice drift (prefix "f")

@@ -44,6 +44,7 @@ import threading
 from dataclasses import dataclass
 
 from policies.acceptance import A_MAX, acceptance_std, expected_accept_length
+from policies.aggregates import DECAY_TAU_S
 from policies.learner import Learner, LearnerConfig, PolicyState
 from policies.telemetry import Telemetry
 from policies.types import TASKS, Decision, PoolView, RequestProfile, RequestRecord
@@ -67,6 +68,9 @@ class PolicyConfig:
     cold_start_samples: float = 0.0  # tries per (pool, context) before trusting the prior
     k_trust_margin: int | None = 2  # k search limit above the largest measured k (None: off)
     seed: int = 0
+    # Time constant of the telemetry's exponential decay: the gateway's store and the
+    # simulator's both use it (the drift view decays 5x faster; docs/POLICY.md).
+    decay_tau_s: float = DECAY_TAU_S
     learner: LearnerConfig = LearnerConfig()
 
 

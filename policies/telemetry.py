@@ -34,6 +34,7 @@ import orjson
 import redis
 
 from policies.aggregates import (
+    DECAY_TAU_S,
     ContextKey,
     ContextStats,
     PendingAggregates,
@@ -55,6 +56,9 @@ AGG_INDEX = "specroute:agg:index"
 class Telemetry(Protocol):
     """What the policy needs from a store (Redis-backed or in-process)."""
 
+    @property
+    def tau_s(self) -> float: ...  # decay time constant of the aggregates
+
     def record(self, rec: RequestRecord) -> None: ...
 
     def snapshot(self) -> dict[str, ContextStats]: ...
@@ -64,7 +68,7 @@ class Telemetry(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class TelemetryConfig:
-    tau_s: float = 300.0  # decay time constant of the aggregates
+    tau_s: float = DECAY_TAU_S  # decay time constant of the aggregates
     stream_maxlen: int = 100_000
     flush_interval_s: float = 0.05
     refresh_interval_s: float = 1.0
@@ -79,10 +83,15 @@ class LocalTelemetry:
     and unit tests. `record` is an O(1) enqueue that is safe on the event loop while a
     thread snapshots; the snapshot folds the records in (`PendingAggregates`)."""
 
-    def __init__(self, tau_s: float = 300.0, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, tau_s: float = DECAY_TAU_S,
+                 clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
         self._aggregates = PendingAggregates(tau_s)
         self.desired_k: dict[str, int] = {}
+
+    @property
+    def tau_s(self) -> float:
+        return self._aggregates.tau
 
     def record(self, rec: RequestRecord) -> None:
         if not rec.timestamp:
@@ -143,6 +152,10 @@ class TelemetryStore:
             self._desired[pool] = k
             self._desired_dirty.add(pool)
             self._wake.set()
+
+    @property
+    def tau_s(self) -> float:
+        return self.config.tau_s
 
     @property
     def pending(self) -> int:

@@ -103,3 +103,19 @@ def test_pool_config_carries_every_fleet_pool_key() -> None:
 
     fleet_keys = {f.name for f in dataclasses.fields(FleetPool)}
     assert fleet_keys <= {f.name for f in dataclasses.fields(PoolConfig)}
+
+
+@pytest.mark.parametrize("redis_url", [None, "redis://127.0.0.1:1"])
+def test_one_decay_setting_reaches_the_telemetry_store(redis_url: str | None) -> None:
+    """policy.decay_tau_s is the one decay time constant: the store the gateway builds
+    (Redis or in-process) uses it; the default is the documented 300 s."""
+    from gateway.learned import LearnedRoutingPolicy
+    from policies.policy import PolicyConfig
+
+    pool = {"name": "p", "engine": "sglang", "model": "m", "workers": ["http://a:1"]}
+    assert PolicyConfig().decay_tau_s == 300.0
+    config = parse_config({"pools": [pool], "redis_url": redis_url,
+                           "policy": {"decay_tau_s": 30}})
+    assert LearnedRoutingPolicy(config).store.tau_s == 30.0
+    with pytest.raises(ConfigError, match=r"policy\.decay_tau_s"):
+        parse_config({"pools": [pool], "policy": {"decay_tau_s": 0}})
