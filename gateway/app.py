@@ -180,7 +180,8 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
                                               on_new=monitor.probe)
             app.state.gateway = Gateway(
                 config=config, pools=pools,
-                router=PoolRouter(pools, decide=routing.decide, classify=chosen),
+                router=PoolRouter(pools, decide=routing.decide, classify=chosen,
+                                  predict=routing.predict),
                 auth=Authenticator(config.tenants), limiter=RateLimiter(),
                 adapters=make_adapters(session), recorder=FanoutRecorder(recorder, routing),
                 tracer=tracer, provider=provider)

@@ -249,7 +249,8 @@ class ExplainEndpoint:
             request = parse_request(body, endpoint)
             profile = gateway.router.classify(request, tenant.name)
             assessed = gateway.router.assess(request, profile, pin)
-            decision, pools = gateway.router.route_assessed(assessed, profile, pin)
+            decision, pools = gateway.router.route_assessed(assessed, profile, pin,
+                                                            explain=True)
         except GatewayError as exc:
             await send_once(send, exc.status, error_body(exc), [])
             return

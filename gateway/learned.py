@@ -25,10 +25,12 @@ POLICY_NAMES = ("learned", "static", "first")
 
 
 class RoutingPolicy:
-    """A fixed rule: decides, learns nothing."""
+    """A fixed rule: decides, learns nothing; `predict` (for explain) is `decide`, or the
+    policy's side-effect-free ranking."""
 
-    def __init__(self, decide: Decide, name: str) -> None:
+    def __init__(self, decide: Decide, name: str, predict: Decide | None = None) -> None:
         self.decide = decide
+        self.predict = predict or decide
         self.name = name
 
     def record(self, record: RequestRecord) -> None:
@@ -50,7 +52,7 @@ class LearnedRoutingPolicy(RoutingPolicy):
             TelemetryStore(config.redis_url, TelemetryConfig(tau_s=tau_s)) if config.redis_url
             else LocalTelemetry(tau_s))
         self.policy = Policy(self.store, config.policy)
-        super().__init__(self.policy.decide, "learned")
+        super().__init__(self.policy.decide, "learned", self.policy.predict)
 
     def record(self, record: RequestRecord) -> None:
         """Feed successful requests only: a failure carries no acceptance, and its

@@ -136,10 +136,14 @@ class Assessment:
 
 
 class PoolRouter:
+    """`decide` routes live requests; `predict` (default: `decide`) is the policy's pure
+    ranking, used by explain, which must move no counter, RNG or exploration budget."""
+
     def __init__(self, pools: dict[str, Pool], decide: Decide = first_healthy,
-                 classify: Classify = minimal_profile) -> None:
+                 classify: Classify = minimal_profile, predict: Decide | None = None) -> None:
         self.pools = pools
         self.decide = decide
+        self.predict = predict or decide
         self.classifier = classify
         self._classifier_failed = False
 
@@ -262,7 +266,8 @@ class PoolRouter:
         return self.route_assessed(self.assess(request, profile, pin), profile, pin)
 
     def route_assessed(self, assessed: list[Assessment], profile: RequestProfile,
-                       pin: Pin) -> tuple[Decision, list[Pool]]:
+                       pin: Pin, explain: bool = False) -> tuple[Decision, list[Pool]]:
+        """As `route`; `explain` asks the policy's side-effect-free `predict`."""
         eligible = [a.pool for a in assessed if a.excluded is None]
         by_name = {p.name: p for p in eligible}
         if pin.pool is not None:
@@ -276,8 +281,9 @@ class PoolRouter:
             if not eligible:
                 raise NoHealthyWorker(f"no healthy worker serves model {profile.model!r}",
                                       code="no_healthy_worker")
+            decide = self.predict if explain else self.decide
             try:
-                decision = self.decide(profile, [p.view() for p in eligible])
+                decision = decide(profile, [p.view() for p in eligible])
             except ValueError as exc:  # the policy found no pool with a healthy worker
                 raise NoHealthyWorker(f"no healthy worker serves model {profile.model!r}: "
                                       f"{exc}", code="no_healthy_worker") from exc

@@ -136,33 +136,21 @@ class Policy:
         self._thread: threading.Thread | None = None
 
     # -- request path -------------------------------------------------------------------
+    def predict(self, profile: RequestProfile, pools: list[PoolView]) -> Decision:
+        """The greedy decision (hysteresis and the no-speculation rule included), and
+        nothing else: no counters, no RNG draw, no exploration or cold-start try, no
+        record of the pools. What `/v1/routing/explain` shows and pinned requests use."""
+        options, chosen, plain_tps = self._rank(profile, pools)
+        return self._decision(options, chosen, profile, plain_tps, explored=False)
+
     def decide(self, profile: RequestProfile, pools: list[PoolView]) -> Decision:
-        state, model = self._state, profile.model
-        task, bucket = profile.task, profile.temperature_bucket
-        options = []
+        """`predict`, then bounded exploration and cold-start tries (counted)."""
         for pool in pools:
             self._pools[pool.name] = pool  # out-of-service pools too: refit must know
-            if pool.healthy_workers <= 0:
-                continue
-            slot = quantize_load((pool.outstanding + 1) / pool.healthy_workers)
-            # the pool's identity, not its live counters: those enter through the load slot
-            key = (pool.name, pool.method, pool.k, pool.per_request_k, pool.max_k, model, task,
-                   bucket, slot)
-            option = self._cache.get(key)
-            if option is None:
-                option = self._cache[key] = self._evaluate(
-                    state, pool, model, task, bucket, LOAD_SLOTS[slot],
-                    top_k=trusted_top_k(pool, state, self.config.k_trust_margin))
-            options.append(option)
-        if not options:
-            raise ValueError("no healthy pool to decide between")
+        options, chosen, plain_tps = self._rank(profile, pools)
+        state, model = self._state, profile.model
+        task, bucket = profile.task, profile.temperature_bucket
         self._decided += 1
-        options.sort(key=lambda o: (-o.tokens_per_s, o.pool.name))
-        chosen = self._with_hysteresis(state, options, (model, task, bucket))
-        plain = [o for o in options if o.is_plain]
-        plain_tps = plain[0].tokens_per_s if plain else chosen.plain_tokens_per_s
-        if not chosen.is_plain and chosen.tokens_per_s < plain_tps and plain:
-            chosen = plain[0]
         explored = False
         loads = {p.name: (p.outstanding + 1) / p.healthy_workers
                  for p in pools if p.healthy_workers > 0}
@@ -175,9 +163,44 @@ class Policy:
             if challenger is not None:
                 chosen, explored = challenger, True
                 self._explored += 1
+        return self._decision(options, chosen, profile, plain_tps, explored)
+
+    def _rank(self, profile: RequestProfile, pools: list[PoolView]
+              ) -> tuple[list[Option], Option, float]:
+        """Options by predicted tokens/s, the greedy pick and plain's tokens/s."""
+        state, model = self._state, profile.model
+        task, bucket = profile.task, profile.temperature_bucket
+        cache = self._cache
+        options = []
+        for pool in pools:
+            if pool.healthy_workers <= 0:
+                continue
+            slot = quantize_load((pool.outstanding + 1) / pool.healthy_workers)
+            # the pool's identity, not its live counters: those enter through the load slot
+            key = (pool.name, pool.method, pool.k, pool.per_request_k, pool.max_k, model, task,
+                   bucket, slot)
+            option = cache.get(key)
+            if option is None:
+                option = cache[key] = self._evaluate(
+                    state, pool, model, task, bucket, LOAD_SLOTS[slot],
+                    top_k=trusted_top_k(pool, state, self.config.k_trust_margin))
+            options.append(option)
+        if not options:
+            raise ValueError("no healthy pool to decide between")
+        options.sort(key=lambda o: (-o.tokens_per_s, o.pool.name))
+        chosen = self._with_hysteresis(state, options, (model, task, bucket))
+        plain = [o for o in options if o.is_plain]
+        plain_tps = plain[0].tokens_per_s if plain else chosen.plain_tokens_per_s
+        if not chosen.is_plain and chosen.tokens_per_s < plain_tps and plain:
+            chosen = plain[0]
+        return options, chosen, plain_tps
+
+    def _decision(self, options: list[Option], chosen: Option, profile: RequestProfile,
+                  plain_tps: float, explored: bool) -> Decision:
         return Decision(
             pool=chosen.pool.name, method=chosen.pool.method if chosen.k else "plain",
-            k=chosen.k, reason=self._reason(chosen, task, bucket, plain_tps, explored),
+            k=chosen.k, reason=self._reason(chosen, profile.task, profile.temperature_bucket,
+                                            plain_tps, explored),
             predicted_accept_length=chosen.accept_length,
             predicted_tokens_per_s=chosen.tokens_per_s, explored=explored,
             fallbacks=self._fallbacks(options, chosen))
