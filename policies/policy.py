@@ -122,11 +122,14 @@ class Policy:
         self.store = store
         self.config = config or PolicyConfig()
         self.learner = Learner(self.config.learner)
-        self._state = PolicyState(default_accept=self.config.learner.default_accept,
-                                  method_base=dict(self.config.learner.method_base))
-        self._cache: dict[tuple, Option] = {}
+        # Shared between the event loop (decide) and the learner thread (refit) only by
+        # swapping whole objects, never by mutating one the other may be iterating: the
+        # state and its option memo are replaced together, the pool map copy-on-write.
+        state = PolicyState(default_accept=self.config.learner.default_accept,
+                            method_base=dict(self.config.learner.method_base))
+        self._current: tuple[PolicyState, dict[tuple, Option]] = (state, {})
         self._rng = random.Random(self.config.seed)
-        self._pools: dict[str, PoolView] = {}
+        self._pools: dict[str, PoolView] = {}  # never mutated: replaced by a copy
         self._decided = 0
         self._explored = 0
         self._cold = 0  # cold-start tries (not under explore_cap: bounded per pool/context)
@@ -140,15 +143,15 @@ class Policy:
         """The greedy decision (hysteresis and the no-speculation rule included), and
         nothing else: no counters, no RNG draw, no exploration or cold-start try, no
         record of the pools. What `/v1/routing/explain` shows and pinned requests use."""
-        options, chosen, plain_tps = self._rank(profile, pools)
+        options, chosen, plain_tps = self._rank(*self._current, profile, pools)
         return self._decision(options, chosen, profile, plain_tps, explored=False)
 
     def decide(self, profile: RequestProfile, pools: list[PoolView]) -> Decision:
         """`predict`, then bounded exploration and cold-start tries (counted)."""
-        for pool in pools:
-            self._pools[pool.name] = pool  # out-of-service pools too: refit must know
-        options, chosen, plain_tps = self._rank(profile, pools)
-        state, model = self._state, profile.model
+        self._remember(pools)
+        state, cache = self._current
+        options, chosen, plain_tps = self._rank(state, cache, profile, pools)
+        model = profile.model
         task, bucket = profile.task, profile.temperature_bucket
         self._decided += 1
         explored = False
@@ -165,12 +168,18 @@ class Policy:
                 self._explored += 1
         return self._decision(options, chosen, profile, plain_tps, explored)
 
-    def _rank(self, profile: RequestProfile, pools: list[PoolView]
-              ) -> tuple[list[Option], Option, float]:
+    def _remember(self, pools: list[PoolView]) -> None:
+        """Every pool offered, out-of-service ones too (refit must know them); the map is
+        copied, never changed in place, because the learner thread iterates it."""
+        known = self._pools
+        changed = {p.name: p for p in pools if known.get(p.name) != p}
+        if changed:
+            self._pools = {**known, **changed}
+
+    def _rank(self, state: PolicyState, cache: dict[tuple, Option], profile: RequestProfile,
+              pools: list[PoolView]) -> tuple[list[Option], Option, float]:
         """Options by predicted tokens/s, the greedy pick and plain's tokens/s."""
-        state, model = self._state, profile.model
-        task, bucket = profile.task, profile.temperature_bucket
-        cache = self._cache
+        model, task, bucket = profile.model, profile.task, profile.temperature_bucket
         options = []
         for pool in pools:
             if pool.healthy_workers <= 0:
@@ -337,19 +346,19 @@ class Policy:
     # -- learning, off the request path ----------------------------------------------------
     def refit(self) -> PolicyState:
         """Rebuild the state from the store's snapshot and publish fixed pools' desired k."""
-        methods = {p.method for p in self._pools.values()}
+        pools = self._pools
+        methods = {p.method for p in pools.values()}
         state = self.learner.fit(self.store.snapshot(), methods)
-        self._state = state
-        self._cache = {}
-        self._publish_desired_k(state)
+        self._current = (state, {})
+        self._publish_desired_k(state, pools)
         return state
 
-    def _publish_desired_k(self, state: PolicyState) -> None:
+    def _publish_desired_k(self, state: PolicyState, pools: dict[str, PoolView]) -> None:
         """Ask for at most one relaunch: the fixed-k pool with the largest predicted gain;
         every other pool (one without measured acceptance too) is told to keep its k.
         Nothing while a pool is out of service (relaunching): its published k must stand
         until it is back."""
-        fixed = [p for p in self._pools.values()
+        fixed = [p for p in pools.values()
                  if not p.per_request_k and p.method != "plain"]
         if any(p.healthy_workers <= 0 for p in fixed):
             return
@@ -423,7 +432,7 @@ class Policy:
 
     @property
     def state(self) -> PolicyState:
-        return self._state
+        return self._current[0]
 
     @property
     def explored_fraction(self) -> float:
