@@ -4,6 +4,10 @@
 # need (Redis, workers, gateways) is started by the tests themselves.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# torch first, so that the install below finds it satisfied and never pulls a (multi-GB,
+# CUDA) build from the index: CI gets the CPU wheel of 2.13.0 from the machine's wheel
+# folder; an environment that already has a torch keeps it.
+python -c 'import torch' 2>/dev/null || python -m pip install --quiet 'torch==2.13.0'
 python -m pip install --quiet -e '.[embedded,test]'
 python -m ruff check gateway policies workers specroute
 python -m mypy gateway policies workers specroute

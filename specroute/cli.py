@@ -82,7 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="comma-separated embedded methods to start (default: every available method)",
     )
-    up.add_argument("--model", default=None, help="model folder (default: the bundled model)")
+    up.add_argument("--model", default=None,
+                    help="smollm2 (default: SmolLM2-135M-Instruct, fetched on first use), "
+                    "tiny (the bundled test model), or a model folder")
     up.add_argument("--redis-url", default=None, help="use this Redis instead of an embedded one")
     up.add_argument("--workdir", default=".specroute", help="where the generated config lives")
     up.set_defaults(func=_up)
@@ -134,8 +136,30 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print one JSON object last")
     bench.add_argument("--quick", action="store_true", help="a short run (for smoke tests)")
     bench.add_argument("--plot", default=None, help="policy: write a PNG of tokens/s over time")
-    bench.add_argument("--url", default=None, help="live/gateway: an already running gateway")
+    bench.add_argument("--url", default=None, help="gateway: an already running gateway")
     bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--rounds", type=int, default=None,
+                       help="engine: interleaved rounds (default 3; --quick 1)")
+    bench.add_argument("--prompts", type=int, default=None,
+                       help="engine: prompts per class and round (default 2; --quick 1)")
+    bench.add_argument("--write-measured", default=None, metavar="PATH",
+                       help="engine: write accept length, tokens/s and speedup per "
+                       "(method, class, T) as JSON, the policy's prior for the worker")
+    bench.add_argument("--model", default=None,
+                       help="engine, live: smollm2 (default), tiny, or a model folder")
+    bench.add_argument("--methods", default=None,
+                       help="engine: methods to compare; live: the pools (default: every method)")
+    bench.add_argument("--concurrency", default="1,4",
+                       help="live: comma-separated requests in flight, measured in turn")
+    bench.add_argument("--per-cell", type=int, default=None,
+                       help="live: prompts per task x temperature (default 4; --quick 1)")
+    bench.add_argument("--warmup", type=int, default=None,
+                       help="live: warm-up requests of the warm gateway (default 48; --quick 6)")
+    bench.add_argument("--max-tokens", type=int, default=48,
+                       help="engine, live: tokens per request (engine --quick: 16)")
+    bench.add_argument("--workdir", default=None, help="live: keep the stack's logs here")
+    bench.add_argument("--records", default=None,
+                       help="live: write every request's record and the summary to this JSON file")
     bench.set_defaults(func=_bench)
     return parser
 

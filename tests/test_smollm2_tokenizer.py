@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from workers.embedded.chat_template import apply_chat_template
 from workers.embedded.fetch_model import GGUF_MEMBER, ensure_smollm2
-from workers.embedded.gguf_import import apply_chat_template
 from workers.embedded.tokenizer import TextTokenizer
 
 

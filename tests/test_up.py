@@ -1,9 +1,10 @@
-"""`specroute up`: the whole local stack (Redis, embedded workers, the gateway with the
-learned policy) comes up, answers the official `openai` client, and a signal stops every
-process it started.
+"""`specroute up`: which model it serves (SmolLM2 by default, `--model tiny` the bundled
+one) and with which methods (those the model has drafters for); and the whole local
+stack (Redis, embedded workers, the gateway with the learned policy) comes up, answers
+the official `openai` client, and a signal stops every process it started.
 
-Uses the bundled model (skipped while it is absent); `SPECROUTE_TEST_MODEL` points the
-test at another model folder.
+The stack runs the bundled model (`--model tiny`; skipped while it is absent);
+`SPECROUTE_TEST_MODEL` points it at another model folder.
 """
 
 from __future__ import annotations
@@ -17,11 +18,59 @@ import openai
 import pytest
 from conftest import free_port, start_process, stop_process, wait_http
 
-from policies.fleet import BUNDLED_MODEL_DIR
+from policies.fleet import (
+    BUNDLED_MODEL_DIR,
+    ModelChoice,
+    ModelNotFound,
+    resolve_model,
+)
+from specroute.stack import available_methods, build_config, prepare_model
 
 MODEL = Path(os.environ.get("SPECROUTE_TEST_MODEL") or BUNDLED_MODEL_DIR)
-pytestmark = pytest.mark.skipif(not (MODEL / "config.json").exists(),
-                                reason=f"no model at {MODEL}")
+MODEL_ARG = "tiny" if MODEL == BUNDLED_MODEL_DIR else str(MODEL)
+needs_model = pytest.mark.skipif(not (MODEL / "config.json").exists(),
+                                 reason=f"no model at {MODEL}")
+ALL_METHODS = ["plain", "ngram", "lookahead", "medusa", "eagle", "eagle2", "draft"]
+
+
+def test_up_serves_smollm2_unless_told_otherwise() -> None:
+    assert resolve_model(None) == ModelChoice("smollm2-135m-instruct", None)
+    assert resolve_model("smollm2") == resolve_model("smollm2-135m-instruct") == resolve_model(None)
+    assert resolve_model("tiny") == ModelChoice("specroute-tiny", BUNDLED_MODEL_DIR)
+    assert resolve_model("specroute-tiny") == resolve_model("tiny")
+    assert resolve_model(str(BUNDLED_MODEL_DIR)) == resolve_model("tiny")
+    with pytest.raises(ModelNotFound, match="known models: tiny, smollm2"):
+        resolve_model("no-such-model")
+
+
+def test_the_default_model_is_fetched_by_a_child_process() -> None:
+    from workers.embedded.fetch_model import ensure_smollm2
+
+    assert prepare_model(resolve_model(None)) == ensure_smollm2()
+
+
+def test_methods_follow_the_drafters_that_exist(tmp_path: Path) -> None:
+    assert available_methods(BUNDLED_MODEL_DIR) == ALL_METHODS
+    bare = tmp_path / "some-model"
+    bare.mkdir()
+    assert available_methods(bare) == ["plain", "ngram", "lookahead"]
+    (bare / "medusa").mkdir()
+    (bare / "medusa" / "config.json").write_text("{}")
+    assert available_methods(bare) == ["plain", "ngram", "lookahead", "medusa"]
+    # a fetched model finds the drafters the repository ships under its name
+    fetched = tmp_path / "specroute-tiny"
+    fetched.mkdir()
+    assert available_methods(fetched) == ALL_METHODS
+
+
+def test_pools_serve_the_model_under_its_folder_name(tmp_path: Path) -> None:
+    folder = tmp_path / "smollm2-135m-instruct"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"max_position_embeddings": 2048}')
+    config = build_config([("plain", 1), ("ngram", 2)], "127.0.0.1", 8000, "redis://x", folder)
+    assert [p["model"] for p in config["pools"]] == ["smollm2-135m-instruct"] * 2
+    assert config["pools"][1]["capabilities"]["max_context"] == 2048
+    assert config["pools"][1]["workers"] == ["http://127.0.0.1:2"]
 
 
 def children_of(pid: int) -> set[int]:
@@ -47,12 +96,13 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+@needs_model
 @pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_up_serves_and_stops_everything(tmp_path: Path, stop_signal: signal.Signals) -> None:
     port = free_port()
     proc = start_process(["-m", "specroute.cli", "up", "--port", str(port), "--workdir",
                           str(tmp_path / "work"), "--methods", "plain,ngram", "--model",
-                          str(MODEL)], tmp_path / "up.log", env={"REDIS_URL": ""})
+                          MODEL_ARG], tmp_path / "up.log", env={"REDIS_URL": ""})
     pids: set[int] = set()
     try:
         wait_http(f"http://127.0.0.1:{port}/ready", 60, proc)

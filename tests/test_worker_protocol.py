@@ -49,7 +49,7 @@ def test_sglang_defaults_apply_when_fields_are_missing() -> None:
     assert req.input_ids == [5, 6] and req.sampling.max_new_tokens == 128
     assert req.sampling.temperature == 1.0  # SGLang's default, not greedy
     assert requests.parse_chat({"messages": [{"role": "user", "content": "x"}]},
-                               lambda m, add_generation_prompt: "p").sampling.max_new_tokens is None
+                               lambda m: [5]).sampling.max_new_tokens is None
     assert requests.parse_completion({"prompt": "x"}).sampling.max_new_tokens == 16
 
 
@@ -90,11 +90,11 @@ def test_malformed_json_and_non_objects_are_bad_requests() -> None:
 def test_openai_bodies_refuse_constraints_and_tools() -> None:
     chat = {"messages": [{"role": "user", "content": "x"}]}
     with pytest.raises(BadRequest, match="constrained decoding"):
-        requests.parse_chat({**chat, "response_format": {"type": "json_object"}}, lambda m, **_: "")
+        requests.parse_chat({**chat, "response_format": {"type": "json_object"}}, lambda m: [5])
     with pytest.raises(BadRequest, match="tool calling"):
-        requests.parse_chat({**chat, "tools": [{"type": "function"}]}, lambda m, **_: "")
+        requests.parse_chat({**chat, "tools": [{"type": "function"}]}, lambda m: [5])
     with pytest.raises(BadRequest, match="role"):
-        requests.parse_chat({"messages": [{"role": "tool", "content": "x"}]}, lambda m, **_: "")
+        requests.parse_chat({"messages": [{"role": "tool", "content": "x"}]}, lambda m: [5])
     with pytest.raises(BadRequest, match="max_tokens must be >= 1"):
         requests.parse_completion({"prompt": "x", "max_tokens": 0})
 

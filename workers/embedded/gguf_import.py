@@ -214,11 +214,3 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path,
             shutil.rmtree(work)
     return out
 
-
-def apply_chat_template(template: str, messages: list[dict], add_generation_prompt: bool = True) -> str:
-    """Apply a Hugging Face-style Jinja chat template (sandboxed, as transformers does)."""
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    return env.from_string(template).render(messages=messages,
-                                            add_generation_prompt=add_generation_prompt)

@@ -8,8 +8,9 @@ What depends on the model (prompt length, vocabulary, method, k) the engine chec
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +19,9 @@ import orjson
 from workers.embedded.api import SamplingParams
 from workers.embedded.errors import BadRequest
 
-RenderChat = Callable[..., str]  # render_chat(messages, add_generation_prompt=True)
+# The model's chat prompt as ids (TextTokenizer.encode_chat): ids rather than text, so
+# that special-token text in a message stays text.
+EncodeChat = Callable[[Sequence[dict[str, str]]], list[int]]
 
 CONSTRAINED_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 CONSTRAINED_MESSAGE = "constrained decoding is not supported by this engine"
@@ -237,7 +240,7 @@ def _message_text(content: Any, index: int) -> str:
     raise BadRequest(f"messages[{index}].content must be a string or a list of text parts")
 
 
-def parse_chat(body: dict[str, Any], render_chat: RenderChat) -> GenerateRequest:
+def parse_chat(body: dict[str, Any], encode_chat: EncodeChat) -> GenerateRequest:
     """OpenAI `/v1/chat/completions`; the prompt is rendered with the model's template."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -249,5 +252,18 @@ def parse_chat(body: dict[str, Any], render_chat: RenderChat) -> GenerateRequest
         rendered.append({"role": m["role"], "content": _message_text(m.get("content"), i)})
     max_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None \
         else "max_tokens"
-    return GenerateRequest(text=render_chat(rendered, add_generation_prompt=True),
-                           input_ids=None, **_openai_common(body, None, max_key))
+    return GenerateRequest(text=None, input_ids=encode_chat(rendered),
+                           **_openai_common(body, None, max_key))
+
+
+def with_stop_ids(req: GenerateRequest, stop_ids: Sequence[int]) -> GenerateRequest:
+    """The model's end tokens added to the request's stop ids (unless it ignores eos):
+    an instruct model may end with end-of-text as well as its end-of-turn eos."""
+    sampling = req.sampling
+    if sampling.ignore_eos:
+        return req
+    extra = [i for i in stop_ids if i not in sampling.stop_token_ids]
+    if not extra:
+        return req
+    return dataclasses.replace(req, sampling=dataclasses.replace(
+        sampling, stop_token_ids=[*sampling.stop_token_ids, *extra]))

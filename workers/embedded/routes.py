@@ -11,7 +11,6 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from workers.embedded import info, requests, responses
-from workers.embedded.chat_template import render_chat
 from workers.embedded.errors import WorkerError
 from workers.embedded.run import Chunks, Run, admit, sse_stream
 from workers.embedded.scheduler import StepEvent
@@ -29,6 +28,7 @@ def _generate_chunk(run: Run, event: StepEvent) -> list[Any]:
 async def generate(request: Request) -> Response:
     state: WorkerState = request.app.state.worker
     req = requests.parse_generate(requests.parse_json(await request.body()))
+    req = requests.with_stop_ids(req, state.engine.tokenizer.stop_ids)
     run, first = await admit(state, req)
     if req.stream:
         return StreamingResponse(sse_stream(run, first, _generate_chunk, lambda r, e: []),
@@ -105,10 +105,12 @@ def _openai_tail(state: WorkerState, kind: str) -> Chunks:
 async def _openai_route(request: Request, kind: str) -> Response:
     state: WorkerState = request.app.state.worker
     body = requests.parse_json(await request.body())
+    tokenizer = state.engine.tokenizer
     if kind == "chat":
-        req = requests.parse_chat(body, render_chat)
+        req = requests.parse_chat(body, tokenizer.encode_chat)
     else:
         req = requests.parse_completion(body)
+    req = requests.with_stop_ids(req, tokenizer.stop_ids)
     run, first = await admit(state, req)
     if req.stream:
         return StreamingResponse(

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from workers.embedded.gguf_import import apply_chat_template
+from workers.embedded.chat_template import apply_chat_template
 from workers.embedded.model import LlamaForCausalLM, load_model
 from workers.embedded.tokenizer import TextTokenizer
 
