@@ -1,22 +1,74 @@
-"""`specroute bench engine`: every decoding method x request class x temperature, in one run.
+"""`specroute bench engine`: every decoding method x request class x temperature, in rounds.
 
-Runs the embedded engine in-process on the bundled model (float32, the engine's CPU default:
-faster than bf16 for a model this small and exact for greedy; 2 threads by default) and
-prints accept length, tokens/s and speedup over plain decoding measured in the same run,
-interleaved per prompt so that machine noise hits every method alike.
+Runs the embedded engine in-process (float32, the engine's CPU default; 2 threads unless
+$SPECROUTE_BENCH_THREADS says otherwise) on SmolLM2-135M-Instruct, or the bundled model
+with `--model tiny`. One round runs every prompt of every cell once per method, the
+methods interleaved prompt by prompt (in an order that rotates), so machine noise hits
+every method alike; a method's speedup in a round is its tokens/s over plain's in the same
+round on the same prompts. Each method runs with the k `specroute up` gives its pool
+(policies/fleet.py). Several rounds give each ratio as a median and a range, and a
+difference counts as real only when the ranges do not overlap: a method against plain
+(its range excludes 1.0), and the best method of a cell against the runner-up.
+
+`--write-measured PATH` writes the figures as JSON, the worker's prior for the policy:
+{"model", "source", "measured_at", "device", "entries": [{"method", "k", "task",
+"temperature", "accept_length", "tokens_per_s", "speedup", "requests"}]}.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
+import platform
+import statistics
+import sys
 import time
 from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from bench.workload import TASKS, prompts
+from policies.fleet import ModelChoice, default_k, resolve_model
 
 TEMPERATURES = (0.0, 0.8)
+Cell = tuple[str, float]  # (task, temperature)
+
+
+@dataclass(frozen=True)
+class Settings:
+    rounds: int
+    prompts: int  # per cell and round
+    max_tokens: int
+    seed: int
+
+
+@dataclass
+class Tally:
+    """One method in one cell: per-round tokens and seconds, and verify steps overall."""
+
+    tokens: list[int] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    steps: int = 0
+    requests: int = 0
+
+    def add(self, round_index: int, tokens: int, seconds: float, steps: int) -> None:
+        while len(self.tokens) <= round_index:
+            self.tokens.append(0)
+            self.seconds.append(0.0)
+        self.tokens[round_index] += tokens
+        self.seconds[round_index] += seconds
+        self.steps += steps
+        self.requests += 1
+
+    def rates(self) -> list[float]:
+        return [t / s for t, s in zip(self.tokens, self.seconds, strict=True)]
+
+
+def _k(engine, method: str) -> int:
+    """The k `specroute up` gives the method's pool (fleet default), within the engine's."""
+    return 0 if method == "plain" else min(default_k(method), engine.max_k)
 
 
 def _run(engine, ids: list[int], method: str, temperature: float, max_tokens: int, seed: int):
@@ -25,66 +77,178 @@ def _run(engine, ids: list[int], method: str, temperature: float, max_tokens: in
     params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, seed=seed,
                             ignore_eos=True)
     t0 = time.perf_counter()
-    gen = engine.start(ids, params, method=method)
+    gen = engine.start(ids, params, method=method, k=_k(engine, method))
     while not gen.finished:
         gen.step()
     return gen.stats, time.perf_counter() - t0
 
 
-def measure(engine, methods: list[str], n_prompts: int, max_tokens: int, seed: int) -> list[dict]:
-    from workers.embedded.chat_template import render_chat
+def measure(engine, methods: list[str], settings: Settings,
+            progress: bool = False) -> dict[Cell, dict[str, Tally]]:
+    """Run every round; tallies per cell and method."""
+    cells = [(task, t) for task in TASKS for t in TEMPERATURES]
+    encoded = {task: [engine.tokenizer.encode_chat(list(p.messages))
+                      for p in prompts(task, settings.prompts, settings.seed)] for task in TASKS}
+    tallies: dict[Cell, dict[str, Tally]] = {c: defaultdict(Tally) for c in cells}
+    started = time.monotonic()
+    for r in range(settings.rounds):
+        for task, temperature in cells:
+            for i, ids in enumerate(encoded[task]):
+                shift = (r + i) % len(methods)
+                for method in methods[shift:] + methods[:shift]:
+                    stats, seconds = _run(engine, ids, method, temperature, settings.max_tokens,
+                                          settings.seed + 1000 * r + i)
+                    tallies[(task, temperature)][method].add(
+                        r, stats.completion_tokens, seconds, stats.verify_steps)
+        if progress:
+            print(f"[bench engine] round {r + 1}/{settings.rounds} done in "
+                  f"{time.monotonic() - started:.0f}s", file=sys.stderr, flush=True)
+    return tallies
 
+
+def summarize(tallies: dict[Cell, dict[str, Tally]], methods: list[str],
+              ks: dict[str, int]) -> list[dict]:
+    """One row per (method, cell): accept length, median tokens/s, speedup median and range."""
     rows = []
-    for task in TASKS:
-        for temperature in TEMPERATURES:
-            totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
-            for i, prompt in enumerate(prompts(task, n_prompts, seed)):
-                ids = engine.tokenizer.encode(render_chat(list(prompt.messages)))
-                for method in methods:
-                    stats, seconds = _run(engine, ids, method, temperature, max_tokens, seed + i)
-                    tot = totals[method]
-                    tot[0] += stats.completion_tokens
-                    tot[1] += seconds
-                    tot[2] += stats.verify_steps
-            plain_rate = totals["plain"][0] / totals["plain"][1]
-            for method in methods:
-                tokens, seconds, steps = totals[method]
-                rate = tokens / seconds
-                rows.append({"method": method, "task": task, "temperature": temperature,
-                             "accept_length": round(tokens / max(steps, 1), 2),
-                             "tokens_per_s": round(rate, 1),
-                             "speedup": round(rate / plain_rate, 2)})
+    for (task, temperature), by_method in tallies.items():
+        plain = by_method["plain"].rates()
+        for method in methods:
+            tally = by_method[method]
+            rates = tally.rates()
+            ratios = [m / p for m, p in zip(rates, plain, strict=True)]
+            rows.append({
+                "method": method, "k": ks[method],
+                "task": task, "temperature": temperature,
+                "accept_length": round(sum(tally.tokens) / max(tally.steps, 1), 2),
+                "tokens_per_s": round(statistics.median(rates), 1),
+                "speedup": round(statistics.median(ratios), 3),
+                "speedup_min": round(min(ratios), 3), "speedup_max": round(max(ratios), 3),
+                "requests": tally.requests,
+            })
     return rows
 
 
+def _cells(rows: list[dict]) -> list[Cell]:
+    return list(dict.fromkeys((r["task"], r["temperature"]) for r in rows))
+
+
+def verdicts(rows: list[dict]) -> list[str]:
+    """Per cell: the best method, and whether its lead over the runner-up and over plain
+    is real (ranges over rounds do not overlap)."""
+    lines = []
+    for task, temperature in _cells(rows):
+        cell = sorted((r for r in rows if (r["task"], r["temperature"]) == (task, temperature)),
+                      key=lambda r: r["speedup"], reverse=True)
+        best, second = cell[0], cell[1] if len(cell) > 1 else None
+        text = f"{task} T{temperature:g}: best {best['method']} {best['speedup']:.2f}x"
+        if best["method"] != "plain":
+            real = best["speedup_min"] > 1.0
+            text += " (real vs plain)" if real else " (not distinguishable from plain)"
+        if second is not None:
+            apart = best["speedup_min"] > second["speedup_max"]
+            text += (f"; ahead of {second['method']} {second['speedup']:.2f}x "
+                     + ("(real)" if apart else "(ranges overlap: a tie)"))
+        slower = [r["method"] for r in cell if r["speedup_max"] < 1.0]
+        if slower:
+            text += f"; slower than plain for sure: {', '.join(slower)}"
+        lines.append(text)
+    return lines
+
+
 def format_table(rows: list[dict]) -> str:
-    lines = ["| method | class | T | accept length | tokens/s | speedup vs plain |",
-             "|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['method']} | {r['task']} | {r['temperature']:g} | {r['accept_length']:.2f} "
-                     f"| {r['tokens_per_s']:.0f} | {r['speedup']:.2f}x |")
+    """Methods x cells: speedup median [min-max over rounds] (accept length)."""
+    cells = _cells(rows)
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    by_key = {(r["method"], r["task"], r["temperature"]): r for r in rows}
+    head = "| method | " + " | ".join(f"{t} T{temp:g}" for t, temp in cells) + " |"
+    lines = [head, "|---" * (len(cells) + 1) + "|"]
+    for method in methods:
+        parts = []
+        for task, temp in cells:
+            r = by_key[(method, task, temp)]
+            if method == "plain":
+                parts.append(f"1.00x ({r['accept_length']:.1f})")
+                continue
+            mark = "**" if r["speedup_min"] > 1.0 or r["speedup_max"] < 1.0 else ""
+            parts.append(f"{mark}{r['speedup']:.2f}x{mark} [{r['speedup_min']:.2f}–"
+                         f"{r['speedup_max']:.2f}] ({r['accept_length']:.1f})")
+        lines.append(f"| {method} | " + " | ".join(parts) + " |")
+    plain = [f"{by_key[('plain', t, temp)]['tokens_per_s']:.1f}" for t, temp in cells]
+    lines.append("| *plain tokens/s* | " + " | ".join(plain) + " |")
     return "\n".join(lines)
+
+
+def device_description(threads: int, dtype: str) -> str:
+    cpu = platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"cpu: {cpu}, {os.cpu_count()} cores, {threads} torch threads, {dtype}"
+
+
+def measured_document(model: str, source: str, device: str, rows: list[dict]) -> dict:
+    """The schema the policy reads as a worker's prior (see the module docstring)."""
+    keys = ("method", "k", "task", "temperature", "accept_length", "tokens_per_s", "speedup",
+            "requests")
+    return {"model": model, "source": source,
+            "measured_at": datetime.date.today().isoformat(), "device": device,
+            "entries": [{key: r[key] for key in keys} for r in rows]}
+
+
+def _load_engine(choice: ModelChoice):
+    from workers.embedded.engine import Engine
+
+    folder = choice.folder
+    if folder is None:
+        from workers.embedded.fetch_model import ensure_smollm2
+
+        folder = ensure_smollm2()
+    return Engine(model_dir=folder)
+
+
+def _source(args: argparse.Namespace, model: str, settings: Settings, methods: list[str]) -> str:
+    return (f"specroute bench engine --model {model} --rounds {settings.rounds} --prompts "
+            f"{settings.prompts} --max-tokens {settings.max_tokens} --seed {settings.seed} "
+            f"--methods {','.join(methods)}")
 
 
 def main(args: argparse.Namespace) -> int:
     import torch
 
-    from workers.embedded.engine import Engine
-
+    choice = resolve_model(args.model)
     torch.set_num_threads(int(os.environ.get("SPECROUTE_BENCH_THREADS", "2")))
-    engine = Engine()
-    methods = ["plain", *[m for m in engine.methods if m != "plain"]]
-    n_prompts, max_tokens = (1, 32) if args.quick else (4, 96)
+    engine = _load_engine(choice)
+    wanted = args.methods.split(",") if args.methods else list(engine.methods)
+    methods = ["plain", *[m for m in wanted if m != "plain"]]
+    settings = Settings(rounds=args.rounds or (1 if args.quick else 3),
+                        prompts=args.prompts or (1 if args.quick else 2),
+                        max_tokens=16 if args.quick else args.max_tokens, seed=args.seed)
     # Warm up every method once so lazy initialisation is not timed.
     warm = engine.tokenizer.encode("def f(x):\n    return x\n")
     for method in methods:
         _run(engine, warm, method, 0.0, 8, 0)
-    rows = measure(engine, methods, n_prompts, max_tokens, args.seed)
-    print(f"engine benchmark: bundled model, {str(engine.model.lm_head.weight.dtype)[6:]}, "
-          f"{torch.get_num_threads()} threads, "
-          f"{n_prompts} prompts x {max_tokens} tokens per cell")
+    tallies = measure(engine, methods, settings, progress=not args.json)
+    rows = summarize(tallies, methods, {m: _k(engine, m) for m in methods})
+    dtype = str(engine.model.lm_head.weight.dtype).removeprefix("torch.")
+    threads = torch.get_num_threads()
+    print(f"engine benchmark: {choice.name}, {dtype}, {threads} threads, {settings.rounds} "
+          f"interleaved rounds x {settings.prompts} prompts x {settings.max_tokens} tokens "
+          "per cell and method")
+    print("cells: speedup over plain tokens/s, median [range over rounds] (accept length); "
+          "bold: the range excludes 1.00x")
     print(format_table(rows))
+    print("\n".join(verdicts(rows)))
+    if args.write_measured:
+        document = measured_document(choice.name, _source(args, choice.name, settings, methods),
+                                     device_description(threads, dtype), rows)
+        Path(args.write_measured).write_text(json.dumps(document, indent=1) + "\n")
+        print(f"wrote {args.write_measured}")
     if args.json:
-        print(json.dumps({"rows": rows, "threads": torch.get_num_threads(),
-                          "prompts_per_cell": n_prompts, "max_tokens": max_tokens}))
+        print(json.dumps({"model": choice.name, "rows": rows, "threads": threads,
+                          "rounds": settings.rounds, "prompts_per_cell": settings.prompts,
+                          "max_tokens": settings.max_tokens}))
     return 0
