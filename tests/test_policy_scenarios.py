@@ -34,13 +34,17 @@ def test_scenarios_offer_only_their_engines_methods() -> None:
     assert not any(s.per_request_k for s in VLLM.fleet)  # vLLM fixes k at launch
     assert sum(s.workers for s in VLLM.fleet) == 12 and VLLM.fixed_k
     assert "eagle3" not in {s.method for s in EMBEDDED.fleet} and not EMBEDDED.fixed_k
-    assert set(SCENARIOS) == {"sglang", "vllm", "embedded"}
+    assert set(SCENARIOS) == {"sglang-pools", "embedded", "vllm", "sglang-shared"}
+    assert [s.name for s in SCENARIOS.values() if not s.deployable] == ["sglang-shared"]
+    pools = SCENARIOS["sglang-pools"]
+    assert pools.fixed_k and not any(s.per_request_k for s in pools.fleet)
+    assert sum(s.workers for s in pools.fleet) == 12
+    assert len({s.group for s in pools.fleet}) == len(pools.fleet)  # own workers each
 
 
 def test_fleet_partitions_workers_and_takes_relaunching_pools_out() -> None:
     fleet = Fleet(VLLM.fleet)
-    fleet.active["plain"][0] += 3
-    assert sum(fleet.active["eagle3-k2"]) == 0  # own workers, own batches
+    assert fleet.workers["plain"][0] is not fleet.workers["eagle3-k2"][0]  # own workers
     fleet.relaunch("eagle3-k2", 6, now=10.0, out_of_service_s=60.0)
     down = {v.name: v for v in fleet.views()}["eagle3-k2"]
     assert down.healthy_workers == 0 and down.k == 2

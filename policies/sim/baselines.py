@@ -1,8 +1,10 @@
-"""Routers the simulator compares: plain, fixed (method, k), static rules, per-server EMA,
-the learned policy, and an oracle.
+"""Routers the simulator compares: plain, fixed (method, k), hand-written rules, the
+engines' own adaptive k (SGLang's per-server EMA, vLLM's batch-size table), the learned
+policy, and a per-class oracle.
 
-A router sees the request and the pools' live views and answers (pool, k); `k = None`
-lets the chosen worker pick (the per-server EMA does). `observe` gets every finished
+A router sees the request as the gateway would (the classifier's label, never the true
+task) and the pools' live views, and answers (pool, k); `k = None` lets the chosen worker
+pick (the engine-side baselines do). `observe` gets every finished
 request; `tick` runs between arrivals (the learned policy refits there, and asks for a
 relaunch of a fixed-k pool at the desired k the policy published; the simulator takes the
 pool out of service for the relaunch time, as the supervisor's drain-stop-launch does).
@@ -14,8 +16,8 @@ from dataclasses import dataclass, field
 
 from policies.acceptance import expected_accept_length
 from policies.policy import Policy, PolicyConfig
-from policies.sim.calibration import LoadCurve, true_step_s
-from policies.telemetry import LocalTelemetry
+from policies.sim.calibration import draft_cost
+from policies.telemetry import LocalTelemetry, TelemetryConfig
 from policies.types import PoolView, RequestProfile, RequestRecord
 
 
@@ -42,6 +44,13 @@ class SimRequest:
     prompt_tokens: int
     output_tokens: int
     phase: int
+    label: str = ""  # the classifier's task (what routers see); "" = the true task
+    z_model: float = 0.0  # per-prompt acceptance draws (policies/sim/world.py)
+    z_text: float = 0.0
+
+    @property
+    def seen_task(self) -> str:
+        return self.label or self.task
 
 
 @dataclass
@@ -68,41 +77,73 @@ class SimRouter:
 
 @dataclass
 class StaticRules(SimRouter):
-    """A hand-written class -> pool table (what a gateway without telemetry would do)."""
+    """A hand-written table, what an operator without telemetry would write: (task,
+    temperature bucket) -> (pool, k); k None = the pool's configured k. Keys fall back
+    from (task, bucket) to (task, "*")."""
 
-    rules: dict[str, str] = field(default_factory=dict)
+    rules: dict[tuple[str, str], tuple[str, int | None]] = field(default_factory=dict)
 
     def route(self, req, pools, now):
         by_name = {p.name: p for p in pools}
-        pool = by_name[self.rules.get(req.task, pools[0].name)]
-        return pool.name, pool.k, False
+        task = req.seen_task
+        pool, k = self.rules.get((task, req.bucket)) or self.rules[(task, "*")]
+        view = by_name[pool]
+        if view.healthy_workers <= 0:  # relaunching (never, for this router): any pool up
+            view = next(p for p in pools if p.healthy_workers > 0)
+            return view.name, view.k, False
+        return view.name, view.k if k is None or not view.per_request_k else k, False
 
 
 @dataclass
 class Oracle(SimRouter):
-    """Knows the true acceptance and every worker's batch; best pool, and any k on pools
-    that take k per request (a fixed-k pool only at its k)."""
+    """Per-class oracle: knows the true task, the world's acceptance law for the class
+    (averaged over its prompts, not this prompt's draw), the drafter degradation, and
+    every worker's batch; picks the pool, and any k on pools that take k per request (a
+    fixed-k pool only at its k), that adds the most output to the least-loaded worker of
+    the pool: (batch tokens per step + this request's) / new step time - batch tokens
+    per step / old step time. Maximising the request's own tokens/s instead (what the
+    policy does) ignores that its k slows the whole batch: in this simulator that greedy
+    oracle falls to ~0.7x the best fixed k on shared workers. `truth` (method, task, bucket, phase) -> a, when given,
+    replaces the world with the i.i.d. chain law at that a (the policy's own model)."""
 
-    truth: object = None  # callable (method, task, bucket, phase) -> a
+    truth: object = None
     base_step_s: float = 0.015
-    least_batch: object = None  # callable pool name -> batch of its least-loaded worker
+    phase_scale: tuple[float, ...] = ()
+    trained: frozenset = frozenset()
+    _fleet: object = None
+    _world: object = None
+
+    def attach(self, fleet, world) -> None:
+        self._fleet, self._world = fleet, world
 
     def route(self, req, pools, now):
-        best = ("", 0, -1.0)
+        best = ("", 0, -1e18)
         for view, spec in zip(pools, self.fleet, strict=True):
             if view.healthy_workers <= 0:
                 continue
-            batch = self.least_batch(view.name) + 1
-            a = (self.truth(spec.method, req.task, req.bucket, req.phase)
-                 if spec.method != "plain" else 0.0)
-            curve = LoadCurve(spec.curve)
+            _, worker = self._fleet.least_worker(view.name)
             ks = range(0, spec.max_k + 1) if spec.per_request_k else (view.k,)
             for k in ks if spec.method != "plain" else (0,):
-                tps = expected_accept_length(a, k) / true_step_s(spec.method, k, batch, curve,
-                                                                 self.base_step_s)
+                length = self._length(spec.method, req, k)
+                depth = self._world.depth(spec.method, k) if self.truth is None else k
+                draft = draft_cost(spec.method) * depth if k > 0 else 0.0
+                step_s = worker.batch_step_s((spec.curve, k, draft))
+                if self._world.co_batching:
+                    now_tps = worker.tokens_per_step / worker.step_s if worker.batch else 0.0
+                    tps = (worker.tokens_per_step + length) / step_s - now_tps
+                else:
+                    tps = length / step_s
                 if tps > best[2]:
                     best = (view.name, k, tps)
         return best[0], best[1], False
+
+    def _length(self, method: str, req: SimRequest, k: int) -> float:
+        if k <= 0 or method == "plain":
+            return 1.0
+        if self.truth is not None:
+            return expected_accept_length(self.truth(method, req.task, req.bucket, req.phase), k)
+        scale = self.phase_scale[req.phase] if method in self.trained else 1.0
+        return self._world.expected_accept_length(method, req.task, req.bucket, k, scale)
 
 
 class AdaptiveSlot:
@@ -147,13 +188,18 @@ class AdaptiveSlot:
         self.steps = self.candidates[i]
 
 
-# SGLang's default tiers (REFERENCES.md): batch >= key -> candidate steps, down hysteresis.
+# sglang 0.5.23 srt/speculative/adaptive_spec_params.py, DEFAULT_ADAPTIVE_CONFIG: batch
+# size >= key (the closest key below, `_find_closest_bs`) -> candidate steps, down hysteresis.
 SGLANG_TIERS = ((1, [1, 3, 5, 7], -0.25), (8, [0, 1, 3], 0.0), (32, [0, 1], 0.0), (64, [0], 0.0))
 
 
 @dataclass
 class PerServerEMA(SimRouter):
-    """Homogeneous EAGLE-3 fleet, each server adapting its steps per batch tier."""
+    """A homogeneous fleet of one chain drafter (EAGLE topk = 1: the only setting SGLang's
+    `--speculative-adaptive` supports), each server adapting its steps per batch tier.
+    One EMA update per finished request with its mean accepted drafts per step (SGLang
+    updates once per verify batch with the batch's mean; the fluid simulator has no
+    individual verify steps)."""
 
     initial_k: int = 3
     _slots: dict = field(default_factory=dict)
@@ -177,6 +223,24 @@ class PerServerEMA(SimRouter):
             self._slot(rec.extra["worker"], rec.extra["batch"]).update(rec.accept_length - 1.0)
 
 
+# vLLM `num_speculative_tokens_per_batch_size`-style table (docs/POLICY.md): running
+# requests per worker <= bound -> k.
+VLLM_K_TABLE = ((64, 3), (128, 1))
+
+
+@dataclass
+class BatchSizeTable(SimRouter):
+    """A homogeneous fleet whose engine picks k from the number of running requests."""
+
+    table: tuple[tuple[int, int], ...] = VLLM_K_TABLE
+
+    def route(self, req, pools, now):
+        return pools[0].name, None, False
+
+    def worker_k(self, worker, batch):
+        return next((k for bound, k in self.table if batch <= bound), 0)
+
+
 @dataclass
 class Learned(SimRouter):
     """specroute's policy on an in-process store with the simulator's clock.
@@ -187,7 +251,7 @@ class Learned(SimRouter):
     """
 
     config: PolicyConfig = field(default_factory=PolicyConfig)
-    tau_s: float = 10.0
+    tau_s: float = TelemetryConfig().tau_s  # the shipped decay (the gateway's store)
     refit_every_s: float = 1.0
     relaunch_s: float = 60.0
     relaunch_interval_s: float = 30.0
@@ -205,7 +269,7 @@ class Learned(SimRouter):
 
     def route(self, req, pools, now):
         self._clock[0] = now
-        profile = RequestProfile(task=req.task, temperature=req.temperature, top_p=1.0,
+        profile = RequestProfile(task=req.seen_task, temperature=req.temperature, top_p=1.0,
                                  prompt_tokens=req.prompt_tokens,
                                  max_tokens=req.output_tokens, stream=False, model=self.model)
         decision = self.policy.decide(profile, pools)

@@ -149,3 +149,20 @@ def true_step_s(method: str, k: int, batch: float, curve: LoadCurve,
         return plain
     drafting = draft_cost(method) * k * plain_step_s(1, base_step_s)
     return plain * (1.0 + curve.overhead_per_token(batch) * k) + drafting
+
+
+# --- Departures from the policy's model (policies/sim/world.py) ---------------------------
+# Measured with `python -m bench.sim_calibration` (embedded engine, bundled model, one
+# thread; see docs/POLICY.md "Calibration" for the run and its limits). PLACEHOLDER
+# values until the run is in.
+PROMPT_LOGIT_STD: dict[str, float] = {m: 0.6 for m in PAPER_K}
+FAMILY_CORRELATION = 0.3
+REJECT_GROWTH: dict[str, float] = {m: 1.1 for m in PAPER_K}
+# Tree drafters spend k on tree nodes; accept length stops at the tree's depth (the
+# paper's draft depth, PAPER_K).
+TREE_DEPTH = {m: PAPER_K[m] for m in ("eagle2", "medusa", "lookahead")}
+CLASSIFIER_CONFUSION: dict[str, dict[str, float]] = {
+    "code": {"code": 0.97, "structured": 0.01, "chat": 0.02},
+    "structured": {"code": 0.01, "structured": 0.97, "chat": 0.02},
+    "chat": {"code": 0.02, "structured": 0.01, "chat": 0.97},
+}

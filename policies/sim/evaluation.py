@@ -11,14 +11,21 @@ is one fleet scenario (policies/scenarios.py); every router sees the same arriva
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from policies.policy import PolicyConfig
-from policies.sim.baselines import Learned, Oracle, PerServerEMA, SimRouter, StaticRules
-from policies.sim.calibration import METHODS, PAPER_K, true_accept
-from policies.sim.scenarios import SGLANG, Scenario
+from policies.sim.baselines import (
+    BatchSizeTable,
+    Learned,
+    Oracle,
+    PerServerEMA,
+    SimRouter,
+    StaticRules,
+)
+from policies.sim.calibration import METHODS, PAPER_K
+from policies.sim.scenarios import SCENARIOS, Scenario
 from policies.sim.simulator import TRAINED_DRAFTERS, Outcome, SimConfig, simulate, workload
 
 FIXED_KS = (1, 2, 3, 4, 6, 8)
@@ -40,7 +47,7 @@ class PolicyResult:
 class Evaluation:
     results: dict[str, PolicyResult]
     summary: dict[str, object]
-    scenario: Scenario = SGLANG
+    scenario: Scenario = SCENARIOS["sglang-pools"]
     outcomes: dict[str, list[Outcome]] = field(repr=False, default_factory=dict)
 
 
@@ -68,15 +75,15 @@ def requests_to_recover(ours: list[Outcome], oracle: list[Outcome], start: int, 
     return None
 
 
+def flat_prior(config: PolicyConfig) -> PolicyConfig:
+    """The same policy without per-method base rates (every method starts equal)."""
+    return replace(config, learner=replace(config.learner, method_base=()))
+
+
 def routers(config: SimConfig, policy_config: PolicyConfig | None = None,
-            fixed_ks: tuple[int, ...] = FIXED_KS, scenario: Scenario = SGLANG
+            fixed_ks: tuple[int, ...] = FIXED_KS, scenario: Scenario = SCENARIOS["sglang-pools"]
             ) -> dict[str, Callable[[], SimRouter]]:
     """Factories (fresh state per run) for every router the report compares."""
-
-    def truth(method: str, task: str, bucket: str, phase: int) -> float:
-        scale = config.phases[phase].drafter_scale if method in TRAINED_DRAFTERS else 1.0
-        return true_accept(method, task, bucket) * scale
-
     fleet, homogeneous = scenario.fleet, scenario.homogeneous
     factories: dict[str, Callable[[], SimRouter]] = {
         "plain": lambda: SimRouter("plain", homogeneous("plain", 0)),
@@ -89,24 +96,29 @@ def routers(config: SimConfig, policy_config: PolicyConfig | None = None,
                 factories[f"fixed:{method}:k{k}"] = (
                     lambda m=method, kk=k: SimRouter(  # type: ignore[misc]
                         f"fixed:{m}:k{kk}", homogeneous(m, kk)))
-    factories["static-rules"] = lambda: StaticRules("static-rules", fleet,
-                                                    scenario.static_rules)
-    if scenario.per_server_ema:
-        factories["per-server-ema"] = lambda: PerServerEMA(
-            "per-server-ema", homogeneous("eagle3", 3))
+    factories["rules"] = lambda: StaticRules("rules", fleet, scenario.rules)
+    chain = scenario.chain_method
+    factories["sglang-ema"] = lambda: PerServerEMA("sglang-ema", homogeneous(chain, 3))
+    factories["vllm-table"] = lambda: BatchSizeTable("vllm-table", homogeneous(chain, 3))
     policy_config = policy_config or PolicyConfig(seed=config.seed)
     factories["adaptive"] = lambda: Learned(
         "adaptive", fleet, policy_config, relaunch_s=scenario.relaunch_s,
         relaunch_interval_s=scenario.relaunch_interval_s)
+    factories["adaptive-flat-prior"] = lambda: Learned(
+        "adaptive-flat-prior", fleet, flat_prior(policy_config),
+        relaunch_s=scenario.relaunch_s, relaunch_interval_s=scenario.relaunch_interval_s)
     if scenario.fixed_k:
         factories["adaptive-no-relaunch"] = lambda: Learned(
             "adaptive-no-relaunch", fleet, policy_config, relaunch=False)
-    factories["oracle"] = lambda: Oracle("oracle", fleet, truth, config.base_step_s)
+    scales = tuple(p.drafter_scale for p in config.phases)
+    factories["oracle"] = lambda: Oracle("oracle", fleet, None, config.base_step_s, scales,
+                                         TRAINED_DRAFTERS)
     return factories
 
 
 def evaluate(config: SimConfig, policy_config: PolicyConfig | None = None,
-             fixed_ks: tuple[int, ...] = FIXED_KS, scenario: Scenario = SGLANG) -> Evaluation:
+             fixed_ks: tuple[int, ...] = FIXED_KS,
+             scenario: Scenario = SCENARIOS["sglang-pools"]) -> Evaluation:
     requests = workload(config)
     n_phases = len(config.phases)
     outcomes, relaunches = {}, 0
@@ -133,11 +145,21 @@ def evaluate(config: SimConfig, policy_config: PolicyConfig | None = None,
         "requests_to_recover_after_drift": int(max(
             (r if r is not None else bounds[-1] for r in recover), default=0)),
         "recovery_per_drift": {config.phases[i + 1].name: r for i, r in enumerate(recover)},
+        "adaptive_vs_sglang_ema": ours.mean_tokens_per_s / results["sglang-ema"].mean_tokens_per_s,
+        "adaptive_vs_vllm_table": ours.mean_tokens_per_s / results["vllm-table"].mean_tokens_per_s,
+        "adaptive_vs_rules": ours.mean_tokens_per_s / results["rules"].mean_tokens_per_s,
+        "flat_prior_vs_oracle": (results["adaptive-flat-prior"].mean_tokens_per_s
+                                 / oracle.mean_tokens_per_s),
+        "flat_prior_vs_best_fixed": (results["adaptive-flat-prior"].mean_tokens_per_s
+                                     / best_fixed.mean_tokens_per_s),
+        "flat_prior_vs_sglang_ema": (results["adaptive-flat-prior"].mean_tokens_per_s
+                                     / results["sglang-ema"].mean_tokens_per_s),
         "adaptive_explored_fraction": ours.explored_fraction,
         "adaptive_relaunches": relaunches,
         "requests": int(bounds[-1]),
         "seed": config.seed,
         "scenario": scenario.name,
+        "deployable": scenario.deployable,
     }
     if "adaptive-no-relaunch" in results:
         summary["adaptive_no_relaunch_vs_best_fixed"] = (
