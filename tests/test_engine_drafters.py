@@ -11,22 +11,17 @@ from pathlib import Path
 import pytest
 import torch
 from scipy.stats import chisquare
-from tiny_models import near_bigram_llama
+from tiny_models import half_agreeing_drafters_dir, tiny_eagle_config
 
 from workers.embedded.drafter_models import (
-    EagleConfig,
     EagleHead,
-    MedusaConfig,
-    MedusaHeads,
     load_drafter,
-    save_drafter,
 )
 from workers.embedded.engine import BUNDLED_MODEL_DIR, Engine, Generation, SamplingParams
 from workers.embedded.model import (
     LlamaForCausalLM,
     init_weights,
     load_model,
-    save_model,
 )
 from workers.embedded.speculative import DecodeState, Draft, Drafter, Sampler, verify
 from workers.embedded.speculative.eagle import EagleSync
@@ -34,13 +29,10 @@ from workers.embedded.speculative.eagle2 import EagleTreeConfig, EagleTreeDrafte
 from workers.embedded.speculative.medusa import best_paths
 from workers.embedded.speculative.methods import load_methods
 from workers.embedded.speculative.verify import accept
-from workers.embedded.training.bpe import train_tokenizer
 
 METHODS = ("medusa", "eagle", "eagle2", "draft")
 V = 300
 TRIALS = 1200
-EAGLE_STD = 0.05
-DRAFT_NOISE = 0.01
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -51,48 +43,9 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def _base(residual_scale: float = 0.3) -> LlamaForCausalLM:
-    return near_bigram_llama(V, 192, residual_scale)
-
-
-def _eagle_config() -> EagleConfig:
-    return EagleConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=192,
-    )
-
-
-def _random_drafters(folder: Path) -> None:
-    """Drafters that half agree with the target: random Medusa heads, a random EAGLE head
-    with small outputs (a flat q that overlaps p), a noisy copy of the target as the draft
-    model (q near p): drafts are accepted sometimes, rejected often."""
-    torch.manual_seed(1)
-    medusa = MedusaHeads(MedusaConfig(hidden_size=64, num_heads=3))
-    for block in medusa.modules():
-        if isinstance(block, torch.nn.Linear):
-            torch.nn.init.normal_(block.weight, std=0.3)
-    save_drafter(medusa, "medusa", folder / "medusa")
-    eagle = EagleHead(_eagle_config())
-    init_weights(eagle.layer, std=EAGLE_STD)
-    save_drafter(eagle, "eagle", folder / "eagle")
-    draft = _base()
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(torch.randn_like(p) * DRAFT_NOISE)
-    save_model(draft, folder / "draft", dtype=torch.float32)
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("model")
-    save_model(_base(), folder, dtype=torch.float32)
-    texts = [f"the quick brown fox jumps over the lazy dog {i} times" for i in range(200)]
-    train_tokenizer(texts, V).save(str(folder / "tokenizer.json"))
-    _random_drafters(folder)
-    return folder
+    return half_agreeing_drafters_dir(tmp_path_factory.mktemp("model"), V)
 
 
 @pytest.fixture(scope="module")
@@ -278,7 +231,7 @@ def test_eagle2_keeps_the_k_best_nodes_of_the_expansion(model_dir: Path) -> None
     model = load_model(model_dir, dtype=torch.float32)
     flat = load_drafter(model_dir / "eagle", dtype=torch.float32)
     torch.manual_seed(2)
-    confident = EagleHead(_eagle_config())
+    confident = EagleHead(tiny_eagle_config())
     init_weights(confident.layer, std=0.3)
     deepest = []
     for head in (flat, confident):

@@ -1,7 +1,9 @@
-"""The worker's engine thread: round-robin fairness, bounded queue, cancellation.
+"""The worker's engine thread: every active request stepped each turn, bounded queue,
+cancellation, errors kept to their request.
 
-Driven with a counting engine (no torch) so the scheduling order is what is tested;
-the real engine behind real HTTP is in test_worker_server.py.
+Driven with a counting engine (no torch) so the scheduling order is what is tested; the
+real engine's batched steps are in test_engine_batch.py, behind real HTTP in
+test_worker_server.py.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ class Out:
     matched_stop: int | None = None
 
 
+FAILING = 13  # the request with this tag fails at its second step
+
+
 class CountingGeneration:
     """Emits one token per step; `gate` lets a test hold the engine thread."""
 
@@ -46,6 +51,8 @@ class CountingGeneration:
 
     def step(self) -> Out:
         self.gate.wait(5)
+        if self.tag == FAILING and self.stats.completion_tokens == 1:
+            raise RuntimeError("drafter broke")
         self.log.append(self.tag)
         self.stats.completion_tokens += 1
         self.stats.verify_steps += 1
@@ -62,6 +69,17 @@ class CountingEngine:
         self.gate.set()
         self.log: list[int] = []
         self.generations: list[CountingGeneration] = []
+        self.batches: list[int] = []  # generations per step() call
+
+    def step(self, generations: list[CountingGeneration]) -> list[Out | Exception]:
+        self.batches.append(len(generations))
+        results: list[Out | Exception] = []
+        for gen in generations:
+            try:
+                results.append(gen.step())
+            except Exception as exc:
+                results.append(exc)
+        return results
 
     def generate(self, request: DecodeRequest) -> CountingGeneration:
         if request.max_new_tokens < 1:
@@ -156,3 +174,27 @@ async def test_engine_errors_reach_the_request_and_the_thread_survives(
     assert isinstance(bad[0], ErrorEvent) and "length" in str(bad[0].error)
     good = await drain(scheduler.submit(request(2, 1)))
     assert good[-1].output.finished
+
+
+async def test_every_active_request_shares_each_step(engine_and_scheduler) -> None:
+    engine, scheduler = engine_and_scheduler
+    engine.gate.clear()
+    tickets = [scheduler.submit(request(t, 4)) for t in (1, 2)]
+    await until(lambda: scheduler.num_running == 2)
+    engine.gate.set()
+    for ticket in tickets:
+        await drain(ticket)
+    assert max(engine.batches) == 2 and engine.batches.count(2) >= 3
+
+
+async def test_a_failing_request_leaves_the_batch_alone(engine_and_scheduler) -> None:
+    engine, scheduler = engine_and_scheduler
+    engine.gate.clear()
+    failing, healthy = scheduler.submit(request(FAILING, 5)), scheduler.submit(request(2, 5))
+    await until(lambda: scheduler.num_running == 2)
+    engine.gate.set()
+    failed = await drain(failing)
+    assert isinstance(failed[-1], ErrorEvent) and "drafter broke" in str(failed[-1].error)
+    assert len(failed) == 2 and engine.generations[0].cancelled
+    done = await drain(healthy)
+    assert [e.output.token_ids for e in done] == [[2]] * 5

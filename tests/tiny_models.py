@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from workers.embedded.drafter_models import EagleConfig, EagleHead
 from workers.embedded.model import LlamaForCausalLM, ModelConfig, init_weights
 
 
@@ -50,3 +51,38 @@ def tiny_model_dir(out: Path, texts: list[str], vocab_size: int, context: int) -
     init_weights(model)
     save_model(model, out)
     return out
+
+
+def tiny_eagle_config() -> EagleConfig:
+    """An EAGLE head the size of `near_bigram_llama`'s layers."""
+    return EagleConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                       num_key_value_heads=2, max_position_embeddings=192)
+
+
+def half_agreeing_drafters_dir(folder: Path, vocab_size: int) -> Path:
+    """A model folder: `near_bigram_llama` (float32), a BPE tokenizer, and drafters that
+    half agree with it: random Medusa heads, a random EAGLE head with small outputs (a flat
+    q that overlaps p), a noisy copy of the target as the draft model (q near p): drafts
+    are accepted sometimes, rejected often."""
+    from workers.embedded.drafter_models import MedusaConfig, MedusaHeads, save_drafter
+    from workers.embedded.model import save_model
+    from workers.embedded.training.bpe import train_tokenizer
+
+    save_model(near_bigram_llama(vocab_size), folder, dtype=torch.float32)
+    texts = [f"the quick brown fox jumps over the lazy dog {i} times" for i in range(200)]
+    train_tokenizer(texts, vocab_size).save(str(folder / "tokenizer.json"))
+    torch.manual_seed(1)
+    medusa = MedusaHeads(MedusaConfig(hidden_size=64, num_heads=3))
+    for block in medusa.modules():
+        if isinstance(block, torch.nn.Linear):
+            torch.nn.init.normal_(block.weight, std=0.3)
+    save_drafter(medusa, "medusa", folder / "medusa")
+    eagle = EagleHead(tiny_eagle_config())
+    init_weights(eagle.layer, std=0.05)
+    save_drafter(eagle, "eagle", folder / "eagle")
+    draft = near_bigram_llama(vocab_size)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn_like(p) * 0.01)
+    save_model(draft, folder / "draft", dtype=torch.float32)
+    return folder

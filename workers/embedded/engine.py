@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -23,12 +24,15 @@ from workers.embedded.api import (
     DecodeRequest,
     EngineInputError,
     GenerationStats,
+    RunningGeneration,
     SamplingParams,
     StepOutput,
 )
-from workers.embedded.model import LlamaForCausalLM, load_model
-from workers.embedded.speculative import DecodeState, Draft, Sampler, verify
+from workers.embedded.detokenize import TextStream
+from workers.embedded.model import ForwardOutput, LlamaForCausalLM, SequenceInput, load_model
+from workers.embedded.speculative import DecodeState, Draft, Sampler
 from workers.embedded.speculative.methods import Method, builtin_methods, load_methods
+from workers.embedded.speculative.verify import VerifyStep
 from workers.embedded.tokenizer import TextTokenizer
 
 BUNDLED_MODEL_DIR = Path(__file__).resolve().parent / "weights" / "specroute-tiny"
@@ -125,6 +129,59 @@ class Engine:
         """Start a validated request (blocking work happens in its first `step()`)."""
         return Generation(self, request, self._methods[request.method])
 
+    def step(self, generations: Sequence[RunningGeneration]) -> list[StepOutput | Exception]:
+        """One step of every generation given, sharing ONE target forward.
+
+        Each generation contributes its prompt (prefill) or its root + draft tree, proposed
+        by its own drafter with its own k; `LlamaForCausalLM.forward_batch` runs them all
+        as one ragged batch, and each accepts on its own rows and KV cache. So N requests
+        verifying k tokens each cost one forward over N * (k + 1) tokens, as on a GPU
+        server (SGLang's and vLLM's schedulers batch every running request's decode or
+        verify step the same way). A generation whose step fails gets its exception in
+        its slot and is cancelled; the others go on. Finished ones return a finished
+        output.
+        """
+        own = [g for g in generations if isinstance(g, Generation)]
+        if len(own) != len(generations):
+            raise TypeError("Engine.step takes the Generations this engine started")
+        results: list[StepOutput | Exception] = [g._finished_output() for g in own]
+        running: list[tuple[int, SequenceInput]] = []
+        with torch.inference_mode():
+            for i, gen in enumerate(own):
+                if not gen.finished:
+                    try:
+                        running.append((i, gen._prepare()))
+                    except Exception as exc:  # this request's drafter or limits
+                        results[i] = gen._fail(exc)
+            outputs = self._forward([item for _, item in running])
+            for (i, _), out in zip(running, outputs, strict=True):
+                gen = own[i]
+                try:
+                    if isinstance(out, Exception):
+                        raise out
+                    results[i] = gen._complete(out)
+                except Exception as exc:
+                    results[i] = gen._fail(exc)
+        return results
+
+    def _forward(self, inputs: list[SequenceInput]) -> list[ForwardOutput | Exception]:
+        """The batched forward; if it fails, each sequence alone, so that one bad request
+        does not fail the others (a failed forward leaves only uncommitted cache entries)."""
+        if not inputs:
+            return []
+        try:
+            return list(self.model.forward_batch(inputs))
+        except Exception as exc:
+            if len(inputs) == 1:
+                return [exc]
+        outputs: list[ForwardOutput | Exception] = []
+        for item in inputs:
+            try:
+                outputs.append(self.model.forward_batch([item])[0])
+            except Exception as exc:
+                outputs.append(exc)
+        return outputs
+
     def set_default_k(self, method: str, k: int) -> None:
         """The k a request on `method` gets when it names none (a worker's `--k`)."""
         if method not in self._methods:
@@ -181,10 +238,11 @@ class Generation:
         self._sampler = Sampler(params.temperature, params.top_p, params.top_k, generator)
         self._prompt = prompt
         self._state: DecodeState | None = None
+        self._verify: VerifyStep | None = None  # the step prepared for the next forward
         self._stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos and engine.eos_token_id is not None:
             self._stop_ids.add(engine.eos_token_id)
-        self._text = _TextStream(engine.tokenizer, params.stop)
+        self._text = TextStream(engine.tokenizer, params.stop)
         self.output_ids: list[int] = []
         self.stats = GenerationStats(prompt_tokens=len(prompt))
         self.finished = False
@@ -192,20 +250,40 @@ class Generation:
         self.matched_stop: str | int | None = None
 
     def step(self) -> StepOutput:
-        if self.finished:
-            return StepOutput([], "", True, self.finish_reason, self.matched_stop)
-        with torch.inference_mode():
-            new_tokens = self._prefill() if self._state is None else self._decode()
-        return self._commit(new_tokens)
+        """One step of this generation alone (`Engine.step` batches several)."""
+        result = self._engine.step([self])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
 
     def cancel(self) -> None:
         """Stop early and free the KV cache; later steps return finished outputs."""
         self.finished = True
         self._cache = None  # type: ignore[assignment]
 
-    def _prefill(self) -> list[int]:
+    def _finished_output(self) -> StepOutput:
+        return StepOutput([], "", True, self.finish_reason, self.matched_stop)
+
+    def _fail(self, exc: Exception) -> Exception:
+        self.cancel()
+        return exc
+
+    def _prepare(self) -> SequenceInput:
+        """This step's share of the batched forward: the prompt, or root + draft tree."""
         device = self._model.lm_head.weight.device
-        out = self._model(torch.tensor([self._prompt], device=device), self._cache, last_only=True)
+        state = self._state
+        if state is None:
+            return SequenceInput(torch.tensor(self._prompt, device=device), self._cache,
+                                 last_only=True)
+        draft = self._fit(self._drafter.propose(state), state)
+        self._verify = VerifyStep(self._cache, state.tokens[-1], draft, device)
+        return self._verify.input
+
+    def _complete(self, out: ForwardOutput) -> StepOutput:
+        new_tokens = self._first_token(out) if self._state is None else self._accept(out)
+        return self._commit(new_tokens)
+
+    def _first_token(self, out: ForwardOutput) -> list[int]:
         self._cache.commit()
         last = out.logits[0, -1]  # (V,)
         first = (
@@ -224,14 +302,13 @@ class Generation:
         self.stats.verify_steps += 1
         return [first]
 
-    def _decode(self) -> list[int]:
-        state = self._state
-        assert state is not None
-        draft = self._fit(self._drafter.propose(state), state)
-        root_position = self._cache.length
-        result = verify(self._model, self._cache, state.tokens[-1], draft, self._sampler)
+    def _accept(self, out: ForwardOutput) -> list[int]:
+        state, step = self._state, self._verify
+        assert state is not None and step is not None, "prepared before completed"
+        result = step.finish(out, self._sampler)
+        self._verify = None
         state.tokens.extend(result.tokens)
-        state.hidden, state.hidden_start, state.last = result.hidden, root_position, result
+        state.hidden, state.hidden_start, state.last = result.hidden, step.start, result
         self.stats.verify_steps += 1
         self.stats.num_proposed_drafts += result.num_proposed
         self.stats.num_correct_drafts += len(result.accepted)
@@ -278,67 +355,3 @@ class Generation:
 
     def _prompt_len_plus_output(self) -> int:
         return len(self._prompt) + len(self.output_ids)
-
-
-class _TextStream:
-    """Incremental detokenisation with text-level stop strings.
-
-    Holds back a trailing incomplete UTF-8 sequence (decoded as U+FFFD) and any tail that
-    could still grow into a stop string, so emitted text never has to be taken back.
-    """
-
-    def __init__(self, tokenizer: TextTokenizer, stops: list[str]) -> None:
-        self._tokenizer = tokenizer
-        self._stops = stops
-        self._ids: list[int] = []
-        self._emitted = 0
-
-    def push(self, ids: list[int], final: bool) -> tuple[str, tuple[str, int] | None]:
-        """Add ids; return (text delta, (matched stop, ids of this push to keep) or None)."""
-        before = len(self._ids)
-        self._ids.extend(ids)
-        full = self._tokenizer.decode(self._ids)
-        hit = self._find_stop(full)
-        if hit is not None:
-            index, stop = hit
-            keep = self._ids_through(before, stop)
-            return self._emit(full[:index]), (stop, keep)
-        if final:
-            return self._emit(full), None
-        safe = len(full.rstrip("\ufffd"))
-        hold = 0
-        for stop in self._stops:  # the longest tail that is a proper prefix of a stop string
-            for n in range(min(len(stop) - 1, safe), hold, -1):
-                if full[safe - n : safe] == stop[:n]:
-                    hold = n
-                    break
-        safe -= hold
-        return self._emit(full[:safe]), None
-
-    def flush(self) -> str:
-        return self._emit(self._tokenizer.decode(self._ids))
-
-    def _find_stop(self, full: str) -> tuple[int, str] | None:
-        best: tuple[int, str] | None = None
-        for stop in self._stops:
-            index = full.find(stop, max(0, self._emitted - len(stop) + 1))
-            if index >= 0 and (best is None or index < best[0]):
-                best = (index, stop)
-        return best
-
-    def _ids_through(self, before: int, stop: str) -> int:
-        """How many of the pushed ids it takes for the stop string to appear."""
-        for n in range(1, len(self._ids) - before + 1):
-            if (
-                stop
-                in self._tokenizer.decode(self._ids[: before + n])[
-                    max(0, self._emitted - len(stop) + 1) :
-                ]
-            ):
-                return n
-        return len(self._ids) - before
-
-    def _emit(self, text: str) -> str:
-        delta = text[self._emitted :]
-        self._emitted = max(self._emitted, len(text))
-        return delta

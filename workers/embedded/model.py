@@ -1,4 +1,5 @@
-"""A Llama-family decoder (RMSNorm, RoPE, SwiGLU, grouped-query attention) and its KV cache.
+"""A Llama-family decoder (RMSNorm, RoPE, SwiGLU, grouped-query attention), one sequence or
+a ragged batch of them per forward (its KV cache: `kv_cache`).
 
 Parameter names follow the Hugging Face `LlamaForCausalLM` layout, so a folder with
 `config.json` + `model.safetensors` loads with no renaming. RoPE uses the Hugging Face
@@ -18,6 +19,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from workers.embedded.kv_cache import KVCache
 
 
 @dataclass
@@ -54,67 +57,6 @@ class ModelConfig:
         out = asdict(self)
         out.update(architectures=["LlamaForCausalLM"], model_type="llama", hidden_act="silu")
         return out
-
-
-class KVCache:
-    """Preallocated keys and values for every layer, with explicit append and rollback.
-
-    Positions [0, length) hold committed tokens. `append` writes new entries after them;
-    `rollback(n)` forgets everything from position n; `keep(indices)` compacts a verified
-    tree path so that its entries become contiguous after the committed prefix.
-    """
-
-    def __init__(
-        self,
-        config: ModelConfig,
-        batch_size: int = 1,
-        max_length: int | None = None,
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-    ) -> None:
-        self.max_length = max_length or config.max_position_embeddings
-        shape = (
-            config.num_hidden_layers,
-            batch_size,
-            config.num_key_value_heads,
-            self.max_length,
-            config.head_dim,
-        )  # (nl, B, nkv, Lmax, hs)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)
-        self.length = 0
-        self._pending = 0  # tokens written by the forward in progress
-
-    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v (B, nkv, T, hs) after the committed prefix; return all keys/values."""
-        t = k.shape[2]
-        end = self.length + t
-        if end > self.max_length:
-            raise ValueError(f"KV cache full: {end} > {self.max_length} positions")
-        self.keys[layer, :, :, self.length : end] = k
-        self.values[layer, :, :, self.length : end] = v
-        self._pending = t
-        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
-
-    def commit(self) -> None:
-        """Make the entries of the last forward part of the prefix."""
-        self.length += self._pending
-        self._pending = 0
-
-    def rollback(self, length: int) -> None:
-        if not 0 <= length <= self.length:
-            raise ValueError(f"cannot roll back to {length}; cache holds {self.length}")
-        self.length = length
-        self._pending = 0
-
-    def keep(self, start: int, indices: torch.Tensor) -> None:
-        """Keep only entries start+indices (sorted) after position `start`, packed contiguously."""
-        n = int(indices.numel())
-        src = start + indices.to(self.keys.device)
-        self.keys[:, :, :, start : start + n] = self.keys.index_select(3, src)
-        self.values[:, :, :, start : start + n] = self.values.index_select(3, src)
-        self.length = start + n
-        self._pending = 0
 
 
 class RMSNorm(nn.Module):
@@ -176,6 +118,40 @@ def attention_inputs(
     return cos, sin, full[None, None]  # (1, 1, T, L+T)
 
 
+@dataclass
+class SequenceInput:
+    """One sequence's share of a ragged batch forward (`LlamaForCausalLM.forward_batch`).
+
+    tokens (T,) run after `cache`'s committed prefix at `positions` (default
+    prefix_length + arange(T)), seeing each other per `tree_mask` (same conventions as
+    `forward`); `last_only`: logits for the last token only.
+    """
+
+    tokens: torch.Tensor
+    cache: KVCache
+    positions: torch.Tensor | None = None
+    tree_mask: torch.Tensor | None = None
+    last_only: bool = False
+
+
+@dataclass
+class _Sequence:
+    cache: KVCache
+    mask: torch.Tensor | None  # (1, 1, T, L+T) or None: causal
+    rows: slice  # its tokens in the flattened batch
+
+
+class RaggedBatch:
+    """Sequences flattened into one row of N = sum(T) tokens: every layer's projections and
+    MLP run once over all N tokens, attention runs per sequence over its own cache. This is
+    Orca's selective batching (Yu et al., OSDI 2022) and the flattened token batch of vLLM
+    and SGLang: no padding, so a plain decode (T = 1) next to an 8-node tree costs 9 rows,
+    not 18, and each sequence keeps its own KVCache (append, commit, rollback, keep)."""
+
+    def __init__(self, sequences: list[_Sequence]) -> None:
+        self.sequences = sequences
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -193,7 +169,7 @@ class Attention(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         mask: torch.Tensor | None,
-        cache: KVCache | None,
+        cache: KVCache | RaggedBatch | None,
         layer: int,
     ) -> torch.Tensor:
         b, t, _ = x.shape
@@ -201,18 +177,29 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(b, t, self.n_kv, self.hs).transpose(1, 2)  # (B, nkv, T, hs)
         v = self.v_proj(x).view(b, t, self.n_kv, self.hs).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if cache is not None:
-            k, v = cache.append(layer, k, v)  # (B, nkv, L+T, hs)
+        if isinstance(cache, RaggedBatch):  # (1, nh, N, hs): each sequence on its own cache
+            y = torch.cat([
+                self._attend(q[:, :, s.rows],
+                             *s.cache.append(layer, k[:, :, s.rows], v[:, :, s.rows]), s.mask)
+                for s in cache.sequences
+            ], dim=2)
+        else:
+            if cache is not None:
+                k, v = cache.append(layer, k, v)  # (B, nkv, L+T, hs)
+            y = self._attend(q, k, v, mask)
+        y = y.transpose(1, 2).reshape(b, t, self.n_head * self.hs)  # (B, T, C)
+        return self.o_proj(y)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        """q (B, nh, T, hs) over k, v (B, nkv, L+T, hs); mask None = causal (or one query)."""
         if self.n_kv != self.n_head:
             rep = self.n_head // self.n_kv
             k = k.repeat_interleave(rep, dim=1)  # (B, nh, L+T, hs)
             v = v.repeat_interleave(rep, dim=1)
         if mask is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=t > 1)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        y = y.transpose(1, 2).reshape(b, t, self.n_head * self.hs)  # (B, T, C)
-        return self.o_proj(y)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=q.shape[2] > 1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, nh, T, hs)
 
 
 class MLP(nn.Module):
@@ -300,6 +287,43 @@ class LlamaForCausalLM(nn.Module):
         hidden = self.model.norm(x)  # (B, T, C)
         logits = self.lm_head(hidden[:, -1:] if last_only else hidden).float()  # (B, T or 1, V)
         return ForwardOutput(logits=logits, hidden=hidden)
+
+    def forward_batch(self, inputs: list[SequenceInput]) -> list[ForwardOutput]:
+        """One forward over several sequences of any lengths, each after its own cache
+        (see `RaggedBatch`). Returns per sequence what `forward` would for it alone:
+        logits (1, T or 1, V), hidden (1, T, C); new entries stay pending in each cache."""
+        device = self.lm_head.weight.device
+        dtype = self.lm_head.weight.dtype
+        sequences: list[_Sequence] = []
+        cos_rows, sin_rows, logit_rows = [], [], []
+        offset = 0
+        for item in inputs:
+            t, past = item.tokens.shape[0], item.cache.length
+            positions = item.positions
+            if positions is None:
+                positions = torch.arange(past, past + t, device=device)
+            cos, sin, mask = attention_inputs(self.rope_cos, self.rope_sin, positions, past,
+                                              item.tree_mask, dtype)
+            cos_rows.append(cos)
+            sin_rows.append(sin)
+            sequences.append(_Sequence(item.cache, mask, slice(offset, offset + t)))
+            logit_rows.append(range(offset + t - 1 if item.last_only else offset, offset + t))
+            offset += t
+        batch = RaggedBatch(sequences)
+        cos, sin = torch.cat(cos_rows, dim=2), torch.cat(sin_rows, dim=2)  # (1, 1, N, hs)
+        x = self.model.embed_tokens(torch.cat([item.tokens for item in inputs]))[None]  # (1, N, C)
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, None, batch, i)
+        hidden = self.model.norm(x)[0]  # (N, C)
+        index = torch.tensor([r for rows in logit_rows for r in rows], device=device)
+        logits = self.lm_head(hidden.index_select(0, index)).float()  # (sum of rows, V)
+        outputs: list[ForwardOutput] = []
+        start = 0
+        for seq, rows in zip(sequences, logit_rows, strict=True):
+            outputs.append(ForwardOutput(logits=logits[None, start : start + len(rows)],
+                                         hidden=hidden[None, seq.rows]))
+            start += len(rows)
+        return outputs
 
     def new_cache(self, batch_size: int = 1, max_length: int | None = None) -> KVCache:
         w = self.lm_head.weight

@@ -1,11 +1,14 @@
-"""The engine thread: owns the Engine and steps active generations round-robin.
+"""The engine thread: owns the Engine and steps all active generations together.
 
-The torch work never runs on the event loop. One thread starts requests and calls
-`RunningGeneration.step()` on each active one in turn (one draft+verify cycle per turn), so a
-short request finishes while a long one is still decoding. At most `max_running`
-generations are active; the rest wait in a bounded FIFO queue whose depth, with the
-running count, is the worker's load signal. Each step's output goes back to the
-request's asyncio queue through `loop.call_soon_threadsafe`.
+The torch work never runs on the event loop. One thread starts requests and, every
+scheduler step, hands all active generations to `BatchEngine.step`, which runs one batched
+target forward for all of them (each with its own drafter, k and tree), so a short request
+finishes while a long one is still decoding and concurrent requests share each forward, as
+in the continuous batching of Orca (OSDI 2022), vLLM and SGLang. New requests join at step
+boundaries (their prefill rides in the same forward); a cancelled one leaves at the next.
+At most `max_running` generations are active; the rest wait in a bounded FIFO queue whose
+depth, with the running count, is the worker's load signal. Each step's output goes back
+to the request's asyncio queue through `loop.call_soon_threadsafe`.
 
 Events a request receives, in order: zero or more `StepEvent`s, the last with
 `output.finished` true; or one `ErrorEvent` (bad input found by the engine, or an
@@ -19,7 +22,9 @@ import collections
 import copy
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from workers.embedded.api import (
     DecodeRequest,
@@ -31,6 +36,13 @@ from workers.embedded.api import (
 from workers.embedded.errors import Overloaded
 
 logger = logging.getLogger(__name__)
+
+
+class BatchEngine(GenerationEngine, Protocol):
+    """An engine that steps several generations in one call: one output, or the exception
+    that ended that generation, per generation in order."""
+
+    def step(self, generations: Sequence[RunningGeneration]) -> list[StepOutput | Exception]: ...
 
 
 @dataclass
@@ -90,9 +102,9 @@ class Ticket:
 
 
 class Scheduler:
-    """Round-robin stepping of up to `max_running` generations on one thread."""
+    """Batched stepping of up to `max_running` generations on one thread."""
 
-    def __init__(self, engine: GenerationEngine, max_running: int = 4, max_queue: int = 64) -> None:
+    def __init__(self, engine: BatchEngine, max_running: int = 4, max_queue: int = 64) -> None:
         self.engine = engine
         self.max_running = max_running
         self.max_queue = max_queue
@@ -157,8 +169,7 @@ class Scheduler:
                     admitted.append(self._pending.popleft())
             for ticket in admitted:
                 self._admit(ticket)
-            for ticket in list(self._active):
-                self._step(ticket)
+            self._step(list(self._active))
         for ticket in self._active:
             if ticket.generation is not None:
                 ticket.generation.cancel()
@@ -174,28 +185,38 @@ class Scheduler:
         with self._cond:
             self._active.append(ticket)
 
-    def _step(self, ticket: Ticket) -> None:
-        generation = ticket.generation
-        assert generation is not None, "stepped only once admitted"
-        if ticket.cancelled.is_set():
-            generation.cancel()
-            self._retire(ticket)
-            self.stats.requests_aborted += 1
+    def _step(self, tickets: list[Ticket]) -> None:
+        """One batched step of every active, uncancelled request."""
+        batch: list[tuple[Ticket, RunningGeneration]] = []
+        for ticket in tickets:
+            generation = ticket.generation
+            assert generation is not None, "stepped only once admitted"
+            if ticket.cancelled.is_set():
+                generation.cancel()
+                self._retire(ticket)
+                self.stats.requests_aborted += 1
+            else:
+                batch.append((ticket, generation))
+        if not batch:
             return
         try:
-            output = generation.step()
-        except Exception as exc:
+            results = self.engine.step([generation for _, generation in batch])
+        except Exception as exc:  # the engine could not isolate it: fails the whole batch
             logger.exception("engine step failed")
-            generation.cancel()
-            self._retire(ticket)
-            ticket.deliver(ErrorEvent(exc))
-            return
-        stats = copy.copy(generation.stats)
-        self.stats.generation_tokens += len(output.token_ids)
-        if output.finished:
-            self._retire(ticket)
-            self._record(stats)
-        ticket.deliver(StepEvent(output, stats))
+            results = [exc] * len(batch)
+        for (ticket, generation), result in zip(batch, results, strict=True):
+            if isinstance(result, Exception):
+                logger.error("engine step failed", exc_info=result)
+                generation.cancel()
+                self._retire(ticket)
+                ticket.deliver(ErrorEvent(result))
+                continue
+            stats = copy.copy(generation.stats)
+            self.stats.generation_tokens += len(result.token_ids)
+            if result.finished:
+                self._retire(ticket)
+                self._record(stats)
+            ticket.deliver(StepEvent(result, stats))
 
     def _retire(self, ticket: Ticket) -> None:
         with self._cond:

@@ -11,14 +11,16 @@ If no child is accepted the bonus token is drawn from the current p. The output 
 follows the target's distribution exactly, for chains and trees alike.
 
 The accepted path's KV entries are compacted right after the committed prefix, so the
-cache afterwards looks exactly like a plain decode of the same tokens.
+cache afterwards looks exactly like a plain decode of the same tokens. `VerifyStep` splits
+the step around the forward, so that the engine scores the drafts of all its running
+requests in one batched target forward and accepts each on its own rows.
 """
 
 from __future__ import annotations
 
 import torch
 
-from workers.embedded.model import KVCache, LlamaForCausalLM
+from workers.embedded.model import ForwardOutput, KVCache, LlamaForCausalLM, SequenceInput
 from workers.embedded.speculative.draft import Draft, attention_layout
 from workers.embedded.speculative.result import VerifyResult
 from workers.embedded.speculative.sampling import Sampler, acceptance_probability, residual
@@ -32,36 +34,54 @@ def verify(
     sampler: Sampler,
 ) -> VerifyResult:
     """Score root + draft in one forward, accept a path, leave root + path in the cache."""
-    start = cache.length  # the root's position
-    device = model.lm_head.weight.device
-    n = len(draft)
-    aux_tokens = draft.aux.tokens if draft.aux is not None else []
-    tokens = torch.tensor([[root, *draft.tokens, *aux_tokens]], device=device)  # (1, T)
-    mask, offsets = attention_layout(draft, device)
-    positions = None
-    if mask is not None:
-        positions = torch.tensor(offsets, device=device) + start  # (T,)
-    out = model(
-        tokens, cache, positions=positions, tree_mask=mask, last_only=n == 0 and not aux_tokens
-    )
-    path, bonus = accept(draft, out.logits[0, : 1 + n], sampler)
-    kept = [0, *(1 + i for i in path)]
-    if kept[-1] == len(kept) - 1:  # a prefix of the forward's rows: no copy needed
-        cache.commit()
-        cache.rollback(start + len(kept))
-        hidden = out.hidden[0, : len(kept)]
-    else:
-        index = torch.tensor(kept, device=device)
-        cache.keep(start, index)
-        hidden = out.hidden[0].index_select(0, index)
-    return VerifyResult(
-        accepted=[draft.tokens[i] for i in path],
-        accepted_nodes=path,
-        bonus=bonus,
-        hidden=hidden,
-        aux_logits=out.logits[0, 1 + n :] if aux_tokens else None,
-        num_proposed=n,
-    )
+    step = VerifyStep(cache, root, draft, model.lm_head.weight.device)
+    return step.finish(model.forward_batch([step.input])[0], sampler)
+
+
+class VerifyStep:
+    """`verify()` in two halves around the target forward, so that one forward can score
+    the drafts of several requests (the engine batches their `input`s)."""
+
+    def __init__(self, cache: KVCache, root: int, draft: Draft,
+                 device: torch.device | str = "cpu") -> None:
+        self.cache, self.draft = cache, draft
+        self.start = cache.length  # the root's position
+        aux_tokens = draft.aux.tokens if draft.aux is not None else []
+        self.has_aux = bool(aux_tokens)
+        mask, offsets = attention_layout(draft, device)
+        positions = None
+        if mask is not None:
+            positions = torch.tensor(offsets, device=device) + self.start  # (T,)
+        self.input = SequenceInput(
+            tokens=torch.tensor([root, *draft.tokens, *aux_tokens], device=device),  # (T,)
+            cache=cache,
+            positions=positions,
+            tree_mask=mask,
+            last_only=len(draft) == 0 and not aux_tokens,
+        )
+
+    def finish(self, out: ForwardOutput, sampler: Sampler) -> VerifyResult:
+        """Accept a path from the forward's logits; compact root + path in the cache."""
+        draft, cache, start = self.draft, self.cache, self.start
+        n = len(draft)
+        path, bonus = accept(draft, out.logits[0, : 1 + n], sampler)
+        kept = [0, *(1 + i for i in path)]
+        if kept[-1] == len(kept) - 1:  # a prefix of the forward's rows: no copy needed
+            cache.commit()
+            cache.rollback(start + len(kept))
+            hidden = out.hidden[0, : len(kept)]
+        else:
+            index = torch.tensor(kept, device=out.hidden.device)
+            cache.keep(start, index)
+            hidden = out.hidden[0].index_select(0, index)
+        return VerifyResult(
+            accepted=[draft.tokens[i] for i in path],
+            accepted_nodes=path,
+            bonus=bonus,
+            hidden=hidden,
+            aux_logits=out.logits[0, 1 + n :] if self.has_aux else None,
+            num_proposed=n,
+        )
 
 
 def accept(draft: Draft, logits: torch.Tensor, sampler: Sampler) -> tuple[list[int], int]:
