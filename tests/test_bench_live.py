@@ -1,0 +1,80 @@
+"""`specroute bench live`: the report's arithmetic on known records, and a tiny run through a
+real stack (the bundled model, three pools, real gateways, Redis and workers) whose cold
+adaptive gateway must have learned from nothing but its own requests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.live import Settings, interleave, measure, running_stack, workload
+from bench.live_report import COLD, WARM, Record, render, summarize
+from policies.fleet import BUNDLED_MODEL_DIR
+
+POOLS = ["p-plain", "p-fast-code", "p-fast-chat"]
+
+
+def _rec(config: str, cls: str, rate: float, pool: str = "", seen: int = 0) -> Record:
+    return Record(1, config, cls, tokens=int(rate * 10), seconds=10.0, pool=pool or config,
+                  seen=seen)
+
+
+def test_oracle_ratios_and_violations_from_known_rates() -> None:
+    records = [_rec("p-plain", "code/t0", 100), _rec("p-plain", "chat/t0", 100),
+               _rec("p-fast-code", "code/t0", 200), _rec("p-fast-code", "chat/t0", 80),
+               _rec("p-fast-chat", "code/t0", 100), _rec("p-fast-chat", "chat/t0", 150),
+               _rec(COLD, "code/t0", 100, "p-plain"), _rec(COLD, "chat/t0", 80, "p-fast-code"),
+               _rec(WARM, "code/t0", 200, "p-fast-code", seen=60),
+               _rec(WARM, "chat/t0", 80, "p-fast-code", seen=70)]
+    s = summarize(records, POOLS, "p-plain")[1]
+    assert s["oracle_picks"] == {"code/t0": "p-fast-code", "chat/t0": "p-fast-chat"}
+    assert s["rates"]["oracle"] == pytest.approx(350 / 2)
+    assert s["best_single"] == "p-fast-code" and s["rates"]["p-fast-code"] == pytest.approx(140)
+    warm = s["ratios"][WARM]
+    assert warm["vs_oracle"] == pytest.approx(140 / 175)
+    assert warm["gain_captured"] == pytest.approx(0.0)
+    # chat/t0 went to a pool measured at 0.8x plain after 70 requests of the class: one violation
+    assert s["violations"][WARM] == {"checked": 2, "violations": 1, "most_seen": 71}
+    assert s["violations"][COLD]["checked"] == 0
+    assert s["decisions"][WARM]["chat/t0"] == {"picks": {"p-fast-code": 1}, "changes": 0}
+    assert s["best_mix"]["ratio"] == pytest.approx(175 / 140)
+
+
+def test_every_item_goes_to_every_configuration_in_rotating_order() -> None:
+    settings = Settings(per_cell=2, warmup=0, max_tokens=8, concurrency=(1,))
+    items = workload("m", settings, seed=0)
+    assert len(items) == 12 and {cls for cls, _ in items} == {
+        f"{t}/t{x}" for t in ("code", "structured", "chat") for x in ("0", "0.8")}
+    jobs = interleave(items, ["a", "b", "c"])
+    assert [j.config for j in jobs[:6]] == ["a", "b", "c", "b", "c", "a"]
+    warm = workload("m", settings, seed=1000, count=30,
+                    exclude=frozenset(b["messages"][-1]["content"] for _, b in items))
+    assert len(warm) == 30
+    assert not {b["messages"][-1]["content"] for _, b in warm} & {
+        b["messages"][-1]["content"] for _, b in items}
+
+
+@pytest.mark.skipif(not (BUNDLED_MODEL_DIR / "config.json").exists(), reason="no bundled model")
+def test_tiny_run_through_a_real_stack(tmp_path: Path) -> None:
+    settings = Settings(per_cell=1, warmup=2, max_tokens=6, concurrency=(1, 2))
+    with running_stack(tmp_path, str(BUNDLED_MODEL_DIR), "plain,ngram") as stack:
+        records, audits = measure(stack, settings, progress=False)
+        pools = stack.pools
+        summary = summarize(records, pools, stack.plain)
+    assert pools == ["embedded-plain", "embedded-ngram"]
+    assert not [r for r in records if r.error]
+    for conc in (1, 2):
+        # the cold gateway learned from exactly its own 6 requests: no pinned one reached it
+        assert audits[conc] == {"own_requests": 6, "telemetry_records": 6, "same_pools": True}
+        s = summary[conc]
+        assert s["requests"] == {c: 6 for c in (COLD, WARM, *pools)}
+        assert set(s["rates"]) == {COLD, WARM, *pools, "oracle"}
+        assert s["rates"]["oracle"] >= max(s["rates"][p] for p in pools)
+        assert set(s["ratios"]) == {COLD, WARM}
+    assert [r.seen for r in records if r.config == COLD and r.cls == "code/t0"] == [0, 0]
+    table = render(summary, "test")
+    for heading in ("### concurrency 1", "### concurrency 2", "| configuration | requests |",
+                    "| adaptive | / oracle | / best single | oracle gain captured |",
+                    "| class | adaptive-cold | adaptive-warm | plain | ngram |"):
+        assert heading in table
