@@ -248,6 +248,7 @@ def record(gateway: Gateway, *, request: GenerationRequest, profile: RequestProf
         prompt_tokens=usage.prompt_tokens, output_tokens=tokens, verify_steps=steps,
         accept_length=accept, load=load, ttft_s=ttft, itl_s=itl, e2e_s=e2e,
         tenant=tenant.name, ok=ok, timestamp=time.time(), workers=max(1, workers),
+        pinned=decision.pinned,
         slo_met=ok and slo_met(tenant, ttft, itl, e2e, tokens, request.stream),
         extra={"explored": True} if decision.explored else {},
     )

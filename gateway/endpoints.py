@@ -77,7 +77,7 @@ class Admitted:
 def _headers(scope: Scope) -> dict[bytes, bytes]:
     return {name: value for name, value in scope["headers"]
             if name in (b"authorization", b"content-length", b"x-specroute-pool",
-                        b"x-specroute-k")}
+                        b"x-specroute-k", b"x-specroute-benchmark")}
 
 
 async def read_request(gateway: dispatch.Gateway, scope: Scope, receive: Receive,
@@ -97,8 +97,10 @@ async def read_request(gateway: dispatch.Gateway, scope: Scope, receive: Receive
         raise InvalidRequest(f"The request body is not valid JSON: {exc}",
                              code="invalid_json") from exc
     pool, k = headers.get(b"x-specroute-pool"), headers.get(b"x-specroute-k")
+    benchmark = headers.get(b"x-specroute-benchmark")
     pin = Pin.from_headers(pool.decode("latin-1") if pool else None,
-                           k.decode("latin-1") if k is not None else None)
+                           k.decode("latin-1") if k is not None else None,
+                           benchmark.decode("latin-1") if benchmark is not None else None)
     return tenant, body, pin
 
 

@@ -97,18 +97,33 @@ def static_rules(profile: RequestProfile, pools: list[PoolView]) -> Decision:
 
 @dataclass(frozen=True, slots=True)
 class Pin:
-    """Routing forced by request headers; empty by default."""
+    """Routing forced (`x-specroute-pool`, `x-specroute-k`) or traffic marked
+    (`x-specroute-benchmark`) by request headers; empty by default. Any of them makes the
+    request a benchmark: its record is marked `pinned` and does not teach the policy."""
 
     pool: str | None = None
     k: int | None = None
+    benchmark: bool = False
+
+    @property
+    def active(self) -> bool:
+        return self.pool is not None or self.k is not None or self.benchmark
 
     @classmethod
-    def from_headers(cls, pool: str | None, k: str | None) -> Pin:
-        if k is not None:
-            if not k.strip().isdigit() or int(k) > MAX_PINNED_K:
-                raise InvalidRequest(f"x-specroute-k must be an integer 0..{MAX_PINNED_K}, "
-                                     f"got {k!r}", param="x-specroute-k", code="invalid_value")
-        return cls(pool=pool or None, k=None if k is None else int(k))
+    def from_headers(cls, pool: str | None, k: str | None,
+                     benchmark: str | None = None) -> Pin:
+        return cls(pool=pool or None, k=None if k is None else parse_pinned_k(k),
+                   benchmark=benchmark is not None and benchmark.strip() not in ("", "0"))
+
+
+def parse_pinned_k(text: str) -> int:
+    """ASCII digits only: `str.isdigit` accepts '²' or Arabic-Indic digits, which `int`
+    then refuses or reads as another number."""
+    value = text.strip(" \t")  # HTTP optional whitespace; not str.strip's Unicode set
+    if not (value.isascii() and value.isdigit()) or int(value) > MAX_PINNED_K:
+        raise InvalidRequest(f"x-specroute-k must be an integer 0..{MAX_PINNED_K}, "
+                             f"got {text!r}", param="x-specroute-k", code="invalid_value")
+    return int(value)
 
 
 class Requirement(NamedTuple):
@@ -273,7 +288,7 @@ class PoolRouter:
         if pin.pool is not None:
             pool = self.pools[pin.pool]
             decision = Decision(pool=pool.name, method=pool.config.method, k=pool.config.k,
-                                reason="pinned by x-specroute-pool")
+                                reason="pinned by x-specroute-pool", pinned=True)
             if not eligible:
                 raise NoHealthyWorker(f"no available worker in pinned pool {pin.pool!r}",
                                       code="no_healthy_worker")
@@ -281,9 +296,10 @@ class PoolRouter:
             if not eligible:
                 raise NoHealthyWorker(f"no healthy worker serves model {profile.model!r}",
                                       code="no_healthy_worker")
-            decide = self.predict if explain else self.decide
+            # a pinned k is predicted at that k; a pinned request is no policy decision
+            decide = self.predict if explain or pin.active else self.decide
             try:
-                decision = decide(profile, [p.view() for p in eligible])
+                decision = decide(profile, [self._view(p, pin) for p in eligible])
             except ValueError as exc:  # the policy found no pool with a healthy worker
                 raise NoHealthyWorker(f"no healthy worker serves model {profile.model!r}: "
                                       f"{exc}", code="no_healthy_worker") from exc
@@ -291,7 +307,7 @@ class PoolRouter:
         if chosen is None:
             raise NoHealthyWorker(f"policy chose unavailable pool {decision.pool!r}",
                                   code="no_healthy_worker")
-        decision = self._with_k(decision, chosen, pin)
+        decision = replace(self._with_k(decision, chosen, pin), pinned=pin.active)
         rest = [by_name[n] for n in dict.fromkeys(decision.fallbacks)
                 if n in by_name and n != chosen.name]
         if pin.pool is None:
@@ -301,10 +317,21 @@ class PoolRouter:
         return decision, [chosen, *rest]
 
     @staticmethod
+    def _view(pool: Pool, pin: Pin) -> PoolView:
+        """The pool as the policy sees it; with k pinned, a per-request-k pool runs that k
+        only, so the prediction and the reason are for the k actually used."""
+        view = pool.view()
+        if pin.k is None or not view.per_request_k or view.method == "plain":
+            return view
+        return replace(view, k=pin.k, per_request_k=False, max_k=pin.k)
+
+    @staticmethod
     def _with_k(decision: Decision, pool: Pool, pin: Pin) -> Decision:
         if not pool.config.capabilities.per_request_k:
             return replace(decision, k=pool.config.k)  # k is fixed at launch
-        if pin.k is not None:
-            return replace(decision, k=pin.k, reason=f"{decision.reason}; k pinned by "
-                           f"x-specroute-k")
-        return decision
+        if pin.k is None:
+            return decision
+        if decision.k == pin.k:
+            return replace(decision, reason=f"{decision.reason}; k pinned by x-specroute-k")
+        return replace(decision, k=pin.k, reason=f"{decision.reason}; k={pin.k} pinned by "
+                       f"x-specroute-k")

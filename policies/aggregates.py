@@ -100,6 +100,12 @@ def steps_known(rec: RequestRecord) -> bool:
     return rec.verify_steps is not None and (rec.verify_steps > 0 or rec.output_tokens == 0)
 
 
+def teaches(rec: RequestRecord) -> bool:
+    """Whether the policy may learn from the record: not pinned benchmark traffic, which
+    would give it exploration production never has."""
+    return not rec.pinned
+
+
 def record_values(rec: RequestRecord) -> dict[str, float]:
     """The sums one request contributes; decode time excludes time to first token, and load
     counts the request itself (the batch it joined), as `Policy.decide` does. A request
@@ -167,6 +173,8 @@ class LocalAggregates:
         self._hashes: dict[str, dict[str, float]] = {}
 
     def add(self, rec: RequestRecord, t: float) -> None:
+        if not teaches(rec):
+            return
         fields = self._hashes.setdefault(ContextKey.of(rec).encode(), {})
         for name, inc in forward_increments(record_values(rec), t, self.tau).items():
             fields[name] = fields.get(name, 0.0) + inc

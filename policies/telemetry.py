@@ -42,6 +42,7 @@ from policies.aggregates import (
     read_stats,
     record_values,
     stale_fields,
+    teaches,
 )
 from policies.fleet import desired_k_key
 from policies.types import RequestRecord
@@ -226,6 +227,8 @@ class TelemetryStore:
         for rec in batch:
             pipe.xadd(STREAM_KEY, {"r": orjson.dumps(rec.to_dict())},
                       maxlen=self.config.stream_maxlen, approximate=True)
+            if not teaches(rec):
+                continue
             context = ContextKey.of(rec).encode()
             key = AGG_PREFIX + context
             for name, inc in forward_increments(record_values(rec), rec.timestamp, tau).items():

@@ -69,6 +69,7 @@ class Decision:
     predicted_tokens_per_s: float = 0.0
     explored: bool = False
     fallbacks: tuple[str, ...] = ()  # next-best pools, in order, for failover
+    pinned: bool = False  # forced or marked by request headers: a benchmark, never teaches
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -82,7 +83,9 @@ class RequestRecord:
 
     `verify_steps` is None when the worker did not say how many verify steps it took
     (an OpenAI-compatible upstream without speculation counters): such a request counts
-    as traffic, never for acceptance or step cost — unknown is not "all accepted"."""
+    as traffic, never for acceptance or step cost — unknown is not "all accepted". A
+    `pinned` record (benchmark traffic) goes to the stream and metrics, never to the
+    aggregates the policy learns from."""
 
     model: str
     pool: str
@@ -103,6 +106,7 @@ class RequestRecord:
     ok: bool = True
     timestamp: float = 0.0
     workers: int = 1  # healthy workers in the pool at dispatch (load / workers = batch per worker)
+    pinned: bool = False  # pool or k pinned, or marked benchmark: kept out of learning
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:

@@ -1,8 +1,8 @@
 """The learned policy inside real gateway processes, on a real Redis, with stub workers.
 
 Two gateways (A and B) share one Redis; the stubs report different accept lengths per
-pool. Traffic goes through A only; both must end up routing the class to the pool with
-the best observed accept length, telemetry lands in the Redis stream, fixed-k pools get
+pool. Traffic goes through A only (cold-start tries, as pinned requests teach nothing);
+both must end up routing the class to the pool with the best observed accept length, telemetry lands in the Redis stream, fixed-k pools get
 a desired k in Redis, and a per-request-k pool receives the policy's k.
 """
 
@@ -59,8 +59,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: str) -> Iterat
         "json": ["--model", "m3", "--method", "eagle", "--no-constrained"],
     })
     config = {"redis_url": redis_server,
-              "policy": {"explore_rate": 0.0, "refit_interval_s": 0.5,
-                         "relaunch_min_samples": 5.0},
+              # cold start tries each pool 8 times per context (it needs exploration on;
+              # the rate is negligible): pinned requests no longer teach the policy
+              "policy": {"explore_rate": 1e-9, "cold_start_samples": 8.0,
+                         "refit_interval_s": 0.5, "relaunch_min_samples": 4.0},
               "server": {"health_interval_s": 0.5},
               "pools": [pool("ngram", "ngram", urls["ngram"]),
                         pool("eagle3", "eagle3", urls["eagle3"]),
@@ -91,12 +93,14 @@ def test_learns_the_best_pool_and_replicas_agree(stack: dict) -> None:
     a, b = stack["gateways"]["a"], stack["gateways"]["b"]
     cold = explain(b, chat("m"))
     assert cold["profile"]["task"] == "code"
-    assert cold["decision"]["pool"] == "eagle3"  # the prior ranks EAGLE-3 above n-gram
+    assert cold["decision"]["pool"] in ("eagle3", "ngram")
     with httpx.Client(base_url=a, timeout=5) as client:
-        for name in ("ngram", "eagle3") * 8:  # observations of both pools, through A only
-            response = client.post("/v1/chat/completions", json=chat("m"),
-                                   headers={"x-specroute-pool": name})
+        for _ in range(16):  # cold-start tries reach both pools, through A only
+            response = client.post("/v1/chat/completions", json=chat("m"))
             assert response.status_code == 200, response.text
+        pinned = client.post("/v1/chat/completions", json=chat("m"),
+                             headers={"x-specroute-pool": "eagle3"})  # teaches nothing
+        assert pinned.status_code == 200, pinned.text
 
         def routed_by_policy() -> str:
             return explain(a, chat("m"))["decision"]["pool"]
@@ -138,7 +142,7 @@ def test_telemetry_reaches_the_redis_stream(stack: dict) -> None:
         "verify_steps": response.json()["specroute"]["verify_steps"],
         "accept_length": pytest.approx(EAGLE3_ACCEPT, abs=0.2), "load": 0,
         "ttft_s": 0, "itl_s": 0, "e2e_s": 0, "tenant": "default", "slo_met": True,
-        "ok": True, "timestamp": 0, "workers": 1, "extra": {}}
+        "ok": True, "timestamp": 0, "workers": 1, "extra": {}, "pinned": True}
     assert 0 < record["ttft_s"] <= record["e2e_s"] < 5 and record["itl_s"] > 0
 
 

@@ -240,3 +240,19 @@ def test_record_never_waits_for_a_snapshot(kind: str) -> None:
         reader.join()
     assert worst < 0.02, f"record waited {worst * 1000:.0f} ms"
     assert sum(s.n for s in store.snapshot().values()) == pytest.approx(1650, rel=0.05)  # decayed a little
+
+
+def test_pinned_records_reach_the_stream_not_the_aggregates(redis_url: str) -> None:
+    store = TelemetryStore(redis_url, FAST).start()
+    try:
+        client = redis.Redis.from_url(redis_url)
+        client.delete(STREAM_KEY, AGG_INDEX)
+        store.record(replace(record("eagle3", "eagle3", 4, 3.5, 0.02), pinned=True))
+        wait_for(lambda: client.xlen(STREAM_KEY) == 1)
+        (_, fields), = client.xrange(STREAM_KEY)
+        assert b'"pinned":true' in fields[b"r"]
+        assert client.smembers(AGG_INDEX) == set()
+        wait_for(lambda: store.remote_fresh)
+        assert store.snapshot() == {}
+    finally:
+        store.stop()

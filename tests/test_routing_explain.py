@@ -167,6 +167,16 @@ def test_pinned_k_reaches_per_request_k_pools_only(stack: dict) -> None:
             "x-specroute-k", "x-specroute-pool")
 
 
+def test_non_ascii_digit_k_is_a_400_not_a_500(stack: dict) -> None:
+    """'²' (byte 0xB2) passes str.isdigit() and then int() raised: a client-made 500."""
+    for route in ("/v1/routing/explain", "/v1/chat/completions"):
+        response = httpx.post(stack["gateway"] + route, json=chat("hi"),
+                              headers={**AUTH, "x-specroute-k": b"\xb2"}, timeout=5)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert (error["param"], error["code"]) == ("x-specroute-k", "invalid_value")
+
+
 def test_gateway_log_is_clean(stack: dict) -> None:
     log = stack["log"].read_text()
     assert "Traceback" not in log and "request classifier unavailable" not in log
