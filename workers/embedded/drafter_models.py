@@ -8,7 +8,15 @@
 - The draft model is a small `LlamaForCausalLM` (same tokenizer), so it needs no class here.
 
 Each drafter folder holds `config.json` + `model.safetensors`; only the drafter's own
-weights are stored (embeddings and LM head are the base's).
+weights are stored (embeddings, and the LM head unless a draft vocabulary is set, are the
+base's).
+
+Draft vocabulary (FR-Spec, Zhao et al. 2025, arXiv 2502.14856; EAGLE-3 also drafts over a
+subset): with `draft_vocab_size` N > 0 a drafter owns an (N, C) output projection over the
+N tokens listed in its `draft_vocab` buffer (the most frequent ones in its training data),
+so a draft token costs N/V of the base's LM head. `draft_logits` scatters them into the
+full vocabulary with -inf elsewhere: q is zero outside the subset, and verification, which
+runs the target over the full vocabulary, stays exact.
 
 Legend: B batch, T tokens, C hidden size, H Medusa heads.
 """
@@ -36,6 +44,43 @@ class MedusaConfig:
     hidden_size: int = 256
     num_heads: int = 4
     num_layers: int = 1
+    vocab_size: int = 0  # the base's V; needed only with a draft vocabulary
+    draft_vocab_size: int = 0  # N; 0 = project through the base's LM head
+
+
+class DraftVocabulary(nn.Module):
+    """An (N, C) projection onto the N token ids in `draft_vocab` (a frequency-ranked subset)."""
+
+    draft_vocab: torch.Tensor  # (N,) int64 token ids, a buffer saved with the weights
+
+    def __init__(self, hidden_size: int, vocab_size: int, size: int) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.proj = nn.Linear(hidden_size, size, bias=False)
+        self.register_buffer("draft_vocab", torch.arange(size, dtype=torch.long))
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        """features (..., C) -> logits (..., V) float32, -inf outside the draft vocabulary."""
+        sub = self.proj(features).float()  # (..., N)
+        out = sub.new_full((*sub.shape[:-1], self.vocab_size), float("-inf"))
+        out[..., self.draft_vocab] = sub
+        return out
+
+
+def draft_logits(features: torch.Tensor, vocabulary: DraftVocabulary | None,
+                 base_lm_head: nn.Module) -> torch.Tensor:
+    """Draft logits (..., V) float32 through the drafter's own vocabulary, else the base's head."""
+    if vocabulary is None:
+        return base_lm_head(features).float()
+    return vocabulary(features)
+
+
+def _vocabulary(hidden_size: int, vocab_size: int, size: int) -> DraftVocabulary | None:
+    if size <= 0:
+        return None
+    if not 0 < size <= vocab_size:
+        raise ValueError(f"draft_vocab_size {size} needs 0 < N <= vocab_size ({vocab_size})")
+    return DraftVocabulary(hidden_size, vocab_size, size)
 
 
 class ResBlock(nn.Module):
@@ -57,6 +102,8 @@ class MedusaHeads(nn.Module):
             nn.Sequential(*(ResBlock(config.hidden_size) for _ in range(config.num_layers)))
             for _ in range(config.num_heads)
         )
+        self.vocabulary = _vocabulary(config.hidden_size, config.vocab_size,
+                                      config.draft_vocab_size)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden (B, T, C) -> per-head features (H, B, T, C); logits = lm_head(features)."""
@@ -72,6 +119,8 @@ class EagleConfig:
     max_position_embeddings: int = 1024
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    vocab_size: int = 0  # the base's V; needed only with a draft vocabulary
+    draft_vocab_size: int = 0  # N; 0 = project through the base's LM head
 
     def layer_config(self) -> ModelConfig:
         """The one decoder layer, described as a one-layer Llama config (for its KV cache)."""
@@ -97,6 +146,8 @@ class EagleHead(nn.Module):
         cos, sin = rope_tables(self.layer_config)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.vocabulary = _vocabulary(config.hidden_size, config.vocab_size,
+                                      config.draft_vocab_size)
 
     def forward(
         self,
@@ -134,7 +185,8 @@ def save_drafter(module: MedusaHeads | EagleHead, kind: str, folder: str | Path,
 
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in module.state_dict().items()}
+    state = {k: (v.detach().to(torch.bfloat16) if v.is_floating_point() else v).contiguous()
+             for k, v in module.state_dict().items()}
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     meta = {"drafter": kind, **asdict(module.config), **(extra or {})}
     (out / "config.json").write_text(json.dumps(meta, indent=2) + "\n")

@@ -10,7 +10,9 @@ the pair at position t, computed from the target's *true* features. `EagleSync.s
 back whatever the last draft appended and feeds the pairs the last verify made known
 (hidden[j] with tokens[hidden_start + j + 1]); its last output predicts the feature at the
 root's position, whose logits give the first draft token. One step therefore costs one
-head forward per draft depth, never a pass over the prefix.
+head forward per draft depth, never a pass over the prefix. A head trained with a draft
+vocabulary projects through its own (N, C) rows instead of the target's LM head; q is then
+zero outside those N tokens, which the rejection rule handles exactly.
 
 Legend: R the root's position, C hidden size, V vocabulary, f target features,
 h predicted features, p target probabilities, q draft probabilities.
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from workers.embedded.drafter_models import EagleHead
+from workers.embedded.drafter_models import EagleHead, draft_logits
 from workers.embedded.model import KVCache, LlamaForCausalLM
 from workers.embedded.speculative.chain import draft_chain
 from workers.embedded.speculative.draft import DecodeState, Draft
@@ -56,8 +58,9 @@ class EagleSync:
         return h[0, -1]
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """Draft logits (..., V) of predicted features h (..., C), float32."""
-        return self.model.lm_head(h).float()
+        """Draft logits (..., V) of predicted features h (..., C), float32; -inf outside the
+        head's draft vocabulary when it has one."""
+        return draft_logits(h, self.head.vocabulary, self.model.lm_head)
 
     def room(self) -> int:
         """Positions left in the head cache and its RoPE table after the committed prefix."""

@@ -9,7 +9,7 @@ probabilities.
 
 The draft is Medusa's sparse candidate tree built per step: the k paths of highest
 probability (each node's path probability <= its parent's, so they form a subtree),
-found best-first with a heap. The tree is deterministic for greedy and sampled requests
+found best-first with a heap; heads with a draft vocabulary rank only its N tokens. The tree is deterministic for greedy and sampled requests
 alike, so every node is a point mass (q = None): verification's recursive rejection over
 siblings is exact at any temperature (Medusa's "typical acceptance" is not, and is not used).
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 
-from workers.embedded.drafter_models import MedusaHeads
+from workers.embedded.drafter_models import MedusaHeads, draft_logits
 from workers.embedded.model import LlamaForCausalLM
 from workers.embedded.speculative.draft import ROOT, DecodeState, Draft
 
@@ -35,7 +35,8 @@ class MedusaDrafter:
         depth = min(self._heads.config.num_heads, k)
         feature = state.hidden[-1:].to(self._lm_head.weight.dtype)[None]  # (1, 1, C)
         head_features = self._heads(feature)[:depth, 0, 0]  # (depth, C)
-        logp = self._lm_head(head_features).float().log_softmax(-1)  # (depth, V)
+        logits = draft_logits(head_features, self._heads.vocabulary, self._lm_head)  # (depth, V)
+        logp = logits.log_softmax(-1)  # -inf outside a draft vocabulary
         top = logp.topk(min(k, logp.shape[-1]), dim=-1)  # (depth, k) best first per head
         return best_paths(top.values.tolist(), top.indices.tolist(), k)
 

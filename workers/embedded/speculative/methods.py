@@ -1,7 +1,10 @@
 """The decoding methods an engine offers: name -> drafter factory and default k.
 
 Weightless methods are always there; drafters with weights (Medusa heads, EAGLE head,
-draft model) are added by `load_methods` when their files sit in the model folder.
+draft model) are added by `load_methods` when `drafter_dir_for` finds them: in the model
+folder itself (the bundled model ships them there), else in the repository's shipped
+folder of the same name (`weights/<model folder name>/`: SmolLM2's base lives in the user
+cache, its drafters in the repository).
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from workers.embedded.speculative.ngram import NgramDrafter, NoDraft
 
 _Module = TypeVar("_Module", MedusaHeads, EagleHead)
 
+SHIPPED_WEIGHTS = Path(__file__).resolve().parents[1] / "weights"
+_DRAFTER_FOLDERS = ("medusa", "eagle", "draft")
+
 
 @dataclass(frozen=True)
 class Method:
@@ -41,14 +47,27 @@ def builtin_methods() -> dict[str, Method]:
     }
 
 
+def drafter_dir_for(model_dir: str | Path) -> Path | None:
+    """The folder holding the drafters trained for the base in `model_dir`, or None.
+
+    `model_dir` itself when it has a drafter subfolder; else `SHIPPED_WEIGHTS/<its name>`
+    (e.g. ~/.cache/specroute/models/smollm2-135m-instruct ->
+    weights/smollm2-135m-instruct/) when that has one.
+    """
+    for folder in (Path(model_dir), SHIPPED_WEIGHTS / Path(model_dir).name):
+        if any((folder / name / "config.json").exists() for name in _DRAFTER_FOLDERS):
+            return folder
+    return None
+
+
 def load_methods(model_dir: Path | None, model: LlamaForCausalLM) -> dict[str, Method]:
-    """Built-in methods plus those whose drafter weights are in `model_dir`:
+    """Built-in methods plus those whose drafter weights `drafter_dir_for(model_dir)` finds:
     `medusa/` -> medusa; `eagle/` -> eagle (chain) and eagle2 (dynamic tree); `draft/` ->
     draft. Weights load once, onto the model's device and dtype; drafters share them."""
     methods = builtin_methods()
-    if model_dir is None:
+    folder = drafter_dir_for(model_dir) if model_dir is not None else None
+    if folder is None:
         return methods
-    folder = Path(model_dir)
     weight = model.lm_head.weight
     if (folder / "medusa" / "config.json").exists():
         heads = _load(folder / "medusa", MedusaHeads, weight)
