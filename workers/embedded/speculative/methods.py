@@ -1,10 +1,10 @@
 """The decoding methods an engine offers: name -> drafter factory and default k.
 
 Weightless methods are always there; drafters with weights (Medusa heads, EAGLE head,
-draft model) are added by `load_methods` when `drafter_dir_for` finds them: in the model
-folder itself (the bundled model ships them there), else in the repository's shipped
-folder of the same name (`weights/<model folder name>/`: SmolLM2's base lives in the user
-cache, its drafters in the repository).
+draft model) are added by `load_methods` where the fleet contract's `drafter_dir_for`
+finds them: the model folder itself (the bundled model), else the repository's
+`weights/<model folder name>/` (SmolLM2: base in the user cache, drafters shipped here) —
+the same rule `specroute up` uses to decide which methods a model serves.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import TypeVar
 
 import torch
 
+from policies.fleet import drafter_dir_for
 from workers.embedded.drafter_models import EagleHead, MedusaHeads, load_drafter
 from workers.embedded.model import LlamaForCausalLM, load_model
 from workers.embedded.speculative.draft import Drafter
@@ -27,9 +28,6 @@ from workers.embedded.speculative.medusa import MedusaDrafter
 from workers.embedded.speculative.ngram import NgramDrafter, NoDraft
 
 _Module = TypeVar("_Module", MedusaHeads, EagleHead)
-
-SHIPPED_WEIGHTS = Path(__file__).resolve().parents[1] / "weights"
-_DRAFTER_FOLDERS = ("medusa", "eagle", "draft")
 
 
 @dataclass(frozen=True)
@@ -45,19 +43,6 @@ def builtin_methods() -> dict[str, Method]:
         "ngram": Method("ngram", NgramDrafter, 8),
         "lookahead": Method("lookahead", LookaheadDrafter, 12),
     }
-
-
-def drafter_dir_for(model_dir: str | Path) -> Path | None:
-    """The folder holding the drafters trained for the base in `model_dir`, or None.
-
-    `model_dir` itself when it has a drafter subfolder; else `SHIPPED_WEIGHTS/<its name>`
-    (e.g. ~/.cache/specroute/models/smollm2-135m-instruct ->
-    weights/smollm2-135m-instruct/) when that has one.
-    """
-    for folder in (Path(model_dir), SHIPPED_WEIGHTS / Path(model_dir).name):
-        if any((folder / name / "config.json").exists() for name in _DRAFTER_FOLDERS):
-            return folder
-    return None
 
 
 def load_methods(model_dir: Path | None, model: LlamaForCausalLM) -> dict[str, Method]:

@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from policies.fleet import SMOLLM2_MODEL_NAME, weights_dir
 from workers.embedded.drafter_models import (
     EagleConfig,
     EagleHead,
@@ -50,7 +51,6 @@ from workers.embedded.drafter_models import (
     save_drafter,
 )
 from workers.embedded.model import ModelConfig, init_weights, load_model
-from workers.embedded.speculative.methods import SHIPPED_WEIGHTS
 from workers.embedded.training.smollm2_data import (
     Batch,
     ShardFeatures,
@@ -61,7 +61,7 @@ from workers.embedded.training.smollm2_data import (
 )
 from workers.embedded.training.train import load_checkpoint, save_checkpoint
 
-SHIPPED_DIR = SHIPPED_WEIGHTS / "smollm2-135m-instruct"
+SHIPPED_DIR = weights_dir(SMOLLM2_MODEL_NAME)
 
 
 @dataclass(frozen=True)
