@@ -6,10 +6,11 @@ requests). Steps:
    mean accept length to a per-token `a` (arXiv 2211.17192) and pool them by verify steps;
    if the fast-decaying view disagrees with the long one beyond noise, trust the fast one
    (a drift: new checkpoint, new traffic);
-2. fit the `AcceptancePrior` regressor on those contexts and precompute its prediction for
-   every (model, method, task, bucket) the policy may be asked about, blended with the
-   context's own estimate by request count;
-3. fit a step-cost curve per pool (policies/cost.py);
+2. blend each with its prior by request count: what the pool's workers measured about
+   themselves (policies/prior.py), else a flat `default_accept`, the same for every
+   method;
+3. fit a step-cost curve per pool (policies/cost.py), starting a pool whose workers
+   measured their relative draft cost from that;
 4. note the incumbent (pool, k) per (model, task, bucket) — the option carrying most
    recent traffic fleet-wide — which the policy's hysteresis sticks to. It comes from
    shared telemetry, so replicas agree on it.
@@ -19,34 +20,19 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from policies.acceptance import (
-    TEMPERATURE_BUCKETS,
-    AcceptancePrior,
-    AcceptanceSample,
-    blend,
-    invert_accept_length,
-)
+from policies.acceptance import blend, invert_accept_length
 from policies.aggregates import ContextKey, ContextStats
-from policies.cost import StepCost, StepSample, fit_step_cost, generic_trend
-from policies.types import TASKS
-
-AcceptKey = tuple[str, str, str, str]  # model, method, task, temperature bucket
-
-
-# Coarse per-method base rates for a cold start: the ordering the literature agrees on
-# (EAGLE-3 > EAGLE-2 > EAGLE > Medusa ~ draft model > n-gram ~ lookahead; Spec-Bench and
-# the EAGLE papers), deliberately not per task or temperature — telemetry learns those.
-METHOD_BASE_ACCEPT = {"eagle3": 0.8, "eagle2": 0.75, "eagle": 0.7, "medusa": 0.6,
-                      "draft": 0.6, "ngram": 0.4, "lookahead": 0.4}
+from policies.cost import StepCost, StepSample, Trend, fit_step_cost, generic_trend
+from policies.prior import AcceptKey
 
 
 @dataclass(frozen=True, slots=True)
 class LearnerConfig:
-    prior_weight: float = 5.0  # requests' worth of trust in the regressor's prior
-    default_accept: float = 0.5  # a method with no base rate, before any data
+    prior_weight: float = 5.0  # requests' worth of trust in a context's prior
+    default_accept: float = 0.5  # flat prior, every method alike, where no worker measured
     default_step_s: float = 0.02
     min_incumbent_requests: float = 3.0
     min_k_requests: float = 1.0  # requests at a k before it counts as measured
@@ -54,10 +40,6 @@ class LearnerConfig:
     # a drift: ~3 standard errors of a 10-request mean at typical accept lengths.
     drift_min_delta: float = 0.04
     drift_min_requests: float = 10.0
-    method_base: tuple[tuple[str, float], ...] = tuple(METHOD_BASE_ACCEPT.items())
-
-    def base_accept(self, method: str) -> float:
-        return dict(self.method_base).get(method, self.default_accept)
 
 
 @dataclass(frozen=True)
@@ -72,7 +54,6 @@ class PolicyState:
     incumbent: dict[tuple[str, str, str], tuple[str, int]] = field(default_factory=dict)
     traffic: dict[tuple[str, str, str, str], float] = field(default_factory=dict)
     default_accept: float = 0.5
-    method_base: dict[str, float] = field(default_factory=dict)
     # largest k each pool has served with telemetry behind it (>= `min_k_requests`): the
     # policy extrapolates E(a, k) and the step cost only a little beyond it
     measured_k: dict[str, int] = field(default_factory=dict)
@@ -83,7 +64,7 @@ class PolicyState:
         found = self.acceptance.get(key)
         if found is not None:
             return found
-        return self.prior.get(key, self.method_base.get(method, self.default_accept)), 0.0
+        return self.prior.get(key, self.default_accept), 0.0
 
     def cost(self, pool: str) -> StepCost:
         return self.costs.get(pool, self.fleet_cost)
@@ -95,32 +76,22 @@ class Learner:
         self._version = 0
 
     def fit(self, snapshot: dict[str, ContextStats],
-            known_methods: Iterable[str] = ()) -> PolicyState:
+            prior: Mapping[AcceptKey, float] | None = None,
+            draft_cost: Mapping[str, float] | None = None) -> PolicyState:
+        """`prior`: per-context acceptance the workers measured (policies/prior.py);
+        `draft_cost`: per pool, a drafted token's cost as a fraction of a plain step."""
         contexts = [(ContextKey.decode(key), stats) for key, stats in snapshot.items()
                     if stats.n > 1e-6]
-        raw = self._acceptance(contexts)
-        prior_model = AcceptancePrior(self.config.base_accept).fit([
-            AcceptanceSample(key[1], key[2], key[3], k_mean, a, n)
-            for key, (a, n, k_mean) in raw.items()])
-        models = {key[0] for key in raw} or {""}
-        methods = ({key[1] for key in raw} | set(known_methods)) - {"plain"}
-        grid = [(m, meth, t, b) for m in models for meth in methods for t in TASKS
-                for b in TEMPERATURE_BUCKETS]
-        mean_k = {meth: statistics.fmean([v[2] for kk, v in raw.items() if kk[1] == meth] or [4])
-                  for meth in methods}
-        predicted = prior_model.predict_many((g[1], g[2], g[3], mean_k[g[1]]) for g in grid)
-        prior = dict(zip(grid, predicted, strict=True))
+        prior = dict(prior or {})
+        default = self.config.default_accept
         acceptance = {
-            key: (blend(a, n, prior.get(key, self.config.base_accept(key[1])),  # type: ignore[arg-type]
-                        self.config.prior_weight), n)
-            for key, (a, n, _) in raw.items()}
-        fleet_cost, costs = self._costs(contexts)
+            key: (blend(a, n, prior.get(key, default), self.config.prior_weight), n)
+            for key, (a, n, _) in self._acceptance(contexts).items()}
+        fleet_cost, costs = self._costs(contexts, draft_cost or {})
         incumbent, traffic = self._traffic(contexts)
         self._version += 1
-        return PolicyState(self._version, acceptance, prior,  # type: ignore[arg-type]
-                           costs, fleet_cost, incumbent,
-                           traffic, self.config.default_accept, dict(self.config.method_base),
-                           self._measured_k(contexts))
+        return PolicyState(self._version, acceptance, prior, costs, fleet_cost, incumbent,
+                           traffic, default, self._measured_k(contexts))
 
     def _measured_k(self, contexts: list[tuple[ContextKey, ContextStats]]) -> dict[str, int]:
         per_k: dict[tuple[str, int], float] = defaultdict(float)
@@ -162,8 +133,10 @@ class Learner:
             acc[3] += ctx.k * stats.steps
         return {key: (s[0] / s[1], s[2], s[3] / s[1]) for key, s in sums.items() if s[1] > 0}
 
-    def _costs(self, contexts: list[tuple[ContextKey, ContextStats]]
-               ) -> tuple[StepCost, dict[str, StepCost]]:
+    def _costs(self, contexts: list[tuple[ContextKey, ContextStats]],
+               draft_cost: Mapping[str, float]) -> tuple[StepCost, dict[str, StepCost]]:
+        """Per pool: its samples, starting from the fleet's trend — with the per-token
+        cost its workers measured (relative to a plain step) where they did."""
         per_pool: dict[str, list[StepSample]] = defaultdict(list)
         for ctx, stats in contexts:
             if stats.step_s > 0:
@@ -173,8 +146,16 @@ class Learner:
         base = (statistics.median(s.step_s for s in everything) if everything
                 else self.config.default_step_s)
         fleet, fleet_trend = fit_step_cost(everything, generic_trend(base))
-        return fleet, {pool: fit_step_cost(samples, fleet_trend)[0]
-                       for pool, samples in per_pool.items()}
+
+        def start(pool: str) -> Trend:
+            c = draft_cost.get(pool)
+            if c is None:
+                return fleet_trend
+            return Trend(fleet_trend.b0, fleet_trend.b1, c * fleet_trend.b0,
+                         c * fleet_trend.b0)  # generic_trend's shape: triples by 64
+
+        return fleet, {pool: fit_step_cost(per_pool.get(pool, []), start(pool))[0]
+                       for pool in {*per_pool, *draft_cost}}
 
     def _traffic(self, contexts: list[tuple[ContextKey, ContextStats]]):
         options: dict[tuple[str, str, str], dict[tuple[str, int], float]] = defaultdict(

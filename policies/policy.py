@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from policies.acceptance import A_MAX, acceptance_std, expected_accept_length
 from policies.aggregates import DECAY_TAU_S
 from policies.learner import Learner, LearnerConfig, PolicyState
+from policies.prior import WorkerPrior, merge
 from policies.telemetry import Telemetry
 from policies.types import TASKS, Decision, PoolView, RequestProfile, RequestRecord
 
@@ -125,11 +126,11 @@ class Policy:
         # Shared between the event loop (decide) and the learner thread (refit) only by
         # swapping whole objects, never by mutating one the other may be iterating: the
         # state and its option memo are replaced together, the pool map copy-on-write.
-        state = PolicyState(default_accept=self.config.learner.default_accept,
-                            method_base=dict(self.config.learner.method_base))
+        state = PolicyState(default_accept=self.config.learner.default_accept)
         self._current: tuple[PolicyState, dict[tuple, Option]] = (state, {})
         self._rng = random.Random(self.config.seed)
         self._pools: dict[str, PoolView] = {}  # never mutated: replaced by a copy
+        self._measured: dict[str, WorkerPrior] = {}  # per pool; replaced, never mutated
         self._decided = 0
         self._explored = 0
         self._cold = 0  # cold-start tries (not under explore_cap: bounded per pool/context)
@@ -344,11 +345,17 @@ class Policy:
                 f"{option.accept_length:.1f} tok/step, {speedup:.1f}x plain{tag}")
 
     # -- learning, off the request path ----------------------------------------------------
+    def set_worker_prior(self, pool: str, prior: WorkerPrior) -> None:
+        """What a pool's workers measured about themselves (policies/prior.py); used from
+        the next refit on, as the prior that telemetry then outweighs."""
+        self._measured = {**self._measured, pool: prior}
+
     def refit(self) -> PolicyState:
         """Rebuild the state from the store's snapshot and publish fixed pools' desired k."""
-        pools = self._pools
-        methods = {p.method for p in pools.values()}
-        state = self.learner.fit(self.store.snapshot(), methods)
+        pools, measured = self._pools, self._measured
+        state = self.learner.fit(
+            self.store.snapshot(), merge(m.acceptance for m in measured.values()),
+            {pool: m.draft_cost for pool, m in measured.items() if m.draft_cost is not None})
         self._current = (state, {})
         self._publish_desired_k(state, pools)
         return state
@@ -409,7 +416,7 @@ class Policy:
                 / cost.step_s(k, load) for k in range(0, max(pool.max_k, pool.k) + 1)}
 
     def start(self) -> Policy:
-        """Refit every `refit_interval_s` in a daemon thread (sklearn never blocks a loop)."""
+        """Refit every `refit_interval_s` in a daemon thread, never on the event loop."""
         if self._thread is None:
             self._stop.clear()
             self._thread = threading.Thread(target=self._run, name="specroute-learner",

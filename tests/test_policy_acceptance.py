@@ -49,23 +49,6 @@ def test_learner_recovers_acceptance_from_accept_lengths(true_a: float) -> None:
     assert a == pytest.approx(true_a, abs=0.03)
 
 
-def test_prior_transfers_task_effect_to_an_unseen_method() -> None:
-    """Chat accepts less than code for two methods; a third seen only on code is predicted
-    lower on chat too."""
-    rng = np.random.default_rng(2)
-    store = LocalTelemetry(tau_s=1e6, clock=lambda: 1.0)
-    for method, code_a, chat_a in (("eagle3", 0.9, 0.7), ("eagle2", 0.85, 0.65)):
-        for _ in range(60):
-            store.record(_record(code_a, 4, "code", rng, method))
-            store.record(_record(chat_a, 4, "chat", rng, method))
-    for _ in range(60):
-        store.record(_record(0.6, 4, "code", rng, "medusa"))
-    state = Learner().fit(store.snapshot())
-    chat, n = state.accept("m", "medusa", "chat", "t0")
-    assert n == 0.0
-    assert chat < state.accept("m", "medusa", "code", "t0")[0] - 0.05
-
-
 def test_step_cost_recovers_a_linear_truth_per_load() -> None:
     def truth(k: int, load: float) -> float:
         return 0.015 * (1 + load / 48) + k * (0.001 + 0.0003 * load)

@@ -1,0 +1,186 @@
+"""What workers measured about themselves, as the policy's starting point.
+
+The policy may know two things (DESIGN.md): what workers measured about themselves, and
+the telemetry of real traffic. This module turns the first into a prior per acceptance
+context (model, method, task, temperature bucket), which the learner blends with the
+context's own telemetry by request count, so measured traffic takes over.
+
+Two sources:
+- embedded workers publish `measured.json` (written by `specroute bench engine
+  --write-measured`, served in `/server_info` as `specroute_measured` and in the worker's
+  registry entry). Schema:
+  `{"model": str, "source": str (the command), "measured_at": ISO date, "device": str,
+    "entries": [{"method": str, "k": int, "task": "code"|"structured"|"chat",
+                 "temperature": float, "accept_length": float, "tokens_per_s": float,
+                 "speedup": float (vs plain, same run), "requests": int}]}`
+  Acceptance per class: each entry's accept length inverted at its k (arXiv 2211.17192),
+  averaged by requests per (task, temperature bucket); a class the run did not cover
+  takes the mean of the task's measured buckets, else of the method's entries.
+  Relative step cost: tokens/s = accept length / step time, so an entry gives
+  step(k) / step(0) = (accept_length / speedup); `per_token_fraction` is
+  (step(k) / step(0) - 1) / k, the c of Leviathan et al., averaged over entries.
+- SGLang pools: `/server_info` `internal_states[].avg_spec_accept_length` at the
+  server's `speculative_num_steps`: one method-level value, the same for every class.
+
+No measurement: no prior here; the learner's flat `default_accept`, the same for every
+method — never an ordering of methods written by hand.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from policies.acceptance import TEMPERATURE_BUCKETS, invert_accept_length
+from policies.types import TASKS, temperature_bucket
+
+MEASURED_FILE = "measured.json"
+AcceptKey = tuple[str, str, str, str]  # model, method, task, temperature bucket
+
+
+class MeasuredError(ValueError):
+    """A measured document does not follow the schema; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredEntry:
+    method: str
+    k: int
+    task: str
+    temperature: float
+    accept_length: float
+    tokens_per_s: float
+    speedup: float
+    requests: int
+
+    @property
+    def accept(self) -> float:
+        """Per-token acceptance behind the accept length at this k."""
+        return invert_accept_length(self.accept_length, self.k)
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    model: str
+    source: str
+    measured_at: str
+    device: str
+    entries: tuple[MeasuredEntry, ...]
+
+    @classmethod
+    def from_dict(cls, doc: object) -> Measured:
+        if not isinstance(doc, Mapping):
+            raise MeasuredError("measured: expected an object")
+        head = {name: str(_field(doc, name, str, "measured")) for name in
+                ("model", "source", "measured_at", "device")}
+        entries = doc.get("entries")
+        if not isinstance(entries, list):
+            raise MeasuredError("measured.entries: expected a list")
+        return cls(**head, entries=tuple(_entry(e, f"measured.entries[{i}]")
+                                         for i, e in enumerate(entries)))
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "source": self.source, "measured_at": self.measured_at,
+                "device": self.device,
+                "entries": [{name: getattr(e, name) for name in MeasuredEntry.__slots__}
+                            for e in self.entries]}
+
+
+def _field(doc: Mapping, name: str, kind: type, path: str) -> object:
+    value = doc.get(name)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise MeasuredError(f"{path}.{name}: expected {kind.__name__}, got {value!r}")
+    return value
+
+
+def _entry(raw: object, path: str) -> MeasuredEntry:
+    if not isinstance(raw, Mapping):
+        raise MeasuredError(f"{path}: expected an object")
+    kinds = {"method": str, "k": int, "task": str, "temperature": float,
+             "accept_length": float, "tokens_per_s": float, "speedup": float, "requests": int}
+    entry = MeasuredEntry(**{name: _field(raw, name, kind, path)  # type: ignore[arg-type]
+                             for name, kind in kinds.items()})
+    if entry.task not in TASKS:
+        raise MeasuredError(f"{path}.task: must be one of {', '.join(TASKS)}")
+    if entry.k < 0 or entry.requests < 0 or entry.accept_length < 1.0 - 1e-9:
+        raise MeasuredError(f"{path}: k and requests must be >= 0, accept_length >= 1")
+    return entry
+
+
+def measured_acceptance(measured: Measured, method: str) -> dict[tuple[str, str], float]:
+    """Prior `a` per (task, temperature bucket) for one method, every class filled in;
+    empty when the document has no speculative entry for the method."""
+    sums: dict[tuple[str, str], list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for entry in measured.entries:
+        if entry.method != method or entry.k <= 0:
+            continue
+        weight = max(entry.requests, 1)
+        acc = sums[(entry.task, temperature_bucket(entry.temperature))]
+        acc[0] += entry.accept * weight
+        acc[1] += weight
+    seen = {key: s[0] / s[1] for key, s in sums.items()}
+    if not seen:
+        return {}
+    overall = statistics.fmean(seen.values())
+    out: dict[tuple[str, str], float] = {}
+    for task in TASKS:
+        of_task = [a for (t, _), a in seen.items() if t == task]
+        for bucket in TEMPERATURE_BUCKETS:
+            out[(task, bucket)] = seen.get((task, bucket),
+                                           statistics.fmean(of_task) if of_task else overall)
+    return out
+
+
+def per_token_fraction(measured: Measured, method: str) -> float | None:
+    """Extra cost of one drafted token as a fraction of a plain step (c), from the
+    entries' accept length and speedup over plain; None without usable entries."""
+    fractions = [(e.accept_length / e.speedup - 1.0) / e.k for e in measured.entries
+                 if e.method == method and e.k > 0 and e.speedup > 0]
+    return max(statistics.fmean(fractions), 0.0) if fractions else None
+
+
+def method_acceptance(accept_length: float, k: int) -> dict[tuple[str, str], float]:
+    """A server's single average accept length at its k: the same `a` for every class."""
+    if k <= 0 or accept_length <= 0:
+        return {}
+    a = invert_accept_length(accept_length, k)
+    return {(task, bucket): a for task in TASKS for bucket in TEMPERATURE_BUCKETS}
+
+
+def keyed(model: str, method: str, per_class: Mapping[tuple[str, str], float]
+          ) -> dict[AcceptKey, float]:
+    return {(model, method, task, bucket): a for (task, bucket), a in per_class.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerPrior:
+    """One pool's prior: acceptance per context and the relative cost of a drafted token
+    (None: unknown, the fleet's fitted cost applies); `source` says where it came from."""
+
+    acceptance: Mapping[AcceptKey, float]
+    draft_cost: float | None = None
+    source: str = ""
+
+    @classmethod
+    def from_measured(cls, model: str, method: str, measured: Measured) -> WorkerPrior:
+        return cls(keyed(model, method, measured_acceptance(measured, method)),
+                   per_token_fraction(measured, method), measured.source)
+
+    @classmethod
+    def from_server_average(cls, model: str, method: str, accept_length: float,
+                            k: int) -> WorkerPrior:
+        return cls(keyed(model, method, method_acceptance(accept_length, k)),
+                   source="server avg_spec_accept_length")
+
+
+def merge(priors: Iterable[Mapping[AcceptKey, float]]) -> dict[AcceptKey, float]:
+    """Several workers' priors for the same context: their mean."""
+    collected: dict[AcceptKey, list[float]] = defaultdict(list)
+    for prior in priors:
+        for key, a in prior.items():
+            collected[key].append(a)
+    return {key: statistics.fmean(values) for key, values in collected.items()}

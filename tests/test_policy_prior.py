@@ -1,0 +1,116 @@
+"""The policy starts from what workers measured about themselves (measured.json, or an
+SGLang server's average accept length), and from a flat prior — the same for every
+method, never a hand-written ordering — where nothing was measured."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_policy_decide import PROFILE
+
+from policies.acceptance import expected_accept_length
+from policies.policy import Policy, PolicyConfig
+from policies.prior import Measured, MeasuredError, WorkerPrior
+from policies.telemetry import LocalTelemetry
+from policies.types import PoolView, RequestProfile, RequestRecord
+
+CHAT = RequestProfile(task="chat", temperature=0.8, top_p=1.0, prompt_tokens=50,
+                      max_tokens=64, stream=False, model="m")
+
+
+def entry(method: str, k: int, task: str, temperature: float, a: float, speedup: float,
+          requests: int = 6) -> dict:
+    return {"method": method, "k": k, "task": task, "temperature": temperature,
+            "accept_length": round(expected_accept_length(a, k), 4), "tokens_per_s": 20.0,
+            "speedup": speedup, "requests": requests}
+
+
+# Hand-made: n-gram wins greedy code (input-grounded), EAGLE wins chat at T 0.8.
+MEASURED = {"model": "m", "source": "hand-made for the test", "measured_at": "2026-11-30",
+            "device": "cpu", "entries": [
+                entry("ngram", 6, "code", 0.0, 0.85, 2.9),
+                entry("ngram", 6, "chat", 0.8, 0.15, 0.95),
+                entry("eagle", 4, "code", 0.0, 0.55, 1.5),
+                entry("eagle", 4, "chat", 0.8, 0.65, 1.7)]}
+
+
+def pools() -> list[PoolView]:
+    return [PoolView("eagle", "embedded", "eagle", 4, True, 1, 0, 8),
+            PoolView("ngram", "embedded", "ngram", 6, True, 1, 0, 8),
+            PoolView("plain", "embedded", "plain", 0, False, 1, 0, 0)]
+
+
+def policy_with(measured: dict | None) -> Policy:
+    policy = Policy(LocalTelemetry(tau_s=1e6, clock=lambda: 1.0),
+                    PolicyConfig(explore_rate=0.0))
+    if measured is not None:
+        doc = Measured.from_dict(json.loads(json.dumps(measured)))
+        for method in ("eagle", "ngram"):
+            policy.set_worker_prior(method, WorkerPrior.from_measured("m", method, doc))
+    policy.refit()
+    return policy
+
+
+def test_measured_prior_routes_each_class_before_any_telemetry() -> None:
+    policy = policy_with(MEASURED)
+    assert policy.predict(PROFILE, pools()).pool == "ngram"  # code, greedy
+    assert policy.predict(CHAT, pools()).pool == "eagle"  # chat, T 0.8
+    a, n = policy.state.accept("m", "ngram", "code", "t0")
+    assert a == pytest.approx(0.85, abs=1e-3) and n == 0.0
+    # a class the run did not cover takes the task's measured buckets
+    assert policy.state.accept("m", "ngram", "code", "tlow")[0] == pytest.approx(0.85, abs=1e-3)
+
+
+def test_no_measurement_is_a_flat_prior_not_an_ordering() -> None:
+    state = policy_with(None).state
+    values = {state.accept("m", method, task, "t0")[0]
+              for method in ("eagle3", "eagle2", "eagle", "medusa", "draft", "ngram",
+                             "lookahead") for task in ("code", "chat")}
+    assert values == {0.5}
+
+
+def test_telemetry_outweighs_the_prior() -> None:
+    policy = policy_with(MEASURED)
+    for _ in range(200):  # n-gram turns out poor on this fleet's greedy code
+        steps = 100
+        policy.observe(RequestRecord(
+            model="m", pool="ngram", method="ngram", k=6, task="code", temperature_bucket="t0",
+            prompt_tokens=50, output_tokens=int(steps * expected_accept_length(0.2, 6)),
+            verify_steps=steps, accept_length=0.0, load=0, ttft_s=0.01, itl_s=0.01,
+            e2e_s=steps * 0.01, timestamp=1.0))
+    policy.refit()
+    assert policy.state.accept("m", "ngram", "code", "t0")[0] < 0.25
+
+
+def test_server_average_is_a_method_level_prior() -> None:
+    prior = WorkerPrior.from_server_average("m", "eagle3", expected_accept_length(0.7, 3), 3)
+    assert all(a == pytest.approx(0.7, abs=1e-6) for a in prior.acceptance.values())
+    assert len(prior.acceptance) == 9  # every task x temperature bucket
+
+
+def test_relative_draft_cost_from_speedup() -> None:
+    doc = Measured.from_dict({**MEASURED, "entries": [entry("eagle", 4, "code", 0.0, 0.7, 1.0)]})
+    c = WorkerPrior.from_measured("m", "eagle", doc).draft_cost
+    assert c == pytest.approx((expected_accept_length(0.7, 4) / 1.0 - 1) / 4, rel=1e-3)
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"entries": "x"}, "measured.entries"),
+    ({"model": 3}, "measured.model"),
+    ({"entries": [{**entry("eagle", 4, "code", 0.0, 0.7, 1.0), "task": "math"}]},
+     "measured.entries[0].task"),
+    ({"entries": [{**entry("eagle", 4, "code", 0.0, 0.7, 1.0), "k": "4"}]},
+     "measured.entries[0].k"),
+])
+def test_measured_schema_errors_name_the_field(change: dict, field: str) -> None:
+    with pytest.raises(MeasuredError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        Measured.from_dict({**MEASURED, **change})
+
+
+def test_shipped_tiny_measurement_parses() -> None:
+    from policies.fleet import BUNDLED_MODEL_DIR
+
+    doc = Measured.from_dict(json.loads((BUNDLED_MODEL_DIR / "measured.json").read_text()))
+    assert doc.model == "specroute-tiny" and doc.entries
+    assert WorkerPrior.from_measured(doc.model, "eagle", doc).acceptance
