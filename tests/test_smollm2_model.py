@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from workers.embedded.chat_template import apply_chat_template
 from workers.embedded.engine import Engine, SamplingParams
 from workers.embedded.fetch_model import ensure_smollm2
-from workers.embedded.gguf_import import apply_chat_template, permute_qk, unpermute_qk
+from workers.embedded.gguf_import import permute_qk, unpermute_qk
 from workers.embedded.model import Attention, ModelConfig, load_config, rope_tables
 
 
