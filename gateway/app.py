@@ -38,6 +38,7 @@ from gateway.health import HealthMonitor
 from gateway.learned import RoutingPolicy, build_routing_policy
 from gateway.observability import FanoutRecorder, PrometheusRecorder, Recorder, make_tracer
 from gateway.pools import build_pools
+from gateway.priors import WorkerPriors
 from gateway.routing import Classify, Decide, PoolRouter, minimal_profile
 
 log = logging.getLogger("specroute.gateway")
@@ -171,13 +172,17 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
                                          auto_decompress=False) as session:
             pools = build_pools(config)
             monitor = HealthMonitor(pools, session, server)
+            priors = WorkerPriors(pools, session, routing.set_worker_prior,
+                                  server.health_interval_s)
+            app.state.priors = priors
             discovery = None
             if config.redis_url:
                 from gateway.discovery import RegistryDiscovery
 
                 discovery = RegistryDiscovery(pools, config.redis_url,
                                               server.discovery_interval_s,
-                                              on_new=monitor.probe)
+                                              on_new=monitor.probe,
+                                              on_entry=priors.from_registry)
             app.state.gateway = Gateway(
                 config=config, pools=pools,
                 router=PoolRouter(pools, decide=routing.decide, classify=chosen,
@@ -187,6 +192,7 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
                 tracer=tracer, provider=provider)
             routing.start()
             await monitor.start()
+            await priors.start()
             if discovery is not None:
                 await discovery.start()
             # Startup leaves ~60k long-lived objects (classifier, policy, libraries); a
@@ -197,6 +203,7 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
             finally:
                 if discovery is not None:
                     await discovery.stop()
+                await priors.stop()
                 await monitor.stop()
                 await asyncio.to_thread(routing.stop)  # joins threads, flushes telemetry
                 provider.shutdown()

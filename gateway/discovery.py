@@ -6,7 +6,8 @@ worker is alive (TTL), `...:draining` is set while it is being drained. Every
 `server.discovery_interval_s` the gateway reads that for each configured pool, off the
 request path: registered workers join the pool of the same name (workers of another
 model are ignored with one warning), expired ones leave it (workers listed in the
-config stay), and the drain flag is copied onto every worker of the pool. Redis
+config stay), the drain flag is copied onto every worker of the pool, and every live
+entry goes to `on_entry` (the gateway reads the worker's measurement from it). Redis
 being slow or down never blocks a request: a read that fails or times out keeps the
 last known set.
 """
@@ -25,14 +26,16 @@ from workers.registry import WorkerInfo, draining_key, pool_workers_key, worker_
 
 log = logging.getLogger("specroute.gateway")
 OnNewWorker = Callable[[Pool, Worker], Awaitable[None]]
+OnEntry = Callable[[Pool, WorkerInfo], None]
 
 
 class RegistryDiscovery:
     def __init__(self, pools: dict[str, Pool], redis_url: str, interval_s: float,
-                 on_new: OnNewWorker | None = None) -> None:
+                 on_new: OnNewWorker | None = None, on_entry: OnEntry | None = None) -> None:
         self.pools = pools
         self.interval_s = interval_s
         self.on_new = on_new
+        self.on_entry = on_entry  # every live entry of the pool's model (its measurement)
         timeout = max(0.2, min(1.0, interval_s / 2))
         self.client = aioredis.Redis.from_url(redis_url, socket_timeout=timeout,
                                               socket_connect_timeout=timeout)
@@ -93,6 +96,10 @@ class RegistryDiscovery:
             for worker in self._merge(pool, live, draining):
                 if self.on_new is not None:
                     await self.on_new(pool, worker)
+            if self.on_entry is not None:
+                for info in live:
+                    if info.model == pool.config.model:
+                        self.on_entry(pool, info)
 
     async def _run(self) -> None:
         while True:

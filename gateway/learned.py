@@ -18,6 +18,7 @@ from __future__ import annotations
 from gateway.config import GatewayConfig
 from gateway.routing import Decide, first_healthy, static_rules
 from policies.policy import Policy
+from policies.prior import WorkerPrior
 from policies.telemetry import LocalTelemetry, Telemetry, TelemetryConfig, TelemetryStore
 from policies.types import RequestRecord
 
@@ -35,6 +36,9 @@ class RoutingPolicy:
 
     def record(self, record: RequestRecord) -> None:
         """Nothing to learn."""
+
+    def set_worker_prior(self, pool: str, prior: WorkerPrior) -> None:
+        """Nothing to start from."""
 
     def start(self) -> None:
         """Nothing to start."""
@@ -59,6 +63,9 @@ class LearnedRoutingPolicy(RoutingPolicy):
         tokens-free time would read as a very slow step."""
         if record.ok and record.output_tokens > 0:
             self.policy.observe(record)
+
+    def set_worker_prior(self, pool: str, prior: WorkerPrior) -> None:
+        self.policy.set_worker_prior(pool, prior)
 
     def start(self) -> None:
         if isinstance(self.store, TelemetryStore):

@@ -94,6 +94,12 @@ def test_learns_the_best_pool_and_replicas_agree(stack: dict) -> None:
     cold = explain(b, chat("m"))
     assert cold["profile"]["task"] == "code"
     assert cold["decision"]["pool"] in ("eagle3", "ngram")
+
+    def server_prior() -> bool:  # the stubs' /server_info: average accept length 3 at k 3
+        decision = explain(b, chat("m"))["decision"]
+        return decision["predicted_accept_length"] == pytest.approx(3.0, abs=0.01)
+
+    wait_for(server_prior)  # not the flat prior's E(0.5, 3) = 1.9
     with httpx.Client(base_url=a, timeout=5) as client:
         for _ in range(16):  # cold-start tries reach both pools, through A only
             response = client.post("/v1/chat/completions", json=chat("m"))

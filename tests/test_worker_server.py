@@ -26,11 +26,21 @@ TEXT = [
 CONTEXT = 2048  # room for a generation long enough to outlast a client disconnect
 
 
+# What the worker measured about itself (hand-made; `specroute bench engine
+# --write-measured` writes the real one): served in /server_info and its registry entry.
+MEASURED = {"model": "tiny", "source": "hand-made", "measured_at": "2026-11-30",
+            "device": "cpu", "entries": [
+                {"method": "ngram", "k": 4, "task": "code", "temperature": 0.0,
+                 "accept_length": 2.5, "tokens_per_s": 30.0, "speedup": 1.8, "requests": 6}]}
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.tiny_models import tiny_model_dir
 
-    return tiny_model_dir(tmp_path_factory.mktemp("tiny-model"), TEXT, 320, CONTEXT)
+    folder = tiny_model_dir(tmp_path_factory.mktemp("tiny-model"), TEXT, 320, CONTEXT)
+    (folder / "measured.json").write_text(json.dumps(MEASURED))
+    return folder
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +149,7 @@ def test_server_info_and_metrics_carry_sglang_names(worker: str) -> None:
         state = info["internal_states"][0]
         assert state["avg_spec_accept_length"] >= 1.0
         assert state["num_running_reqs"] == 0 and state["num_waiting_reqs"] == 0
+        assert info["specroute_measured"] == MEASURED
     assert httpx.get(f"{worker}/model_info").json()["is_generation"] is True
     models = httpx.get(f"{worker}/v1/models").json()
     assert models["object"] == "list" and models["data"][0]["max_model_len"] == CONTEXT
@@ -245,3 +256,4 @@ def test_worker_registers_in_redis(worker: str, redis_server: str) -> None:
         client.close()
     assert [(i.url, i.engine, i.method) for i in infos] == [(worker, "embedded", "ngram")]
     assert infos[0].k == httpx.get(f"{worker}/server_info").json()["speculative_num_steps"]
+    assert infos[0].measured == MEASURED

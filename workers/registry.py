@@ -54,6 +54,7 @@ class WorkerInfo:
     model: str
     started_at: float
     pid: int
+    measured: dict | None = None  # what the worker measured about itself (measured.json)
     draining: bool = False
 
     def to_json(self) -> str:
@@ -67,7 +68,7 @@ class WorkerInfo:
         return cls(url=data["url"], pool=data["pool"], engine=data["engine"],
                    method=data["method"], k=int(data["k"]), model=data["model"],
                    started_at=float(data["started_at"]), pid=int(data["pid"]),
-                   draining=draining)
+                   measured=data.get("measured"), draining=draining)
 
 
 def _text(value: str | bytes) -> str:
@@ -191,7 +192,7 @@ class Registration:
 
 
 def new_worker_info(url: str, pool: str, engine: str, method: str, k: int, model: str,
-                    pid: int) -> WorkerInfo:
+                    pid: int, measured: dict | None = None) -> WorkerInfo:
     """A WorkerInfo stamped with the current wall-clock start time."""
     return WorkerInfo(url=url, pool=pool, engine=engine, method=method, k=k, model=model,
-                      started_at=time.time(), pid=pid)
+                      started_at=time.time(), pid=pid, measured=measured)

@@ -37,6 +37,7 @@ from gateway.adapters.openai import OpenAIAdapter
 from gateway.adapters.wire import post, post_json, sse_data
 from gateway.config import PoolConfig
 from gateway.schemas import GenerationRequest
+from policies.prior import Measured, MeasuredError, WorkerPrior
 
 
 def spec_from_meta(meta: dict) -> SpecStats:
@@ -48,6 +49,28 @@ def spec_from_meta(meta: dict) -> SpecStats:
         correct_drafts=int(meta.get("spec_num_correct_drafts") or 0),
         proposed_drafts=int(meta.get("spec_num_proposed_drafts") or 0),
     )
+
+
+def prior_from_server_info(pool: PoolConfig, body: dict) -> WorkerPrior | None:
+    """What a worker's `/server_info` says it measured about itself, for the pool's
+    method: the embedded worker's `specroute_measured` (its measured.json), else SGLang's
+    `internal_states[].avg_spec_accept_length` at `speculative_num_steps` (one value for
+    every request class); None when it says neither."""
+    measured = body.get("specroute_measured")
+    if isinstance(measured, dict):
+        try:
+            prior = WorkerPrior.from_measured(pool.model, pool.method,
+                                              Measured.from_dict(measured))
+        except MeasuredError:
+            prior = None
+        if prior is not None and prior.acceptance:
+            return prior
+    k = body.get("speculative_num_steps") or pool.k
+    for state in body.get("internal_states") or ():
+        average = state.get("avg_spec_accept_length") if isinstance(state, dict) else None
+        if isinstance(average, int | float) and average > 1.0 and isinstance(k, int) and k > 0:
+            return WorkerPrior.from_server_average(pool.model, pool.method, float(average), k)
+    return None
 
 
 def usage_from_meta(meta: dict) -> Usage:

@@ -1,12 +1,21 @@
 """What the worker says about itself: SGLang's /server_info, /model_info, /v1/models,
-/v1/loads and /metrics bodies (docs/WORKER.md cites file and line)."""
+/v1/loads and /metrics bodies (docs/WORKER.md cites file and line), plus what it measured
+about itself (`measured.json`, policies/prior.py) for the gateway's policy."""
 
 from __future__ import annotations
 
+import functools
+import json
+import logging
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
+from policies.fleet import weights_dir
+from policies.prior import MEASURED_FILE, Measured, MeasuredError
 from workers.embedded.state import WorkerState
+
+log = logging.getLogger(__name__)
 
 VERSION = "specroute-embedded"
 
@@ -15,6 +24,23 @@ VERSION = "specroute-embedded"
 SGLANG_ALGORITHM = {"plain": None, "ngram": "NGRAM", "eagle": "EAGLE", "eagle2": "EAGLE",
                     "draft": "STANDALONE",
                     "medusa": "MEDUSA", "lookahead": "LOOKAHEAD"}
+
+
+@functools.cache
+def load_measured(model_path: str) -> dict[str, Any] | None:
+    """The model's `measured.json` (`specroute bench engine --write-measured`): in the
+    model folder, else in the repository's weights folder of that name (where the
+    drafters of a fetched model live); None if absent or off-schema (logged once)."""
+    for folder in (Path(model_path), weights_dir(Path(model_path).name)):
+        path = folder / MEASURED_FILE
+        if not path.is_file():
+            continue
+        try:
+            return Measured.from_dict(json.loads(path.read_text())).to_dict()
+        except (OSError, ValueError, MeasuredError) as exc:
+            log.warning("ignoring %s: %s", path, exc)
+            return None
+    return None
 
 
 def server_info(state: WorkerState) -> dict[str, Any]:
@@ -49,6 +75,7 @@ def server_info(state: WorkerState) -> dict[str, Any]:
         "specroute_method": config.method,
         "specroute_methods": list(state.engine.methods),
         "num_speculative_tokens": k,
+        "specroute_measured": load_measured(config.model_path),
         "load": {"num_running_reqs": scheduler.num_running,
                  "num_queue_reqs": scheduler.num_queued},
     }

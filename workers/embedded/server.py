@@ -40,6 +40,7 @@ def serve_worker(method: str, host: str, port: int, model_dir: str | None,
                           served_model_name=Path(model_path).name or model_path)
     on_start = on_stop = None
     if redis_url is not None:
+        from workers.embedded.info import load_measured
         from workers.registry import Registration, new_worker_info
 
         # Behind NAT or in a container the bind address is not what peers dial.
@@ -47,7 +48,7 @@ def serve_worker(method: str, host: str, port: int, model_dir: str | None,
         info = new_worker_info(url=url, pool=pool or f"embedded-{method}", engine="embedded",
                                method=method, k=k,
                                model=config.served_model_name,
-                               pid=os.getpid())
+                               pid=os.getpid(), measured=load_measured(model_path))
         registration = Registration(redis_url, info)
         on_start, on_stop = registration.start, registration.stop
     app = create_app(engine, config, on_start, on_stop)
