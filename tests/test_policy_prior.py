@@ -114,3 +114,13 @@ def test_shipped_tiny_measurement_parses() -> None:
     doc = Measured.from_dict(json.loads((BUNDLED_MODEL_DIR / "measured.json").read_text()))
     assert doc.model == "specroute-tiny" and doc.entries
     assert WorkerPrior.from_measured(doc.model, "eagle", doc).acceptance
+
+
+def test_measured_draft_cost_starts_the_pool_step_cost() -> None:
+    policy = policy_with(MEASURED)
+    expected = WorkerPrior.from_measured("m", "eagle", Measured.from_dict(MEASURED)).draft_cost
+    cost = policy.state.cost("eagle")
+    assert expected is not None
+    assert cost.per_token[0] / cost.base[0] == pytest.approx(expected, rel=0.05)
+    generic = policy.state.cost("plain")  # no measurement: the fleet's generic 5%
+    assert generic.per_token[0] / generic.base[0] == pytest.approx(0.05, rel=0.05)
