@@ -81,7 +81,7 @@ def workload(model: str, settings: Settings, seed: int, count: int | None = None
     per_cell = settings.per_cell if count is None else -(-count // len(cells))
     items: list[tuple[str, dict]] = []
     for task, temperature in cells:
-        drawn = prompts(task, per_cell + len(exclude), seed)
+        drawn = prompts(task, 2 * per_cell + len(exclude), seed)
         kept = [p for p in drawn if p.messages[-1]["content"] not in exclude][:per_cell]
         for i, prompt in enumerate(kept):
             body = prompt.chat_body(model, settings.max_tokens, temperature)
@@ -152,7 +152,8 @@ class Runner:
         data = resp.json()
         facts = data.get("specroute", {})
         return Record(concurrency, config, job.cls, data["usage"]["completion_tokens"], elapsed,
-                      facts.get("pool", ""), facts.get("k") or 0, seen)
+                      facts.get("pool", ""), facts.get("k") or 0, seen,
+                      reason=facts.get("reason", ""))
 
     def close(self) -> None:
         self.client.close()

@@ -35,6 +35,7 @@ class Record:
     k: int = 0
     seen: int = 0  # requests of this class the gateway had served before this one
     error: str = ""
+    reason: str = ""  # the policy's one-line reason, as the response carried it
 
 
 def class_name(task: str, temperature: float) -> str:
@@ -134,8 +135,9 @@ def decisions(records: list[Record], config: str) -> dict[str, dict]:
         entry["picks"][r.pool] += 1
         if entry["last"] is not None and entry["last"] != r.pool:
             entry["changes"] += 1
-        entry["last"] = r.pool
-    return {cls: {"picks": dict(e["picks"]), "changes": e["changes"]} for cls, e in out.items()}
+        entry["last"], entry["reason"] = r.pool, f"k={r.k}: {r.reason}"
+    return {cls: {"picks": dict(e["picks"]), "changes": e["changes"], "last_reason": e["reason"]}
+            for cls, e in out.items()}
 
 
 def violations(records: list[Record], config: str, conc: int,
@@ -190,9 +192,17 @@ def render(summary: dict, settings: str) -> str:
                          f"{'' if audit['same_pools'] else ' (pools differ!)'}")
         for a in ADAPTIVE:
             v = s["violations"][a]
+            slow = [cls for cls, r in s["per_class"].items()
+                    if a in r and r[a] < BELOW_PLAIN * r[s["plain"]]]
             lines.append(f"{a}: {v['violations']} of {v['checked']} picks made after "
-                         f"{CONVERGED_AFTER} requests of the class went to a pool below "
-                         f"{BELOW_PLAIN}x plain (most requests of one class seen: {v['most_seen']})")
+                         f"{CONVERGED_AFTER} requests of the class went to a pool that pinned "
+                         f"(at its configured k) measures below {BELOW_PLAIN}x plain (most "
+                         f"requests of one class seen: {v['most_seen']}); classes where "
+                         f"{a} itself measured below {BELOW_PLAIN}x plain: "
+                         f"{', '.join(slow) or 'none'}")
+        lines += ["", f"{WARM}'s last decision per class (k, reason):", ""]
+        lines += [f"- {cls}: {d['last_reason']}" for cls, d in sorted(s["decisions"][WARM].items())]
+        lines.append("")
         mix = s["best_mix"]
         lines.append(f"widest mix: oracle / best single = {mix['ratio']:.3f} on "
                      f"{' + '.join(mix['classes']) or 'no mix (one pool wins every class)'}")
