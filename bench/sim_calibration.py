@@ -154,6 +154,7 @@ def saturation(records: list[dict], ks: tuple[int, ...]) -> dict:
 def confusion() -> dict:
     from gateway.classifier.classify import classify
     from gateway.classifier.training.data import build_dataset
+    from gateway.schemas import parse_request
 
     def matrix(pairs: list[tuple[str, str]]) -> dict:
         counts = {t: {p: 0 for p in TASKS} for t in TASKS}
@@ -164,13 +165,13 @@ def confusion() -> dict:
 
     held_out = build_dataset("test")
     body = lambda text: {"model": "m", "messages": [{"role": "user", "content": text}]}  # noqa: E731
-    out = {"held_out": matrix([(ex.label, classify(body(ex.text), "chat").task)
+    out = {"held_out": matrix([(ex.label, classify(parse_request(body(ex.text), "chat")).task)
                                for ex in held_out])}
     bench = []
     for task in TASKS:
         for p in prompts(task, 200, seed=7):
             req = p.chat_body("m", 64, 0.0)
-            bench.append((task, classify(req, "chat").task))
+            bench.append((task, classify(parse_request(req, "chat")).task))
     out["bench_workload"] = matrix(bench)
     return out
 
@@ -180,16 +181,21 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--records", help="also write the per-request records (JSON) here")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     ks = (4, 8)
+    confusion_rates = confusion()  # first: cheap, and fails fast if the classifier API moves
     records = decode_records(args.prompts, args.max_tokens, ks, args.seed)
+    if args.records:
+        with open(args.records, "w") as f:
+            json.dump(records, f)
     out = {"setup": {"prompts_per_class": args.prompts, "max_tokens": args.max_tokens,
                      "temperatures": TEMPERATURES, "ks": ks, "methods": METHODS,
                      "model": "bundled specroute-tiny", "threads": 1},
            "spread_k4": spread(records, 4), "correlation_k4": correlation(records, 4),
            "positional_k8": positional(records, 8), "accept_length_by_k": saturation(records, ks),
-           "confusion": confusion()}
+           "confusion": confusion_rates}
     print(json.dumps(out, indent=1))
     return 0
 

@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from policies.acceptance import expected_accept_length
+from policies.policy import PolicyConfig
 from policies.sim.baselines import (
     SGLANG_TIERS,
     BatchSizeTable,
@@ -19,7 +20,6 @@ from policies.sim.calibration import PAPER_K, PROMPT_LOGIT_STD, TREE_DEPTH, true
 from policies.sim.scenarios import EMBEDDED
 from policies.sim.simulator import Phase, Running, SimConfig, Worker, simulate, workload
 from policies.sim.world import World, positional_length
-from policies.telemetry import TelemetryConfig
 from policies.types import RequestRecord
 
 WORLD = World()
@@ -82,7 +82,8 @@ def test_routers_see_the_classifier_label_and_the_world_the_true_task() -> None:
 
 def test_learned_router_runs_at_the_shipped_decay() -> None:
     router = Learned("adaptive", EMBEDDED.fleet)
-    assert router.tau_s == TelemetryConfig().tau_s
+    assert router.tau_s == PolicyConfig().decay_tau_s
+    assert router.store.tau_s == PolicyConfig().decay_tau_s
 
 
 def test_engine_baselines_follow_their_engines() -> None:

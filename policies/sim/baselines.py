@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 
 from policies.acceptance import expected_accept_length
 from policies.policy import Policy, PolicyConfig
+from policies.prior import WorkerPrior
 from policies.sim.calibration import draft_cost
-from policies.telemetry import LocalTelemetry, TelemetryConfig
+from policies.telemetry import LocalTelemetry
 from policies.types import PoolView, RequestProfile, RequestRecord
 
 
@@ -243,7 +244,9 @@ class BatchSizeTable(SimRouter):
 
 @dataclass
 class Learned(SimRouter):
-    """specroute's policy on an in-process store with the simulator's clock.
+    """specroute's policy on an in-process store with the simulator's clock, at the
+    policy config's decay; `worker_priors` are what each pool's workers published about
+    themselves (none: the flat prior).
 
     Plays the worker supervisor too: a fixed-k pool whose published desired k differs
     from its k is relaunched (out of service `relaunch_s`) unless its last relaunch ended
@@ -251,7 +254,6 @@ class Learned(SimRouter):
     """
 
     config: PolicyConfig = field(default_factory=PolicyConfig)
-    tau_s: float = TelemetryConfig().tau_s  # the shipped decay (the gateway's store)
     refit_every_s: float = 1.0
     relaunch_s: float = 60.0
     relaunch_interval_s: float = 30.0
@@ -263,9 +265,18 @@ class Learned(SimRouter):
     _next_refit: float = 0.0
     _back_at: dict = field(default_factory=dict)  # pool -> time its last relaunch ends
 
+    worker_priors: dict[str, WorkerPrior] = field(default_factory=dict)
+
     def __post_init__(self) -> None:
-        self.store = LocalTelemetry(self.tau_s, clock=lambda: self._clock[0])
+        self.store = LocalTelemetry(self.config.decay_tau_s, clock=lambda: self._clock[0])
         self.policy = Policy(self.store, self.config)
+        for pool, prior in self.worker_priors.items():
+            self.policy.set_worker_prior(pool, prior)
+
+    @property
+    def tau_s(self) -> float:
+        """The decay the policy's store runs at: the policy config's (the gateway's)."""
+        return self.config.decay_tau_s
 
     def route(self, req, pools, now):
         self._clock[0] = now

@@ -11,11 +11,13 @@ is one fleet scenario (policies/scenarios.py); every router sees the same arriva
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from policies.acceptance import TEMPERATURE_BUCKETS, invert_accept_length
 from policies.policy import PolicyConfig
+from policies.prior import WorkerPrior, keyed
 from policies.sim.baselines import (
     BatchSizeTable,
     Learned,
@@ -24,9 +26,11 @@ from policies.sim.baselines import (
     SimRouter,
     StaticRules,
 )
-from policies.sim.calibration import METHODS, PAPER_K
+from policies.sim.calibration import METHODS, PAPER_K, draft_cost
 from policies.sim.scenarios import SCENARIOS, Scenario
 from policies.sim.simulator import TRAINED_DRAFTERS, Outcome, SimConfig, simulate, workload
+from policies.sim.world import World
+from policies.types import TASKS
 
 FIXED_KS = (1, 2, 3, 4, 6, 8)
 RECOVERY_WINDOW = 100
@@ -75,9 +79,27 @@ def requests_to_recover(ours: list[Outcome], oracle: list[Outcome], start: int, 
     return None
 
 
-def flat_prior(config: PolicyConfig) -> PolicyConfig:
-    """The same policy without per-method base rates (every method starts equal)."""
-    return replace(config, learner=replace(config.learner, method_base=()))
+def worker_priors(scenario: Scenario, world: World, model: str) -> dict[str, WorkerPrior]:
+    """What each pool's workers would publish about themselves before any traffic (the
+    gateway reads it at startup): embedded workers their engine benchmark, acceptance per
+    (task, temperature bucket) at the pool's k plus the relative draft cost; SGLang and
+    vLLM servers only their average accept length (one figure for every class, the mix
+    of the classes alike). Measured on the base target: the fine-tuned phase's drop is
+    for telemetry to find."""
+    out = {}
+    for spec in scenario.fleet:
+        if spec.method == "plain" or spec.k <= 0:
+            continue
+        lengths = {(t, b): world.expected_accept_length(spec.method, t, b, spec.k)
+                   for t in TASKS for b in TEMPERATURE_BUCKETS}
+        if spec.engine == "embedded":
+            per_class = {key: invert_accept_length(e, spec.k) for key, e in lengths.items()}
+            out[spec.name] = WorkerPrior(keyed(model, spec.method, per_class),
+                                         draft_cost(spec.method), "simulated engine bench")
+        else:
+            out[spec.name] = WorkerPrior.from_server_average(
+                model, spec.method, float(np.mean(list(lengths.values()))), spec.k)
+    return out
 
 
 def routers(config: SimConfig, policy_config: PolicyConfig | None = None,
@@ -101,15 +123,17 @@ def routers(config: SimConfig, policy_config: PolicyConfig | None = None,
     factories["sglang-ema"] = lambda: PerServerEMA("sglang-ema", homogeneous(chain, 3))
     factories["vllm-table"] = lambda: BatchSizeTable("vllm-table", homogeneous(chain, 3))
     policy_config = policy_config or PolicyConfig(seed=config.seed)
+    priors = worker_priors(scenario, config.world, config.model)
     factories["adaptive"] = lambda: Learned(
         "adaptive", fleet, policy_config, relaunch_s=scenario.relaunch_s,
-        relaunch_interval_s=scenario.relaunch_interval_s)
+        relaunch_interval_s=scenario.relaunch_interval_s, worker_priors=priors)
     factories["adaptive-flat-prior"] = lambda: Learned(
-        "adaptive-flat-prior", fleet, flat_prior(policy_config),
+        "adaptive-flat-prior", fleet, policy_config,
         relaunch_s=scenario.relaunch_s, relaunch_interval_s=scenario.relaunch_interval_s)
     if scenario.fixed_k:
         factories["adaptive-no-relaunch"] = lambda: Learned(
-            "adaptive-no-relaunch", fleet, policy_config, relaunch=False)
+            "adaptive-no-relaunch", fleet, policy_config, relaunch=False,
+            worker_priors=priors)
     scales = tuple(p.drafter_scale for p in config.phases)
     factories["oracle"] = lambda: Oracle("oracle", fleet, None, config.base_step_s, scales,
                                          TRAINED_DRAFTERS)

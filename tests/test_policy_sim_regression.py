@@ -1,0 +1,48 @@
+"""The headline ratios of a small seeded simulator run, pinned per scenario.
+
+A change to the world, the baselines or the policy that moves a ratio fails here; rerun
+`python -m tests.test_policy_sim_regression` and update EXPECTED with the reason in the
+commit message. Small scale (420 requests, fixed k 2 and 4), so the figures are not the
+report's (docs/POLICY.md has the full run), only a tripwire for it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from policies.policy import PolicyConfig
+from policies.sim.evaluation import evaluate
+from policies.sim.scenarios import SCENARIOS
+from policies.sim.simulator import SimConfig, default_phases
+from policies.sim.world import World
+
+SCALE = 0.04
+FIXED_KS = (2, 4)
+KEYS = ("adaptive_vs_oracle", "adaptive_vs_best_fixed", "adaptive_vs_sglang_ema",
+        "flat_prior_vs_oracle")
+TOLERANCE = 0.02
+EXPECTED: dict[tuple[str, int], dict[str, float]] = {
+    ("sglang-pools", 0): {"adaptive_vs_oracle": 0.866, "adaptive_vs_best_fixed": 0.69,
+                          "adaptive_vs_sglang_ema": 0.71, "flat_prior_vs_oracle": 0.907},
+    ("embedded", 0): {"adaptive_vs_oracle": 0.562, "adaptive_vs_best_fixed": 0.605,
+                      "adaptive_vs_sglang_ema": 0.734, "flat_prior_vs_oracle": 0.671},
+}
+
+
+def headline(scenario: str, seed: int) -> dict[str, float]:
+    config = SimConfig(default_phases(SCALE), seed=seed, world=World())
+    summary = evaluate(config, PolicyConfig(seed=seed), FIXED_KS, SCENARIOS[scenario]).summary
+    return {key: round(float(summary[key]), 3) for key in KEYS}
+
+
+@pytest.mark.parametrize(("scenario", "seed"), sorted(EXPECTED))
+def test_headline_ratios_are_pinned(scenario: str, seed: int) -> None:
+    got = headline(scenario, seed)
+    print(scenario, seed, got)
+    for key, value in EXPECTED[(scenario, seed)].items():
+        assert abs(got[key] - value) <= TOLERANCE, (key, got[key], value)
+
+
+if __name__ == "__main__":
+    for name in ("sglang-pools", "embedded"):
+        print(f"    ({name!r}, 0): {headline(name, 0)},")
