@@ -6,8 +6,9 @@ each with its own Redis, so no gateway learns from another's traffic:
   `x-specroute-pool` (its policy is never asked);
 - `adaptive-cold`: restarted on an empty Redis before each concurrency's measurement,
   so its row is what a new deployment gets over its first requests;
-- `adaptive-warm`: served `warmup` adaptive requests (other prompts) before the first
-  measurement and keeps what it learned across concurrencies.
+- `adaptive-warm`: served `warmup` adaptive requests (other prompts, at the highest
+  concurrency) before the first measurement and keeps what it learned across
+  concurrencies.
 No pinned request reaches either adaptive gateway's telemetry.
 
 Workload: `per_cell` held-out prompts (bench/workload.py, excluded from the drafters'
@@ -62,7 +63,7 @@ class Settings:
         return (f"model {model}; {len(TASKS) * len(TEMPERATURES) * self.per_cell} held-out "
                 f"prompts per configuration and concurrency ({self.per_cell} per task x "
                 f"temperature 0 / 0.8), max_tokens {self.max_tokens}, warm-up "
-                f"{self.warmup} requests, concurrency {','.join(map(str, self.concurrency))}, "
+                f"{self.warmup} requests at c={max(self.concurrency)}, concurrency {','.join(map(str, self.concurrency))}, "
                 f"{len(pools)} pools, 1 torch thread per worker")
 
 
@@ -291,9 +292,10 @@ def measure(stack: Stack, settings: Settings,
                 stack.start_gateway(COLD)
                 runner.urls = stack.urls
                 runner.reset(COLD)
-            if n == 0 and warm:
-                records += runner.run([Job(WARM, cls, body) for cls, body in warm], conc, "warmup")
-                _say(progress, f"warm-up: {len(warm)} requests at c={conc}", started)
+            if n == 0 and warm:  # at the highest concurrency: the same requests in less time
+                top = max(settings.concurrency)
+                records += runner.run([Job(WARM, cls, body) for cls, body in warm], top, "warmup")
+                _say(progress, f"warm-up: {len(warm)} requests at c={top}", started)
             measured_here = runner.run(interleave(items, configs), conc)
             records += measured_here
             audits[conc] = audit_cold(stack, measured_here)
@@ -323,8 +325,8 @@ def run(settings: Settings, model: str | None = None, methods: str | None = None
 
 
 def main(args: argparse.Namespace) -> int:
-    settings = Settings(per_cell=args.per_cell or (1 if args.quick else 4),
-                        warmup=args.warmup if args.warmup is not None else (6 if args.quick else 48),
+    settings = Settings(per_cell=args.per_cell or 1,
+                        warmup=args.warmup if args.warmup is not None else (6 if args.quick else 18),
                         max_tokens=args.max_tokens or 48,
                         concurrency=tuple(int(c) for c in args.concurrency.split(",")),
                         seed=args.seed)

@@ -144,7 +144,7 @@ def violations(records: list[Record], config: str, conc: int,
                cells: dict[tuple[str, str], Totals], plain: str) -> dict:
     """Picks, after the gateway had served `CONVERGED_AFTER` requests of the class, of a
     pool this concurrency's pinned rows measure below `BELOW_PLAIN` x plain for that class.
-    Counts the gateway's own warm-up too (`warmup` records at the first concurrency)."""
+    Counts the gateway's own warm-up too (`warmup` records, at the highest concurrency)."""
     own = (config, "warmup") if config == WARM else (config,)
     checked = bad = 0
     seen_max: dict[str, int] = defaultdict(int)

@@ -152,9 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--concurrency", default="1,4",
                        help="live: comma-separated requests in flight, measured in turn")
     bench.add_argument("--per-cell", type=int, default=None,
-                       help="live: prompts per task x temperature (default 4; --quick 1)")
+                       help="live: prompts per task x temperature (default 1)")
     bench.add_argument("--warmup", type=int, default=None,
-                       help="live: warm-up requests of the warm gateway (default 48; --quick 6)")
+                       help="live: warm-up requests of the warm gateway (default 18; --quick 6)")
     bench.add_argument("--max-tokens", type=int, default=48,
                        help="engine, live: tokens per request (engine --quick: 16)")
     bench.add_argument("--workdir", default=None, help="live: keep the stack's logs here")
