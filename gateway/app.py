@@ -7,6 +7,12 @@ discovery (when `redis_url` is set), the classifier model, the tracer provider a
 routing policy (`gateway.learned`: the learned policy and its telemetry store by
 default). The token routes are raw ASGI (`gateway.endpoints`); the rest are plain
 Starlette routes, where speed does not matter.
+
+Faults: a `GatewayError` becomes its OpenAI-shaped answer where it is raised; anything
+else is a bug, answered by `GatewayApp` (fast routes) or the `Exception` handler
+(Starlette routes) with a 500 `internal_error` carrying a request id, under which the
+traceback is logged: frames and the exception's type only, since an exception's message
+may quote the request (its prompt, its key).
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import hmac
+import ipaddress
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -26,14 +34,21 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.adapters import make_adapters
 from gateway.auth import Authenticator, RateLimiter
-from gateway.config import GatewayConfig
+from gateway.config import GatewayConfig, hash_api_key
 from gateway.dispatch import Gateway
 from gateway.endpoints import ExplainEndpoint, TokenEndpoint
-from gateway.errors import GatewayError, ModelNotFound, error_response
+from gateway.errors import (
+    AuthenticationFailed,
+    GatewayError,
+    ModelNotFound,
+    error_body,
+    error_response,
+    internal_error,
+)
 from gateway.health import HealthMonitor
 from gateway.learned import RoutingPolicy, build_routing_policy
 from gateway.observability import FanoutRecorder, PrometheusRecorder, Recorder, make_tracer
@@ -78,23 +93,54 @@ async def health(request: Request) -> Response:
     return json_response({"status": "ok"})
 
 
+def is_loopback(scope: Scope) -> bool:
+    """The connection arrived on a loopback address (a bind to 127.0.0.1, or a local
+    caller of a wildcard bind)."""
+    server = scope.get("server")
+    try:
+        return server is not None and ipaddress.ip_address(server[0]).is_loopback
+    except ValueError:  # a unix socket path
+        return False
+
+
+def is_admin(request: Request) -> bool:
+    """The caller may see operator detail: it sent `server.admin_api_key_sha256`'s key as
+    a Bearer token, or, with no admin key configured, it called over loopback."""
+    digest = _gateway(request).config.server.admin_api_key_sha256
+    if digest is None:
+        return is_loopback(request.scope)
+    header = request.headers.get("authorization", "")
+    if header[:7].lower() != "bearer ":
+        return False
+    return hmac.compare_digest(hash_api_key(header[7:].strip()), digest.lower())
+
+
 async def ready(request: Request) -> Response:
-    """200 only when every configured model has at least one healthy worker."""
+    """200 only when every configured model has at least one healthy worker; models,
+    pools and worker URLs only for an admin (`is_admin`)."""
     gateway = _gateway(request)
     models: dict[str, int] = dict.fromkeys(gateway.config.models, 0)
     for pool in gateway.pools.values():
         models[pool.config.model] += pool.healthy_workers
+    is_ready = all(models.values())
+    status = 200 if is_ready else 503
+    if not is_admin(request):
+        return json_response({"ready": is_ready}, status)
     now = time.monotonic()
     pools = {p.name: {"healthy_workers": p.healthy_workers, "workers": len(p.workers),
                       "outstanding": p.outstanding,
                       "worker_states": [w.state(now) for w in p.workers]}
              for p in gateway.pools.values()}
-    is_ready = all(models.values())
-    return json_response({"ready": is_ready, "models": models, "pools": pools},
-                         200 if is_ready else 503)
+    return json_response({"ready": is_ready, "models": models, "pools": pools}, status)
 
 
 async def metrics(request: Request) -> Response:
+    """Open unless an admin key is configured (a Prometheus in the same network scrapes
+    it without one); then only for that key."""
+    if _gateway(request).config.server.admin_api_key_sha256 is not None \
+            and not is_admin(request):
+        raise AuthenticationFailed("/metrics needs the admin key: send 'Authorization: "
+                                   "Bearer <admin key>'", code="invalid_api_key")
     return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)
 
 
@@ -110,6 +156,59 @@ async def http_error(request: Request, exc: Exception) -> Response:
                          code="not_found" if exc.status_code == 404 else "method_not_allowed")
     error.type = "invalid_request_error"
     return error_response(error)
+
+
+def log_fault(scope: Scope, exc: BaseException) -> GatewayError:
+    """`errors.internal_error` for this request, marked on the scope as answered."""
+    error = internal_error(exc, f"{scope.get('method')} {scope.get('path')}")
+    scope["specroute.request_id"] = error.request_id
+    return error
+
+
+async def internal_fault(request: Request, exc: Exception) -> Response:
+    """Starlette's `ServerErrorMiddleware` hands unhandled exceptions here (then
+    re-raises; `GatewayApp` takes it from there without logging it twice)."""
+    return error_response(log_fault(request.scope, exc))
+
+
+class SentWatch:
+    """Wraps `send`, remembering how far the response got, so a fault is answered in
+    the shape the client can still receive."""
+
+    __slots__ = ("send", "start", "done")
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.start: Message | None = None
+        self.done = False
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.start = message
+        elif not message.get("more_body", False):
+            self.done = True
+        await self.send(message)
+
+    @property
+    def streaming(self) -> bool:
+        return self.start is not None and any(
+            name == b"content-type" and value.startswith(b"text/event-stream")
+            for name, value in self.start["headers"])
+
+    async def fault(self, error: GatewayError) -> None:
+        """Before the head: a 500 with `x-request-id`. Mid-stream: an SSE error event and
+        the end of the body. After the end: nothing left to say."""
+        if self.start is None:
+            body = error_body(error)
+            await self.send({"type": "http.response.start", "status": error.status,
+                             "headers": [(b"content-type", b"application/json"),
+                                         (b"content-length", str(len(body)).encode()),
+                                         (b"x-request-id", str(error.request_id).encode())]})
+            await self.send({"type": "http.response.body", "body": body})
+        elif not self.done:
+            event = b"data: " + error_body(error) + b"\n\ndata: [DONE]\n\n"
+            await self.send({"type": "http.response.body",
+                             "body": event if self.streaming else b""})
 
 
 def load_default_classifier() -> Classify:
@@ -130,20 +229,30 @@ class GatewayApp(Starlette):
     """Starlette with a front door for the token routes: a `POST` to one of them goes
     straight to its raw ASGI endpoint, skipping the middleware stack and the route
     table (each endpoint turns every `GatewayError` into a response itself). Everything
-    else, including a wrong method on a token route (405), is plain Starlette."""
+    else, including a wrong method on a token route (405), is plain Starlette. Any other
+    exception, from either, is a bug: logged and answered here (`log_fault`)."""
 
     def __init__(self, *, fast_routes: dict[str, ASGIApp], **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.fast_routes = fast_routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            endpoint = self.fast_routes.get(scope["path"])
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        watch = SentWatch(send)
+        try:
+            endpoint = self.fast_routes.get(scope["path"]) if scope["method"] == "POST" \
+                else None
             if endpoint is not None:
                 scope["app"] = self
-                await endpoint(scope, receive, send)
-                return
-        await super().__call__(scope, receive, send)
+                await endpoint(scope, receive, watch)
+            else:
+                await super().__call__(scope, receive, watch)
+        except Exception as exc:  # noqa: BLE001 - the last line: a bug, never a bare 500
+            if "specroute.request_id" in scope:
+                return  # answered and logged by `internal_fault`
+            await watch.fault(log_fault(scope, exc))
 
 
 def create_app(config: GatewayConfig, *, policy: str = "learned",
@@ -159,7 +268,8 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        timeout = aiohttp.ClientTimeout(total=None, connect=server.connect_timeout_s,
+        timeout = aiohttp.ClientTimeout(total=server.total_timeout_s,
+                                        connect=server.connect_timeout_s,
                                         sock_read=server.read_timeout_s)
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
         provider, tracer = make_tracer(server.otel_exporter)
@@ -220,7 +330,8 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
         Route("/metrics", metrics, methods=["GET"]),
     ]
     app = GatewayApp(fast_routes=fast_routes, routes=routes, lifespan=lifespan,
-                     exception_handlers={GatewayError: gateway_error, HTTPException: http_error})
+                     exception_handlers={GatewayError: gateway_error, HTTPException: http_error,
+                                         Exception: internal_fault})
     app.state.registry = registry
     app.state.started = int(time.time())
     return app

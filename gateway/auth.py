@@ -25,7 +25,7 @@ class Authenticator:
         """The tenant for an `Authorization` header value; raises 401 when unknown."""
         if not self.required:
             return DEFAULT_TENANT
-        if not authorization or not authorization.startswith("Bearer "):
+        if not authorization or authorization[:7].lower() != "bearer ":  # RFC 9110 11.1
             raise AuthenticationFailed(
                 "Missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
         digest = hash_api_key(authorization[7:].strip())

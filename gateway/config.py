@@ -30,8 +30,17 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     max_body_bytes: int = 4 * 1024 * 1024
+    # client side (docs/GATEWAY.md, "Limits and timeouts")
+    header_timeout_s: float = 10.0  # request line + headers must arrive within this
+    body_timeout_s: float = 30.0  # the whole body must arrive within this; then 408
+    keep_alive_timeout_s: float = 5.0  # an idle keep-alive connection is closed after this
+    max_concurrency: int = 4096  # connections + requests in progress; beyond: 503
+    # upstream side, per worker call
     connect_timeout_s: float = 5.0
-    read_timeout_s: float = 300.0  # longest silence allowed between upstream bytes
+    first_token_timeout_s: float = 120.0  # a stream's first token (prefill included)
+    read_timeout_s: float = 300.0  # longest silence between upstream bytes (inter-token)
+    total_timeout_s: float = 1800.0  # one whole worker call, stream included
+    admin_api_key_sha256: str | None = None  # guards /metrics and /ready's detail
     health_interval_s: float = 2.0  # how often each worker's /health is polled
     unhealthy_after: int = 3  # consecutive failed probes that take a worker out
     healthy_after: int = 2  # consecutive good probes that bring it back
@@ -143,6 +152,10 @@ def _str_list(value: Any, path: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _is_sha256(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text.lower())
+
+
 def _positive(value: float, path: str) -> None:
     if value <= 0:
         raise ConfigError(f"{path}: must be > 0, got {value}")
@@ -150,12 +163,16 @@ def _positive(value: float, path: str) -> None:
 
 def _server(raw: Any, path: str) -> ServerConfig:
     server = _build(ServerConfig, raw, path)
-    for name in ("max_body_bytes", "connect_timeout_s", "read_timeout_s",
+    for name in ("max_body_bytes", "header_timeout_s", "body_timeout_s",
+                 "keep_alive_timeout_s", "max_concurrency", "connect_timeout_s",
+                 "first_token_timeout_s", "read_timeout_s", "total_timeout_s",
                  "health_interval_s", "unhealthy_after", "healthy_after", "breaker_failures",
                  "breaker_cooldown_s", "discovery_interval_s", "max_attempts"):
         _positive(getattr(server, name), f"{path}.{name}")
     if not 0 <= server.port < 65536:
         raise ConfigError(f"{path}.port: must be in 0..65535, got {server.port}")
+    if server.admin_api_key_sha256 is not None and not _is_sha256(server.admin_api_key_sha256):
+        raise ConfigError(f"{path}.admin_api_key_sha256: not a hex sha256 digest")
     if server.otel_exporter not in ("none", "console", "otlp"):
         raise ConfigError(f"{path}.otel_exporter: must be none, console or otlp")
     if server.log_level not in ("critical", "error", "warning", "info", "debug", "trace"):
@@ -197,7 +214,7 @@ def _tenant(raw: Any, path: str) -> TenantConfig:
     def hashes(value: Any, p: str) -> tuple[str, ...]:
         out = _str_list(value, p)
         for i, h in enumerate(out):
-            if len(h) != 64 or any(c not in "0123456789abcdef" for c in h.lower()):
+            if not _is_sha256(h):
                 raise ConfigError(f"{p}[{i}]: not a hex sha256 digest")
         return tuple(h.lower() for h in out)
 

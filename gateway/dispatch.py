@@ -2,7 +2,8 @@
 
 The order of tries is: the chosen pool's best available worker, its other available
 workers, then the pools after it in the router's order (the policy's fallbacks, plain
-pools last), at most `server.max_attempts` workers in all. Failures that say nothing
+pools last), at most `server.max_attempts` workers in all; a stream's first token must
+come within `server.first_token_timeout_s`. Failures that say nothing
 about the request itself are retried: connection errors, timeouts, 5xx. A worker's 4xx
 is final. Once a stream's first token has arrived the client owns that worker's
 answer: no retry can happen after tokens were sent. Every outcome feeds the worker's
@@ -11,6 +12,7 @@ circuit breaker (`gateway.pools`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -142,6 +144,21 @@ def _is_empty(item: StreamItem) -> bool:
         not item.extra or item.extra == {"role": "assistant"})
 
 
+async def first_item(items: AsyncIterator[StreamItem], worker: str,
+                     timeout_s: float) -> StreamItem:
+    """A stream's first item with something in it; a worker silent past `timeout_s`
+    (stalled, or prefill too slow) is an `UpstreamTimeout`, retried like any other."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            item = await anext(items)
+            while _is_empty(item):
+                item = await anext(items)
+            return item
+    except TimeoutError as exc:
+        raise UpstreamTimeout(f"worker {worker} sent no first token within {timeout_s:g} s",
+                              code="upstream_timeout") from exc
+
+
 async def generate(gateway: Gateway, request: GenerationRequest, decision: Decision,
                    pools: list[Pool]) -> tuple[Lease, GenerationResult]:
     """Non-streaming dispatch; the returned lease is already released."""
@@ -178,9 +195,8 @@ async def open_stream(gateway: Gateway, request: GenerationRequest, decision: De
         items = gateway.adapters[pool.config.engine].stream(
             worker.url, for_pool(request, pool), pool.config, attempt.k)
         try:
-            first = await anext(items)
-            while _is_empty(first):
-                first = await anext(items)
+            first = await first_item(items, worker.url,
+                                     gateway.config.server.first_token_timeout_s)
         except RETRYABLE as exc:
             lease.failed(exc)
             error = exc

@@ -7,7 +7,9 @@
     │   ├── InvalidRequest            400 invalid_request_error (names `param`)
     │   ├── AuthenticationFailed      401 authentication_error
     │   ├── ModelNotFound             404 not_found_error
+    │   ├── RequestTimeout            408 invalid_request_error (body not sent in time)
     │   ├── PayloadTooLarge           413 invalid_request_error
+    │   ├── UnsupportedMediaType      415 invalid_request_error
     │   └── RateLimited               429 rate_limit_error
     ├── NoHealthyWorker               503 service_unavailable
     └── UpstreamError                 the worker failed us
@@ -18,12 +20,21 @@
 Adapters map aiohttp's exceptions into this tree at the transport boundary
 (`raise UpstreamTimeout(...) from exc`); `error_response` is the only place that turns
 an exception into status + OpenAI-shaped body ``{"error": {message, type, param, code}}``.
+Anything else that escapes a handler is a bug: `internal_error` wraps it as a bare
+`GatewayError` (500 `internal_error`) carrying a request id, the one key under which the
+traceback was logged.
 """
 
 from __future__ import annotations
 
+import logging
+import traceback
+import uuid
+
 import orjson
 from starlette.responses import Response
+
+log = logging.getLogger("specroute.gateway")
 
 
 class GatewayError(Exception):
@@ -31,17 +42,21 @@ class GatewayError(Exception):
     type = "api_error"
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
-                 status: int | None = None) -> None:
+                 status: int | None = None, request_id: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.code = code
+        self.request_id = request_id
         if status is not None:
             self.status = status
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type,
-                          "param": self.param, "code": self.code}}
+        error = {"message": self.message, "type": self.type, "param": self.param,
+                 "code": self.code}
+        if self.request_id is not None:
+            error["request_id"] = self.request_id
+        return {"error": error}
 
 
 class ClientError(GatewayError):
@@ -65,6 +80,14 @@ class ModelNotFound(ClientError):
 
 class PayloadTooLarge(ClientError):
     status = 413
+
+
+class RequestTimeout(ClientError):
+    status = 408
+
+
+class UnsupportedMediaType(ClientError):
+    status = 415
 
 
 class RateLimited(ClientError):
@@ -97,11 +120,33 @@ class UpstreamTimeout(UpstreamError):
     type = "timeout_error"
 
 
+def traceback_text(exc: BaseException) -> str:
+    """The exception's type and frames without its message, for the log: a message may
+    quote the request (its prompt, its key)."""
+    name = type(exc).__qualname__
+    return (f"{name}\nTraceback (most recent call last):\n"
+            f"{''.join(traceback.format_tb(exc.__traceback__))}{name}")
+
+
+def internal_error(exc: BaseException, where: str) -> GatewayError:
+    """A bug, logged with its traceback under a fresh request id; what the client gets
+    is the id alone. Logged are the frames and the exception's type, never its message,
+    which may quote the request (its prompt, its key)."""
+    request_id = uuid.uuid4().hex
+    log.error("internal error, request id %s, %s: %s", request_id, where,
+              traceback_text(exc))
+    return GatewayError(f"The gateway failed to process the request (request id "
+                        f"{request_id}); the operator's log has the details",
+                        code="internal_error", request_id=request_id)
+
+
 def error_body(exc: GatewayError) -> bytes:
     return orjson.dumps(exc.body())
 
 
 def error_response(exc: GatewayError, headers: dict[str, str] | None = None) -> Response:
     """The single conversion from the exception tree to an HTTP response."""
+    if exc.request_id is not None:
+        headers = {**(headers or {}), "x-request-id": exc.request_id}
     return Response(error_body(exc), status_code=exc.status, headers=headers,
                     media_type="application/json")

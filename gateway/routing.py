@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-from gateway.errors import InvalidRequest, ModelNotFound, NoHealthyWorker
+from gateway.errors import InvalidRequest, ModelNotFound, NoHealthyWorker, traceback_text
 from gateway.pools import Pool
 from gateway.schemas import GenerationRequest
 from policies.types import Decision, PoolView, RequestProfile
@@ -167,10 +167,11 @@ class PoolRouter:
         it degrades to the minimal profile (logged with its traceback the first time)."""
         try:
             return self.classifier(request, tenant)
-        except Exception:  # noqa: BLE001 - any classifier failure: route on the basics
+        except Exception as exc:  # noqa: BLE001 - any classifier failure: route on the basics
             if not self._classifier_failed:
                 self._classifier_failed = True
-                log.exception("request classifier failed; using the minimal profile")
+                log.error("request classifier failed; using the minimal profile: %s",
+                          traceback_text(exc))  # not the message: it may quote the prompt
             return minimal_profile(request, tenant)
 
     def assess(self, request: GenerationRequest, profile: RequestProfile,

@@ -101,7 +101,7 @@ def _number(body: dict, name: str, low: float, high: float) -> float | None:
     return float(value)
 
 
-def _integer(body: dict, name: str, low: int) -> int | None:
+def _integer(body: dict, name: str, low: int, high: int = 2**63 - 1) -> int | None:
     value = body.get(name)
     if value is None:
         return None
@@ -109,6 +109,8 @@ def _integer(body: dict, name: str, low: int) -> int | None:
         raise _bad(name, f"'{name}' must be an integer, got {type(value).__name__}")
     if value < low:
         raise _bad(name, f"'{name}' must be >= {low}, got {value}")
+    if value > high:  # a 64-bit field upstream; orjson reads up to 2**64 - 1
+        raise _bad(name, f"'{name}' must be <= {high}, got {value}")
     return value
 
 
@@ -159,10 +161,11 @@ def _prompt(body: dict) -> str | list[int]:
     if isinstance(prompt, str):
         return prompt
     if (isinstance(prompt, list) and prompt
-            and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
+            and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31
+                    for t in prompt)):
         return prompt
     raise _bad("prompt", "'prompt' is required and must be a string, a list with one "
-               "string, or a list of token ids")
+               "string, or a list of token ids (0..2**31-1)")
 
 
 def _response_format(body: dict) -> dict | None:

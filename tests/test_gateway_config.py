@@ -119,3 +119,20 @@ def test_one_decay_setting_reaches_the_telemetry_store(redis_url: str | None) ->
     assert LearnedRoutingPolicy(config).store.tau_s == 30.0
     with pytest.raises(ConfigError, match=r"policy\.decay_tau_s"):
         parse_config({"pools": [pool], "policy": {"decay_tau_s": 0}})
+
+
+@pytest.mark.parametrize(("server", "message"), [
+    ({"first_token_timeout_s": 0}, r"server\.first_token_timeout_s: must be > 0"),
+    ({"body_timeout_s": -1}, r"server\.body_timeout_s: must be > 0"),
+    ({"total_timeout_s": "long"}, r"server\.total_timeout_s: expected float"),
+    ({"max_concurrency": 1.5}, r"server\.max_concurrency: expected an integer"),
+    ({"admin_api_key_sha256": "sk-in-clear"}, r"server\.admin_api_key_sha256: not a hex"),
+])
+def test_limits_timeouts_and_admin_key_are_checked(server: dict, message: str) -> None:
+    pool = {"name": "p", "engine": "sglang", "model": "m", "workers": ["http://a:1"]}
+    with pytest.raises(ConfigError, match=message):
+        parse_config({"pools": [pool], "server": server})
+    digest = hash_api_key("admin").upper()  # a digest in either case
+    config = parse_config({"pools": [pool], "server": {"admin_api_key_sha256": digest,
+                                                       "total_timeout_s": 60}})
+    assert config.server.total_timeout_s == 60.0 and config.server.header_timeout_s == 10.0

@@ -126,7 +126,10 @@ async def sse_data(worker: str, resp: aiohttp.ClientResponse) -> AsyncIterator[d
                 if data == b"[DONE]":
                     return
                 item = orjson.loads(data)
-                if isinstance(item, dict) and item.get("error"):
+                if not isinstance(item, dict):
+                    raise UpstreamUnavailable(f"worker {worker} sent a non-object SSE event",
+                                              code="upstream_error")
+                if item.get("error"):
                     raise UpstreamUnavailable(
                         f"worker {worker} failed mid-stream: "
                         f"{upstream_message(orjson.dumps(item))}", code="upstream_error")
