@@ -63,6 +63,8 @@ def _bench(args: argparse.Namespace) -> int:
         from bench.engine import main as bench_main
     elif args.target == "policy":
         from bench.policy import main as bench_main
+    elif args.target == "batching":
+        from bench.batching import main as bench_main
     else:
         from bench.live import main as bench_main
     return bench_main(args)
@@ -132,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.set_defaults(func=_supervise)
 
     bench = sub.add_parser("bench", help="benchmarks; each prints a table")
-    bench.add_argument("target", choices=["gateway", "engine", "policy", "live"])
+    bench.add_argument("target", choices=["gateway", "engine", "policy", "live", "batching"])
     bench.add_argument("--json", action="store_true", help="print one JSON object last")
     bench.add_argument("--quick", action="store_true", help="a short run (for smoke tests)")
     bench.add_argument("--plot", default=None, help="policy: write a PNG of tokens/s over time")

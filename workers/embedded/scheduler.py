@@ -1,7 +1,7 @@
 """The engine thread: owns the Engine and steps all active generations together.
 
 The torch work never runs on the event loop. One thread starts requests and, every
-scheduler step, hands all active generations to `BatchEngine.step`, which runs one batched
+scheduler step, hands all active generations to `GenerationEngine.step`, which runs one batched
 target forward for all of them (each with its own drafter, k and tree), so a short request
 finishes while a long one is still decoding and concurrent requests share each forward, as
 in the continuous batching of Orca (OSDI 2022), vLLM and SGLang. New requests join at step
@@ -22,9 +22,7 @@ import collections
 import copy
 import logging
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from workers.embedded.api import (
     DecodeRequest,
@@ -36,13 +34,6 @@ from workers.embedded.api import (
 from workers.embedded.errors import Overloaded
 
 logger = logging.getLogger(__name__)
-
-
-class BatchEngine(GenerationEngine, Protocol):
-    """An engine that steps several generations in one call: one output, or the exception
-    that ended that generation, per generation in order."""
-
-    def step(self, generations: Sequence[RunningGeneration]) -> list[StepOutput | Exception]: ...
 
 
 @dataclass
@@ -104,7 +95,7 @@ class Ticket:
 class Scheduler:
     """Batched stepping of up to `max_running` generations on one thread."""
 
-    def __init__(self, engine: BatchEngine, max_running: int = 4, max_queue: int = 64) -> None:
+    def __init__(self, engine: GenerationEngine, max_running: int = 4, max_queue: int = 64) -> None:
         self.engine = engine
         self.max_running = max_running
         self.max_queue = max_queue
