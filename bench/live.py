@@ -15,8 +15,8 @@ Workload: `per_cell` held-out prompts (bench/workload.py, excluded from the draf
 distillation set; none is in the classifier's labelled set) per task (code, structured,
 chat) x temperature (0, 0.8), mixed in a fixed random order. Each prompt is sent to every
 configuration, the configuration order rotating per prompt; at concurrency c, c client
-threads take jobs from that one interleaved queue, so machine noise and load hit every
-configuration alike. bench/live_report.py turns the records into the tables.
+threads each work through a contiguous share of that interleaved list, so machine noise
+and load hit every configuration alike. bench/live_report.py turns the records into the tables.
 """
 
 from __future__ import annotations
@@ -117,15 +117,17 @@ class Runner:
                 del self.seen[key]
 
     def run(self, jobs: list[Job], concurrency: int, label: str | None = None) -> list[Record]:
-        queue = iter(jobs)
+        """`concurrency` client threads, each through its own contiguous share of `jobs`:
+        requests in flight together come from different prompts, so an adaptive request is
+        not systematically co-scheduled with the pinned request for the same prompt on the
+        pool it picked (which a single queue of prompt-major jobs would do)."""
+        share = -(-len(jobs) // concurrency)
+        lanes = [iter(jobs[i:i + share]) for i in range(0, len(jobs), share)]
         records: list[Record] = []
 
-        def worker() -> None:
-            while True:
+        def worker(lane: Iterator[Job]) -> None:
+            for job in lane:
                 with self.lock:
-                    job = next(queue, None)
-                    if job is None:
-                        return
                     gateway = job.config if job.config in (COLD, WARM) else "pinned"
                     seen = self.seen[(gateway, job.cls)]
                     self.seen[(gateway, job.cls)] += 1
@@ -134,7 +136,7 @@ class Runner:
                     records.append(record)
 
         with ThreadPoolExecutor(concurrency) as pool:
-            for future in [pool.submit(worker) for _ in range(concurrency)]:
+            for future in [pool.submit(worker, lane) for lane in lanes]:
                 future.result()
         return records
 

@@ -161,8 +161,8 @@ def violations(records: list[Record], config: str, conc: int,
     return {"checked": checked, "violations": bad, "most_seen": max(seen_max.values(), default=0)}
 
 
-def _fmt_ratio(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
+def _rate(value: float) -> str:
+    return f"{value:.0f}" if value >= 100 else f"{value:.1f}"
 
 
 def render(summary: dict, settings: str) -> str:
@@ -218,7 +218,7 @@ def _per_class(s: dict) -> list[str]:
              "(changes) |", "|---|" + "---|" * (len(configs) + 3)]
     for cls, rates in s["per_class"].items():
         best = s["oracle_picks"][cls]
-        cells = [f"**{rates[c]:.0f}**" if c == best else f"{rates[c]:.0f}" for c in configs]
+        cells = [f"**{_rate(rates[c])}**" if c == best else _rate(rates[c]) for c in configs]
         chose = []
         for a in ADAPTIVE:
             d = s["decisions"][a].get(cls, {"picks": {}, "changes": 0})
