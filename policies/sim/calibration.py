@@ -48,7 +48,7 @@ from policies.acceptance import invert_accept_length
 
 COLUMNS = {"chat": 0, "code": 1, "structured": 2}  # MT-bench, HumanEval, CNN/DM
 
-# (speedup, tau) per column (MT, HumanEval, CNN/DM), Vicuna-13B, REFERENCES.md Table 1.
+# (speedup, tau) per column (MT, HumanEval, CNN/DM), Vicuna-13B, Table 1 (figures copied in docs/POLICY.md).
 TABLE1: dict[tuple[str, str], tuple[tuple[float, float], ...]] = {
     ("eagle", "t0"): ((3.07, 3.98), (3.58, 4.39), (2.49, 3.52)),
     ("eagle", "t1"): ((2.32, 3.20), (2.65, 3.63), (2.23, 3.26)),
