@@ -23,7 +23,13 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from policies.acceptance import blend, invert_accept_length
+from policies.acceptance import (
+    TREE_DEPTH,
+    blend,
+    invert_method_accept_length,
+    method_accept_length,
+    observed_depth,
+)
 from policies.aggregates import ContextKey, ContextStats
 from policies.cost import StepCost, StepSample, Trend, fit_step_cost, generic_trend
 from policies.prior import AcceptKey
@@ -57,6 +63,8 @@ class PolicyState:
     # largest k each pool has served with telemetry behind it (>= `min_k_requests`): the
     # policy extrapolates E(a, k) and the step cost only a little beyond it
     measured_k: dict[str, int] = field(default_factory=dict)
+    # tree drafters' accepted depth: the table's, raised where telemetry proves deeper
+    depths: dict[str, int] = field(default_factory=lambda: dict(TREE_DEPTH))
 
     def accept(self, model: str, method: str, task: str, bucket: str) -> tuple[float, float]:
         """(blended a, request count) for a context; the prior when unseen."""
@@ -68,6 +76,10 @@ class PolicyState:
 
     def cost(self, pool: str) -> StepCost:
         return self.costs.get(pool, self.fleet_cost)
+
+    def accept_length(self, a: float, method: str, k: int) -> float:
+        """Expected tokens per verify step of `method` at k (tree depth capped)."""
+        return method_accept_length(a, method, k, self.depths)
 
 
 class Learner:
@@ -84,14 +96,25 @@ class Learner:
                     if stats.n > 1e-6]
         prior = dict(prior or {})
         default = self.config.default_accept
+        depths = self._depths(contexts)
         acceptance = {
             key: (blend(a, n, prior.get(key, default), self.config.prior_weight), n)
-            for key, (a, n, _) in self._acceptance(contexts).items()}
+            for key, (a, n, _) in self._acceptance(contexts, depths).items()}
         fleet_cost, costs = self._costs(contexts, draft_cost or {})
         incumbent, traffic = self._traffic(contexts)
         self._version += 1
         return PolicyState(self._version, acceptance, prior, costs, fleet_cost, incumbent,
-                           traffic, default, self._measured_k(contexts))
+                           traffic, default, self._measured_k(contexts), depths)
+
+    def _depths(self, contexts: list[tuple[ContextKey, ContextStats]]) -> dict[str, int]:
+        """TREE_DEPTH, raised per method where a context's mean accept length (with
+        `min_k_requests` behind it) is longer than the table's depth allows."""
+        depths = dict(TREE_DEPTH)
+        for ctx, stats in contexts:
+            if ctx.method in depths and stats.known >= self.config.min_k_requests:
+                seen = observed_depth(ctx.method, ctx.k, stats.accept_length)
+                depths[ctx.method] = max(depths[ctx.method], seen)
+        return depths
 
     def _measured_k(self, contexts: list[tuple[ContextKey, ContextStats]]) -> dict[str, int]:
         per_k: dict[tuple[str, int], float] = defaultdict(float)
@@ -103,13 +126,13 @@ class Learner:
                 out[pool] = max(out.get(pool, 0), k)
         return out
 
-    def _acceptance(self, contexts: list[tuple[ContextKey, ContextStats]]
-                    ) -> dict[AcceptKey, tuple[float, float, float]]:
+    def _acceptance(self, contexts: list[tuple[ContextKey, ContextStats]],
+                    depths: Mapping[str, int]) -> dict[AcceptKey, tuple[float, float, float]]:
         """(a, requests, mean k) per acceptance context, k's pooled by verify steps; the
         recent view replaces the long one when they disagree beyond noise (a drift)."""
-        long = self._pool_acceptance((ctx, stats) for ctx, stats in contexts)
-        recent = self._pool_acceptance((ctx, stats.recent) for ctx, stats in contexts
-                                       if stats.recent is not None)
+        long = self._pool_acceptance(((ctx, stats) for ctx, stats in contexts), depths)
+        recent = self._pool_acceptance(((ctx, stats.recent) for ctx, stats in contexts
+                                        if stats.recent is not None), depths)
         out = {}
         for key, (a, n, k_mean) in long.items():
             a_recent, n_recent, k_recent = recent.get(key, (a, 0.0, k_mean))
@@ -119,13 +142,14 @@ class Learner:
         return out
 
     @staticmethod
-    def _pool_acceptance(contexts: Iterable[tuple[ContextKey, ContextStats]]
+    def _pool_acceptance(contexts: Iterable[tuple[ContextKey, ContextStats]],
+                         depths: Mapping[str, int]
                          ) -> dict[AcceptKey, tuple[float, float, float]]:
         sums: dict[AcceptKey, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
         for ctx, stats in contexts:
             if ctx.k <= 0 or ctx.method == "plain" or stats.steps <= 0:
                 continue
-            a = invert_accept_length(stats.accept_length, ctx.k)
+            a = invert_method_accept_length(stats.accept_length, ctx.method, ctx.k, depths)
             acc = sums[(ctx.model, ctx.method, ctx.task, ctx.temperature_bucket)]
             acc[0] += a * stats.steps
             acc[1] += stats.steps

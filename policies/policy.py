@@ -20,9 +20,10 @@ Around the greedy choice:
   with exploration (`explore_rate = 0`), so replicas stay deterministic;
 - k trust region: on a per-request-k pool the k search stops `k_trust_margin` above the
   largest k measured on that pool (its configured k before any), because E(a, k) (an
-  i.i.d. chain model) and the linear step cost are least reliable far from the data: for
-  tree drafters (EAGLE-2, Medusa, lookahead) k counts tree nodes, and accept length
-  saturates at the tree's depth while the chain model keeps growing with k;
+  i.i.d. chain model) and the linear step cost are least reliable far from the data. For
+  tree drafters (EAGLE-2, Medusa, lookahead) k counts tree nodes and accept length stops
+  at the tree's depth, so E is taken at min(k, depth) (policies/acceptance.py) while the
+  step cost still pays for all k nodes;
 - bounded exploration: with probability `explore_rate` (hard cap `explore_cap` of all
   requests) try the option with the highest optimistic (UCB, as in BanditSpec
   arXiv 2505.15141) tokens/s if it beats the greedy pick;
@@ -43,7 +44,7 @@ import random
 import threading
 from dataclasses import dataclass
 
-from policies.acceptance import A_MAX, acceptance_std, expected_accept_length
+from policies.acceptance import A_MAX, acceptance_std
 from policies.aggregates import DECAY_TAU_S
 from policies.learner import Learner, LearnerConfig, PolicyState
 from policies.prior import WorkerPrior, merge
@@ -88,6 +89,15 @@ class Option:
     @property
     def is_plain(self) -> bool:
         return self.k == 0
+
+
+def make_option(state: PolicyState, pool: PoolView, k: int, a: float, samples: float,
+                load: float) -> Option:
+    """One (pool, k) at acceptance `a` and per-worker `load`, predicted (tree drafters'
+    accept length capped at their depth, policies/acceptance.py)."""
+    cost = state.cost(pool.name)
+    e = state.accept_length(a, pool.method, k) if k > 0 else 1.0
+    return Option(pool, k, a, samples, e, e / cost.step_s(k, load), 1.0 / cost.step_s(0, load))
 
 
 # Per-worker loads are memoised on a geometric grid (~7% apart) up to 512 per worker.
@@ -227,16 +237,12 @@ class Policy:
         a, n = state.accept(model, pool.method, task, bucket)
         if accept is not None:
             a = accept
-        cost = state.cost(pool.name)
-        plain_tps = 1.0 / cost.step_s(0, load)
         best = None
         for k in candidate_ks(pool, top_k):
-            e = expected_accept_length(a, k)
-            tps = e / cost.step_s(k, load)
-            if best is None or tps > best[2] + 1e-12:
-                best = (k, e, tps)
-        k, e, tps = best  # type: ignore[misc]  # candidate_ks is never empty
-        return Option(pool, k, a, n, e, tps, plain_tps)
+            option = make_option(state, pool, k, a, n, load)
+            if best is None or option.tokens_per_s > best.tokens_per_s + 1e-12:
+                best = option
+        return best  # type: ignore[return-value]  # candidate_ks is never empty
 
     def _with_hysteresis(self, state: PolicyState, options: list[Option],
                          context: tuple[str, str, str]) -> Option:
@@ -277,9 +283,7 @@ class Policy:
                                                else pool.k)
         if k == option.k:
             return option
-        e = expected_accept_length(option.accept, k)
-        tps = e / state.cost(pool.name).step_s(k, loads[pool.name])
-        return Option(pool, k, option.accept, option.samples, e, tps, option.plain_tokens_per_s)
+        return make_option(state, pool, k, option.accept, option.samples, loads[pool.name])
 
     def _may_explore(self) -> bool:
         cfg = self.config
@@ -306,11 +310,8 @@ class Policy:
                 best, best_tps = (option, hopeful, load), hopeful.tokens_per_s
         if best is None:
             return None
-        option, hopeful, load = best
-        e = expected_accept_length(option.accept, hopeful.k)  # predict with the estimate
-        tps = e / state.cost(option.pool.name).step_s(hopeful.k, load)
-        return Option(option.pool, hopeful.k, option.accept, option.samples, e, tps,
-                      option.plain_tokens_per_s)
+        option, hopeful, load = best  # predict with the estimate, not the optimistic a
+        return make_option(state, option.pool, hopeful.k, option.accept, option.samples, load)
 
     def _nearby_k(self, chosen: Option, state: PolicyState, loads: dict[str, float]
                   ) -> Option | None:
@@ -324,10 +325,7 @@ class Policy:
                 top if top is not None else pool.max_k)
         if k == chosen.k:
             return None
-        load = loads[pool.name]
-        e = expected_accept_length(chosen.accept, k)
-        tps = e / state.cost(pool.name).step_s(k, load)
-        return Option(pool, k, chosen.accept, chosen.samples, e, tps, chosen.plain_tokens_per_s)
+        return make_option(state, pool, k, chosen.accept, chosen.samples, loads[pool.name])
 
     @staticmethod
     def _fallbacks(options: list[Option], chosen: Option) -> tuple[str, ...]:
@@ -412,7 +410,7 @@ class Policy:
             return {}
         cost = state.cost(pool.name)
         load = (pool.outstanding + 1) / pool.healthy_workers
-        return {k: sum(n * expected_accept_length(a, k) for n, a in measured)
+        return {k: sum(n * state.accept_length(a, pool.method, k) for n, a in measured)
                 / cost.step_s(k, load) for k in range(0, max(pool.max_k, pool.k) + 1)}
 
     def start(self) -> Policy:

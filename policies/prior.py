@@ -33,7 +33,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from policies.acceptance import TEMPERATURE_BUCKETS, invert_accept_length
+from policies.acceptance import TEMPERATURE_BUCKETS, invert_method_accept_length
 from policies.types import TASKS, temperature_bucket
 
 MEASURED_FILE = "measured.json"
@@ -58,7 +58,7 @@ class MeasuredEntry:
     @property
     def accept(self) -> float:
         """Per-token acceptance behind the accept length at this k."""
-        return invert_accept_length(self.accept_length, self.k)
+        return invert_method_accept_length(self.accept_length, self.method, self.k)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,11 +143,12 @@ def per_token_fraction(measured: Measured, method: str) -> float | None:
     return max(statistics.fmean(fractions), 0.0) if fractions else None
 
 
-def method_acceptance(accept_length: float, k: int) -> dict[tuple[str, str], float]:
+def method_acceptance(accept_length: float, k: int, method: str = ""
+                      ) -> dict[tuple[str, str], float]:
     """A server's single average accept length at its k: the same `a` for every class."""
     if k <= 0 or accept_length <= 0:
         return {}
-    a = invert_accept_length(accept_length, k)
+    a = invert_method_accept_length(accept_length, method, k)
     return {(task, bucket): a for task in TASKS for bucket in TEMPERATURE_BUCKETS}
 
 
@@ -173,7 +174,7 @@ class WorkerPrior:
     @classmethod
     def from_server_average(cls, model: str, method: str, accept_length: float,
                             k: int) -> WorkerPrior:
-        return cls(keyed(model, method, method_acceptance(accept_length, k)),
+        return cls(keyed(model, method, method_acceptance(accept_length, k, method)),
                    source="server avg_spec_accept_length")
 
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from policies.acceptance import A_MAX, expected_accept_length, invert_accept_length
+from policies.acceptance import (
+    A_MAX,
+    TREE_DEPTH,
+    draft_depth,
+    expected_accept_length,
+    invert_accept_length,
+    method_accept_length,
+)
 from policies.cost import StepSample, fit_step_cost, generic_trend
 from policies.learner import Learner
 from policies.sim.simulator import sample_steps
@@ -60,3 +67,40 @@ def test_step_cost_recovers_a_linear_truth_per_load() -> None:
     for load in (1.5, 5.0, 20.0):
         for k in (0, 4, 8):
             assert cost.step_s(k, load) == pytest.approx(truth(k, load), rel=0.05)
+
+
+def _tree_record(a: float, k: int, depth: int, rng: np.random.Generator) -> RequestRecord:
+    tokens = int(rng.integers(64, 256))
+    steps = sample_steps(rng, a, min(k, depth), tokens)  # the tree accepts at most `depth`
+    return RequestRecord(model="m", pool="eagle2", method="eagle2", k=k, task="code",
+                         temperature_bucket="t0", prompt_tokens=100, output_tokens=tokens,
+                         verify_steps=steps, accept_length=tokens / steps, load=0,
+                         ttft_s=0.02, itl_s=0.02, e2e_s=steps * 0.02, timestamp=1.0)
+
+
+def test_tree_accept_length_stops_at_its_depth() -> None:
+    depth = TREE_DEPTH["eagle2"]
+    assert method_accept_length(0.8, "eagle2", 12) == expected_accept_length(0.8, depth)
+    assert method_accept_length(0.8, "eagle2", 2) == expected_accept_length(0.8, 2)
+    assert method_accept_length(0.8, "eagle", 12) == expected_accept_length(0.8, 12)
+    assert draft_depth("medusa", 9, {"medusa": 7}) == 7
+
+
+def test_learner_inverts_tree_telemetry_at_the_trees_depth() -> None:
+    rng = np.random.default_rng(2)
+    store = LocalTelemetry(tau_s=1e6, clock=lambda: 1.0)
+    for i in range(300):
+        store.record(_tree_record(0.8, (2, 4, 8, 12)[i % 4], TREE_DEPTH["eagle2"], rng))
+    state = Learner().fit(store.snapshot())
+    a, _ = state.accept("m", "eagle2", "code", "t0")
+    assert a == pytest.approx(0.8, abs=0.03)  # the chain law at k would read ~0.6
+    assert state.depths["eagle2"] == TREE_DEPTH["eagle2"]
+    assert state.accept_length(a, "eagle2", 12) == pytest.approx(state.accept_length(a, "eagle2", 5))
+
+
+def test_learner_raises_a_tree_depth_that_telemetry_proves_deeper() -> None:
+    rng = np.random.default_rng(3)
+    store = LocalTelemetry(tau_s=1e6, clock=lambda: 1.0)
+    for _ in range(40):
+        store.record(_tree_record(0.99, 10, 9, rng))  # mean accept length ~9 > depth 5 + 1
+    assert Learner().fit(store.snapshot()).depths["eagle2"] >= 8

@@ -22,10 +22,10 @@ KEYS = ("adaptive_vs_oracle", "adaptive_vs_best_fixed", "adaptive_vs_sglang_ema"
         "flat_prior_vs_oracle")
 TOLERANCE = 0.02
 EXPECTED: dict[tuple[str, int], dict[str, float]] = {
-    ("sglang-pools", 0): {"adaptive_vs_oracle": 0.866, "adaptive_vs_best_fixed": 0.69,
-                          "adaptive_vs_sglang_ema": 0.71, "flat_prior_vs_oracle": 0.907},
-    ("embedded", 0): {"adaptive_vs_oracle": 0.562, "adaptive_vs_best_fixed": 0.605,
-                      "adaptive_vs_sglang_ema": 0.734, "flat_prior_vs_oracle": 0.671},
+    ("sglang-pools", 0): {"adaptive_vs_oracle": 0.844, "adaptive_vs_best_fixed": 0.673,
+                          "adaptive_vs_sglang_ema": 0.693, "flat_prior_vs_oracle": 0.892},
+    ("embedded", 0): {"adaptive_vs_oracle": 0.798, "adaptive_vs_best_fixed": 0.859,
+                      "adaptive_vs_sglang_ema": 1.041, "flat_prior_vs_oracle": 0.662},
 }
 
 
