@@ -12,7 +12,9 @@ pool out of service for the relaunch time, as the supervisor's drain-stop-launch
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from policies.acceptance import expected_accept_length
 from policies.policy import Policy, PolicyConfig
@@ -20,6 +22,9 @@ from policies.prior import WorkerPrior
 from policies.sim.calibration import draft_cost
 from policies.telemetry import LocalTelemetry
 from policies.types import PoolView, RequestProfile, RequestRecord
+
+if TYPE_CHECKING:
+    from policies.sim.world import World
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,12 +112,12 @@ class Oracle(SimRouter):
     oracle falls to ~0.7x the best fixed k on shared workers. `truth` (method, task, bucket, phase) -> a, when given,
     replaces the world with the i.i.d. chain law at that a (the policy's own model)."""
 
-    truth: object = None
+    truth: Callable[[str, str, str, int], float] | None = None
     base_step_s: float = 0.015
     phase_scale: tuple[float, ...] = ()
     trained: frozenset = frozenset()
     _fleet: object = None
-    _world: object = None
+    _world: World | None = None
 
     def attach(self, fleet, world) -> None:
         self._fleet, self._world = fleet, world
@@ -143,6 +148,8 @@ class Oracle(SimRouter):
             return 1.0
         if self.truth is not None:
             return expected_accept_length(self.truth(method, req.task, req.bucket, req.phase), k)
+        if self._world is None:
+            raise RuntimeError("attach(fleet, world) before routing")
         scale = self.phase_scale[req.phase] if method in self.trained else 1.0
         return self._world.expected_accept_length(method, req.task, req.bucket, k, scale)
 

@@ -93,7 +93,8 @@ def worker_priors(scenario: Scenario, world: World, model: str) -> dict[str, Wor
         lengths = {(t, b): world.expected_accept_length(spec.method, t, b, spec.k)
                    for t in TASKS for b in TEMPERATURE_BUCKETS}
         if spec.engine == "embedded":
-            per_class = {key: invert_accept_length(e, spec.k) for key, e in lengths.items()}
+            per_class: dict[tuple[str, str], float] = {
+                key: invert_accept_length(e, spec.k) for key, e in lengths.items()}
             out[spec.name] = WorkerPrior(keyed(model, spec.method, per_class),
                                          draft_cost(spec.method), "simulated engine bench")
         else:
