@@ -65,6 +65,9 @@ class PolicyState:
     measured_k: dict[str, int] = field(default_factory=dict)
     # tree drafters' accepted depth: the table's, raised where telemetry proves deeper
     depths: dict[str, int] = field(default_factory=lambda: dict(TREE_DEPTH))
+    # tokens per verify step of the requests each pool served (every k, plain included):
+    # what the rest of a batch emits per step, for the policy's batch-gain choice of k
+    pool_accept_length: dict[str, float] = field(default_factory=dict)
 
     def accept(self, model: str, method: str, task: str, bucket: str) -> tuple[float, float]:
         """(blended a, request count) for a context; the prior when unseen."""
@@ -104,7 +107,8 @@ class Learner:
         incumbent, traffic = self._traffic(contexts)
         self._version += 1
         return PolicyState(self._version, acceptance, prior, costs, fleet_cost, incumbent,
-                           traffic, default, self._measured_k(contexts), depths)
+                           traffic, default, self._measured_k(contexts), depths,
+                           self._pool_accept_length(contexts))
 
     def _depths(self, contexts: list[tuple[ContextKey, ContextStats]]) -> dict[str, int]:
         """TREE_DEPTH, raised per method where a context's mean accept length (with
@@ -115,6 +119,16 @@ class Learner:
                 seen = observed_depth(ctx.method, ctx.k, stats.accept_length)
                 depths[ctx.method] = max(depths[ctx.method], seen)
         return depths
+
+    @staticmethod
+    def _pool_accept_length(contexts: list[tuple[ContextKey, ContextStats]]
+                            ) -> dict[str, float]:
+        sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        for ctx, stats in contexts:
+            if stats.steps > 0:
+                sums[ctx.pool][0] += stats.tokens
+                sums[ctx.pool][1] += stats.steps
+        return {pool: tokens / steps for pool, (tokens, steps) in sums.items()}
 
     def _measured_k(self, contexts: list[tuple[ContextKey, ContextStats]]) -> dict[str, int]:
         per_k: dict[tuple[str, int], float] = defaultdict(float)

@@ -5,6 +5,14 @@ gateway offers (E from arXiv 2211.17192; `a` and step time from the learner's la
 `PolicyState`). It only reads in-process state — a few dict lookups per pool, memoised
 per (pool, context, load) until the next refit — so it stays in the tens of microseconds.
 
+On a per-request-k pool the k is then chosen by the batch gain, not by the request's own
+tokens/s: what the worker's whole batch emits per second with this request at k, less
+with it at k = 0 (SmartSpec, arXiv 2406.14066, chooses k by goodput the same way). A
+request's own step time hardly feels its own k on a busy worker, but every request
+batched with it pays for its drafts; pools are still ranked by the request's own
+tokens/s at its own best k, so pools whose cost fits saw different batch-mates compare
+on one footing.
+
 Around the greedy choice:
 - hysteresis: keep the fleet's incumbent (pool, k) for this context unless a challenger
   is predicted better by `hysteresis`; the incumbent comes from shared telemetry, so
@@ -38,6 +46,7 @@ Around the greedy choice:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import random
@@ -46,6 +55,7 @@ from dataclasses import dataclass
 
 from policies.acceptance import A_MAX, acceptance_std
 from policies.aggregates import DECAY_TAU_S
+from policies.cost import StepCost
 from policies.learner import Learner, LearnerConfig, PolicyState
 from policies.prior import WorkerPrior, merge
 from policies.telemetry import Telemetry
@@ -69,6 +79,9 @@ class PolicyConfig:
     relaunch_min_samples: float = 20.0  # requests behind a context's acceptance
     cold_start_samples: float = 0.0  # tries per (pool, context) before trusting the prior
     k_trust_margin: int | None = 2  # k search limit above the largest measured k (None: off)
+    # k per request by what it adds to its worker's batch (`batch_gain`), not by its own
+    # tokens/s; off only for a world without co-batching (each request its own step)
+    batch_aware_k: bool = True
     seed: int = 0
     # Time constant of the telemetry's exponential decay: the gateway's store and the
     # simulator's both use it (the drift view decays 5x faster; docs/POLICY.md).
@@ -85,6 +98,9 @@ class Option:
     accept_length: float
     tokens_per_s: float
     plain_tokens_per_s: float  # this pool at k = 0 (for the speedup line)
+    # what pools are ranked by: the request's own tokens/s at the pool's best k for it
+    # (equal to tokens_per_s unless the batch gain chose a smaller k, see `batch_gain`)
+    pool_score: float = 0.0
 
     @property
     def is_plain(self) -> bool:
@@ -97,7 +113,21 @@ def make_option(state: PolicyState, pool: PoolView, k: int, a: float, samples: f
     accept length capped at their depth, policies/acceptance.py)."""
     cost = state.cost(pool.name)
     e = state.accept_length(a, pool.method, k) if k > 0 else 1.0
-    return Option(pool, k, a, samples, e, e / cost.step_s(k, load), 1.0 / cost.step_s(0, load))
+    tps = e / cost.step_s(k, load)
+    return Option(pool, k, a, samples, e, tps, 1.0 / cost.step_s(0, load), tps)
+
+
+def batch_gain(option: Option, cost: StepCost, load: float, others_length: float) -> float:
+    """Tokens/s the request's worker emits with this option, less what it would emit with
+    the request at k = 0 (SmartSpec's goodput view, arXiv 2406.14066). With `load`
+    requests in the batch (this one included) the others emit `others_length` tokens per
+    step each; the cost model's per-token term is what one more draft token adds to the
+    step, which every request in the batch pays. A request's own tokens/s hardly feels
+    its own k on a busy worker, so maximising it picks large k that slow the whole batch
+    (docs/POLICY.md, co-batching)."""
+    rest = max(load - 1.0, 0.0) * others_length
+    return ((rest + option.accept_length) / cost.step_s(option.k, load)
+            - (rest + 1.0) / cost.step_s(0, load))
 
 
 # Per-worker loads are memoised on a geometric grid (~7% apart) up to 512 per worker.
@@ -203,15 +233,16 @@ class Policy:
             if option is None:
                 option = cache[key] = self._evaluate(
                     state, pool, model, task, bucket, LOAD_SLOTS[slot],
-                    top_k=trusted_top_k(pool, state, self.config.k_trust_margin))
+                    top_k=trusted_top_k(pool, state, self.config.k_trust_margin),
+                    batch_aware=self.config.batch_aware_k)
             options.append(option)
         if not options:
             raise ValueError("no healthy pool to decide between")
-        options.sort(key=lambda o: (-o.tokens_per_s, o.pool.name))
+        options.sort(key=lambda o: (-o.pool_score, o.pool.name))
         chosen = self._with_hysteresis(state, options, (model, task, bucket))
         plain = [o for o in options if o.is_plain]
         plain_tps = plain[0].tokens_per_s if plain else chosen.plain_tokens_per_s
-        if not chosen.is_plain and chosen.tokens_per_s < plain_tps and plain:
+        if not chosen.is_plain and chosen.pool_score < plain_tps and plain:
             chosen = plain[0]
         return options, chosen, plain_tps
 
@@ -232,17 +263,22 @@ class Policy:
     # -- helpers for decide --------------------------------------------------------------
     @staticmethod
     def _evaluate(state: PolicyState, pool: PoolView, model: str, task: str, bucket: str,
-                  load: float, accept: float | None = None, top_k: int | None = None
-                  ) -> Option:
+                  load: float, accept: float | None = None, top_k: int | None = None,
+                  batch_aware: bool = True) -> Option:
+        """The pool at the k with the largest batch gain; scored (`pool_score`) by the
+        request's own tokens/s at its own best k, so that pools compare on the same
+        footing whatever their cost fits say about batch-mates."""
         a, n = state.accept(model, pool.method, task, bucket)
         if accept is not None:
             a = accept
-        best = None
-        for k in candidate_ks(pool, top_k):
-            option = make_option(state, pool, k, a, n, load)
-            if best is None or option.tokens_per_s > best.tokens_per_s + 1e-12:
-                best = option
-        return best  # type: ignore[return-value]  # candidate_ks is never empty
+        options = [make_option(state, pool, k, a, n, load) for k in candidate_ks(pool, top_k)]
+        own = max(options, key=lambda o: o.tokens_per_s)
+        if len(options) == 1 or not batch_aware:
+            return own
+        cost = state.cost(pool.name)
+        others = state.pool_accept_length.get(pool.name, own.accept_length)
+        best = max(options, key=lambda o: batch_gain(o, cost, load, others))
+        return dataclasses.replace(best, pool_score=own.tokens_per_s)
 
     def _with_hysteresis(self, state: PolicyState, options: list[Option],
                          context: tuple[str, str, str]) -> Option:
@@ -252,7 +288,7 @@ class Policy:
             return best
         for option in options:
             if option.pool.name == incumbent[0]:
-                if best.tokens_per_s < option.tokens_per_s * (1 + self.config.hysteresis):
+                if best.pool_score < option.pool_score * (1 + self.config.hysteresis):
                     return option
                 break
         return best
@@ -295,7 +331,7 @@ class Policy:
                     loads: dict[str, float], model: str, task: str, bucket: str
                     ) -> Option | None:
         """The option whose optimistic tokens/s beats the pick by the most, if any."""
-        best, best_tps = None, chosen.tokens_per_s
+        best, best_tps = None, chosen.pool_score
         for option in options:
             if option.pool.name == chosen.pool.name or option.pool.method == "plain":
                 continue
@@ -305,9 +341,10 @@ class Policy:
             load = loads[option.pool.name]
             hopeful = self._evaluate(
                 state, option.pool, model, task, bucket, load, upper,
-                top_k=trusted_top_k(option.pool, state, self.config.k_trust_margin))
-            if hopeful.tokens_per_s > best_tps and hopeful.k > 0:
-                best, best_tps = (option, hopeful, load), hopeful.tokens_per_s
+                top_k=trusted_top_k(option.pool, state, self.config.k_trust_margin),
+                batch_aware=self.config.batch_aware_k)
+            if hopeful.pool_score > best_tps and hopeful.k > 0:
+                best, best_tps = (option, hopeful, load), hopeful.pool_score
         if best is None:
             return None
         option, hopeful, load = best  # predict with the estimate, not the optimistic a
@@ -315,10 +352,10 @@ class Policy:
 
     def _nearby_k(self, chosen: Option, state: PolicyState, loads: dict[str, float]
                   ) -> Option | None:
-        """A k a little off the pick on a per-request-k pool: the cost model only learns how
-        step time grows with k at this load if k varies."""
+        """A k a little off the pick on a per-request-k pool (1 or 2 from k = 0): the cost
+        model only learns how step time grows with k at this load if k varies."""
         pool = chosen.pool
-        if not pool.per_request_k or pool.method == "plain" or chosen.k == 0:
+        if not pool.per_request_k or pool.method == "plain":
             return None
         top = trusted_top_k(pool, state, self.config.k_trust_margin)
         k = min(max(chosen.k + self._rng.choice((-2, -1, 1, 2)), 1), pool.max_k,
@@ -330,7 +367,7 @@ class Policy:
     @staticmethod
     def _fallbacks(options: list[Option], chosen: Option) -> tuple[str, ...]:
         rest = [o for o in options if o.pool.name != chosen.pool.name]
-        rest.sort(key=lambda o: (o.pool.method == "plain", -o.tokens_per_s))
+        rest.sort(key=lambda o: (o.pool.method == "plain", -o.pool_score))
         return tuple(o.pool.name for o in rest)
 
     @staticmethod

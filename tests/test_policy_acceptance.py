@@ -14,10 +14,11 @@ from policies.acceptance import (
     method_accept_length,
 )
 from policies.cost import StepSample, fit_step_cost, generic_trend
-from policies.learner import Learner
+from policies.learner import Learner, PolicyState
+from policies.policy import Policy
 from policies.sim.simulator import sample_steps
 from policies.telemetry import LocalTelemetry
-from policies.types import RequestRecord
+from policies.types import PoolView, RequestRecord
 
 
 @pytest.mark.parametrize("a", [0.05, 0.3, 0.6, 0.8, 0.95])
@@ -104,3 +105,23 @@ def test_learner_raises_a_tree_depth_that_telemetry_proves_deeper() -> None:
     for _ in range(40):
         store.record(_tree_record(0.99, 10, 9, rng))  # mean accept length ~9 > depth 5 + 1
     assert Learner().fit(store.snapshot()).depths["eagle2"] >= 8
+
+
+def _state_with_cost(per_token: float, others: float) -> PolicyState:
+    from policies.cost import StepCost
+
+    cost = StepCost((1.0, 64.0), (0.02, 0.02), (per_token, per_token))
+    return PolicyState(acceptance={("m", "eagle", "code", "t0"): (0.8, 100.0)},
+                       costs={"p": cost}, pool_accept_length={"p": 3.0})
+
+
+def test_a_busy_worker_gets_a_smaller_k_than_an_idle_one() -> None:
+    """The batch gain counts the slowdown a request's drafts impose on its batch-mates:
+    alone on a worker it takes the k that is best for itself; among 16 it drafts less."""
+    pool = PoolView("p", "embedded", "eagle", 4, True, 1, 0, 12)
+    state = _state_with_cost(0.001, 3.0)
+    alone = Policy._evaluate(state, pool, "m", "code", "t0", 1.0)
+    busy = Policy._evaluate(state, pool, "m", "code", "t0", 16.0)
+    selfish = Policy._evaluate(state, pool, "m", "code", "t0", 16.0, batch_aware=False)
+    assert alone.k == selfish.k > busy.k
+    assert busy.pool_score == selfish.tokens_per_s  # pools are still ranked on one footing

@@ -111,7 +111,9 @@ def _ratio_tail(drift: bool) -> float:
         scale = config.phases[phase].drafter_scale if method != "ngram" else 1.0
         return true_accept(method, task, bucket) * scale
 
-    learned = Learned("adaptive", SHARED_FLEET, PolicyConfig(seed=3))
+    # the ideal world steps each request at its own k (no co-batching): the request's own
+    # tokens/s is the right objective there, so the batch-gain choice of k is off
+    learned = Learned("adaptive", SHARED_FLEET, PolicyConfig(seed=3, batch_aware_k=False))
     for pool in SHARED_FLEET:  # what each pool's workers measured before serving (bench)
         if pool.method != "plain":
             measured = {(task, bucket): true_accept(pool.method, task, bucket)
