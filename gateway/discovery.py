@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from gateway.periodic import Periodic
 from gateway.pools import Pool, Worker
 from workers.registry import WorkerInfo, draining_key, pool_workers_key, worker_key
 
@@ -39,7 +40,7 @@ class RegistryDiscovery:
         timeout = max(0.2, min(1.0, interval_s / 2))
         self.client = aioredis.Redis.from_url(redis_url, socket_timeout=timeout,
                                               socket_connect_timeout=timeout)
-        self._task: asyncio.Task | None = None
+        self._loop = Periodic("specroute-discovery", self.sync, interval_s)
         self._failing = False
         self._warned: set[str] = set()
         self.syncs = 0  # successful reads, for /ready and tests
@@ -101,19 +102,9 @@ class RegistryDiscovery:
                     if info.model == pool.config.model:
                         self.on_entry(pool, info)
 
-    async def _run(self) -> None:
-        while True:
-            await self.sync()
-            await asyncio.sleep(self.interval_s)
-
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="specroute-discovery")
+        self._loop.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await self._loop.stop()
         await self.client.aclose()

@@ -16,6 +16,7 @@ import logging
 import aiohttp
 
 from gateway.config import ServerConfig
+from gateway.periodic import Periodic
 from gateway.pools import Pool, Worker
 
 log = logging.getLogger("specroute.gateway")
@@ -50,7 +51,7 @@ class HealthMonitor:
         self.session = session
         self.server = server
         self.timeout = aiohttp.ClientTimeout(total=max(1.0, server.health_interval_s))
-        self._task: asyncio.Task | None = None
+        self._loop = Periodic("specroute-health", self.probe_all, server.health_interval_s)
 
     async def _get_ok(self, url: str) -> bool:
         try:
@@ -73,19 +74,9 @@ class HealthMonitor:
         await asyncio.gather(*(self.probe(pool, worker) for pool in self.pools.values()
                                for worker in list(pool.workers)))
 
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.server.health_interval_s)
-            await self.probe_all()
-
     async def start(self) -> None:
         await self.probe_all()
-        self._task = asyncio.create_task(self._run(), name="specroute-health")
+        self._loop.start(wait_first=True)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await self._loop.stop()

@@ -23,6 +23,7 @@ from collections.abc import Callable
 import aiohttp
 
 from gateway.adapters.sglang import prior_from_server_info
+from gateway.periodic import Periodic
 from gateway.pools import Pool
 from policies.prior import Measured, MeasuredError, WorkerPrior
 from workers.registry import WorkerInfo
@@ -41,7 +42,7 @@ class WorkerPriors:
         self.interval_s = interval_s
         self.timeout = aiohttp.ClientTimeout(total=max(1.0, interval_s))
         self.sources: dict[str, str] = {}  # pool -> where its prior came from
-        self._task: asyncio.Task | None = None
+        self._loop = Periodic("specroute-worker-priors", self.probe_missing, interval_s)
 
     def _give(self, pool: Pool, prior: WorkerPrior | None, where: str) -> bool:
         if prior is None or not prior.acceptance:
@@ -88,18 +89,8 @@ class WorkerPriors:
         self._give(pool, WorkerPrior.from_measured(pool.config.model, pool.config.method,
                                                    measured), f"registry entry of {info.url}")
 
-    async def _run(self) -> None:
-        while True:
-            await self.probe_missing()
-            await asyncio.sleep(self.interval_s)
-
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="specroute-worker-priors")
+        self._loop.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await self._loop.stop()
