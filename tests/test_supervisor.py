@@ -44,6 +44,17 @@ def reported_k(base_url: str) -> int:
     raise AssertionError(f"/server_info reports no k: {info}")
 
 
+def wait_in_flight(base_url: str, timeout: float = 30.0) -> None:
+    """Until the worker's /server_info counts a running request (not a fixed sleep)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = httpx.get(f"{base_url}/server_info", timeout=5).json()
+        if any(s.get("num_running_reqs", 0) >= 1 for s in info.get("internal_states", [])):
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"no request in flight at {base_url} after {timeout} s")
+
+
 def pid_gone(pid: int, timeout: float = 10.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -122,7 +133,7 @@ def test_desired_k_change_drains_then_relaunches(make_supervisor, redis_url: str
 
     thread = threading.Thread(target=long_request)
     thread.start()
-    time.sleep(0.2)  # the request is in flight
+    wait_in_flight(sup.settings.url)
     client.set(desired_k_key("eagle"), "5")
     assert sup.poll_once() == "relaunched"
     thread.join(10)
@@ -220,7 +231,7 @@ def test_relaunches_a_real_embedded_worker_on_a_k_change(redis_url: str, tmp_pat
 
         thread = threading.Thread(target=generate)
         thread.start()
-        time.sleep(0.3)
+        wait_in_flight(settings.url)
         client.set(desired_k_key("ngram"), "5")
         assert sup.poll_once() == "relaunched"
         thread.join(60)
