@@ -2,7 +2,7 @@
 
     python -m workers.embedded.training.train_smollm2_drafters [--steps N] [--corpus-docs D]
     python -m workers.embedded.training.train_smollm2_drafters --resume [--steps N]
-    python -m workers.embedded.training.train_smollm2_drafters --export  # best.pt -> weights/
+    python -m workers.embedded.training.train_smollm2_drafters --export [--checkpoint last]
 
 Data: the self-distillation shards of `distill_data` (prompt + the target's own response,
 greedy and T=0.8), plus, with --corpus-docs D, D teacher-forced documents of the bundled
@@ -258,9 +258,11 @@ def train(cfg: SmolDrafterConfig, model_dir: Path, shards: list[Path], workdir: 
     return summary
 
 
-def export(workdir: Path, out: Path) -> dict:
-    """Ship `workdir/best.pt` (else ckpt.pt) as out/eagle, out/medusa, out/drafters.json."""
-    ckpt = workdir / "best.pt" if (workdir / "best.pt").exists() else workdir / "ckpt.pt"
+def export(workdir: Path, out: Path, checkpoint: str = "best") -> dict:
+    """Ship `workdir/best.pt` (else ckpt.pt), or with checkpoint="last" ckpt.pt, as
+    out/eagle, out/medusa and out/drafters.json."""
+    best = workdir / "best.pt"
+    ckpt = best if checkpoint == "best" and best.exists() else workdir / "ckpt.pt"
     state = torch.load(ckpt, weights_only=False)
     raw = json.loads((workdir / "run.json").read_text())
     cfg = SmolDrafterConfig(**raw["train_config"])
@@ -299,11 +301,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--features", type=Path, default=Path("runs/smollm2-features"),
                    help="per-shard target features, shared between runs")
     p.add_argument("--resume", action="store_true", help="continue from workdir/ckpt.pt")
-    p.add_argument("--export", action="store_true", help="ship workdir's best checkpoint and exit")
+    p.add_argument("--export", action="store_true", help="ship a checkpoint of workdir and exit")
+    p.add_argument("--checkpoint", choices=("best", "last"), default="best",
+                   help="--export: best held-out EAGLE agreement, or the last step")
     p.add_argument("--out", type=Path, default=SHIPPED_DIR)
     args = p.parse_args(argv)
     if args.export:
-        print(json.dumps(export(args.workdir, args.out)["parameters"]))
+        print(json.dumps(export(args.workdir, args.out, args.checkpoint)["parameters"]))
         return 0
     model_dir = args.model
     if model_dir is None:

@@ -1,0 +1,86 @@
+"""SmolLM2's shipped drafters: found for the cached base, lossless with the real weights.
+
+EAGLE (chain), EAGLE-2 (dynamic tree) and Medusa draft over a reduced vocabulary of the
+8,192 most frequent tokens; greedy output must still equal plain greedy output token for
+token, because the target verifies every draft over the full vocabulary.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from policies.fleet import SMOLLM2_MODEL_NAME, drafter_dir_for, weights_dir
+from workers.embedded.chat_template import apply_chat_template
+from workers.embedded.drafter_models import MedusaConfig, MedusaHeads, load_drafter, save_drafter
+from workers.embedded.engine import BUNDLED_MODEL_DIR, Engine, SamplingParams
+from workers.embedded.fetch_model import ensure_smollm2
+
+NEW_TOKENS = 16
+QUESTIONS = (
+    "Write a Python function that checks whether a string is a palindrome.",
+    "What is the difference between a list and a tuple in Python?",
+)
+
+
+def test_drafters_are_found_for_the_cached_base_and_the_bundled_model(tmp_path: Path) -> None:
+    assert drafter_dir_for(ensure_smollm2()) == weights_dir(SMOLLM2_MODEL_NAME)
+    assert drafter_dir_for(BUNDLED_MODEL_DIR) == BUNDLED_MODEL_DIR
+    assert drafter_dir_for(tmp_path / "some-other-model") is None
+
+
+def test_draft_vocabulary_is_saved_exactly_and_masks_the_rest(tmp_path: Path) -> None:
+    heads = MedusaHeads(MedusaConfig(hidden_size=8, num_heads=2, vocab_size=50, draft_vocab_size=5))
+    assert heads.vocabulary is not None
+    heads.vocabulary.draft_vocab.copy_(torch.tensor([3, 7, 11, 40, 49]))
+    save_drafter(heads, "medusa", tmp_path)
+    loaded = load_drafter(tmp_path, dtype=torch.float32)
+    assert isinstance(loaded, MedusaHeads) and loaded.vocabulary is not None
+    assert loaded.vocabulary.draft_vocab.tolist() == [3, 7, 11, 40, 49]
+    logits = loaded.vocabulary(torch.randn(4, 8))  # (4, V)
+    assert logits.shape == (4, 50)
+    outside = torch.ones(50, dtype=torch.bool)
+    outside[[3, 7, 11, 40, 49]] = False
+    assert torch.isneginf(logits[:, outside]).all() and torch.isfinite(logits[:, ~outside]).all()
+
+
+@pytest.fixture(scope="module")
+def engine() -> Engine:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield Engine(ensure_smollm2(), dtype=torch.float32)
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def prompts(engine: Engine) -> list[list[int]]:
+    template = (ensure_smollm2() / "chat_template.jinja").read_text()
+    return [engine.tokenizer.encode(apply_chat_template(template, [{"role": "user", "content": q}]))
+            for q in QUESTIONS]
+
+
+def _greedy(engine: Engine, prompt: list[int], method: str) -> tuple[list[int], int]:
+    gen = engine.start(prompt, SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True), method)
+    while not gen.finished:
+        gen.step()
+    return gen.output_ids, gen.stats.verify_steps
+
+
+@pytest.fixture(scope="module")
+def plain(engine: Engine, prompts: list[list[int]]) -> list[list[int]]:
+    return [_greedy(engine, p, "plain")[0] for p in prompts]
+
+
+@pytest.mark.parametrize("method", ("eagle", "eagle2", "medusa"))
+def test_greedy_output_equals_plain_greedy(engine: Engine, prompts: list[list[int]],
+                                           plain: list[list[int]], method: str) -> None:
+    assert method in engine.methods
+    steps = 0
+    for prompt, expected in zip(prompts, plain, strict=True):
+        assert len(expected) == NEW_TOKENS
+        output, verify_steps = _greedy(engine, prompt, method)
+        assert output == expected, method
+        steps += verify_steps
+    assert steps < len(prompts) * (NEW_TOKENS - 1), f"{method} never accepted a draft token"
