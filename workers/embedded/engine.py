@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from policies.fleet import BUNDLED_MODEL_DIR
 from workers.embedded.api import (
     DecodeRequest,
     EngineInputError,
@@ -34,9 +35,6 @@ from workers.embedded.speculative import DecodeState, Draft, Sampler
 from workers.embedded.speculative.methods import Method, builtin_methods, load_methods
 from workers.embedded.speculative.verify import VerifyStep
 from workers.embedded.tokenizer import TextTokenizer
-
-BUNDLED_MODEL_DIR = Path(__file__).resolve().parent / "weights" / "specroute-tiny"
-
 
 __all__ = [
     "BUNDLED_MODEL_DIR",

@@ -16,7 +16,7 @@ from typing import TypeVar
 
 import torch
 
-from policies.fleet import drafter_dir_for
+from policies.fleet import DEFAULT_K, drafter_dir_for
 from workers.embedded.drafter_models import EagleHead, MedusaHeads, load_drafter
 from workers.embedded.model import LlamaForCausalLM, load_model
 from workers.embedded.speculative.draft import Drafter
@@ -40,8 +40,8 @@ class Method:
 def builtin_methods() -> dict[str, Method]:
     return {
         "plain": Method("plain", NoDraft, 0),
-        "ngram": Method("ngram", NgramDrafter, 8),
-        "lookahead": Method("lookahead", LookaheadDrafter, 12),
+        "ngram": Method("ngram", NgramDrafter, DEFAULT_K["ngram"]),
+        "lookahead": Method("lookahead", LookaheadDrafter, DEFAULT_K["lookahead"]),
     }
 
 
@@ -56,15 +56,19 @@ def load_methods(model_dir: Path | None, model: LlamaForCausalLM) -> dict[str, M
     weight = model.lm_head.weight
     if (folder / "medusa" / "config.json").exists():
         heads = _load(folder / "medusa", MedusaHeads, weight)
-        methods["medusa"] = Method("medusa", lambda: MedusaDrafter(model, heads), 6)
+        methods["medusa"] = Method("medusa", lambda: MedusaDrafter(model, heads),
+                                   DEFAULT_K["medusa"])
     if (folder / "eagle" / "config.json").exists():
         head = _load(folder / "eagle", EagleHead, weight)
-        methods["eagle"] = Method("eagle", lambda: EagleChainDrafter(model, head), 5)
-        methods["eagle2"] = Method("eagle2", lambda: EagleTreeDrafter(model, head), 8)
+        methods["eagle"] = Method("eagle", lambda: EagleChainDrafter(model, head),
+                                  DEFAULT_K["eagle"])
+        methods["eagle2"] = Method("eagle2", lambda: EagleTreeDrafter(model, head),
+                                   DEFAULT_K["eagle2"])
     if (folder / "draft" / "config.json").exists():
         draft = load_model(folder / "draft", dtype=weight.dtype, device=weight.device)
         length = model.config.max_position_embeddings
-        methods["draft"] = Method("draft", lambda: DraftModelDrafter(draft, length), 4)
+        methods["draft"] = Method("draft", lambda: DraftModelDrafter(draft, length),
+                                  DEFAULT_K["draft"])
     return methods
 
 
