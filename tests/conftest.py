@@ -104,3 +104,15 @@ def redis_url(redis_server: str) -> Iterator[str]:
     client.flushall()
     client.close()
     yield redis_server
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Engine tests run torch on one thread: their tensors are tiny, and intra-op threads
+    only add barrier waits (milliseconds on a busy two-core box)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -30,12 +30,7 @@ MIXED = [("plain", 0), ("ngram", 4), ("lookahead", None), ("medusa", 6), ("eagle
          ("eagle2", 8), ("draft", 1), ("ngram", 16)]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -21,12 +21,7 @@ def smollm2_dir() -> Path:
     return ensure_smollm2()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_unpermute_inverts_the_converter_permutation() -> None:
