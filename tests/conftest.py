@@ -116,3 +116,18 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine():
+    """One SmolLM2 engine (fetched and converted on first use, with its shipped drafters)
+    for every SmolLM2 engine test, on one torch thread."""
+    import torch
+
+    from workers.embedded.engine import Engine
+    from workers.embedded.fetch_model import ensure_smollm2
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield Engine(ensure_smollm2(), dtype=torch.float32)
+    torch.set_num_threads(before)

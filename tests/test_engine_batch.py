@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 import torch
-from scipy.stats import chisquare
+from stats import assert_follows
 from tiny_models import half_agreeing_drafters_dir
 
 from workers.embedded.engine import Engine, Generation, SamplingParams, StepOutput
@@ -203,19 +203,6 @@ def test_rollback_and_keep_in_a_batch_match_fresh_runs(engine: Engine) -> None:
     assert caches[0].capacity == 128
 
 
-def _assert_follows(counts: Counter[int], p: torch.Tensor) -> None:
-    """Chi-square goodness of fit; tokens with small expected counts pooled."""
-    total = sum(counts.values())
-    expected = (p.double() / p.double().sum() * total).tolist()
-    big = [t for t in range(len(expected)) if expected[t] >= 20]
-    observed = [counts[t] for t in big] + [total - sum(counts[t] for t in big)]
-    wanted = [expected[t] for t in big] + [total - sum(expected[t] for t in big)]
-    if wanted[-1] < 1:
-        assert observed.pop() == 0
-        wanted.pop()
-        wanted[-1] += total - sum(wanted)
-    assert chisquare(observed, wanted).pvalue > 1e-3, (observed, wanted)
-
 
 @torch.inference_mode()
 def test_first_token_follows_the_target_when_drafts_share_a_forward(engine: Engine) -> None:
@@ -247,4 +234,4 @@ def test_first_token_follows_the_target_when_drafts_share_a_forward(engine: Engi
             counts[i][result.tokens[0]] += 1
             caches[i].rollback(len(prompts[i]))
     for i in range(3):
-        _assert_follows(counts[i], ps[i])
+        assert_follows(counts[i], ps[i])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from scipy.stats import chisquare
+from stats import assert_follows
 from tiny_models import half_agreeing_drafters_dir, tiny_eagle_config
 
 from workers.embedded.drafter_models import (
@@ -103,19 +103,6 @@ def _prefill_state(
     return state, model(torch.tensor([[*prompt, root]])).logits[0, -1]
 
 
-def _assert_follows(counts: Counter[int], p: torch.Tensor) -> None:
-    """Chi-square goodness of fit; tokens with small expected counts pooled."""
-    total = sum(counts.values())
-    expected = (p.double() / p.double().sum() * total).tolist()
-    big = [t for t in range(V) if expected[t] >= 20]
-    observed = [counts[t] for t in big] + [total - sum(counts[t] for t in big)]
-    wanted = [expected[t] for t in big] + [total - sum(expected[t] for t in big)]
-    if wanted[-1] < 1:
-        assert observed.pop() == 0
-        wanted.pop()
-        wanted[-1] += total - sum(wanted)
-    assert chisquare(observed, wanted).pvalue > 1e-3, (observed, wanted)
-
 
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize(
@@ -144,7 +131,7 @@ def test_first_drafted_token_follows_the_target(
     assert accepted < TRIALS
     if draft.q is not None or "top_k" not in sampler_args:  # fixed random trees may all
         assert accepted > 0  # fall outside a narrow nucleus; sampled chains overlap p
-    _assert_follows(counts, sampler.probs(root_logits))
+    assert_follows(counts, sampler.probs(root_logits))
 
 
 def _decode(

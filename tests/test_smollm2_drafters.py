@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from smollm2_prompts import chat_prompts
 
 from policies.fleet import SMOLLM2_MODEL_NAME, drafter_dir_for, weights_dir
-from workers.embedded.chat_template import apply_chat_template
 from workers.embedded.drafter_models import MedusaConfig, MedusaHeads, load_drafter, save_drafter
 from workers.embedded.engine import BUNDLED_MODEL_DIR, Engine, SamplingParams
 from workers.embedded.fetch_model import ensure_smollm2
@@ -47,18 +47,13 @@ def test_draft_vocabulary_is_saved_exactly_and_masks_the_rest(tmp_path: Path) ->
 
 
 @pytest.fixture(scope="module")
-def engine() -> Engine:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield Engine(ensure_smollm2(), dtype=torch.float32)
-    torch.set_num_threads(before)
+def engine(smollm2_engine: Engine) -> Engine:
+    return smollm2_engine
 
 
 @pytest.fixture(scope="module")
 def prompts(engine: Engine) -> list[list[int]]:
-    template = (ensure_smollm2() / "chat_template.jinja").read_text()
-    return [engine.tokenizer.encode(apply_chat_template(template, [{"role": "user", "content": q}]))
-            for q in QUESTIONS]
+    return chat_prompts(engine, QUESTIONS)
 
 
 def _greedy(engine: Engine, prompt: list[int], method: str) -> tuple[list[int], int]:

@@ -3,14 +3,10 @@ lookahead) give plain greedy output token for token, for several k."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-import torch
+from smollm2_prompts import chat_prompts
 
-from workers.embedded.chat_template import apply_chat_template
 from workers.embedded.engine import Engine, SamplingParams
-from workers.embedded.fetch_model import ensure_smollm2
 
 NEW_TOKENS = 16
 QUESTIONS = (
@@ -21,19 +17,13 @@ QUESTIONS = (
 
 
 @pytest.fixture(scope="module")
-def engine() -> Engine:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield Engine(ensure_smollm2(), dtype=torch.float32)
-    torch.set_num_threads(before)
+def engine(smollm2_engine: Engine) -> Engine:
+    return smollm2_engine
 
 
 @pytest.fixture(scope="module")
 def prompts(engine: Engine) -> list[list[int]]:
-    folder: Path = ensure_smollm2()
-    template = (folder / "chat_template.jinja").read_text()
-    return [engine.tokenizer.encode(apply_chat_template(template, [{"role": "user", "content": q}]))
-            for q in QUESTIONS]
+    return chat_prompts(engine, QUESTIONS)
 
 
 def _greedy(engine: Engine, prompt: list[int], method: str = "plain", k: int | None = None) -> list[int]:
