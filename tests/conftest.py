@@ -16,6 +16,14 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def short_id(value: object) -> str | None:
+    """A short test id for a long parameter: pytest before 9.2 puts the whole text of a
+    parameter in the test id (a 5 MB body gives a 5 MB id)."""
+    if isinstance(value, str | bytes) and len(value) > 60:
+        return f"{type(value).__name__}-{len(value)}"
+    return None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -39,7 +47,10 @@ def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = N
 
 def start_process(args: list[str], log_path: Path, env: dict | None = None) -> subprocess.Popen:
     """Start a child Python process with the repo on its path, logging to log_path."""
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    # Not PYTEST_CURRENT_TEST: it holds the test's id, which can be long enough for exec
+    # to refuse the whole environment (E2BIG).
+    full_env = {**{k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"},
+                "PYTHONPATH": str(ROOT), **(env or {})}
     log = open(log_path, "wb")  # noqa: SIM115 - closed with the process by stop_process
     proc = subprocess.Popen([sys.executable, *args], stdout=log, stderr=subprocess.STDOUT,
                             env=full_env, cwd=ROOT)

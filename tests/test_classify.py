@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from conftest import short_id
 
 from gateway.classifier.classify import classify
 from gateway.errors import InvalidRequest
@@ -284,7 +285,7 @@ def test_malformed_bodies_never_reach_the_classifier(body: dict) -> None:
     "write " + "a" * 8000 + " function",
     "respond " * 1500 + "in json",
     "x;\n" * 3000,
-])
+], ids=short_id)
 def test_pathological_prompts_stay_fast(text: str) -> None:
     chat("warm up")
     start = time.perf_counter()

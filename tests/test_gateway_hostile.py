@@ -16,7 +16,7 @@ import httpx
 import orjson
 import pytest
 import yaml
-from conftest import free_port, start_process, stop_process, wait_http
+from conftest import free_port, short_id, start_process, stop_process, wait_http
 from gateway_harness import start_stub
 
 from gateway.app import is_loopback
@@ -115,7 +115,7 @@ MESSAGES_10K = orjson.dumps({"model": "m1", "messages": [
     (completions(prompt="a" * 1_000_000), 400, None, None),
     # past the body limit
     (completions(prompt="a" * 5_000_000), 413, "request_too_large", None),
-])
+], ids=short_id)
 def test_hostile_bodies_get_clear_4xx(gateway: dict, raw: bytes, status: int,
                                       code: str | None, param: str | None) -> None:
     assert_openai_error(post(gateway, raw), status, code, param)

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import free_port, start_process, stop_process, wait_http
+from tests.conftest import free_port, short_id, start_process, stop_process, wait_http
 
 TEXT = [
     "def add(a, b):\n    return a + b\n",
@@ -131,7 +131,7 @@ def test_per_request_k_and_method_via_custom_params(worker: str) -> None:
                                                    {"num_speculative_tokens": 999}}}), ""),
     (json.dumps({"input_ids": [1] * (CONTEXT + 10)}), "context length"),
     (json.dumps({"text": ["a", "b"]}), "batch"),
-])
+], ids=short_id)
 def test_bad_input_is_400_with_a_message(worker: str, content: bytes | str, message: str) -> None:
     r = httpx.post(f"{worker}/generate", content=content, timeout=30,
                    headers={"content-type": "application/json"})
