@@ -1,5 +1,6 @@
 """Child processes for `specroute up` and the benches: free ports, spawning with a log
-file, waiting for an HTTP health route, and an embedded Redis server."""
+file, waiting for an HTTP health route, an embedded Redis server, and restarting a
+child that died (`Restarts`: exponential backoff, reset once the child has stayed up)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -17,6 +18,8 @@ class Child:
     name: str
     proc: subprocess.Popen
     log: Path
+    args: list[str] = field(default_factory=list)  # how to start it again
+    started: float = field(default_factory=time.monotonic)
 
 
 def free_port() -> int:
@@ -47,12 +50,39 @@ def wait_child(url: str, child: Child, timeout: float) -> None:
     wait_http(url, timeout, child.proc, child.name, child.log)
 
 
-def spawn(name: str, args: list[str], workdir: Path) -> Child:
+def spawn(name: str, args: list[str], workdir: Path, append: bool = False) -> Child:
+    """Start `args` in its own session, stdout and stderr to `<workdir>/<name>.log`
+    (appended to on a restart, so the dead process's last words stay)."""
     log = workdir / f"{name}.log"
-    handle = open(log, "wb")  # noqa: SIM115 - the child owns it until it exits
+    handle = open(log, "ab" if append else "wb")  # noqa: SIM115 - the child owns it
     proc = subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
     handle.close()
-    return Child(name, proc, log)
+    return Child(name, proc, log, list(args))
+
+
+@dataclass
+class Restarts:
+    """When to restart a child that died: `base_s` after the first death, doubling with
+    each death in a row up to `max_s`; a child that stayed up `stable_s` starts over at
+    `base_s` (so a crash loop backs off, a rare crash is restarted at once)."""
+
+    base_s: float = 1.0
+    max_s: float = 30.0
+    stable_s: float = 60.0
+    in_a_row: dict[str, int] = field(default_factory=dict)
+    total: dict[str, int] = field(default_factory=dict)
+
+    def delay(self, child: Child, now: float) -> float:
+        """Seconds to wait before restarting `child`, which has just been found dead."""
+        if now - child.started >= self.stable_s:
+            self.in_a_row[child.name] = 0
+        n = self.in_a_row.get(child.name, 0)
+        self.in_a_row[child.name] = n + 1
+        self.total[child.name] = self.total.get(child.name, 0) + 1
+        return min(self.base_s * 2 ** n, self.max_s)
+
+    def restart(self, child: Child, workdir: Path) -> Child:
+        return spawn(child.name, child.args, workdir, append=True)
 
 
 def start_redis(workdir: Path) -> tuple[Child, str]:

