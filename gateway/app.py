@@ -51,12 +51,19 @@ from gateway.errors import (
 )
 from gateway.health import HealthMonitor
 from gateway.learned import RoutingPolicy, build_routing_policy
-from gateway.observability import FanoutRecorder, PrometheusRecorder, Recorder, make_tracer
+from gateway.observability import (
+    FanoutRecorder,
+    HttpMetrics,
+    PrometheusRecorder,
+    Recorder,
+    make_tracer,
+)
 from gateway.pools import build_pools
 from gateway.priors import WorkerPriors
 from gateway.routing import Classify, Decide, PoolRouter, minimal_profile
 
 log = logging.getLogger("specroute.gateway")
+access_log = logging.getLogger("specroute.access")
 
 
 def json_response(body: object, status: int = 200) -> Response:
@@ -73,7 +80,8 @@ def model_card(name: str, created: int) -> dict:
 
 async def list_models(request: Request) -> Response:
     gateway = _gateway(request)
-    gateway.auth.tenant(request.headers.get("authorization"))
+    request.scope["specroute.tenant"] = gateway.auth.tenant(
+        request.headers.get("authorization")).name
     created = request.app.state.started
     return json_response({"object": "list",
                           "data": [model_card(m, created) for m in gateway.config.models]})
@@ -81,7 +89,8 @@ async def list_models(request: Request) -> Response:
 
 async def get_model(request: Request) -> Response:
     gateway = _gateway(request)
-    gateway.auth.tenant(request.headers.get("authorization"))
+    request.scope["specroute.tenant"] = gateway.auth.tenant(
+        request.headers.get("authorization")).name
     name = request.path_params["model"]
     if name not in gateway.config.models:
         raise ModelNotFound(f"The model '{name}' does not exist", param="model",
@@ -141,6 +150,7 @@ async def metrics(request: Request) -> Response:
             and not is_admin(request):
         raise AuthenticationFailed("/metrics needs the admin key: send 'Authorization: "
                                    "Bearer <admin key>'", code="invalid_api_key")
+    request.app.http_metrics.update_pools(_gateway(request).pools)
     return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)
 
 
@@ -200,14 +210,14 @@ class SentWatch:
         the end of the body. After the end: nothing left to say."""
         if self.start is None:
             body = error_body(error)
-            await self.send({"type": "http.response.start", "status": error.status,
+            await self({"type": "http.response.start", "status": error.status,
                              "headers": [(b"content-type", b"application/json"),
                                          (b"content-length", str(len(body)).encode()),
                                          (b"x-request-id", str(error.request_id).encode())]})
-            await self.send({"type": "http.response.body", "body": body})
+            await self({"type": "http.response.body", "body": body})
         elif not self.done:
             event = b"data: " + error_body(error) + b"\n\ndata: [DONE]\n\n"
-            await self.send({"type": "http.response.body",
+            await self({"type": "http.response.body",
                              "body": event if self.streaming else b""})
 
 
@@ -232,27 +242,41 @@ class GatewayApp(Starlette):
     else, including a wrong method on a token route (405), is plain Starlette. Any other
     exception, from either, is a bug: logged and answered here (`log_fault`)."""
 
-    def __init__(self, *, fast_routes: dict[str, ASGIApp], **kwargs: object) -> None:
+    def __init__(self, *, fast_routes: dict[str, ASGIApp], http_metrics: HttpMetrics,
+                 access_log: bool = False, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.fast_routes = fast_routes
+        self.http_metrics = http_metrics
+        self.access_log = access_log
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
         watch = SentWatch(send)
+        started = time.perf_counter()
+        endpoint = self.fast_routes.get(scope["path"]) if scope["method"] == "POST" else None
         try:
-            endpoint = self.fast_routes.get(scope["path"]) if scope["method"] == "POST" \
-                else None
             if endpoint is not None:
                 scope["app"] = self
                 await endpoint(scope, receive, watch)
             else:
                 await super().__call__(scope, receive, watch)
         except Exception as exc:  # noqa: BLE001 - the last line: a bug, never a bare 500
-            if "specroute.request_id" in scope:
-                return  # answered and logged by `internal_fault`
-            await watch.fault(log_fault(scope, exc))
+            if "specroute.request_id" not in scope:  # else answered by `internal_fault`
+                await watch.fault(log_fault(scope, exc))
+        finally:
+            self.observe(scope, watch, endpoint is not None, time.perf_counter() - started)
+
+    def observe(self, scope: Scope, watch: SentWatch, fast: bool, seconds: float) -> None:
+        """Count the answer by route template and status; the access log line. Never
+        the key, the prompt or the query string."""
+        status = watch.start["status"] if watch.start is not None else 499
+        route = scope["path"] if fast else getattr(scope.get("route"), "path", "other")
+        self.http_metrics.observe(route, status, seconds)
+        if self.access_log:
+            access_log.info("%s %s %d %.1fms tenant=%s", scope["method"], route, status,
+                            seconds * 1000, scope.get("specroute.tenant", "-"))
 
 
 def create_app(config: GatewayConfig, *, policy: str = "learned",
@@ -329,7 +353,8 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
         Route("/ready", ready, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    app = GatewayApp(fast_routes=fast_routes, routes=routes, lifespan=lifespan,
+    app = GatewayApp(fast_routes=fast_routes, http_metrics=HttpMetrics(registry),
+                     access_log=server.access_log, routes=routes, lifespan=lifespan,
                      exception_handlers={GatewayError: gateway_error, HTTPException: http_error,
                                          Exception: internal_fault})
     app.state.registry = registry

@@ -50,6 +50,8 @@ class ServerConfig:
     max_attempts: int = 3  # workers tried per request before the first token is sent
     otel_exporter: str = "none"  # "none" | "console" | "otlp"
     log_level: str = "info"
+    access_log: bool = False  # one line per request: method, route, status, latency, tenant
+    drain_timeout_s: float = 30.0  # on SIGTERM: requests in flight get this long to finish
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +169,8 @@ def _server(raw: Any, path: str) -> ServerConfig:
                  "keep_alive_timeout_s", "max_concurrency", "connect_timeout_s",
                  "first_token_timeout_s", "read_timeout_s", "total_timeout_s",
                  "health_interval_s", "unhealthy_after", "healthy_after", "breaker_failures",
-                 "breaker_cooldown_s", "discovery_interval_s", "max_attempts"):
+                 "breaker_cooldown_s", "discovery_interval_s", "max_attempts",
+                 "drain_timeout_s"):
         _positive(getattr(server, name), f"{path}.{name}")
     if not 0 <= server.port < 65536:
         raise ConfigError(f"{path}.port: must be in 0..65535, got {server.port}")

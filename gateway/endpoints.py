@@ -132,6 +132,7 @@ async def read_request(gateway: dispatch.Gateway, scope: Scope, receive: Receive
     headers = _headers(scope)
     authorization = headers.get(b"authorization")
     tenant = gateway.auth.tenant(authorization.decode("latin-1") if authorization else None)
+    scope["specroute.tenant"] = tenant.name  # for the access log
     check_media_type(headers.get(b"content-type"))
     server = gateway.config.server
     raw = await read_body(receive, server.max_body_bytes,

@@ -19,8 +19,9 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
 )
 from opentelemetry.trace import Tracer
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from gateway.pools import Pool
 from policies.types import RequestRecord
 
 log = logging.getLogger("specroute.gateway")
@@ -134,3 +135,39 @@ def span_attributes(record: RequestRecord) -> dict[str, str | int | float | bool
     if record.verify_steps is not None:  # None: the worker did not report it
         attributes["specroute.verify_steps"] = record.verify_steps
     return attributes
+
+
+class HttpMetrics:
+    """What operators need beside the per-request records: every HTTP answer by route
+    and status (the 400s, 401s, 413s, 429s and 500s that never reach the recorder), the
+    time to the end of each response by route, and each pool's workers. `route` is the
+    route's template (`/v1/models/{model:path}`), `other` for paths no route matches, so
+    a scanner cannot grow the label set."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.responses = Counter("specroute_http_responses", "HTTP responses by route and "
+                                 "status (499: the client left before any answer)",
+                                 ("route", "status"), registry=registry)
+        self.seconds = Histogram("specroute_http_request_seconds", "Request start to the "
+                                 "end of its response, by route", ("route",),
+                                 buckets=LATENCY_BUCKETS, registry=registry)
+        self.workers_up = Gauge("specroute_pool_workers_up", "Workers taking requests: "
+                                "healthy, breaker not open, not draining", ("pool",),
+                                registry=registry)
+        self.workers = Gauge("specroute_pool_workers", "Workers known (config and registry)",
+                             ("pool",), registry=registry)
+        self._children: dict[tuple[str, int], tuple] = {}
+
+    def observe(self, route: str, status: int, seconds: float) -> None:
+        series = self._children.get((route, status))
+        if series is None:
+            series = (self.responses.labels(route, str(status)), self.seconds.labels(route))
+            self._children[(route, status)] = series
+        series[0].inc()
+        series[1].observe(seconds)
+
+    def update_pools(self, pools: dict[str, Pool]) -> None:
+        """Set the worker gauges (at scrape time: they are read, not counted)."""
+        for name, pool in pools.items():
+            self.workers_up.labels(name).set(pool.healthy_workers)
+            self.workers.labels(name).set(len(pool.workers))

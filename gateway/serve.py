@@ -5,12 +5,17 @@ and scales out as replicas behind a load balancer, with shared state in Redis.
 Connection limits come from `server` (docs/GATEWAY.md, "Limits and timeouts"): a head
 deadline (below), the keep-alive timeout, and a cap on connections + requests in
 progress; the body deadline is the app's own (`endpoints.read_body`).
+
+SIGTERM (or Ctrl-C) drains: the listening socket closes (new connections are refused),
+idle keep-alive connections close, requests in flight (streams included) get
+`server.drain_timeout_s` to finish, then the rest are cancelled; the process exits 0.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import sys
 
 import uvicorn
@@ -69,7 +74,8 @@ def uvicorn_options(server: ServerConfig) -> dict:
     return {"loop": "uvloop", "http": head_deadline_protocol(server.header_timeout_s),
             "workers": 1, "log_level": server.log_level, "access_log": False,
             "timeout_keep_alive": server.keep_alive_timeout_s,
-            "limit_concurrency": server.max_concurrency}
+            "limit_concurrency": server.max_concurrency,
+            "timeout_graceful_shutdown": server.drain_timeout_s}
 
 
 def serve(config_path: str, host: str | None = None, port: int | None = None,
@@ -83,7 +89,12 @@ def serve(config_path: str, host: str | None = None, port: int | None = None,
         return 2
     logging.basicConfig(level=config.server.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(create_app(config, policy=policy), host=host or config.server.host,
+    app = create_app(config, policy=policy)
+    # uvicorn drains on SIGTERM/SIGINT, then raises the signal again under the handler
+    # found at start: ignored, so that a drained gateway exits 0 rather than by the signal.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    uvicorn.run(app, host=host or config.server.host,
                 port=config.server.port if port is None else port,
                 **uvicorn_options(config.server))
     return 0

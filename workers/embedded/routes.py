@@ -4,6 +4,7 @@ introspection routes; each parses (`requests`), admits a `Run`, and shapes the a
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -15,6 +16,8 @@ from workers.embedded.errors import WorkerError
 from workers.embedded.run import Chunks, Run, admit, sse_stream
 from workers.embedded.scheduler import StepEvent
 from workers.embedded.state import WorkerState
+
+log = logging.getLogger("specroute.worker")
 
 # ---------------------------------------------------------------- /generate
 
@@ -159,6 +162,8 @@ async def metrics(request: Request) -> Response:
 async def worker_error(request: Request, exc: Exception) -> Response:
     """The one place a WorkerError becomes an HTTP answer."""
     assert isinstance(exc, WorkerError)
+    log.log(logging.WARNING if exc.status_code >= 500 else logging.INFO, "%s %s: %d %s",
+            request.method, request.url.path, exc.status_code, type(exc).__name__)
     if request.url.path.startswith("/v1/"):
         body: dict[str, Any] = responses.error_body(str(exc), exc.status_code)
     else:  # SGLang's native routes: {"error": {"message": ...}}

@@ -9,6 +9,7 @@ client goes away.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -24,6 +25,7 @@ from workers.embedded.scheduler import ErrorEvent, StepEvent, Ticket
 from workers.embedded.state import WorkerState
 
 Chunks = Callable[["Run", StepEvent], list[Any]]
+log = logging.getLogger("specroute.worker")
 
 
 class Run:
@@ -62,7 +64,19 @@ class Run:
         self.text += event.output.text
         self.output_ids.extend(event.output.token_ids)
         self.done = event.output.finished
+        if self.done:
+            self._log_finished(event)
         return event
+
+    def _log_finished(self, event: StepEvent) -> None:
+        """One info line per request: sizes, time and speculation, never the text."""
+        stats = event.stats
+        log.info("request %r done: method %s k %s, %d prompt + %d output tokens in %.3f s, "
+                 "%d verify steps (accept length %.2f)", self.req.rid[:64],
+                 self.req.method or self.state.config.method,
+                 "default" if self.req.k is None else self.req.k, stats.prompt_tokens,
+                 stats.completion_tokens, time.perf_counter() - self.started,
+                 stats.verify_steps, stats.accept_length)
 
     def meta_info(self, event: StepEvent) -> dict[str, Any]:
         return responses.meta_info(self.req.rid, event.output, event.stats, self.started,
@@ -72,6 +86,8 @@ class Run:
         if self.ticket is not None and not self.done:
             self.state.scheduler.cancel(self.ticket)
             self.done = True
+            log.info("request %r cancelled after %d output tokens, %.3f s", self.req.rid[:64],
+                     len(self.output_ids), time.perf_counter() - self.started)
 
     async def final(self, request: Request) -> StepEvent:
         """Run to the end; a client that disconnects meanwhile cancels the generation."""

@@ -15,15 +15,20 @@ def serve_worker(method: str, host: str, port: int, model_dir: str | None,
                  num_speculative_tokens: int | None, threads: int | None,
                  redis_url: str | None, pool: str | None) -> int:
     """Load the engine, then serve until interrupted; registers in Redis when asked."""
+    import logging
     import os
+    import time
 
     import torch
     import uvicorn
 
     from workers.embedded.engine import BUNDLED_MODEL_DIR, Engine, EngineInputError
 
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log = logging.getLogger("specroute.worker")
     if threads is not None:
         torch.set_num_threads(threads)
+    started = time.monotonic()
     engine = Engine(model_dir=model_dir)
     if method not in engine.methods:
         raise SystemExit(f"method {method!r} is not loaded; available: {list(engine.methods)}")
@@ -51,6 +56,11 @@ def serve_worker(method: str, host: str, port: int, model_dir: str | None,
                                pid=os.getpid(), measured=load_measured(model_path))
         registration = Registration(redis_url, info)
         on_start, on_stop = registration.start, registration.stop
+    log.info("loaded %s in %.1f s (methods %s, %s torch threads); serving %s k=%d on "
+             "http://%s:%d%s", model_path, time.monotonic() - started, ",".join(engine.methods),
+             torch.get_num_threads(), method, k, host, port,
+             f", registering in Redis as pool {pool or 'embedded-' + method}"
+             if redis_url else "")
     app = create_app(engine, config, on_start, on_stop)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
     return 0
