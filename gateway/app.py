@@ -37,7 +37,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.adapters import make_adapters
-from gateway.auth import Authenticator, RateLimiter
+from gateway.auth import Authenticator, TenantReloader
 from gateway.config import GatewayConfig, hash_api_key
 from gateway.dispatch import Gateway
 from gateway.endpoints import ExplainEndpoint, TokenEndpoint
@@ -51,6 +51,7 @@ from gateway.errors import (
 )
 from gateway.health import HealthMonitor
 from gateway.learned import RoutingPolicy, build_routing_policy
+from gateway.limits import Limits
 from gateway.observability import (
     FanoutRecorder,
     HttpMetrics,
@@ -80,19 +81,19 @@ def model_card(name: str, created: int) -> dict:
 
 async def list_models(request: Request) -> Response:
     gateway = _gateway(request)
-    request.scope["specroute.tenant"] = gateway.auth.tenant(
-        request.headers.get("authorization")).name
+    tenant = gateway.auth.tenant(request.headers.get("authorization"))
+    request.scope["specroute.tenant"] = tenant.name
     created = request.app.state.started
-    return json_response({"object": "list",
-                          "data": [model_card(m, created) for m in gateway.config.models]})
+    models = [m for m in gateway.config.models if not tenant.models or m in tenant.models]
+    return json_response({"object": "list", "data": [model_card(m, created) for m in models]})
 
 
 async def get_model(request: Request) -> Response:
     gateway = _gateway(request)
-    request.scope["specroute.tenant"] = gateway.auth.tenant(
-        request.headers.get("authorization")).name
+    tenant = gateway.auth.tenant(request.headers.get("authorization"))
+    request.scope["specroute.tenant"] = tenant.name
     name = request.path_params["model"]
-    if name not in gateway.config.models:
+    if name not in gateway.config.models or (tenant.models and name not in tenant.models):
         raise ModelNotFound(f"The model '{name}' does not exist", param="model",
                             code="model_not_found")
     return json_response(model_card(name, request.app.state.started))
@@ -281,11 +282,13 @@ class GatewayApp(Starlette):
 
 def create_app(config: GatewayConfig, *, policy: str = "learned",
                decide: Decide | None = None, classify: Classify | None = None,
-               recorder: Recorder | None = None) -> GatewayApp:
+               recorder: Recorder | None = None,
+               config_path: str | None = None) -> GatewayApp:
     """Build the app. `policy` names the routing policy (`gateway.learned.POLICY_NAMES`);
     a `decide` function replaces it (a fixed rule that learns nothing). `classify=None`
     means `gateway.classifier.classify`, loaded in the lifespan; `recorder` replaces the Prometheus
-    recorder (the policy is fed either way)."""
+    recorder (the policy is fed either way). With `config_path`, tenants reload when
+    that file changes or on SIGHUP (`gateway.auth.TenantReloader`)."""
     registry = CollectorRegistry()
     recorder = recorder or PrometheusRecorder(registry)
     server = config.server
@@ -321,9 +324,19 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
                 config=config, pools=pools,
                 router=PoolRouter(pools, decide=routing.decide, classify=chosen,
                                   predict=routing.predict),
-                auth=Authenticator(config.tenants), limiter=RateLimiter(),
+                auth=Authenticator(config.tenants, config.auth),
+                limits=Limits(config.redis_url, config.limits.on_redis_error),
                 adapters=make_adapters(session), recorder=FanoutRecorder(recorder, routing),
                 tracer=tracer, provider=provider)
+            reloader = None
+            if config_path is not None:
+                def install(auth: Authenticator) -> None:
+                    app.state.gateway.auth = auth
+
+                reloader = TenantReloader(config_path, install,
+                                          app.state.gateway.auth.required)
+                reloader.start()
+            app.state.reloader = reloader
             routing.start()
             await monitor.start()
             await priors.start()
@@ -339,6 +352,9 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
                     await discovery.stop()
                 await priors.stop()
                 await monitor.stop()
+                if reloader is not None:
+                    await reloader.stop()
+                await app.state.gateway.limits.close()
                 await asyncio.to_thread(routing.stop)  # joins threads, flushes telemetry
                 provider.shutdown()
 

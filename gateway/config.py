@@ -81,8 +81,19 @@ class TenantConfig:
     api_key_sha256: tuple[str, ...] = ()
     slo_ttft_ms: float = 2000.0
     slo_tpot_ms: float = 200.0
-    priority: int = 0
-    rate_limit_rpm: int = 0  # 0 = unlimited
+    priority: int = 0  # higher is served first under overload (gateway/admission.py)
+    rate_limit_rpm: int = 0  # requests per minute, all replicas together; 0 = unlimited
+    rate_limit_tpm: int = 0  # prompt + completion tokens per minute; 0 = unlimited
+    max_tokens: int = 0  # cap on a request's max_tokens (and its default); 0 = no cap
+    models: tuple[str, ...] = ()  # models this tenant may call; empty = every model
+    may_pin: bool = False  # may force a pool or k (x-specroute-pool / x-specroute-k)
+
+
+@dataclass(frozen=True, slots=True)
+class LimitsConfig:
+    """Tenants' rate limits (gateway/limits.py): counted in Redis when `redis_url` is set."""
+
+    on_redis_error: str = "open"  # "open": count per process; "closed": refuse with 503
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +102,12 @@ class GatewayConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     redis_url: str | None = None
     tenants: tuple[TenantConfig, ...] = ()
+    # a YAML list of more tenants (relative to the config file), re-read on change
+    tenants_file: str | None = None
+    # "keys": tenants' API keys (open on loopback only while no tenant is configured);
+    # "none": no authentication on any address, by the operator's explicit choice
+    auth: str = "keys"
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)  # the learned policy's knobs
 
     @property
@@ -221,9 +238,13 @@ def _tenant(raw: Any, path: str) -> TenantConfig:
                 raise ConfigError(f"{p}[{i}]: not a hex sha256 digest")
         return tuple(h.lower() for h in out)
 
-    tenant = _build(TenantConfig, raw, path, nested={"api_key_sha256": hashes})
-    if tenant.rate_limit_rpm < 0:
-        raise ConfigError(f"{path}.rate_limit_rpm: must be >= 0")
+    tenant = _build(TenantConfig, raw, path, nested={"api_key_sha256": hashes,
+                                                     "models": _str_list})
+    for name in ("rate_limit_rpm", "rate_limit_tpm", "max_tokens"):
+        if getattr(tenant, name) < 0:
+            raise ConfigError(f"{path}.{name}: must be >= 0")
+    for name in ("slo_ttft_ms", "slo_tpot_ms"):
+        _positive(getattr(tenant, name), f"{path}.{name}")
     return tenant
 
 
@@ -240,22 +261,63 @@ def _policy(raw: Any, path: str) -> PolicyConfig:
     return policy
 
 
+def _limits(raw: Any, path: str) -> LimitsConfig:
+    limits = _build(LimitsConfig, raw or {}, path)
+    if limits.on_redis_error not in ("open", "closed"):
+        raise ConfigError(f"{path}.on_redis_error: must be open or closed, "
+                          f"got {limits.on_redis_error!r}")
+    return limits
+
+
 def _list_of(item: Any, raw: Any, path: str) -> tuple:
     if not isinstance(raw, list):
         raise ConfigError(f"{path}: expected a list")
     return tuple(item(entry, f"{path}[{i}]") for i, entry in enumerate(raw))
 
 
-def parse_config(raw: Any) -> GatewayConfig:
-    """Validate a parsed YAML document into a `GatewayConfig`."""
+def read_tenants_file(path: Path) -> list:
+    """The tenants listed in a `tenants_file`: a YAML list (or a mapping with `tenants:`);
+    none while the file does not exist (`specroute keys add` creates it)."""
+    if not path.exists():
+        return []
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"tenants_file: cannot read {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"tenants_file: {path} is not valid YAML: {exc}") from exc
+    if isinstance(raw, dict):
+        raw = raw.get("tenants")
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise ConfigError(f"tenants_file: {path} must hold a list of tenants")
+    return raw
+
+
+def parse_config(raw: Any, base_dir: Path | None = None) -> GatewayConfig:
+    """Validate a parsed YAML document into a `GatewayConfig`; a `tenants_file` is read
+    relative to `base_dir` (the config file's folder)."""
+    if isinstance(raw, dict) and raw.get("tenants_file") is not None:
+        raw = dict(raw)
+        name = raw["tenants_file"]
+        if not isinstance(name, str):
+            raise ConfigError(f"tenants_file: expected str, got {name!r}")
+        listed = read_tenants_file((base_dir or Path.cwd()) / name)
+        raw["tenants"] = [*(raw.get("tenants") or []), *listed]
     config = _build(GatewayConfig, raw, "", nested={
         "server": _server,
         "pools": lambda v, p: _list_of(_pool, v, p),
         "tenants": lambda v, p: _list_of(_tenant, v or [], p),
         "policy": _policy,
+        "limits": _limits,
     })
     if not config.pools:
         raise ConfigError("pools: at least one pool is required")
+    if config.auth not in ("keys", "none"):
+        raise ConfigError(f"auth: must be keys or none, got {config.auth!r}")
+    if config.auth == "none" and config.tenants:
+        raise ConfigError("auth: none with tenants configured; remove one or the other")
     for kind, names in (("pools", [p.name for p in config.pools]),
                         ("tenants", [t.name for t in config.tenants])):
         seen: set[str] = set()
@@ -280,4 +342,4 @@ def load_config(path: str | Path) -> GatewayConfig:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"config {path} is not valid YAML: {exc}") from exc
-    return parse_config(raw)
+    return parse_config(raw, Path(path).parent)

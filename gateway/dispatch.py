@@ -21,9 +21,10 @@ from dataclasses import dataclass, field, replace
 from opentelemetry.trace import Tracer
 
 from gateway.adapters.base import Adapter, Delta, GenerationResult, SpecStats, StreamItem, Usage
-from gateway.auth import Authenticator, RateLimiter
+from gateway.auth import Authenticator
 from gateway.config import GatewayConfig, TenantConfig
 from gateway.errors import GatewayError, NoHealthyWorker, UpstreamTimeout, UpstreamUnavailable
+from gateway.limits import Limits
 from gateway.observability import GatewayTracerProvider, Recorder, span_attributes
 from gateway.pools import Pool, Worker
 from gateway.routing import PoolRouter
@@ -41,7 +42,7 @@ class Gateway:
     pools: dict[str, Pool]
     router: PoolRouter
     auth: Authenticator
-    limiter: RateLimiter
+    limits: Limits
     adapters: dict[str, Adapter]
     recorder: Recorder
     tracer: Tracer
@@ -269,6 +270,7 @@ def record(gateway: Gateway, *, request: GenerationRequest, profile: RequestProf
         extra={"explored": True} if decision.explored else {},
     )
     gateway.recorder.record(entry)
+    gateway.limits.spend(tenant, usage.prompt_tokens + tokens)
     if gateway.provider is None or gateway.provider.listening:
         span = gateway.tracer.start_span(f"specroute {request.endpoint}",
                                          start_time=time.time_ns() - int(e2e * 1e9),

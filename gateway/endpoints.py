@@ -25,6 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway import dispatch
 from gateway.adapters.base import Final, SpecStats, StreamItem, Usage
+from gateway.auth import authorize
 from gateway.config import TenantConfig
 from gateway.errors import (
     GatewayError,
@@ -34,6 +35,7 @@ from gateway.errors import (
     UnsupportedMediaType,
     error_body,
     internal_error,
+    retry_after,
 )
 from gateway.pools import Pool
 from gateway.responses import ChunkWriter, headers_for, response_body
@@ -105,6 +107,8 @@ async def send_error(send: Send, exc: GatewayError) -> None:
     """The error answer; after a 408 the connection is closed, since the rest of the
     slow body may still be on its way."""
     close = [(b"connection", b"close")] if isinstance(exc, RequestTimeout) else []
+    if (after := retry_after(exc)) is not None:
+        close.append((b"retry-after", after.encode()))
     await send_once(send, exc.status, error_body(exc), close)
 
 
@@ -138,7 +142,7 @@ async def read_request(gateway: dispatch.Gateway, scope: Scope, receive: Receive
     raw = await read_body(receive, server.max_body_bytes,
                           content_length(headers.get(b"content-length")),
                           server.body_timeout_s)
-    gateway.limiter.admit(tenant)
+    await gateway.limits.admit(tenant)
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -196,6 +200,7 @@ class TokenEndpoint:
         try:
             tenant, body, pin = await read_request(gateway, scope, receive)
             request = parse_request(body, self.endpoint)
+            authorize(tenant, request, pin)
             profile = gateway.router.classify(request, tenant.name)
             decision, pools = gateway.router.route(request, profile, pin)
         except GatewayError as exc:
@@ -302,6 +307,7 @@ class ExplainEndpoint:
                 raise InvalidRequest("give 'messages' (chat) or 'prompt' (completions)",
                                      param="messages", code="invalid_value")
             request = parse_request(body, endpoint)
+            authorize(tenant, request, pin)
             profile = gateway.router.classify(request, tenant.name)
             assessed = gateway.router.assess(request, profile, pin)
             decision, pools = gateway.router.route_assessed(assessed, profile, pin,

@@ -6,12 +6,14 @@
     ├── ClientError                   4xx: the request is at fault
     │   ├── InvalidRequest            400 invalid_request_error (names `param`)
     │   ├── AuthenticationFailed      401 authentication_error
+    │   ├── PermissionDenied          403 permission_error (the tenant may not do this)
     │   ├── ModelNotFound             404 not_found_error
     │   ├── RequestTimeout            408 invalid_request_error (body not sent in time)
     │   ├── PayloadTooLarge           413 invalid_request_error
     │   ├── UnsupportedMediaType      415 invalid_request_error
-    │   └── RateLimited               429 rate_limit_error
+    │   └── RateLimited               429 rate_limit_error (with Retry-After)
     ├── NoHealthyWorker               503 service_unavailable
+    ├── LimiterUnavailable            503 service_unavailable (limits fail closed)
     └── UpstreamError                 the worker failed us
         ├── UpstreamRejected          the worker's own 4xx, passed through with its message
         ├── UpstreamUnavailable       502 (5xx, bad answer) or 503 (connection refused)
@@ -28,6 +30,7 @@ traceback was logged.
 from __future__ import annotations
 
 import logging
+import math
 import traceback
 import uuid
 
@@ -40,6 +43,7 @@ log = logging.getLogger("specroute.gateway")
 class GatewayError(Exception):
     status = 500
     type = "api_error"
+    retry_after_s: float | None = None  # sent as Retry-After (whole seconds, rounded up)
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
                  status: int | None = None, request_id: str | None = None) -> None:
@@ -73,6 +77,11 @@ class AuthenticationFailed(ClientError):
     type = "authentication_error"
 
 
+class PermissionDenied(ClientError):
+    status = 403
+    type = "permission_error"
+
+
 class ModelNotFound(ClientError):
     status = 404
     type = "not_found_error"
@@ -94,10 +103,23 @@ class RateLimited(ClientError):
     status = 429
     type = "rate_limit_error"
 
+    def __init__(self, message: str, *, retry_after_s: float, code: str) -> None:
+        super().__init__(message, code=code)
+        self.retry_after_s = retry_after_s
+
 
 class NoHealthyWorker(GatewayError):
     status = 503
     type = "service_unavailable"
+
+
+class LimiterUnavailable(GatewayError):
+    status = 503
+    type = "service_unavailable"
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message, code="rate_limiter_unavailable")
+        self.retry_after_s = retry_after_s
 
 
 class UpstreamError(GatewayError):
@@ -144,9 +166,18 @@ def error_body(exc: GatewayError) -> bytes:
     return orjson.dumps(exc.body())
 
 
+def retry_after(exc: GatewayError) -> str | None:
+    """The Retry-After value (RFC 9110 10.2.3: whole seconds), if the error has one."""
+    if exc.retry_after_s is None:
+        return None
+    return str(max(1, math.ceil(exc.retry_after_s)))
+
+
 def error_response(exc: GatewayError, headers: dict[str, str] | None = None) -> Response:
     """The single conversion from the exception tree to an HTTP response."""
     if exc.request_id is not None:
         headers = {**(headers or {}), "x-request-id": exc.request_id}
+    if (after := retry_after(exc)) is not None:
+        headers = {**(headers or {}), "retry-after": after}
     return Response(error_body(exc), status_code=exc.status, headers=headers,
                     media_type="application/json")

@@ -22,6 +22,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.app import create_app
+from gateway.auth import check_exposure
 from gateway.config import ConfigError, ServerConfig, load_config
 
 
@@ -87,14 +88,19 @@ def serve(config_path: str, host: str | None = None, port: int | None = None,
     except ConfigError as exc:
         print(f"specroute gateway: {exc}", file=sys.stderr)
         return 2
+    host = host or config.server.host
+    refusal = check_exposure(config, host)
+    if refusal is not None:
+        print(f"specroute gateway: {refusal}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=config.server.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(config, policy=policy)
+    app = create_app(config, policy=policy, config_path=config_path)
     # uvicorn drains on SIGTERM/SIGINT, then raises the signal again under the handler
     # found at start: ignored, so that a drained gateway exits 0 rather than by the signal.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    uvicorn.run(app, host=host or config.server.host,
+    uvicorn.run(app, host=host,
                 port=config.server.port if port is None else port,
                 **uvicorn_options(config.server))
     return 0

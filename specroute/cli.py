@@ -56,6 +56,24 @@ def _supervise(args: argparse.Namespace) -> int:
     )
 
 
+def _keys(args: argparse.Namespace) -> int:
+    from gateway.config import ConfigError
+    from gateway.keys import add_key
+
+    settings = {name: value for name, value in (
+        ("slo_ttft_ms", args.slo_ttft_ms), ("slo_tpot_ms", args.slo_tpot_ms),
+        ("priority", args.priority)) if value is not None}
+    try:
+        key = add_key(args.config, args.tenant, settings)
+    except ConfigError as exc:
+        print(f"specroute keys: {exc}", file=sys.stderr)
+        return 2
+    print(key)
+    print(f"# the only time this key is shown; {args.config} holds its sha256 only",
+          file=sys.stderr)
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     if args.target == "gateway":
         from bench.gateway import main as bench_main
@@ -132,6 +150,17 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--port", type=int, default=None)
     sv.add_argument("--redis-url", default=None)
     sv.set_defaults(func=_supervise)
+
+    keys = sub.add_parser("keys", help="API keys of tenants")
+    keys_sub = keys.add_subparsers(dest="action", required=True)
+    add = keys_sub.add_parser("add", help="print a new key for TENANT once; write its sha256")
+    add.add_argument("tenant")
+    add.add_argument("--config", required=True, help="the gateway config (or its tenants_file "
+                     "when it names one) gets the digest")
+    add.add_argument("--slo-ttft-ms", type=float, default=None, help="for a new tenant")
+    add.add_argument("--slo-tpot-ms", type=float, default=None, help="for a new tenant")
+    add.add_argument("--priority", type=int, default=None, help="for a new tenant")
+    add.set_defaults(func=_keys)
 
     bench = sub.add_parser("bench", help="benchmarks; each prints a table")
     bench.add_argument("target", choices=["gateway", "engine", "policy", "live", "batching"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -18,7 +19,7 @@ from gateway import dispatch
 from gateway.adapters import make_adapters
 from gateway.adapters.base import Delta, Final
 from gateway.adapters.wire import upstream_message
-from gateway.auth import DEFAULT_TENANT, Authenticator, RateLimiter
+from gateway.auth import DEFAULT_TENANT, Authenticator
 from gateway.config import hash_api_key, parse_config
 from gateway.errors import (
     AuthenticationFailed,
@@ -28,6 +29,7 @@ from gateway.errors import (
     RateLimited,
     UpstreamUnavailable,
 )
+from gateway.limits import Limits
 from gateway.observability import PrometheusRecorder, make_tracer
 from gateway.pools import BreakerState, build_pools
 from gateway.routing import PoolRouter, minimal_profile
@@ -68,7 +70,7 @@ def make_gateway(session: aiohttp.ClientSession, pools: list[dict],
         for worker in pool.workers:
             worker.healthy = True  # as if the last health probe had answered
     return dispatch.Gateway(config=config, pools=built, router=PoolRouter(built),
-                            auth=Authenticator(()), limiter=RateLimiter(),
+                            auth=Authenticator(()), limits=Limits(),
                             adapters=make_adapters(session),
                             recorder=PrometheusRecorder(CollectorRegistry()),
                             tracer=make_tracer("none")[1])
@@ -209,11 +211,15 @@ def test_auth_and_rate_limit() -> None:
         with pytest.raises(AuthenticationFailed):
             auth.tenant(header)
     assert Authenticator(()).tenant(None) is DEFAULT_TENANT
-    limiter = RateLimiter()
-    limiter.admit(config.tenants[0], now=60.0)
-    with pytest.raises(RateLimited):
-        limiter.admit(config.tenants[0], now=119.0)
-    limiter.admit(config.tenants[0], now=120.0)  # a new minute
+    now = [60.0]
+    limits = Limits(clock=lambda: now[0])
+    asyncio.run(limits.admit(config.tenants[0]))
+    now[0] = 119.0
+    with pytest.raises(RateLimited) as info:
+        asyncio.run(limits.admit(config.tenants[0]))
+    assert info.value.retry_after_s == pytest.approx(1.0)
+    now[0] = 120.0
+    asyncio.run(limits.admit(config.tenants[0]))  # a new minute
 
 
 @pytest.mark.parametrize(("raw", "message"), [
@@ -267,7 +273,7 @@ def test_record_feeds_recorder_and_one_span() -> None:
     provider.add_span_processor(SimpleSpanProcessor(spans))
     config = parse_config({"pools": [pool("p", ["http://a:1"])]})
     gateway = dispatch.Gateway(config=config, pools={}, router=PoolRouter({}),
-                               auth=Authenticator(()), limiter=RateLimiter(), adapters={},
+                               auth=Authenticator(()), limits=Limits(), adapters={},
                                recorder=ListRecorder(), tracer=tracer)
     request = parse_request({"model": "m", "prompt": "x", "temperature": 0}, "completions")
     dispatch.record(gateway, request=request,

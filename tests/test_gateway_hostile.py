@@ -35,7 +35,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     config = {"server": {"health_interval_s": 0.5, "admin_api_key_sha256": hash_api_key(ADMIN_KEY)},
               "pools": [{"name": "eagle", "engine": "sglang", "method": "eagle", "k": 3,
                          "model": "m1", "workers": [worker]}],
-              "tenants": [{"name": "acme", "api_key_sha256": [hash_api_key(KEY)]},
+              "tenants": [{"name": "acme", "api_key_sha256": [hash_api_key(KEY)],
+                           "may_pin": True},
                           {"name": "explainer", "api_key_sha256": [hash_api_key(EXPLAIN_KEY)],
                            "rate_limit_rpm": 2}]}
     (tmp / "gw.yaml").write_text(yaml.safe_dump(config))

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from gateway.adapters.base import Delta, Final, SpecStats, Usage
 from gateway.adapters.wire import sse_data
-from gateway.auth import Authenticator, RateLimiter
+from gateway.auth import Authenticator
 from gateway.classifier.classify import classify, load_classifier
 from gateway.config import ServerConfig, TenantConfig, hash_api_key, parse_config
 from gateway.endpoints import check_media_type, content_length, read_request
@@ -33,6 +33,7 @@ from gateway.errors import (
     InvalidRequest,
     UnsupportedMediaType,
 )
+from gateway.limits import Limits
 from gateway.responses import ChunkWriter
 from gateway.routing import MAX_PINNED_K, Pin, parse_pinned_k
 from gateway.schemas import ROLES, parse_request
@@ -235,7 +236,7 @@ GATEWAY = SimpleNamespace(
                                     "workers": ["http://127.0.0.1:1"]}],
                          "tenants": [{"name": "acme",
                                       "api_key_sha256": [hash_api_key("sk-real")]}]}),
-    limiter=RateLimiter())
+    limits=Limits())
 GATEWAY.auth = Authenticator(GATEWAY.config.tenants)
 
 

@@ -8,8 +8,9 @@ import pytest
 
 from gateway import dispatch
 from gateway.adapters.base import SpecStats, Usage
-from gateway.auth import DEFAULT_TENANT, Authenticator, RateLimiter
+from gateway.auth import DEFAULT_TENANT, Authenticator
 from gateway.config import parse_config
+from gateway.limits import Limits
 from gateway.observability import make_tracer
 from gateway.routing import minimal_profile
 from gateway.schemas import parse_request
@@ -54,7 +55,7 @@ def _gateway(records: list) -> dispatch.Gateway:
     config = parse_config({"pools": [{"name": "p", "engine": "openai", "model": "m",
                                       "workers": ["http://a:1"]}]})
     return dispatch.Gateway(config=config, pools={}, router=None,  # type: ignore[arg-type]  # record needs none
-                            auth=Authenticator(()), limiter=RateLimiter(), adapters={},
+                            auth=Authenticator(()), limits=Limits(), adapters={},
                             recorder=ListRecorder(), tracer=tracer)
 
 

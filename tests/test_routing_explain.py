@@ -37,7 +37,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         pools.append({"name": "other", "engine": "sglang", "model": "m2",
                       "workers": [urls["plain"]]})
         config = {"pools": pools, "server": {"health_interval_s": 0.5},
-                  "tenants": [{"name": "t", "api_key_sha256": [hash_api_key(KEY)]}]}
+                  "tenants": [{"name": "t", "api_key_sha256": [hash_api_key(KEY)],
+                               "may_pin": True}]}
         proc, gateway = start_gateway(tmp, config, policy="static")
         procs.append(proc)
         yield {"gateway": gateway, "workers": urls, "log": tmp / "gateway.log"}
