@@ -50,7 +50,7 @@ from gateway.errors import (
     internal_error,
 )
 from gateway.health import HealthMonitor
-from gateway.learned import RoutingPolicy, build_routing_policy
+from gateway.learned import LearnedRoutingPolicy, RoutingPolicy, build_routing_policy
 from gateway.limits import Limits
 from gateway.observability import (
     FanoutRecorder,
@@ -59,9 +59,11 @@ from gateway.observability import (
     Recorder,
     make_tracer,
 )
+from gateway.planning import FleetPlanning
 from gateway.pools import build_pools
 from gateway.priors import WorkerPriors
 from gateway.routing import Classify, Decide, PoolRouter, minimal_profile
+from policies.planner import PlannerConfig
 
 log = logging.getLogger("specroute.gateway")
 access_log = logging.getLogger("specroute.access")
@@ -153,6 +155,35 @@ async def metrics(request: Request) -> Response:
                                    "Bearer <admin key>'", code="invalid_api_key")
     request.app.http_metrics.update_pools(_gateway(request).pools)
     return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def fleet_planning(config: GatewayConfig, pools: dict, routing: RoutingPolicy
+                   ) -> FleetPlanning | None:
+    """The fleet planner loop (gateway/planning.py): with Redis and the learned policy
+    only; relaunch cost, payback horizon and hysteresis are the policy's, and it plans
+    every 10 refits."""
+    if not config.redis_url or not isinstance(routing, LearnedRoutingPolicy):
+        return None
+    policy = config.policy
+    planner = PlannerConfig(relaunch_s=policy.relaunch_cost_s,
+                            horizon_s=policy.relaunch_payback_s, hysteresis=policy.hysteresis)
+    return FleetPlanning(pools, routing.policy, routing.store, config.redis_url, planner,
+                         interval_s=10 * policy.refit_interval_s)
+
+
+async def routing_fleet(request: Request) -> Response:
+    """The fleet planner's current vs desired workers per pool, predicted gain and reason,
+    per model (planned now if it has not planned yet); admin only (`is_admin`)."""
+    if not is_admin(request):
+        raise AuthenticationFailed("/v1/routing/fleet needs the admin key: send "
+                                   "'Authorization: Bearer <admin key>'", code="invalid_api_key")
+    planning: FleetPlanning | None = request.app.state.planning
+    if planning is None:
+        return json_response({"planner": "off (it needs redis_url and the learned policy)",
+                              "models": {}})
+    if planning.planned_at is None:
+        await asyncio.to_thread(planning.plan_all)
+    return json_response({"planner": "on", **planning.report()})
 
 
 async def gateway_error(request: Request, exc: Exception) -> Response:
@@ -337,17 +368,22 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
                                           app.state.gateway.auth.required)
                 reloader.start()
             app.state.reloader = reloader
+            planning = app.state.planning = fleet_planning(config, pools, routing)
             routing.start()
             await monitor.start()
             await priors.start()
             if discovery is not None:
                 await discovery.start()
+            if planning is not None:
+                await planning.start()
             # Startup leaves ~60k long-lived objects (classifier, policy, libraries); a
             # full collection walks them all (~40 ms here). Frozen, they are never scanned.
             gc.freeze()
             try:
                 yield
             finally:
+                if planning is not None:
+                    await planning.stop()
                 if discovery is not None:
                     await discovery.stop()
                 await priors.stop()
@@ -368,6 +404,7 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
         Route("/health", health, methods=["GET"]),
         Route("/ready", ready, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/v1/routing/fleet", routing_fleet, methods=["GET"]),
     ]
     app = GatewayApp(fast_routes=fast_routes, http_metrics=HttpMetrics(registry),
                      access_log=server.access_log, routes=routes, lifespan=lifespan,

@@ -4,7 +4,8 @@ must agree on, in one place.
 - the pool schema: the keys of one `pools:` entry in the YAML config (`FleetPool`) and
   how to read one pool and the top-level `redis_url` from a file (`load_pool`);
 - the Redis key through which the policy asks a fixed-k pool for another k
-  (`desired_k_key`);
+  (`desired_k_key`), and those of the fleet planner's desired fleet and of the one worker
+  moving between pools (`desired_fleet_key`, `fleet_move_key`);
 - the k each method runs with when the config names none (`DEFAULT_K`);
 - the models `specroute up` serves: their names, the bundled model's folder, and where
   the repository ships weights (drafters, measured figures) for a model (`weights_dir`).
@@ -100,6 +101,19 @@ def desired_k_key(pool: str) -> str:
     """Redis string (decimal): the k the policy wants on fixed-k pool `pool`; written by
     the policy's telemetry store, read by the supervisor."""
     return f"specroute:pool:{pool}:desired_k"
+
+
+def desired_fleet_key(model: str) -> str:
+    """Redis string (JSON `policies.planner.FleetPlan`): the workers per pool the fleet
+    planner wants for `model`, with its reason; written by the gateway, read by the
+    supervisors and the Kubernetes controller."""
+    return f"specroute:fleet:{model}:desired"
+
+
+def fleet_move_key(model: str) -> str:
+    """Redis string (JSON {url, src, dst, since}), set NX with a TTL: the one worker of
+    `model` changing pool now. Held by its supervisor; no other may move meanwhile."""
+    return f"specroute:fleet:{model}:moving"
 
 
 class FleetConfigError(ValueError):

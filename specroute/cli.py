@@ -53,6 +53,8 @@ def _supervise(args: argparse.Namespace) -> int:
         command_template=args.command,
         port=args.port,
         redis_url=args.redis_url,
+        follow_fleet=args.follow_fleet,
+        min_workers=args.min_workers,
     )
 
 
@@ -149,6 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sv.add_argument("--port", type=int, default=None)
     sv.add_argument("--redis-url", default=None)
+    sv.add_argument("--follow-fleet", action="store_true",
+                    help="move between the model's pools as the fleet planner wants "
+                    "(--pool: where to start without a desired fleet)")
+    sv.add_argument("--min-workers", type=int, default=1,
+                    help="with --follow-fleet: never fewer serving workers of the model")
     sv.set_defaults(func=_supervise)
 
     keys = sub.add_parser("keys", help="API keys of tenants")

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -38,6 +38,9 @@ from policies.fleet import FleetConfigError, FleetPool, desired_k_key, load_pool
 from workers.registry import Registration, new_worker_info
 from workers.sglang_launch import SGLangLaunch, build_sglang_args, extra_args_from_mapping
 from workers.vllm_launch import VLLMLaunch, build_vllm_args
+
+if TYPE_CHECKING:
+    from workers.fleet_member import FleetMember
 
 logger = logging.getLogger(__name__)
 
@@ -270,6 +273,37 @@ class Supervisor:
         self._set_draining(False)
         return outcome
 
+    def assign(self, pool: FleetPool, build_command: CommandBuilder) -> None:
+        """Serve as `pool` from the next launch on (before `start`: the desired fleet's)."""
+        self.pool, self._build_command, self.k = pool, build_command, pool.k
+
+    def move_to(self, pool: FleetPool, build_command: CommandBuilder) -> str:
+        """Change pool (another method and k): drain, stop, deregister from the old pool,
+        launch as `pool`, register there. A launch that fails rolls back to the old
+        pool, method and k. Returns 'moved' or 'failed'."""
+        old = (self.pool, self._build_command, self.k)
+        logger.info("pool %s: moving to pool %s (%s k=%d)", self.pool.name, pool.name,
+                    pool.method, pool.k)
+        self._set_draining(True)
+        self._wait_drained()
+        self._terminate()
+        if self.registration is not None:
+            self.registration.stop()
+            self.registration = None
+        self.pool, self._build_command = pool, build_command
+        try:
+            self._launch(pool.k)
+            return "moved"
+        except SupervisorError as exc:
+            logger.error("pool %s did not come up (%s); back to pool %s", pool.name, exc,
+                         old[0].name)
+            self.pool, self._build_command = old[0], old[1]
+            try:
+                self._launch(old[2])
+            except SupervisorError as again:  # poll_once restarts it with backoff
+                logger.error("pool %s failed too: %s", old[0].name, again)
+            return "failed"
+
     def _restart_crashed(self) -> str:
         now = time.monotonic()
         if self._restart_at is None:
@@ -350,8 +384,10 @@ def command_builder(pool: FleetPool, template: str | None) -> CommandBuilder:
 
 
 def supervise(config_path: str, pool: str, command_template: str | None, port: int | None,
-              redis_url: str | None) -> int:
-    """Blocking loop of `specroute supervise`; returns 0 after SIGINT/SIGTERM."""
+              redis_url: str | None, follow_fleet: bool = False, min_workers: int = 1) -> int:
+    """Blocking loop of `specroute supervise`; returns 0 after SIGINT/SIGTERM. With
+    `follow_fleet` the worker changes pool as the fleet planner wants
+    (workers/fleet_member.py); `pool` is where it starts without a desired fleet."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
         spec, config_redis = load_pool(config_path, pool)
@@ -366,7 +402,14 @@ def supervise(config_path: str, pool: str, command_template: str | None, port: i
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
-    sup = Supervisor(spec, url, command_builder(spec, command_template), settings, stopping)
+    one = Supervisor(spec, url, command_builder(spec, command_template), settings, stopping)
+    sup: Supervisor | FleetMember = one
+    if follow_fleet:
+        from workers.fleet_member import FleetMember, MemberSettings, model_pools
+
+        sup = FleetMember(one, model_pools(config_path, spec.model),
+                          lambda p: command_builder(p, command_template),
+                          MemberSettings(min_workers=min_workers))
     try:
         sup.start()
         while not stopping.wait(settings.poll_interval_s):

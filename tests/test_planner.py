@@ -1,0 +1,173 @@
+"""The fleet planner's decisions (policies/planner.py) on a known speed model: all in one
+pool, plain only, a split when classes want different pools, relaunch cost and
+hysteresis holding a move back, the minimum per model, one move at a time, and its inputs
+read from the learner's state and the telemetry snapshot."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies.acceptance import expected_accept_length
+from policies.aggregates import LocalAggregates
+from policies.cost import generic_trend
+from policies.learner import PolicyState
+from policies.planner import (
+    ClassDemand,
+    FleetPlan,
+    PlannerConfig,
+    PoolSlot,
+    demand_from_snapshot,
+    evaluate,
+    moves_between,
+    next_move,
+    plan,
+    state_speed,
+)
+from policies.types import RequestRecord
+
+POOLS = {"plain": PoolSlot("plain", "plain", 0), "eagle-k4": PoolSlot("eagle-k4", "eagle", 4),
+         "ngram-k4": PoolSlot("ngram-k4", "ngram", 4)}
+
+
+def make_speed(accept: dict[tuple[str, str], float], per_token: float = 0.1):
+    """E(a, k) over a step of 10 ms that doubles by 32 per worker, each draft token costing
+    `per_token` of a step, more at load."""
+
+    def speed(pool: PoolSlot, demand: ClassDemand, load: float) -> float:
+        base = 0.01 * (1.0 + load / 32.0)
+        if pool.method == "plain":
+            return 1.0 / base
+        a = accept.get((pool.method, demand.task), 0.0)
+        step = base * (1.0 + per_token * pool.k * (1.0 + load / 16.0))
+        return expected_accept_length(a, pool.k) / step
+
+    return speed
+
+
+def demand(*classes: tuple[str, float]) -> list[ClassDemand]:
+    return [ClassDemand(task, "t0", rate, 200.0) for task, rate in classes]
+
+
+FAST = PlannerConfig(relaunch_s=0.5, horizon_s=600.0)
+
+
+def test_all_in_one_pool_when_one_method_wins_every_class() -> None:
+    speed = make_speed({("eagle", "code"): 0.8, ("eagle", "chat"): 0.7, ("ngram", "code"): 0.3})
+    got = plan("m", {"plain": 4, "eagle-k4": 4, "ngram-k4": 4}, POOLS,
+               demand(("code", 5.0), ("chat", 5.0)), speed, FAST)
+    # the last plain/n-gram workers carry nothing: moving them gains nothing, so it stops
+    assert got.desired["eagle-k4"] >= 10 and got.moves == got.desired["eagle-k4"] - 4
+    assert got.gain > 0 and "on the way to eagle-k4 x12" in got.reason
+
+
+def test_plain_only_when_speculation_does_not_pay() -> None:
+    speed = make_speed({("eagle", "chat"): 0.1, ("ngram", "chat"): 0.05})
+    got = plan("m", {"plain": 2, "eagle-k4": 6, "ngram-k4": 4}, POOLS,
+               demand(("chat", 20.0)), speed, FAST)
+    assert got.desired == {"plain": 12, "eagle-k4": 0, "ngram-k4": 0}
+
+
+def test_split_when_classes_want_different_pools() -> None:
+    speed = make_speed({("eagle", "code"): 0.85, ("ngram", "structured"): 0.9,
+                        ("eagle", "structured"): 0.1, ("ngram", "code"): 0.1})
+    got = plan("m", {"plain": 12}, POOLS,
+               demand(("code", 20.0), ("structured", 20.0)), speed, FAST)
+    assert got.desired["eagle-k4"] >= 3 and got.desired["ngram-k4"] >= 3
+    assert got.shares["code/t0"]["eagle-k4"] >= 0.95
+    assert got.shares["structured/t0"]["ngram-k4"] >= 0.95
+
+
+def test_relaunch_cost_holds_a_small_gain_back() -> None:
+    speed = make_speed({("eagle", "code"): 0.55, ("ngram", "code"): 0.5})
+    fleet = {"plain": 0, "eagle-k4": 6, "ngram-k4": 6}
+    cheap = plan("m", fleet, POOLS, demand(("code", 30.0)), speed,
+                 PlannerConfig(relaunch_s=1.0, hysteresis=0.0))
+    assert cheap.moves > 0  # a small gain, worth it when relaunches are free-ish
+    dear = plan("m", fleet, POOLS, demand(("code", 30.0)), speed,
+                PlannerConfig(relaunch_s=100.0, horizon_s=600.0, hysteresis=0.03))
+    assert dear.desired == fleet and dear.moves == 0
+    assert "do not pay" in dear.reason
+
+
+def test_previous_plan_stands_unless_clearly_beaten() -> None:
+    speed = make_speed({("eagle", "code"): 0.8, ("eagle", "chat"): 0.7})
+    current = {"plain": 12, "eagle-k4": 0, "ngram-k4": 0}
+    previous = {"plain": 1, "eagle-k4": 11, "ngram-k4": 0}
+    got = plan("m", current, POOLS, demand(("code", 5.0), ("chat", 5.0)), speed,
+               PlannerConfig(relaunch_s=0.5, hysteresis=0.5), previous)
+    # 12 x eagle is better than the plan under way, but not by 50%: heading for it stands
+    assert got.desired["eagle-k4"] >= 10 and "on the way to eagle-k4 x11, plain x1" in got.reason
+
+
+def test_min_workers_per_model() -> None:
+    speed = make_speed({("eagle", "code"): 0.9})
+    got = plan("m", {"plain": 1}, POOLS, demand(("code", 1.0)), speed,
+               PlannerConfig(min_workers=1))
+    assert got.desired == {"plain": 1, "eagle-k4": 0, "ngram-k4": 0}
+    assert "fewer than 1" in got.reason
+
+
+def test_no_traffic_keeps_the_fleet() -> None:
+    got = plan("m", {"plain": 3}, POOLS, [], make_speed({}), FAST)
+    assert got.desired == {"plain": 3, "eagle-k4": 0, "ngram-k4": 0}
+    assert got.moves == 0 and "no traffic" in got.reason
+
+
+def test_overload_spreads_work() -> None:
+    """Past max_batch a pool queues: a class too big for one worker is not packed on it."""
+    speed = make_speed({("eagle", "code"): 0.8})
+    config = PlannerConfig(max_batch=8.0)
+    one = evaluate({"eagle-k4": 1, "plain": 11}, POOLS, demand(("code", 20.0)), speed, config)
+    assert one.loads["eagle-k4"] <= 4 * 8.0 and one.shares["code/t0"]["plain"] > 0.5
+
+
+def test_next_move_and_moves_between() -> None:
+    current = {"a": 3, "b": 1, "c": 0}
+    desired = {"a": 1, "b": 1, "c": 2}
+    assert moves_between(current, desired) == 2
+    assert next_move(current, desired) == ("a", "c")
+    assert next_move(desired, desired) is None
+
+
+def test_plan_json_round_trip() -> None:
+    got = plan("m", {"plain": 2, "eagle-k4": 2}, POOLS, demand(("code", 3.0)),
+               make_speed({("eagle", "code"): 0.8}), FAST)
+    again = FleetPlan.from_json(got.to_json())
+    assert again == got and again.gain == pytest.approx(got.gain)
+
+
+def test_inputs_from_learned_state_and_telemetry() -> None:
+    """Speeds from PolicyState (blended acceptance, per-pool cost), demand from decayed sums."""
+    cost = generic_trend(0.02).curve()
+    state = PolicyState(acceptance={("m", "eagle", "code", "t0"): (0.8, 50.0)},
+                        costs={"eagle-k4": cost, "plain": cost}, default_accept=0.3)
+    speed = state_speed(state, "m")
+    code = ClassDemand("code", "t0", 1.0, 100.0)
+    assert speed(POOLS["eagle-k4"], code, 1.0) == pytest.approx(
+        expected_accept_length(0.8, 4) / cost.step_s(4, 1.0))
+    assert speed(POOLS["plain"], code, 1.0) == pytest.approx(1.0 / cost.step_s(0, 1.0))
+
+    aggregates = LocalAggregates(tau=100.0)
+    for i in range(30):
+        task = "code" if i % 3 else "chat"
+        aggregates.add(RequestRecord(
+            model="m", pool="plain", method="plain", k=0, task=task, temperature_bucket="t0",
+            prompt_tokens=10, output_tokens=120, verify_steps=120, accept_length=1.0, load=0,
+            ttft_s=0.01, itl_s=0.01, e2e_s=1.0), t=float(i))
+    got = {(d.task, d.bucket): d for d in
+           demand_from_snapshot(aggregates.snapshot(30.0), "m", 100.0, recent=False)}
+    assert set(got) == {("code", "t0"), ("chat", "t0")}
+    assert got[("code", "t0")].rate_per_s > got[("chat", "t0")].rate_per_s > 0
+    assert got[("code", "t0")].output_tokens == pytest.approx(120.0)
+    assert demand_from_snapshot(aggregates.snapshot(30.0), "other", 100.0) == []
+
+
+def test_slow_relaunches_stop_part_way() -> None:
+    """With relaunches long against the horizon, the plan is the stop on the way to the
+    best fleet that pays most, not the whole way."""
+    speed = make_speed({("eagle", "code"): 0.8, ("eagle", "chat"): 0.7})
+    current = {"plain": 12, "eagle-k4": 0, "ngram-k4": 0}
+    slow = plan("m", current, POOLS, demand(("code", 5.0), ("chat", 5.0)), speed,
+                PlannerConfig(relaunch_s=60.0, horizon_s=600.0))
+    assert 0 < slow.moves < 10 and slow.desired["eagle-k4"] == slow.moves
+    assert "on the way to eagle-k4 x12" in slow.reason
