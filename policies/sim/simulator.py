@@ -276,7 +276,9 @@ def simulate(router: SimRouter, config: SimConfig, requests: list[SimRequest]
     """Serve `requests` with `router`'s decisions; one Outcome per request, in order."""
     rng = np.random.default_rng(config.seed + 1)
     world = config.world
-    fleet = Fleet(router.fleet, config.base_step_s, world.co_batching)
+    make_fleet = getattr(router, "make_fleet", None)  # a router that moves workers
+    fleet = (make_fleet(config.base_step_s, world.co_batching) if make_fleet is not None
+             else Fleet(router.fleet, config.base_step_s, world.co_batching))
     specs = {s.name: s for s in router.fleet}
     if hasattr(router, "attach"):
         router.attach(fleet, world)
@@ -333,7 +335,7 @@ def simulate(router: SimRouter, config: SimConfig, requests: list[SimRequest]
             task=req.seen_task, temperature_bucket=req.bucket,
             prompt_tokens=req.prompt_tokens, output_tokens=req.output_tokens,
             verify_steps=steps, accept_length=req.output_tokens / steps, load=load,
-            ttft_s=ttft, itl_s=0.0, e2e_s=0.0, workers=spec.workers,
+            ttft_s=ttft, itl_s=0.0, e2e_s=0.0, workers=len(fleet.workers[pool]),
             extra={"worker": index, "batch": batch, "explored": explored})
         # the first step is inside the TTFT; the request then needs steps - 1 more
         start = worker.v if world.co_batching else 0.0
