@@ -57,12 +57,12 @@ from gateway.observability import (
     HttpMetrics,
     PrometheusRecorder,
     Recorder,
-    make_tracer,
 )
 from gateway.planning import FleetPlanning
 from gateway.pools import build_pools
 from gateway.priors import WorkerPriors
 from gateway.routing import Classify, Decide, PoolRouter, minimal_profile
+from gateway.tracing import make_tracer
 from policies.planner import PlannerConfig
 
 log = logging.getLogger("specroute.gateway")

@@ -48,7 +48,8 @@ class ServerConfig:
     breaker_cooldown_s: float = 10.0  # open breaker: no requests; then one trial request
     discovery_interval_s: float = 2.0  # how often the Redis worker registry is read
     max_attempts: int = 3  # workers tried per request before the first token is sent
-    otel_exporter: str = "none"  # "none" | "console" | "otlp"
+    otel_exporter: str = "none"  # "none" | "console" | "otlp"; OTEL_TRACES_EXPORTER wins
+    otel_capture_content: bool = False  # prompts on spans (gen_ai.input.messages): opt in
     log_level: str = "info"
     access_log: bool = False  # one line per request: method, route, status, latency, tenant
     drain_timeout_s: float = 30.0  # on SIGTERM: requests in flight get this long to finish

@@ -25,11 +25,13 @@ from gateway.auth import Authenticator
 from gateway.config import GatewayConfig, TenantConfig
 from gateway.errors import GatewayError, NoHealthyWorker, UpstreamTimeout, UpstreamUnavailable
 from gateway.limits import Limits
-from gateway.observability import GatewayTracerProvider, Recorder, span_attributes
+from gateway.observability import Recorder
 from gateway.pools import Pool, Worker
 from gateway.routing import PoolRouter
 from gateway.schemas import GenerationRequest
+from gateway.tracing import NO_TRACE, RequestTrace, Trace
 from policies.types import Decision, RequestProfile, RequestRecord
+from workers.tracing import ListeningTracerProvider
 
 log = logging.getLogger("specroute.gateway")
 
@@ -46,7 +48,7 @@ class Gateway:
     adapters: dict[str, Adapter]
     recorder: Recorder
     tracer: Tracer
-    provider: GatewayTracerProvider | None = None  # None: always emit spans
+    provider: ListeningTracerProvider | None = None  # None: always emit spans
 
 
 @dataclass(slots=True)
@@ -161,7 +163,8 @@ async def first_item(items: AsyncIterator[StreamItem], worker: str,
 
 
 async def generate(gateway: Gateway, request: GenerationRequest, decision: Decision,
-                   pools: list[Pool]) -> tuple[Lease, GenerationResult]:
+                   pools: list[Pool], trace: Trace = NO_TRACE
+                   ) -> tuple[Lease, GenerationResult]:
     """Non-streaming dispatch; the returned lease is already released."""
     error: GatewayError = NoHealthyWorker(
         f"no healthy worker in pool {decision.pool!r}", code="no_healthy_worker")
@@ -169,8 +172,9 @@ async def generate(gateway: Gateway, request: GenerationRequest, decision: Decis
         lease = _lease(pool, worker, attempt)
         adapter = gateway.adapters[pool.config.engine]
         try:
-            result = await adapter.generate(worker.url, for_pool(request, pool), pool.config,
-                                            attempt.k)
+            with trace.upstream(worker.url, pool.name, attempt.k):
+                result = await adapter.generate(worker.url, for_pool(request, pool),
+                                                pool.config, attempt.k)
         except RETRYABLE as exc:
             lease.failed(exc)
             error = exc
@@ -186,7 +190,7 @@ async def generate(gateway: Gateway, request: GenerationRequest, decision: Decis
 
 
 async def open_stream(gateway: Gateway, request: GenerationRequest, decision: Decision,
-                      pools: list[Pool]
+                      pools: list[Pool], trace: Trace = NO_TRACE
                       ) -> tuple[Lease, StreamItem, AsyncIterator[StreamItem]]:
     """Start a stream and wait for its first item; the caller releases the lease."""
     error: GatewayError = NoHealthyWorker(
@@ -196,8 +200,9 @@ async def open_stream(gateway: Gateway, request: GenerationRequest, decision: De
         items = gateway.adapters[pool.config.engine].stream(
             worker.url, for_pool(request, pool), pool.config, attempt.k)
         try:
-            first = await first_item(items, worker.url,
-                                     gateway.config.server.first_token_timeout_s)
+            with trace.upstream(worker.url, pool.name, attempt.k):  # to the first token
+                first = await first_item(items, worker.url,
+                                         gateway.config.server.first_token_timeout_s)
         except RETRYABLE as exc:
             lease.failed(exc)
             error = exc
@@ -240,8 +245,10 @@ def verify_steps(spec: SpecStats, k: int, tokens: int) -> int | None:
 
 def record(gateway: Gateway, *, request: GenerationRequest, profile: RequestProfile,
            tenant: TenantConfig, decision: Decision, load: int, timer: Timer, usage: Usage,
-           spec: SpecStats, ok: bool, workers: int = 1) -> None:
-    """Report one finished request to the recorder and as one OpenTelemetry span.
+           spec: SpecStats, ok: bool, workers: int = 1, trace: Trace | None = None,
+           finish_reason: str | None = None) -> None:
+    """Report one finished request to the recorder and end its trace (`trace`; None:
+    one span for the whole request, made now).
 
     `load` is the pool's outstanding requests at dispatch, this one excluded. A
     non-streaming answer arrives whole, so its TTFT is estimated as one verify step's
@@ -271,8 +278,9 @@ def record(gateway: Gateway, *, request: GenerationRequest, profile: RequestProf
     )
     gateway.recorder.record(entry)
     gateway.limits.spend(tenant, usage.prompt_tokens + tokens)
-    if gateway.provider is None or gateway.provider.listening:
-        span = gateway.tracer.start_span(f"specroute {request.endpoint}",
-                                         start_time=time.time_ns() - int(e2e * 1e9),
-                                         attributes=span_attributes(entry))
-        span.end()
+    if trace is None and (gateway.provider is None or gateway.provider.listening):
+        trace = RequestTrace(gateway.tracer, f"specroute {request.endpoint}", None,
+                             start_time=time.time_ns() - int(e2e * 1e9))
+    if trace is not None:
+        trace.set("specroute.decision_reason", decision.reason)
+        trace.finish(entry, finish_reason)

@@ -41,6 +41,7 @@ from gateway.pools import Pool
 from gateway.responses import ChunkWriter, headers_for, response_body
 from gateway.routing import Pin
 from gateway.schemas import Endpoint, GenerationRequest, parse_request
+from gateway.tracing import NO_TRACE, Trace, request_attributes, start_request
 from policies.types import Decision, RequestProfile
 
 log = logging.getLogger("specroute.gateway")
@@ -121,6 +122,7 @@ class Admitted:
     profile: RequestProfile
     decision: Decision
     pools: list[Pool]
+    trace: Trace = NO_TRACE
 
 
 def _headers(scope: Scope) -> dict[bytes, bytes]:
@@ -129,20 +131,24 @@ def _headers(scope: Scope) -> dict[bytes, bytes]:
                         b"x-specroute-pool", b"x-specroute-k", b"x-specroute-benchmark")}
 
 
-async def read_request(gateway: dispatch.Gateway, scope: Scope, receive: Receive
-                       ) -> tuple[TenantConfig, dict, Pin]:
+async def read_request(gateway: dispatch.Gateway, scope: Scope, receive: Receive,
+                       trace: Trace = NO_TRACE) -> tuple[TenantConfig, dict, Pin]:
     """Authenticate, check the media type, read the body (size- and time-capped), rate
     limit, parse JSON, read pins."""
     headers = _headers(scope)
     authorization = headers.get(b"authorization")
-    tenant = gateway.auth.tenant(authorization.decode("latin-1") if authorization else None)
+    with trace.phase("authenticate"):
+        tenant = gateway.auth.tenant(authorization.decode("latin-1") if authorization
+                                     else None)
+    trace.set("specroute.tenant", tenant.name)
     scope["specroute.tenant"] = tenant.name  # for the access log
     check_media_type(headers.get(b"content-type"))
     server = gateway.config.server
     raw = await read_body(receive, server.max_body_bytes,
                           content_length(headers.get(b"content-length")),
                           server.body_timeout_s)
-    await gateway.limits.admit(tenant)
+    with trace.phase("rate limit"):
+        await gateway.limits.admit(tenant)
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -197,16 +203,22 @@ class TokenEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gateway: dispatch.Gateway = scope["app"].state.gateway
         timer = dispatch.Timer()
+        trace = start_request(gateway.tracer, gateway.provider, scope["headers"],
+                              self.endpoint)
         try:
-            tenant, body, pin = await read_request(gateway, scope, receive)
+            tenant, body, pin = await read_request(gateway, scope, receive, trace)
             request = parse_request(body, self.endpoint)
+            request_attributes(trace, request, gateway.config.server.otel_capture_content)
             authorize(tenant, request, pin)
-            profile = gateway.router.classify(request, tenant.name)
-            decision, pools = gateway.router.route(request, profile, pin)
+            with trace.phase("classify"):
+                profile = gateway.router.classify(request, tenant.name)
+            with trace.phase("decide"):
+                decision, pools = gateway.router.route(request, profile, pin)
         except GatewayError as exc:
+            trace.fail(exc.status, exc.code)
             await send_error(send, exc)
             return
-        admitted = Admitted(tenant, request, profile, decision, pools)
+        admitted = Admitted(tenant, request, profile, decision, pools, trace)
         serve = self.stream if request.stream else self.complete
         watch = DisconnectWatch(receive)
         try:
@@ -221,8 +233,10 @@ class TokenEndpoint:
     async def complete(self, gateway: dispatch.Gateway, send: Send, timer: dispatch.Timer,
                        job: Admitted) -> None:
         usage, spec, ok, load, workers, decision = Usage(), SpecStats(), False, 0, 1, job.decision
+        result = None
         try:
-            lease, result = await dispatch.generate(gateway, job.request, job.decision, job.pools)
+            lease, result = await dispatch.generate(gateway, job.request, job.decision,
+                                                    job.pools, job.trace)
             timer.token()
             decision, load, workers = lease.decision, lease.load, lease.workers
             usage, spec, ok = result.usage, result.spec, True
@@ -230,22 +244,25 @@ class TokenEndpoint:
                             headers_for(decision) + dispatch.warning_headers(job.request,
                                                                              lease.pool))
         except GatewayError as exc:
+            job.trace.set("http.response.status_code", exc.status)
             await send_error(send, exc)
         finally:
             dispatch.record(gateway, request=job.request, profile=job.profile, tenant=job.tenant,
                             decision=decision, load=load, timer=timer, usage=usage,
-                            spec=spec, ok=ok, workers=workers)
+                            spec=spec, ok=ok, workers=workers, trace=job.trace,
+                            finish_reason=result.finish_reason if result is not None else None)
 
     async def stream(self, gateway: dispatch.Gateway, send: Send, timer: dispatch.Timer,
                      job: Admitted) -> None:
         try:
             lease, first, items = await dispatch.open_stream(gateway, job.request, job.decision,
-                                                             job.pools)
+                                                             job.pools, job.trace)
         except GatewayError as exc:
+            job.trace.set("http.response.status_code", exc.status)
             await send_error(send, exc)
             dispatch.record(gateway, request=job.request, profile=job.profile, tenant=job.tenant,
                             decision=job.decision, load=0, timer=timer, usage=Usage(),
-                            spec=SpecStats(), ok=False)
+                            spec=SpecStats(), ok=False, trace=job.trace)
             return
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*SSE, *headers_for(lease.decision),
@@ -262,7 +279,8 @@ class TokenEndpoint:
                             decision=lease.decision, load=lease.load, timer=timer,
                             usage=final.usage if final else Usage(),
                             spec=final.spec if final else SpecStats(), ok=final is not None,
-                            workers=lease.workers)
+                            workers=lease.workers, trace=job.trace,
+                            finish_reason=final.finish_reason if final else None)
 
     async def relay(self, send: Send, writer: ChunkWriter, item: StreamItem,
                     items: AsyncIterator[StreamItem], timer: dispatch.Timer,

@@ -1,4 +1,4 @@
-"""Per-request telemetry: the recorder hook, Prometheus metrics, OpenTelemetry spans.
+"""Per-request telemetry: the recorder hook and Prometheus metrics (spans: gateway/tracing.py).
 
 Every finished request becomes one `policies.types.RequestRecord` handed to a
 `Recorder`. `record()` must not block: the default `PrometheusRecorder` only bumps
@@ -12,13 +12,6 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import (
-    BatchSpanProcessor,
-    ConsoleSpanExporter,
-    SimpleSpanProcessor,
-)
-from opentelemetry.trace import Tracer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gateway.pools import Pool
@@ -93,48 +86,6 @@ class PrometheusRecorder:
         tokens.inc(record.output_tokens)
         if record.accept_length > 0:
             accept.observe(record.accept_length)
-
-
-class GatewayTracerProvider(TracerProvider):
-    """An SDK TracerProvider that knows whether anyone receives its spans. Without a span
-    processor (`otel_exporter: none`) a span is ~20 us of attribute checks that go
-    nowhere, so the gateway skips it; adding a processor later turns spans on."""
-
-    listening: bool = False
-
-    def add_span_processor(self, span_processor: SpanProcessor) -> None:
-        self.listening = True
-        super().add_span_processor(span_processor)
-
-
-def make_tracer(exporter: str) -> tuple[GatewayTracerProvider, Tracer]:
-    """A real SDK TracerProvider; spans go nowhere unless an exporter is configured."""
-    provider = GatewayTracerProvider()
-    if exporter == "console":
-        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
-    elif exporter == "otlp":
-        try:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        except ImportError:
-            log.warning("otel_exporter=otlp but opentelemetry-exporter-otlp is not "
-                        "installed; spans are not exported")
-        else:
-            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    return provider, provider.get_tracer("specroute.gateway")
-
-
-def span_attributes(record: RequestRecord) -> dict[str, str | int | float | bool]:
-    attributes: dict[str, str | int | float | bool] = {
-        "specroute.pool": record.pool, "specroute.method": record.method,
-        "specroute.k": record.k, "specroute.task": record.task,
-        "specroute.tenant": record.tenant, "specroute.accept_length": record.accept_length,
-        "gen_ai.usage.input_tokens": record.prompt_tokens,
-        "gen_ai.usage.output_tokens": record.output_tokens,
-        "gen_ai.request.model": record.model, "specroute.ok": record.ok,
-    }
-    if record.verify_steps is not None:  # None: the worker did not report it
-        attributes["specroute.verify_steps"] = record.verify_steps
-    return attributes
 
 
 class HttpMetrics:

@@ -50,13 +50,13 @@ def start_stubs(tmp: Path, specs: dict[str, list[str]],
 
 
 def start_gateway(tmp: Path, config: dict, policy: str = "first",
-                  name: str = "gateway", port: int | None = None
+                  name: str = "gateway", port: int | None = None, env: dict | None = None
                   ) -> tuple[subprocess.Popen, str]:
     port = port or free_port()
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
     proc = start_process(["-c", GATEWAY_MAIN, str(path), str(port), policy],
-                         tmp / f"{name}.log")
+                         tmp / f"{name}.log", env=env)
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/health", 30, proc)
     return proc, url

@@ -30,10 +30,11 @@ from gateway.errors import (
     UpstreamUnavailable,
 )
 from gateway.limits import Limits
-from gateway.observability import PrometheusRecorder, make_tracer
+from gateway.observability import PrometheusRecorder
 from gateway.pools import BreakerState, build_pools
 from gateway.routing import PoolRouter, minimal_profile
 from gateway.schemas import parse_request
+from gateway.tracing import make_tracer
 
 
 async def serve(app: web.Application) -> TestServer:

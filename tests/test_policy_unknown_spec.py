@@ -11,9 +11,9 @@ from gateway.adapters.base import SpecStats, Usage
 from gateway.auth import DEFAULT_TENANT, Authenticator
 from gateway.config import parse_config
 from gateway.limits import Limits
-from gateway.observability import make_tracer
 from gateway.routing import minimal_profile
 from gateway.schemas import parse_request
+from gateway.tracing import make_tracer
 from policies.acceptance import expected_accept_length
 from policies.learner import Learner
 from policies.telemetry import LocalTelemetry

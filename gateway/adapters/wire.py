@@ -23,6 +23,7 @@ from gateway.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+from gateway.tracing import UPSTREAM_TRACE_HEADERS
 
 MAX_SSE_LINE = 64 * 1024 * 1024  # SGLang's cumulative stream text can make long lines
 JSON_HEADERS = {"Content-Type": "application/json"}
@@ -76,8 +77,10 @@ async def post(session: aiohttp.ClientSession, worker: str, path: str,
                payload: dict) -> AsyncIterator[aiohttp.ClientResponse]:
     """POST JSON; yield the response once it is known to be 200."""
     try:
+        trace = UPSTREAM_TRACE_HEADERS.get()  # W3C traceparent (gateway/tracing.py)
         async with session.post(endpoint_url(worker, path), data=orjson.dumps(payload),
-                                headers=JSON_HEADERS) as resp:
+                                headers={**JSON_HEADERS, **trace} if trace else JSON_HEADERS
+                                ) as resp:
             if resp.status != 200:
                 raise status_error(worker, resp.status, await resp.read())
             try:

@@ -14,6 +14,7 @@ from workers.embedded.api import GenerationEngine
 from workers.embedded.errors import WorkerError
 from workers.embedded.scheduler import Scheduler
 from workers.embedded.state import WorkerConfig, WorkerState
+from workers.tracing import tracer_provider
 
 
 def create_app(engine: GenerationEngine, config: WorkerConfig,
@@ -25,6 +26,9 @@ def create_app(engine: GenerationEngine, config: WorkerConfig,
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         scheduler = Scheduler(engine, config.max_running, config.max_queue)
         scheduler.start()
+        provider = tracer_provider("specroute-worker")  # OTEL_* variables (workers/tracing.py)
+        app.state.tracer = provider.get_tracer("specroute.worker") if provider.listening \
+            else None
         app.state.worker = WorkerState(engine, scheduler, config, time.time())
         if on_start is not None:
             on_start()
@@ -34,6 +38,7 @@ def create_app(engine: GenerationEngine, config: WorkerConfig,
             if on_stop is not None:
                 on_stop()
             scheduler.stop()
+            provider.shutdown()  # flushes the spans still batched
 
     app = FastAPI(title="specroute embedded worker", lifespan=lifespan, docs_url=None,
                   redoc_url=None, openapi_url=None)

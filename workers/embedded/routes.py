@@ -16,10 +16,21 @@ from workers.embedded.errors import WorkerError
 from workers.embedded.run import Chunks, Run, admit, sse_stream
 from workers.embedded.scheduler import StepEvent
 from workers.embedded.state import WorkerState
+from workers.embedded.tracing import WorkerTrace
 
 log = logging.getLogger("specroute.worker")
 
 # ---------------------------------------------------------------- /generate
+
+
+def _trace(request: Request, req: requests.GenerateRequest, route: str) -> WorkerTrace | None:
+    """The request's spans, continuing the caller's traceparent; None when not exported."""
+    tracer = request.app.state.tracer
+    if tracer is None:
+        return None
+    state: WorkerState = request.app.state.worker
+    return WorkerTrace(tracer, request.headers, route, req.method or state.config.method,
+                       req.k)
 
 
 def _generate_chunk(run: Run, event: StepEvent) -> list[Any]:
@@ -32,7 +43,7 @@ async def generate(request: Request) -> Response:
     state: WorkerState = request.app.state.worker
     req = requests.parse_generate(requests.parse_json(await request.body()))
     req = requests.with_stop_ids(req, state.engine.tokenizer.stop_ids)
-    run, first = await admit(state, req)
+    run, first = await admit(state, req, _trace(request, req, "generate"))
     if req.stream:
         return StreamingResponse(sse_stream(run, first, _generate_chunk, lambda r, e: []),
                                  media_type="text/event-stream")
@@ -114,7 +125,7 @@ async def _openai_route(request: Request, kind: str) -> Response:
     else:
         req = requests.parse_completion(body)
     req = requests.with_stop_ids(req, tokenizer.stop_ids)
-    run, first = await admit(state, req)
+    run, first = await admit(state, req, _trace(request, req, kind))
     if req.stream:
         return StreamingResponse(
             sse_stream(run, first, _openai_chunks(state, kind), _openai_tail(state, kind)),

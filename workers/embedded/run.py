@@ -23,6 +23,7 @@ from workers.embedded.errors import BadRequest, WorkerError
 from workers.embedded.requests import GenerateRequest
 from workers.embedded.scheduler import ErrorEvent, StepEvent, Ticket
 from workers.embedded.state import WorkerState
+from workers.embedded.tracing import WorkerTrace
 
 Chunks = Callable[["Run", StepEvent], list[Any]]
 log = logging.getLogger("specroute.worker")
@@ -31,8 +32,10 @@ log = logging.getLogger("specroute.worker")
 class Run:
     """One admitted request: its ticket, its accumulated output, and the event stream."""
 
-    def __init__(self, state: WorkerState, req: GenerateRequest) -> None:
+    def __init__(self, state: WorkerState, req: GenerateRequest,
+                 trace: WorkerTrace | None = None) -> None:
         self.state, self.req = state, req
+        self.trace = trace  # the request's spans when traces are exported
         self.started = time.perf_counter()
         self.ticket: Ticket | None = None
         self.text = ""
@@ -60,10 +63,16 @@ class Run:
         event = await self.ticket.events.get()
         if isinstance(event, ErrorEvent):
             self.done = True
+            if self.trace is not None:
+                self.trace.finish(None, "engine failure")
             raise WorkerError(f"engine failure: {event.error}") from event.error
         self.text += event.output.text
         self.output_ids.extend(event.output.token_ids)
         self.done = event.output.finished
+        if self.trace is not None:
+            self.trace.first_step()
+            if self.done:
+                self.trace.finish(event.stats)
         if self.done:
             self._log_finished(event)
         return event
@@ -88,6 +97,8 @@ class Run:
             self.done = True
             log.info("request %r cancelled after %d output tokens, %.3f s", self.req.rid[:64],
                      len(self.output_ids), time.perf_counter() - self.started)
+        if self.trace is not None:
+            self.trace.finish(None, "cancelled")
 
     async def final(self, request: Request) -> StepEvent:
         """Run to the end; a client that disconnects meanwhile cancels the generation."""
@@ -122,10 +133,16 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def admit(state: WorkerState, req: GenerateRequest) -> tuple[Run, StepEvent]:
+async def admit(state: WorkerState, req: GenerateRequest,
+                trace: WorkerTrace | None = None) -> tuple[Run, StepEvent]:
     """Submit and wait for the first step, so bad input is a 400 before any stream starts."""
-    run = Run(state, req)
-    run.submit()
+    run = Run(state, req, trace)
+    try:
+        run.submit()
+    except BaseException:
+        if trace is not None:
+            trace.finish(None, "refused")
+        raise
     try:
         return run, await run.next_event()
     except BaseException:
