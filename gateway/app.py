@@ -48,6 +48,7 @@ from gateway.errors import (
     error_body,
     error_response,
     internal_error,
+    shutting_down,
 )
 from gateway.health import HealthMonitor
 from gateway.learned import LearnedRoutingPolicy, RoutingPolicy, build_routing_policy
@@ -297,6 +298,12 @@ class GatewayApp(Starlette):
         except Exception as exc:  # noqa: BLE001 - the last line: a bug, never a bare 500
             if "specroute.request_id" not in scope:  # else answered by `internal_fault`
                 await watch.fault(log_fault(scope, exc))
+        except asyncio.CancelledError:
+            # uvicorn cancels what still runs when the shutdown drain ends; the client is
+            # told (a 503, or an error event) and the task ends here, without a traceback
+            log.warning("%s %s cut by the shutdown (server.drain_timeout_s)",
+                        scope["method"], scope["path"][:100])
+            await watch.fault(shutting_down())
         finally:
             self.observe(scope, watch, endpoint is not None, time.perf_counter() - started)
 

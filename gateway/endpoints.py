@@ -36,6 +36,7 @@ from gateway.errors import (
     error_body,
     internal_error,
     retry_after,
+    shutting_down,
 )
 from gateway.pools import Pool
 from gateway.responses import ChunkWriter, headers_for, response_body
@@ -301,6 +302,10 @@ class TokenEndpoint:
             return None
         except StopAsyncIteration:
             return None
+        except asyncio.CancelledError:  # the drain at shutdown ended (or the client left)
+            await send({"type": "http.response.body", "more_body": True,
+                        "body": writer.error(shutting_down().body())})
+            raise
         except Exception as exc:  # noqa: BLE001 - a bug: the client still gets an event
             error = internal_error(exc, "stream relay")
             await send({"type": "http.response.body", "body": writer.error(error.body()),

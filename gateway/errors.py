@@ -181,3 +181,12 @@ def error_response(exc: GatewayError, headers: dict[str, str] | None = None) -> 
         headers = {**(headers or {}), "retry-after": after}
     return Response(error_body(exc), status_code=exc.status, headers=headers,
                     media_type="application/json")
+
+
+def shutting_down() -> GatewayError:
+    """What a request still running when the shutdown drain ends is told
+    (`server.drain_timeout_s`): a 503 before its answer started, an error event after."""
+    error = GatewayError("The gateway is shutting down; retry on another replica",
+                         status=503, code="shutting_down")
+    error.type = "service_unavailable"
+    return error

@@ -8,12 +8,17 @@ and the `spec_*` counters; streamed `text`/`output_ids` CUMULATIVE unless
 `/v1/models`. Output is deterministic: the prompt's words echoed back, one word per
 token. Prompt words trigger failures: TRIGGER_400 (a 4xx), TRIGGER_SLOW (sleeps 3 s),
 TRIGGER_MIDSTREAM_ERROR (an in-band error after two chunks). `--stall S` waits S seconds
-before answering `/generate`, `--drip S` between streamed chunks; a client that leaves
+before answering `/generate`, `--drip S` between streamed chunks (both routes); a client that leaves
 meanwhile is counted in `GET /stats` (`generate_calls`, `in_flight`, `cancelled`, `k_seen`).
+`--fault MODE` makes every generation answer broken on the wire (health stays 200):
+`garbage` (a 200 that is not JSON), `truncated` (a 200 whose JSON is cut in half),
+`status500`, `close-mid-chunk` (a stream: one token, then half an event and the
+connection closed; not streaming: half the body, then closed).
 
     python tests/sglang_stub.py --port P [--model NAME] [--method M] [--k K]
                                 [--fail-after N] [--incremental] [--stall S] [--drip S]
                                 [--accept-length X] [--step-s S] [--no-constrained]
+                                [--fault garbage|truncated|status500|close-mid-chunk]
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ class StubConfig:
     accept_length: float = 3.0  # tokens per verify step reported (capped at k + 1)
     step_s: float = 0.0  # simulated time per verify step (per token when not speculating)
     no_constrained: bool = False  # 400 on response_format / json_schema, as the embedded engine
+    fault: str | None = None  # FAULTS: how every /generate answer is broken
 
     def failing(self) -> bool:
         return 0 <= self.fail_after <= self.served
@@ -143,6 +149,55 @@ async def pause(request: web.Request, seconds: float) -> None:
         await asyncio.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
 
 
+FAULTS = ("garbage", "truncated", "status500", "close-mid-chunk")
+
+
+async def broken_answer(request: web.Request, fault: str, stream: bool,
+                        chat: bool) -> web.StreamResponse:
+    """One answer broken as `fault` says (FAULTS), in the route's shape."""
+    if chat:
+        token = b"data: " + orjson.dumps({"id": "x", "object": "chat.completion.chunk",
+                                           "choices": [{"index": 0, "delta": {
+                                               "content": "ok"}, "finish_reason": None}]})
+        whole = orjson.dumps({"id": "x", "object": "chat.completion", "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "ok"},
+             "finish_reason": "stop"}], "usage": {"prompt_tokens": 1,
+                                                  "completion_tokens": 1, "total_tokens": 2}})
+    else:
+        token = b"data: " + orjson.dumps({"text": "ok", "output_ids": [100], "meta_info": {
+            "id": "x", "prompt_tokens": 1, "completion_tokens": 1, "finish_reason": None}})
+        whole = orjson.dumps({"text": "ok", "output_ids": [100], "meta_info": {
+            "id": "x", "prompt_tokens": 1, "completion_tokens": 1,
+            "finish_reason": {"type": "stop"}}})
+    if fault == "status500":
+        return web.json_response({"error": {"message": "stub fault"}}, status=500)
+    if fault == "garbage" and not stream:
+        return web.Response(body=b"<html>502 Bad Gateway</html>", content_type="text/html")
+    if fault == "truncated" and not stream:
+        return web.Response(body=whole[: len(whole) // 2], content_type="application/json")
+    if fault == "close-mid-chunk" and not stream:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json",
+                                           "Content-Length": str(len(whole))})
+        await resp.prepare(request)
+        await resp.write(whole[: len(whole) // 2])
+        assert request.transport is not None
+        request.transport.close()
+        return resp
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    if fault == "garbage":
+        await resp.write(b"data: <html>502 Bad Gateway</html>\n\n")
+    elif fault == "truncated":
+        await resp.write(token[: len(token) // 2] + b"\n\n")
+    else:  # close-mid-chunk: a token, then half of the next event, then the connection goes
+        await resp.write(token + b"\n\n")
+        await asyncio.sleep(0.05)
+        await resp.write(token[: len(token) // 2])
+        assert request.transport is not None
+        request.transport.close()
+    return resp
+
+
 class StubServer:
     def __init__(self, cfg: StubConfig) -> None:
         self.cfg = cfg
@@ -183,6 +238,9 @@ class StubServer:
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json(loads=orjson.loads)
+        if self.cfg.fault is not None:
+            return await broken_answer(request, self.cfg.fault, bool(body.get("stream")),
+                                       chat=False)
         prompt = prompt_text(body)
         if (failure := await self.admit(prompt)) is not None:
             return failure
@@ -257,6 +315,9 @@ class StubServer:
         self.cfg.generate_calls += 1
         chat = request.path.endswith("/chat/completions")
         body = await request.json(loads=orjson.loads)
+        if self.cfg.fault is not None:
+            return await broken_answer(request, self.cfg.fault, bool(body.get("stream")),
+                                       chat=chat)
         prompt = prompt_text(body)
         if (failure := await self.admit(prompt)) is not None:
             return openai_reject(failure.status, "stub rejected or failed the request")
@@ -294,6 +355,12 @@ class StubServer:
         await resp.prepare(request)
         kind = "chat.completion.chunk" if chat else "text_completion"
         for i, word in enumerate(p.words):
+            if i:
+                try:
+                    await pause(request, self.cfg.drip_s)
+                except ClientLeft:
+                    self.cfg.cancelled += 1
+                    return resp
             piece = (" " if i else "") + word
             choice = ({"index": 0, "delta": {"role": "assistant", "content": piece}
                        if i == 0 else {"content": piece}, "finish_reason": None} if chat
@@ -353,12 +420,15 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, StubC
                         help="seconds per verify step before answering")
     parser.add_argument("--no-constrained", action="store_true",
                         help="reject response_format/json_schema with a 400")
+    parser.add_argument("--fault", choices=FAULTS, default=None,
+                        help="break every /generate answer this way")
     args = parser.parse_args(argv)
     return args, StubConfig(model=args.model, method=args.method, k=args.k,
                             fail_after=args.fail_after, incremental=args.incremental,
                             stall_s=args.stall, drip_s=args.drip,
                             accept_length=args.accept_length,
-                            no_constrained=args.no_constrained, step_s=args.step_s)
+                            no_constrained=args.no_constrained, step_s=args.step_s,
+                            fault=args.fault)
 
 
 if __name__ == "__main__":
