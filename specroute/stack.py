@@ -80,7 +80,7 @@ def build_config(pools: list[tuple[str, int]], host: str, port: int, redis_url: 
             {"name": f"embedded-{method}", "engine": "embedded", "model": model_dir.name,
              "method": method, "k": default_k(method),
              "capabilities": {"per_request_k": method != "plain", "tools": False,
-                              "constrained_decoding": False,
+                              "constrained_decoding": True,
                               "max_context": config["max_position_embeddings"]},
              "workers": [f"http://127.0.0.1:{worker_port}"]}
             for method, worker_port in pools

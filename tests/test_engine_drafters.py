@@ -125,7 +125,7 @@ def test_first_drafted_token_follows_the_target(
         if draft.q is not None:  # a sampled draft: draw a new one (proposing is idempotent)
             draft = drafter.propose(state)
         rows = root_logits.expand(1 + len(draft), -1)  # only the root row decides token 1
-        path, bonus = accept(draft, rows, sampler)
+        path, bonus, _ = accept(draft, rows, sampler)
         counts[draft.tokens[path[0]] if path else bonus] += 1
         accepted += bool(path)
     assert accepted < TRIALS

@@ -135,7 +135,7 @@ def _first_tokens(draft_for, logits: torch.Tensor, sampler_args: dict) -> Counte
     sampler = Sampler(**sampler_args, generator=torch.Generator().manual_seed(0))
     for _ in range(TRIALS):
         draft = draft_for(sampler.generator)
-        path, bonus = accept(draft, logits[: 1 + len(draft)], sampler)
+        path, bonus, _ = accept(draft, logits[: 1 + len(draft)], sampler)
         counts[draft.tokens[path[0]] if path else bonus] += 1
     return counts
 
@@ -161,7 +161,7 @@ def test_point_mass_chain_second_token_follows_its_row() -> None:
     seconds: Counter[int] = Counter()
     sampler = Sampler(**sampler_args, generator=torch.Generator().manual_seed(0))
     for _ in range(TRIALS * 2):
-        path, bonus = accept(Draft.chain([first, 5]), logits, sampler)
+        path, bonus, _ = accept(Draft.chain([first, 5]), logits, sampler)
         if path == [0]:
             seconds[bonus] += 1
         elif len(path) == 2:

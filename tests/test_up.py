@@ -9,6 +9,7 @@ The stack runs the bundled model (`--model tiny`; skipped while it is absent);
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -122,12 +123,15 @@ def test_up_serves_and_stops_everything(tmp_path: Path, stop_signal: signal.Sign
             extra_headers={"x-specroute-pool": "embedded-ngram", "x-specroute-k": "1"})
         facts = raw.parse().model_extra["specroute"]
         assert facts["k"] == 1 and facts["accept_length"] <= 2.0
-        # JSON mode on engines without constrained decoding: served, with a warning
+        # a JSON schema, enforced by the embedded workers' grammar engine
+        schema = {"type": "object", "properties": {"ok": {"type": "boolean"}},
+                  "required": ["ok"], "additionalProperties": False}
         raw = client.chat.completions.with_raw_response.create(
-            model="specroute-tiny", messages=messages, max_tokens=8,
-            response_format={"type": "json_object"})
-        assert raw.headers["x-specroute-warning"].startswith(
-            "response_format json_object not enforced by pool embedded-")
+            model="specroute-tiny", messages=messages, max_tokens=16, temperature=0,
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "ok", "schema": schema}})
+        assert "x-specroute-warning" not in raw.headers
+        assert isinstance(json.loads(raw.parse().choices[0].message.content)["ok"], bool)
         proc.send_signal(stop_signal)
         assert proc.wait(30) == 0
         deadline = time.monotonic() + 10

@@ -3,11 +3,13 @@ without a model."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import pytest
 
 from workers.embedded import info, requests, responses
+from workers.embedded.api import Constraint
 from workers.embedded.errors import BadRequest
 
 
@@ -64,15 +66,18 @@ def test_sglang_defaults_apply_when_fields_are_missing() -> None:
     ({"text": "a", "sampling_params": {"max_new_tokens": "9"}}, "must be of type int"),
     ({"text": "a", "sampling_params": {"temperature": -1}}, "temperature must be >= 0"),
     ({"text": "a", "sampling_params": {"top_p": 0}}, "top_p"),
-    ({"text": "a", "sampling_params": {"json_schema": "{}"}}, requests.CONSTRAINED_MESSAGE),
-    ({"text": "a", "sampling_params": {"regex": "a+"}}, requests.CONSTRAINED_MESSAGE),
-    ({"text": "a", "sampling_params": {"ebnf": "root ::= 'a'"}}, requests.CONSTRAINED_MESSAGE),
+    ({"text": "a", "sampling_params": {"json_schema": "{}", "regex": "a"}}, "only one of"),
+    ({"text": "a", "sampling_params": {"regex": 5}}, "regex must be a non-empty string"),
+    ({"text": "a", "sampling_params": {"structural_tag": "{}"}}, "structural_tag is not"),
+    ({"text": "a", "sampling_params": {"logit_bias": {"x": 1}}}, "logit_bias must map"),
+    ({"text": "a", "sampling_params": {"logit_bias": {"3": 500}}}, "logit_bias must map"),
+    ({"text": "a", "logprob_start_len": 0}, "prompt logprobs are not"),
     ({"text": "a", "sampling_params": {"custom_params": {"num_speculative_tokens": -1}}},
      "num_speculative_tokens must be >= 0"),
     ({"text": "a", "sampling_params": {"custom_params": {"num_speculative_tokens": 2.5}}},
      "must be of type int"),
     ({"text": "a", "sampling_params": {"n": 2}}, "n must be 1"),
-    ({"text": "a", "sampling_params": {"frequency_penalty": 0.5}}, "not supported"),
+    ({"text": "a", "sampling_params": {"min_p": 0.5}}, "not supported"),
     ({"text": "a", "sampling_params": []}, "batch requests"),
 ])
 def test_bad_generate_bodies_are_400_with_a_message(body: dict, message: str) -> None:
@@ -87,10 +92,42 @@ def test_malformed_json_and_non_objects_are_bad_requests() -> None:
         requests.parse_json(b"[1, 2]")
 
 
-def test_openai_bodies_refuse_constraints_and_tools() -> None:
+def test_generate_constraints_penalties_and_logprobs_reach_the_engine() -> None:
+    req = requests.parse_generate({
+        "text": "a", "return_logprob": True, "top_logprobs_num": 2,
+        "sampling_params": {"regex": "[0-9]+", "presence_penalty": 0.5,
+                            "frequency_penalty": -0.5, "logit_bias": {"7": -100}}})
+    s = req.sampling
+    assert s.constraint == Constraint("regex", "[0-9]+") and s.top_logprobs == 2
+    assert (s.presence_penalty, s.frequency_penalty, s.logit_bias) == (0.5, -0.5, {7: -100.0})
+    assert requests.parse_generate({"text": "a", "top_logprobs_num": 2}).sampling.top_logprobs \
+        is None  # without return_logprob
+
+
+def test_openai_response_format_logprobs_and_n() -> None:
     chat = {"messages": [{"role": "user", "content": "x"}]}
-    with pytest.raises(BadRequest, match="constrained decoding"):
-        requests.parse_chat({**chat, "response_format": {"type": "json_object"}}, lambda m: [5])
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    req = requests.parse_chat({**chat, "n": 3, "logprobs": True, "top_logprobs": 4,
+                               "response_format": {"type": "json_schema", "json_schema": {
+                                   "name": "x", "schema": schema, "strict": True}}},
+                              lambda m: [5])
+    assert req.n == 3 and req.sampling.top_logprobs == 4
+    assert req.sampling.constraint == Constraint("json_schema", json.dumps(schema,
+                                                                           separators=(",", ":")))
+    req = requests.parse_chat({**chat, "response_format": {"type": "json_object"}}, lambda m: [5])
+    assert req.sampling.constraint == Constraint("json_schema", requests.JSON_OBJECT)
+    assert requests.parse_completion({"prompt": "x", "logprobs": 2}).sampling.top_logprobs == 2
+    with pytest.raises(BadRequest, match="n must be in"):
+        requests.parse_chat({**chat, "n": 0}, lambda m: [5])
+    with pytest.raises(BadRequest, match="top_logprobs needs logprobs"):
+        requests.parse_chat({**chat, "top_logprobs": 2}, lambda m: [5])
+    with pytest.raises(BadRequest, match="either response_format"):
+        requests.parse_chat({**chat, "response_format": {"type": "json_object"}, "regex": "a"},
+                            lambda m: [5])
+
+
+def test_openai_bodies_refuse_tools() -> None:
+    chat = {"messages": [{"role": "user", "content": "x"}]}
     with pytest.raises(BadRequest, match="tool calling"):
         requests.parse_chat({**chat, "tools": [{"type": "function"}]}, lambda m: [5])
     with pytest.raises(BadRequest, match="role"):

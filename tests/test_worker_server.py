@@ -124,7 +124,9 @@ def test_per_request_k_and_method_via_custom_params(worker: str) -> None:
     (json.dumps({"text": ""}), "text is empty"),
     (json.dumps({"text": "a", "sampling_params": {"max_new_tokens": 0}}), "max_new_tokens"),
     (json.dumps({"text": "a", "sampling_params": {"temperature": "hot"}}), "temperature"),
-    (json.dumps({"text": "a", "sampling_params": {"json_schema": "{}"}}), "constrained decoding"),
+    (json.dumps({"text": "a", "sampling_params": {"json_schema": "{not json"}}),
+     "invalid json_schema"),
+    (json.dumps({"text": "a", "sampling_params": {"regex": "(a"}}), "invalid regex"),
     (json.dumps({"text": "a", "sampling_params": {"custom_params": {"method": "nope"}}}),
      "unknown method"),
     (json.dumps({"text": "a", "sampling_params": {"custom_params":
@@ -188,10 +190,53 @@ def test_openai_completion_stream_has_sglext_usage_and_done(worker: str) -> None
     assert text_chunks[-1]["choices"][0]["finish_reason"] == "length"
     assert chunks[-2]["sglext"]["spec_tokens_details"]["spec_verify_ct"] >= 1
     assert chunks[-1]["usage"]["completion_tokens"] == 4
-    bad = httpx.post(f"{worker}/v1/chat/completions", json={
-        "model": "tiny", "messages": [{"role": "user", "content": "x"}],
-        "response_format": {"type": "json_object"}})
-    assert bad.status_code == 400 and "constrained decoding" in bad.json()["message"]
+
+
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"},
+                                           "n": {"enum": [1, 2, 3]}},
+          "required": ["ok", "n"], "additionalProperties": False}
+
+
+def test_openai_n_logprobs_and_json_schema(worker: str) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=f"{worker}/v1", api_key="none", max_retries=0)
+    try:
+        reply = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "JSON please."}], n=3,
+            max_tokens=30, temperature=1.0, seed=5, logprobs=True, top_logprobs=2,
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "s", "schema": SCHEMA, "strict": True}})
+    finally:
+        client.close()
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    tokens = 0
+    for choice in reply.choices:
+        doc = json.loads(choice.message.content or "")
+        assert isinstance(doc["ok"], bool) and doc["n"] in (1, 2, 3)
+        assert choice.finish_reason == "stop" and choice.logprobs is not None
+        content = choice.logprobs.content or []
+        assert all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content)
+        tokens += len(content)
+    assert reply.usage is not None and reply.usage.completion_tokens == tokens
+
+
+def test_generate_logprobs_and_streamed_n(worker: str) -> None:
+    r = httpx.post(f"{worker}/generate", json={
+        "text": "def add", "return_logprob": True, "top_logprobs_num": 3,
+        "return_text_in_logprobs": True, "sampling_params": greedy(4)}, timeout=30)
+    meta = r.json()["meta_info"]
+    assert [e[1] for e in meta["output_token_logprobs"]] == r.json()["output_ids"]
+    assert all(len(top) == 3 and top[0][1] == e[1] and isinstance(top[0][2], str)
+               for e, top in zip(meta["output_token_logprobs"], meta["output_top_logprobs"],
+                                 strict=True))
+    r = httpx.post(f"{worker}/v1/completions", json={
+        "model": "tiny", "prompt": "def add(a, b):", "max_tokens": 3, "n": 2, "stream": True,
+        "ignore_eos": True, "stream_options": {"include_usage": True}}, timeout=30)
+    chunks = [json.loads(e) for e in sse_events(r.text)[:-1]]
+    finished = [c["choices"][0]["index"] for c in chunks
+                if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert sorted(finished) == [0, 1] and chunks[-1]["usage"]["completion_tokens"] == 6
 
 
 def running_requests(worker: str) -> int:

@@ -11,11 +11,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 
 class EngineInputError(ValueError):
     """The request cannot be served as given (the server answers HTTP 400)."""
+
+
+ConstraintKind = Literal["json_schema", "regex", "ebnf"]
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A grammar the output must follow (SGLang's `json_schema` / `regex` / `ebnf` sampling
+    params): `text` is the schema as JSON text, the regular expression, or the grammar
+    (GBNF or Lark). OpenAI's `json_object` is the schema `{"type": "object"}`."""
+
+    kind: ConstraintKind
+    text: str
 
 
 @dataclass
@@ -28,6 +41,17 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     seed: int | None = None
+    constraint: Constraint | None = None
+    presence_penalty: float = 0.0  # OpenAI's: subtracted once a token has been generated
+    frequency_penalty: float = 0.0  # OpenAI's: subtracted per time it has been generated
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added logit
+    top_logprobs: int | None = None  # None: no logprobs; 0: the chosen token's only
+
+    @property
+    def shapes_logits(self) -> bool:
+        """Whether the target's logits are changed per position along a draft path."""
+        return (self.constraint is not None or bool(self.logit_bias)
+                or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0)
 
 
 @dataclass(frozen=True)
@@ -72,6 +96,17 @@ class GenerationStats:
         )
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A committed token's log-probability under the target model (raw logits, before
+    temperature and constraints: what OpenAI and SGLang report), with the most likely
+    alternatives at that position, best first."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
 @dataclass
 class StepOutput:
     token_ids: list[int]  # tokens committed this step
@@ -79,6 +114,7 @@ class StepOutput:
     finished: bool
     finish_reason: str | None  # "stop" | "length" | None
     matched_stop: str | int | None
+    logprobs: list[TokenLogprob] | None = None  # one per token_ids entry, when asked for
 
 
 class RunningGeneration(Protocol):
@@ -100,6 +136,8 @@ class ChatTokenizer(Protocol):
 
     def encode_chat(self, messages: Sequence[dict[str, str]],
                     add_generation_prompt: bool = True) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
 
 
 class GenerationEngine(Protocol):

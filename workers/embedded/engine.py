@@ -30,11 +30,22 @@ from workers.embedded.api import (
     StepOutput,
 )
 from workers.embedded.detokenize import TextStream
+from workers.embedded.grammar import GrammarCompiler, GrammarProcessor
 from workers.embedded.model import ForwardOutput, LlamaForCausalLM, SequenceInput, load_model
 from workers.embedded.speculative import DecodeState, Draft, Sampler
 from workers.embedded.speculative.methods import Method, builtin_methods, load_methods
+from workers.embedded.speculative.processors import (
+    LogitBias,
+    Penalties,
+    Processors,
+    TokenProcessor,
+)
+from workers.embedded.speculative.sampling import token_logprobs
 from workers.embedded.speculative.verify import VerifyStep
 from workers.embedded.tokenizer import TextTokenizer
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+MAX_PENALTY = 2.0  # OpenAI's and SGLang's range for presence and frequency penalties
 
 __all__ = [
     "BUNDLED_MODEL_DIR",
@@ -88,6 +99,8 @@ class Engine:
         self._methods = methods
         self.methods = tuple(methods)
         self.default_k = {name: min(m.default_k, max_k) for name, m in methods.items()}
+        self.grammars = GrammarCompiler(tokenizer.path, tokenizer.stop_ids,
+                                        model.config.vocab_size)
 
     def start(
         self,
@@ -216,6 +229,18 @@ class Engine:
             raise EngineInputError("top_k must be >= 0 (0 = off)")
         if any(not s for s in params.stop):
             raise EngineInputError("stop strings must be non-empty")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -MAX_PENALTY <= getattr(params, name) <= MAX_PENALTY:
+                raise EngineInputError(f"{name} must be in [-2, 2]")
+        if any(not 0 <= t < vocab for t in params.logit_bias):
+            raise EngineInputError(f"logit_bias keys must be token ids in 0..{vocab - 1}")
+        if params.top_logprobs is not None and not 0 <= params.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise EngineInputError(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}")
+        if params.constraint is not None:
+            if params.ignore_eos:
+                raise EngineInputError("ignore_eos cannot be combined with a grammar "
+                                       "(json_schema, regex, ebnf): the grammar ends the output")
+            self.grammars.compile(params.constraint)  # EngineInputError if invalid
 
 
 class Generation:
@@ -234,6 +259,9 @@ class Generation:
             params.seed if params.seed is not None else random.SystemRandom().getrandbits(63)
         )
         self._sampler = Sampler(params.temperature, params.top_p, params.top_k, generator)
+        self._grammar: GrammarProcessor | None = None
+        self._processor = self._processors(engine, params)
+        self._top_logprobs = params.top_logprobs
         self._prompt = prompt
         self._state: DecodeState | None = None
         self._verify: VerifyStep | None = None  # the step prepared for the next forward
@@ -246,6 +274,22 @@ class Generation:
         self.finished = False
         self.finish_reason: str | None = None
         self.matched_stop: str | int | None = None
+
+    def _processors(self, engine: Engine, params: SamplingParams) -> TokenProcessor | None:
+        if not params.shapes_logits:
+            return None
+        device = self._model.lm_head.weight.device
+        vocab = self._model.config.vocab_size
+        items: list[TokenProcessor] = []
+        if params.logit_bias:
+            items.append(LogitBias(params.logit_bias, vocab, device))
+        if params.presence_penalty or params.frequency_penalty:
+            items.append(Penalties(params.presence_penalty, params.frequency_penalty, vocab,
+                                   device))
+        if params.constraint is not None:
+            self._grammar = engine.grammars.processor(params.constraint, device)
+            items.append(self._grammar)
+        return items[0] if len(items) == 1 else Processors(items)
 
     def step(self) -> StepOutput:
         """One step of this generation alone (`Engine.step` batches several)."""
@@ -274,21 +318,27 @@ class Generation:
             return SequenceInput(torch.tensor(self._prompt, device=device), self._cache,
                                  last_only=True)
         draft = self._fit(self._drafter.propose(state), state)
+        if self._grammar is not None:
+            draft = self._grammar.prune(draft)
         self._verify = VerifyStep(self._cache, state.tokens[-1], draft, device)
         return self._verify.input
 
     def _complete(self, out: ForwardOutput) -> StepOutput:
-        new_tokens = self._first_token(out) if self._state is None else self._accept(out)
-        return self._commit(new_tokens)
+        new_tokens, rows = self._first_token(out) if self._state is None else self._accept(out)
+        return self._commit(new_tokens, rows)
 
-    def _first_token(self, out: ForwardOutput) -> list[int]:
+    def _first_token(self, out: ForwardOutput) -> tuple[list[int], torch.Tensor]:
         self._cache.commit()
         last = out.logits[0, -1]  # (V,)
+        if self._processor is not None:
+            last = self._processor.apply(last)
         first = (
             int(last.argmax())
             if self._sampler.greedy
             else self._sampler.sample(self._sampler.probs(last))
         )
+        if self._processor is not None:
+            self._processor.advance(first)
         self._state = DecodeState(
             tokens=[*self._prompt, first],
             prompt_len=len(self._prompt),
@@ -298,19 +348,19 @@ class Generation:
             hidden_start=0,
         )
         self.stats.verify_steps += 1
-        return [first]
+        return [first], last.unsqueeze(0)
 
-    def _accept(self, out: ForwardOutput) -> list[int]:
+    def _accept(self, out: ForwardOutput) -> tuple[list[int], torch.Tensor]:
         state, step = self._state, self._verify
         assert state is not None and step is not None, "prepared before completed"
-        result = step.finish(out, self._sampler)
+        result = step.finish(out, self._sampler, self._processor)
         self._verify = None
         state.tokens.extend(result.tokens)
         state.hidden, state.hidden_start, state.last = result.hidden, step.start, result
         self.stats.verify_steps += 1
         self.stats.num_proposed_drafts += result.num_proposed
         self.stats.num_correct_drafts += len(result.accepted)
-        return result.tokens
+        return result.tokens, result.logits
 
     def _fit(self, draft: Draft, state: DecodeState) -> Draft:
         """Trim a draft to k nodes, to the tokens still allowed, and to the cache's room."""
@@ -322,7 +372,7 @@ class Generation:
         max_depth = min(left_tokens, left_context) - 1
         return draft.prune(min(self._k, room), max_depth)
 
-    def _commit(self, new_tokens: list[int]) -> StepOutput:
+    def _commit(self, new_tokens: list[int], rows: torch.Tensor) -> StepOutput:
         reason: str | None = None
         matched: str | int | None = None
         left = self._max_new_tokens - len(self.output_ids)
@@ -349,7 +399,9 @@ class Generation:
         if reason is not None:
             self.finished, self.finish_reason, self.matched_stop = True, reason, matched
             self._cache = None  # type: ignore[assignment]
-        return StepOutput(new_tokens, text, self.finished, reason, matched)
+        logprobs = None if self._top_logprobs is None else token_logprobs(
+            new_tokens, rows, self._sampler, self._top_logprobs)
+        return StepOutput(new_tokens, text, self.finished, reason, matched, logprobs)
 
     def _prompt_len_plus_output(self) -> int:
         return len(self._prompt) + len(self.output_ids)

@@ -67,6 +67,7 @@ def server_info(state: WorkerState) -> dict[str, Any]:
         "speculative_eagle_topk": 1 if speculative else None,
         "speculative_num_draft_tokens": k + 1 if speculative else None,
         "incremental_streaming_output": False,
+        "grammar_backend": "llguidance",  # one of SGLang's (arg_groups/choices.py)
         "weight_version": "default",
         "internal_states": [internal],
         "version": VERSION,

@@ -16,21 +16,23 @@ from typing import Any
 
 import orjson
 
-from workers.embedded.api import SamplingParams
+from workers.embedded.api import Constraint, SamplingParams
 from workers.embedded.errors import BadRequest
 
 # The model's chat prompt as ids (TextTokenizer.encode_chat): ids rather than text, so
 # that special-token text in a message stays text.
 EncodeChat = Callable[[Sequence[dict[str, str]]], list[int]]
 
-CONSTRAINED_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
-CONSTRAINED_MESSAGE = "constrained decoding is not supported by this engine"
+# SGLang's grammar fields (sampling_params.py); at most one per request.
+CONSTRAINED_FIELDS = ("json_schema", "regex", "ebnf")
+# OpenAI's json_object: any JSON object, as SGLang's own route compiles it.
+JSON_OBJECT = '{"type": "object"}'
 # SGLang's TOP_K_ALL (sampling_params.py): "no top-k cut", like -1.
 TOP_K_ALL = 1 << 30
+MAX_N = 16
 # Sampling options SGLang accepts that this engine does not implement, with the value
 # that means "off"; any other value is refused rather than silently ignored.
-UNSUPPORTED_DEFAULTS = {"min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
-                        "repetition_penalty": 1.0, "min_new_tokens": 0}
+UNSUPPORTED_DEFAULTS = {"min_p": 0.0, "repetition_penalty": 1.0, "min_new_tokens": 0}
 
 
 @dataclass
@@ -45,6 +47,8 @@ class GenerateRequest:
     stream: bool = False
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
     include_usage: bool = False  # OpenAI stream_options.include_usage
+    n: int = 1  # independent samples (OpenAI routes)
+    return_text_in_logprobs: bool = False  # /generate: token text in the logprob entries
     return_spec_tokens_details: bool = False  # OpenAI routes: fill sglext
     model: str | None = None
 
@@ -94,18 +98,43 @@ def _stop_list(value: Any, name: str) -> list[str]:
     raise BadRequest(f"{name} must be a string or a list of strings")
 
 
-def _refuse_constraints(obj: dict[str, Any], where: str) -> None:
-    for name in CONSTRAINED_FIELDS:
-        if obj.get(name) is not None:
-            raise BadRequest(f"{CONSTRAINED_MESSAGE} ({where}{name})")
+def _refuse_unsupported(obj: dict[str, Any], where: str) -> None:
+    if obj.get("structural_tag") is not None:
+        raise BadRequest(f"{where}structural_tag is not supported by this engine")
     for name, off in UNSUPPORTED_DEFAULTS.items():
         if obj.get(name) is not None and obj[name] != off:
             raise BadRequest(f"{where}{name} is not supported by this engine")
-    if obj.get("logit_bias"):
-        raise BadRequest(f"{where}logit_bias is not supported by this engine")
-    n = obj.get("n")
-    if n is not None and n != 1:
-        raise BadRequest(f"{where}n must be 1 on this engine")
+
+
+def _constraint(obj: dict[str, Any], where: str) -> Constraint | None:
+    """SGLang's json_schema / regex / ebnf (strings); at most one."""
+    given = [name for name in CONSTRAINED_FIELDS if obj.get(name) is not None]
+    if len(given) > 1:
+        raise BadRequest(f"only one of {where}json_schema, regex, ebnf may be given")
+    if not given:
+        return None
+    value = obj[given[0]]
+    if given[0] == "json_schema" and isinstance(value, dict):
+        value = orjson.dumps(value).decode()
+    if not isinstance(value, str) or not value:
+        raise BadRequest(f"{where}{given[0]} must be a non-empty string")
+    return Constraint(given[0], value)  # type: ignore[arg-type]
+
+
+def _logit_bias(raw: Any, where: str) -> dict[int, float]:
+    """OpenAI/SGLang logit_bias: {"token id": bias}, bias in [-100, 100]."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise BadRequest(f"{where}logit_bias must be an object of token id -> bias")
+    bias: dict[int, float] = {}
+    for key, value in raw.items():
+        if not (isinstance(key, str) and key.isdigit()) or isinstance(value, bool) \
+                or not isinstance(value, int | float) or not -100 <= value <= 100:
+            raise BadRequest(f"{where}logit_bias must map token ids to numbers in "
+                             f"[-100, 100], got {key!r}: {value!r}")
+        bias[int(key)] = float(value)
+    return bias
 
 
 def _custom_params(raw: Any, where: str) -> tuple[str | None, int | None]:
@@ -122,8 +151,10 @@ def _custom_params(raw: Any, where: str) -> tuple[str | None, int | None]:
 
 
 def parse_sampling(raw: dict[str, Any], where: str, max_tokens_key: str = "max_new_tokens",
-                   default_max: int | None = 128, seed_key: str = "sampling_seed") -> SamplingParams:
-    _refuse_constraints(raw, where)
+                   default_max: int | None = 128, seed_key: str = "sampling_seed",
+                   constraint: Constraint | None = None,
+                   top_logprobs: int | None = None) -> SamplingParams:
+    _refuse_unsupported(raw, where)
     max_new = _get(raw, max_tokens_key, int, default_max, where)
     if max_new is not None and max_new < 1:
         raise BadRequest(f"{where}{max_tokens_key} must be >= 1")
@@ -146,6 +177,11 @@ def parse_sampling(raw: dict[str, Any], where: str, max_tokens_key: str = "max_n
         stop_token_ids=[] if stop_ids is None else _int_list(stop_ids, f"{where}stop_token_ids"),
         ignore_eos=_get(raw, "ignore_eos", bool, False, where),
         seed=_get(raw, seed_key, int, None, where),
+        constraint=constraint or _constraint(raw, where),
+        presence_penalty=_get(raw, "presence_penalty", float, 0.0, where),
+        frequency_penalty=_get(raw, "frequency_penalty", float, 0.0, where),
+        logit_bias=_logit_bias(raw.get("logit_bias"), where),
+        top_logprobs=top_logprobs,
     )
 
 
@@ -189,30 +225,77 @@ def parse_generate(body: dict[str, Any]) -> GenerateRequest:
     if not isinstance(raw, dict):
         raise BadRequest("sampling_params must be an object")
     method, k = _custom_params(raw.get("custom_params"), "sampling_params.")
+    if _get(raw, "n", int, 1, "sampling_params.") != 1:
+        raise BadRequest("sampling_params.n must be 1 on /generate; send n requests")
     rid = _get(body, "rid", str, None)
+    if _get(body, "logprob_start_len", int, -1) != -1:
+        raise BadRequest("logprob_start_len: prompt logprobs are not supported by "
+                         "this engine; only -1")
+    top = _get(body, "top_logprobs_num", int, 0)
     return GenerateRequest(
         text=text, input_ids=input_ids,
-        sampling=parse_sampling(raw, "sampling_params."),
+        sampling=parse_sampling(raw, "sampling_params.", top_logprobs=(
+            top if _get(body, "return_logprob", bool, False) else None)),
         method=method, k=k,
         stream=_get(body, "stream", bool, False),
+        return_text_in_logprobs=_get(body, "return_text_in_logprobs", bool, False),
         **({"rid": rid} if rid else {}),
     )
 
 
-def _openai_common(body: dict[str, Any], default_max: int | None, max_key: str) -> dict[str, Any]:
+def _response_format(body: dict[str, Any]) -> Constraint | None:
+    """OpenAI response_format: json_object (any object) or json_schema (its schema)."""
     fmt = body.get("response_format")
-    if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
-        raise BadRequest(f"{CONSTRAINED_MESSAGE} (response_format {fmt.get('type')})")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+        raise BadRequest("response_format.type must be text, json_object or json_schema")
+    if fmt["type"] == "json_object":
+        return Constraint("json_schema", JSON_OBJECT)
+    if fmt["type"] == "json_schema":
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema", spec.get("schema_")) if isinstance(spec, dict) else None
+        if schema is None:
+            return Constraint("json_schema", JSON_OBJECT)
+        if not isinstance(schema, dict):
+            raise BadRequest("response_format.json_schema.schema must be an object")
+        return Constraint("json_schema", orjson.dumps(schema).decode())
+    return None
+
+
+def _openai_logprobs(body: dict[str, Any], chat: bool) -> int | None:
+    """Chat: logprobs (bool) + top_logprobs (0..20); completions: logprobs (0..5)."""
+    if chat:
+        if not _get(body, "logprobs", bool, False):
+            if body.get("top_logprobs"):
+                raise BadRequest("top_logprobs needs logprobs: true")
+            return None
+        return _get(body, "top_logprobs", int, 0)
+    top = _get(body, "logprobs", int, None)
+    if top is not None and not 0 <= top <= 5:
+        raise BadRequest("logprobs must be in 0..5")
+    return top
+
+
+def _openai_common(body: dict[str, Any], default_max: int | None, max_key: str,
+                   chat: bool) -> dict[str, Any]:
     if body.get("tools"):
         raise BadRequest("tool calling is not supported by this engine")
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise BadRequest("stream_options must be an object")
     method, k = _custom_params(body.get("custom_params"), "")
+    n = _get(body, "n", int, 1)
+    if not 1 <= n <= MAX_N:
+        raise BadRequest(f"n must be in 1..{MAX_N}")
+    constraint = _response_format(body)
+    if constraint is not None and any(body.get(f) is not None for f in CONSTRAINED_FIELDS):
+        raise BadRequest("give either response_format or one of json_schema, regex, ebnf")
     return dict(
         sampling=parse_sampling(body, "", max_tokens_key=max_key, default_max=default_max,
-                                seed_key="seed"),
-        method=method, k=k,
+                                seed_key="seed", constraint=constraint,
+                                top_logprobs=_openai_logprobs(body, chat)),
+        method=method, k=k, n=n,
         stream=_get(body, "stream", bool, False),
         include_usage=_get(options, "include_usage", bool, False, "stream_options."),
         return_spec_tokens_details=_get(body, "return_spec_tokens_details", bool, False),
@@ -226,7 +309,7 @@ def parse_completion(body: dict[str, Any]) -> GenerateRequest:
     if body.get("echo"):
         raise BadRequest("echo is not supported by this engine")
     return GenerateRequest(text=text, input_ids=input_ids,
-                           **_openai_common(body, 16, "max_tokens"))
+                           **_openai_common(body, 16, "max_tokens", chat=False))
 
 
 def _message_text(content: Any, index: int) -> str:
@@ -253,7 +336,7 @@ def parse_chat(body: dict[str, Any], encode_chat: EncodeChat) -> GenerateRequest
     max_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None \
         else "max_tokens"
     return GenerateRequest(text=None, input_ids=encode_chat(rendered),
-                           **_openai_common(body, None, max_key))
+                           **_openai_common(body, None, max_key, chat=True))
 
 
 def with_stop_ids(req: GenerateRequest, stop_ids: Sequence[int]) -> GenerateRequest:

@@ -7,9 +7,12 @@ file and line.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from workers.embedded.api import GenerationStats, StepOutput
+from workers.embedded.api import GenerationStats, StepOutput, TokenLogprob
+
+TokenText = Callable[[int], str]  # a token id's text
 
 
 def finish_reason_json(output: StepOutput, completion_tokens: int) -> dict[str, Any] | None:
@@ -99,3 +102,41 @@ def error_body(message: str, status_code: int) -> dict[str, Any]:
         status_code, "InternalServerError")
     return {"object": "error", "message": message, "type": kind, "param": None,
             "code": status_code}
+
+
+def sglang_logprobs(logprobs: Sequence[TokenLogprob], top: int, text: TokenText | None,
+                    ) -> dict[str, Any]:
+    """meta_info output_token_logprobs / output_top_logprobs (tokenizer_manager.py
+    detokenize_logprob_tokens): [logprob, token id, text or None] per token."""
+    def entry(token: int, logprob: float) -> list[Any]:
+        return [logprob, token, text(token) if text is not None else None]
+
+    info: dict[str, Any] = {
+        "output_token_logprobs": [entry(lp.token_id, lp.logprob) for lp in logprobs]}
+    if top:
+        info["output_top_logprobs"] = [[entry(t, v) for t, v in lp.top] for lp in logprobs]
+    return info
+
+
+def chat_logprobs(logprobs: Sequence[TokenLogprob], text: TokenText) -> dict[str, Any]:
+    """OpenAI ChoiceLogprobs: content[] of {token, bytes, logprob, top_logprobs[]}."""
+    def entry(token: int, logprob: float) -> dict[str, Any]:
+        piece = text(token)
+        return {"token": piece, "bytes": list(piece.encode()), "logprob": logprob}
+
+    return {"content": [{**entry(lp.token_id, lp.logprob),
+                         "top_logprobs": [entry(t, v) for t, v in lp.top]}
+                        for lp in logprobs]}
+
+
+def completion_logprobs(logprobs: Sequence[TokenLogprob], text: TokenText,
+                        offset: int = 0) -> dict[str, Any]:
+    """OpenAI completions LogProbs: tokens, token_logprobs, top_logprobs, text_offset."""
+    tokens = [text(lp.token_id) for lp in logprobs]
+    offsets = []
+    for piece in tokens:
+        offsets.append(offset)
+        offset += len(piece)
+    return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in logprobs],
+            "top_logprobs": [{text(t): v for t, v in lp.top} for lp in logprobs],
+            "text_offset": offsets}

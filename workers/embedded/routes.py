@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from workers.embedded import info, requests, responses
 from workers.embedded.errors import WorkerError
-from workers.embedded.run import Chunks, Run, admit, sse_stream
+from workers.embedded.run import Admitted, Chunks, Run, Tail, admit, finish_all, sse_stream
 from workers.embedded.scheduler import StepEvent
 from workers.embedded.state import WorkerState
 from workers.embedded.tracing import WorkerTrace
@@ -33,21 +33,30 @@ def _trace(request: Request, req: requests.GenerateRequest, route: str) -> Worke
                        req.k)
 
 
+def _token_text(state: WorkerState) -> responses.TokenText:
+    return lambda token: state.engine.tokenizer.decode([token])
+
+
 def _generate_chunk(run: Run, event: StepEvent) -> list[Any]:
     # SGLang's default (no --incremental-streaming-output): cumulative text and ids.
-    return [{"text": run.text, "output_ids": list(run.output_ids),
-             "meta_info": run.meta_info(event)}]
+    info = run.meta_info(event)
+    top = run.req.sampling.top_logprobs
+    if top is not None:
+        text = _token_text(run.state) if run.req.return_text_in_logprobs else None
+        info.update(responses.sglang_logprobs(run.logprobs, top, text))
+    return [{"text": run.text, "output_ids": list(run.output_ids), "meta_info": info}]
 
 
 async def generate(request: Request) -> Response:
     state: WorkerState = request.app.state.worker
     req = requests.parse_generate(requests.parse_json(await request.body()))
     req = requests.with_stop_ids(req, state.engine.tokenizer.stop_ids)
-    run, first = await admit(state, req, _trace(request, req, "generate"))
+    admitted = await admit(state, req, _trace(request, req, "generate"))
     if req.stream:
-        return StreamingResponse(sse_stream(run, first, _generate_chunk, lambda r, e: []),
+        return StreamingResponse(sse_stream(admitted, _generate_chunk, lambda r, e: []),
                                  media_type="text/event-stream")
-    event = first if first.output.finished else await run.final(request)
+    run, _ = admitted[0]
+    event = (await finish_all(request, admitted))[0]
     return JSONResponse(_generate_chunk(run, event)[0])
 
 
@@ -61,24 +70,59 @@ def _openai(state: WorkerState, run: Run, kind: str) -> dict[str, Any]:
             "model": run.req.model or state.config.served_model_name}
 
 
+def _totals(runs: list[Run], events: list[StepEvent]) -> dict[str, Any]:
+    """meta_info of n samples together: the prompt counted once, the rest summed (SGLang's
+    aggregate_token_usage for n > 1)."""
+    infos = [run.meta_info(event) for run, event in zip(runs, events, strict=True)]
+    total = dict(infos[0])
+    for key in ("completion_tokens", "spec_verify_ct", "spec_num_correct_drafts",
+                "spec_num_proposed_drafts"):
+        if key in total:
+            total[key] = sum(info[key] for info in infos)
+    if "spec_verify_ct" in total:
+        proposed = total["spec_num_proposed_drafts"]
+        total["spec_accept_length"] = total["completion_tokens"] / total["spec_verify_ct"]
+        total["spec_accept_rate"] = total["spec_num_correct_drafts"] / proposed \
+            if proposed else 0.0
+    return total
+
+
 def _sglext(run: Run, info: dict[str, Any]) -> dict[str, Any] | None:
     details = responses.spec_tokens_details(info) if run.req.return_spec_tokens_details else None
     return None if details is None else {"spec_tokens_details": details}
 
 
-def _openai_body(state: WorkerState, run: Run, event: StepEvent, kind: str) -> dict[str, Any]:
-    info = run.meta_info(event)
-    reason, matched = responses.openai_finish(info)
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": reason,
-                              "matched_stop": matched}
+def _logprobs(run: Run, logprobs: list, kind: str, offset: int = 0) -> dict[str, Any] | None:
+    if run.req.sampling.top_logprobs is None:
+        return None
+    text = _token_text(run.state)
+    if kind == "chat":
+        return responses.chat_logprobs(logprobs, text)
+    return responses.completion_logprobs(logprobs, text, offset)
+
+
+def _choice(run: Run, event: StepEvent, kind: str) -> dict[str, Any]:
+    reason, matched = responses.openai_finish(run.meta_info(event))
+    choice: dict[str, Any] = {"index": run.index, "logprobs": _logprobs(run, run.logprobs, kind),
+                              "finish_reason": reason, "matched_stop": matched}
     if kind == "chat":
         choice["message"] = {"role": "assistant", "content": run.text,
                              "reasoning_content": None, "tool_calls": None}
     else:
         choice["text"] = run.text
-    body = {**_openai(state, run, kind), "choices": [choice], "metadata": None,
+    return choice
+
+
+def _openai_body(state: WorkerState, admitted: Admitted, events: list[StepEvent],
+                 kind: str) -> dict[str, Any]:
+    runs = [run for run, _ in admitted]
+    info = _totals(runs, events)
+    body = {**_openai(state, runs[0], kind),
+            "choices": [_choice(run, event, kind) for run, event in zip(runs, events,
+                                                                         strict=True)],
+            "metadata": None,
             "usage": responses.usage(info["prompt_tokens"], info["completion_tokens"])}
-    if (ext := _sglext(run, info)) is not None:
+    if (ext := _sglext(runs[0], info)) is not None:
         body["sglext"] = ext
     return body
 
@@ -89,8 +133,11 @@ def _openai_chunks(state: WorkerState, kind: str) -> Chunks:
         head["object"] = "chat.completion.chunk" if kind == "chat" else "text_completion"
         reason, matched = responses.openai_finish(run.meta_info(event))
         delta = event.output.text
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": reason,
-                                  "matched_stop": matched}
+        new = event.output.logprobs or []
+        offset = len(run.text) - len(delta)
+        choice: dict[str, Any] = {"index": run.index,
+                                  "logprobs": _logprobs(run, new, kind, offset),
+                                  "finish_reason": reason, "matched_stop": matched}
         if kind == "chat":
             choice["delta"] = {"role": "assistant", "content": delta} if \
                 len(run.output_ids) == len(event.output.token_ids) else {"content": delta}
@@ -100,16 +147,16 @@ def _openai_chunks(state: WorkerState, kind: str) -> Chunks:
     return chunks
 
 
-def _openai_tail(state: WorkerState, kind: str) -> Chunks:
+def _openai_tail(state: WorkerState, kind: str) -> Tail:
     """After the last token: an sglext chunk, then a usage chunk (SGLang's order)."""
-    def tail(run: Run, event: StepEvent) -> list[Any]:
-        info = run.meta_info(event)
-        head = {**_openai(state, run, kind), "choices": []}
+    def tail(runs: list[Run], events: list[StepEvent]) -> list[Any]:
+        info = _totals(runs, events)
+        head = {**_openai(state, runs[0], kind), "choices": []}
         head["object"] = "chat.completion.chunk" if kind == "chat" else "text_completion"
         out = []
-        if (ext := _sglext(run, info)) is not None:
+        if (ext := _sglext(runs[0], info)) is not None:
             out.append({**head, "sglext": ext})
-        if run.req.include_usage:
+        if runs[0].req.include_usage:
             out.append({**head, "usage": responses.usage(info["prompt_tokens"],
                                                         info["completion_tokens"])})
         return out
@@ -125,13 +172,13 @@ async def _openai_route(request: Request, kind: str) -> Response:
     else:
         req = requests.parse_completion(body)
     req = requests.with_stop_ids(req, tokenizer.stop_ids)
-    run, first = await admit(state, req, _trace(request, req, kind))
+    admitted = await admit(state, req, _trace(request, req, kind))
     if req.stream:
         return StreamingResponse(
-            sse_stream(run, first, _openai_chunks(state, kind), _openai_tail(state, kind)),
+            sse_stream(admitted, _openai_chunks(state, kind), _openai_tail(state, kind)),
             media_type="text/event-stream")
-    event = first if first.output.finished else await run.final(request)
-    return JSONResponse(_openai_body(state, run, event, kind))
+    events = await finish_all(request, admitted)
+    return JSONResponse(_openai_body(state, admitted, events, kind))
 
 
 async def completions(request: Request) -> Response:

@@ -9,6 +9,7 @@ client goes away.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -18,7 +19,7 @@ import orjson
 from starlette.requests import Request
 
 from workers.embedded import responses
-from workers.embedded.api import DecodeRequest, EngineInputError
+from workers.embedded.api import DecodeRequest, EngineInputError, TokenLogprob
 from workers.embedded.errors import BadRequest, WorkerError
 from workers.embedded.requests import GenerateRequest
 from workers.embedded.scheduler import ErrorEvent, StepEvent, Ticket
@@ -26,20 +27,22 @@ from workers.embedded.state import WorkerState
 from workers.embedded.tracing import WorkerTrace
 
 Chunks = Callable[["Run", StepEvent], list[Any]]
+Tail = Callable[[list["Run"], list[StepEvent]], list[Any]]  # every sample's last step
 log = logging.getLogger("specroute.worker")
 
 
 class Run:
     """One admitted request: its ticket, its accumulated output, and the event stream."""
 
-    def __init__(self, state: WorkerState, req: GenerateRequest,
+    def __init__(self, state: WorkerState, req: GenerateRequest, index: int = 0,
                  trace: WorkerTrace | None = None) -> None:
-        self.state, self.req = state, req
+        self.state, self.req, self.index = state, req, index
         self.trace = trace  # the request's spans when traces are exported
         self.started = time.perf_counter()
         self.ticket: Ticket | None = None
         self.text = ""
         self.output_ids: list[int] = []
+        self.logprobs: list[TokenLogprob] = []
         self.done = False
         self.speculative = False
 
@@ -68,6 +71,7 @@ class Run:
             raise WorkerError(f"engine failure: {event.error}") from event.error
         self.text += event.output.text
         self.output_ids.extend(event.output.token_ids)
+        self.logprobs.extend(event.output.logprobs or ())
         self.done = event.output.finished
         if self.trace is not None:
             self.trace.first_step()
@@ -100,23 +104,31 @@ class Run:
         if self.trace is not None:
             self.trace.finish(None, "cancelled")
 
-    async def final(self, request: Request) -> StepEvent:
-        """Run to the end; a client that disconnects meanwhile cancels the generation."""
-        watcher = asyncio.ensure_future(_disconnected(request))
-        try:
-            while True:
-                step = asyncio.ensure_future(self.next_event())
-                done, _ = await asyncio.wait({step, watcher}, return_when=asyncio.FIRST_COMPLETED)
-                if step not in done:
-                    step.cancel()
-                    self.cancel()
-                    raise asyncio.CancelledError
-                event = step.result()
-                if event.output.finished:
-                    return event
-        finally:
-            watcher.cancel()
-            self.cancel()
+    async def to_end(self, event: StepEvent) -> StepEvent:
+        while not event.output.finished:
+            event = await self.next_event()
+        return event
+
+
+Admitted = list[tuple[Run, StepEvent]]
+
+
+async def finish_all(request: Request, admitted: Admitted) -> list[StepEvent]:
+    """Run every admitted request to its end; a client that disconnects meanwhile cancels
+    them all."""
+    watcher: asyncio.Future[Any] = asyncio.ensure_future(_disconnected(request))
+    work: asyncio.Future[Any] = asyncio.ensure_future(
+        asyncio.gather(*(run.to_end(e) for run, e in admitted)))
+    try:
+        done, _ = await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if work not in done:
+            work.cancel()
+            raise asyncio.CancelledError
+        return work.result()
+    finally:
+        watcher.cancel()
+        for run, _ in admitted:
+            run.cancel()
 
 
 def _check_context(request: DecodeRequest, context: int, asked: int | None) -> None:
@@ -134,19 +146,29 @@ async def _disconnected(request: Request) -> None:
 
 
 async def admit(state: WorkerState, req: GenerateRequest,
-                trace: WorkerTrace | None = None) -> tuple[Run, StepEvent]:
-    """Submit and wait for the first step, so bad input is a 400 before any stream starts."""
-    run = Run(state, req, trace)
+                trace: WorkerTrace | None = None) -> Admitted:
+    """Submit the request's n samples (seeded seed, seed + 1, ... when a seed is given) and
+    wait for each one's first step, so bad input is a 400 before any stream starts. The
+    trace, when exported, follows the first sample."""
+    runs: list[Run] = []
     try:
-        run.submit()
+        for i in range(req.n):
+            sampling = req.sampling
+            if i and sampling.seed is not None:
+                sampling = dataclasses.replace(sampling, seed=sampling.seed + i)
+            runs.append(Run(state, dataclasses.replace(req, sampling=sampling), i,
+                            trace if i == 0 else None))
+            try:
+                runs[-1].submit()
+            except BaseException:
+                if i == 0 and trace is not None:
+                    trace.finish(None, "refused")
+                raise
+        return list(zip(runs, await asyncio.gather(*(r.next_event() for r in runs)),
+                        strict=True))
     except BaseException:
-        if trace is not None:
-            trace.finish(None, "refused")
-        raise
-    try:
-        return run, await run.next_event()
-    except BaseException:
-        run.cancel()
+        for run in runs:
+            run.cancel()
         raise
 
 
@@ -157,22 +179,42 @@ def _sse(obj: Any) -> bytes:
 DONE = b"data: [DONE]\n\n"
 
 
-async def sse_stream(run: Run, first: StepEvent, chunks: Chunks,
-                     tail: Chunks) -> AsyncIterator[bytes]:
-    """SSE body: chunks per step, tail chunks after the last; cancels on disconnect."""
+async def _pump(run: Run, first: StepEvent,
+                queue: asyncio.Queue[tuple[Run, StepEvent | WorkerError]]) -> None:
     event = first
     try:
         while True:
-            for chunk in chunks(run, event):
-                yield _sse(chunk)
+            await queue.put((run, event))
             if event.output.finished:
-                break
+                return
             event = await run.next_event()
-        for chunk in tail(run, event):
+    except WorkerError as exc:
+        await queue.put((run, exc))
+
+
+async def sse_stream(admitted: Admitted, chunks: Chunks, tail: Tail) -> AsyncIterator[bytes]:
+    """SSE body: chunks per step of each sample as they come, then the tail chunks after
+    the last sample's last step; cancels everything on disconnect."""
+    queue: asyncio.Queue[tuple[Run, StepEvent | WorkerError]] = asyncio.Queue()
+    pumps = [asyncio.ensure_future(_pump(run, first, queue)) for run, first in admitted]
+    finals: dict[int, StepEvent] = {}
+    try:
+        while len(finals) < len(admitted):
+            run, item = await queue.get()
+            if isinstance(item, WorkerError):
+                raise item
+            for chunk in chunks(run, item):
+                yield _sse(chunk)
+            if item.output.finished:
+                finals[run.index] = item
+        for chunk in tail([run for run, _ in admitted], [finals[i] for i in sorted(finals)]):
             yield _sse(chunk)
     except WorkerError as exc:
         yield _sse({"error": {"message": str(exc), "type": "invalid_request_error",
                               "code": exc.status_code, "retryable": False}})
     finally:
-        run.cancel()
+        for pump in pumps:
+            pump.cancel()
+        for run, _ in admitted:
+            run.cancel()
     yield DONE

@@ -32,6 +32,7 @@ class TextTokenizer:
 
     def __init__(self, path: str | Path) -> None:
         path = Path(path)
+        self.path = path
         self._tok = Tokenizer.from_file(str(path))
         # A second instance that reads special-token text as ordinary text.
         self._literal = Tokenizer.from_file(str(path))

@@ -85,6 +85,10 @@ class Draft:
     def prune(self, max_nodes: int, max_depth: int) -> Draft:
         """Keep nodes i < max_nodes with depth <= max_depth (a set closed under ancestors)."""
         keep = [i for i in range(min(max_nodes, len(self.tokens))) if self.depths[i] <= max_depth]
+        return self.subset(keep)
+
+    def subset(self, keep: list[int]) -> Draft:
+        """The nodes `keep` (ascending, closed under ancestors), renumbered."""
         if len(keep) == len(self.tokens):
             return self
         index = {old: new for new, old in enumerate(keep)}

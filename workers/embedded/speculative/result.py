@@ -18,6 +18,8 @@ class VerifyResult:
     hidden: torch.Tensor  # (a + 1, C) target features of the root and the accepted nodes
     aux_logits: torch.Tensor | None  # (A, V) target logits of the aux branch
     num_proposed: int
+    logits: torch.Tensor  # (a + 1, V) the target logits that chose each committed token,
+    # after the request's processors (bias, penalties, grammar)
 
     @property
     def tokens(self) -> list[int]:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from workers.embedded.api import TokenLogprob
+
 
 class Sampler:
     """A request's logits processing plus its private torch.Generator (reproducible seeds)."""
@@ -72,3 +74,23 @@ def residual(p: torch.Tensor, token: int, q: torch.Tensor | None) -> torch.Tenso
     if float(total) <= 1e-12:  # p <= q everywhere means a rejection had probability 0
         return p
     return r / total
+
+
+def token_logprobs(tokens: list[int], rows: torch.Tensor, sampler: Sampler,
+                   top: int) -> list[TokenLogprob]:
+    """Committed tokens' log-probabilities from the target rows (t, V) that chose them, as
+    SGLang defines them (layers/sampler.py): log-softmax of the processed logits (bias,
+    penalties, grammar mask), over the temperature when sampling, before top-k / top-p.
+    Speculation reports these, never the drafter's q."""
+    if not tokens:
+        return []
+    x = rows[: len(tokens)].float()  # (t, V)
+    if not sampler.greedy:
+        x = x / sampler.temperature
+    logprobs = torch.log_softmax(x, -1).clamp_min_(torch.finfo(torch.float32).min)
+    chosen = logprobs[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
+    if not top:
+        return [TokenLogprob(t, lp) for t, lp in zip(tokens, chosen, strict=True)]
+    values, ids = logprobs.topk(top, -1)  # (t, top)
+    return [TokenLogprob(t, lp, tuple(zip(i, v, strict=True)))
+            for t, lp, i, v in zip(tokens, chosen, ids.tolist(), values.tolist(), strict=True)]

@@ -18,10 +18,13 @@ requests in one batched target forward and accepts each on its own rows.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from workers.embedded.model import ForwardOutput, KVCache, LlamaForCausalLM, SequenceInput
 from workers.embedded.speculative.draft import Draft, attention_layout
+from workers.embedded.speculative.processors import TokenProcessor
 from workers.embedded.speculative.result import VerifyResult
 from workers.embedded.speculative.sampling import Sampler, acceptance_probability, residual
 
@@ -32,10 +35,11 @@ def verify(
     root: int,
     draft: Draft,
     sampler: Sampler,
+    processor: TokenProcessor | None = None,
 ) -> VerifyResult:
     """Score root + draft in one forward, accept a path, leave root + path in the cache."""
     step = VerifyStep(cache, root, draft, model.lm_head.weight.device)
-    return step.finish(model.forward_batch([step.input])[0], sampler)
+    return step.finish(model.forward_batch([step.input])[0], sampler, processor)
 
 
 class VerifyStep:
@@ -60,11 +64,12 @@ class VerifyStep:
             last_only=len(draft) == 0 and not aux_tokens,
         )
 
-    def finish(self, out: ForwardOutput, sampler: Sampler) -> VerifyResult:
+    def finish(self, out: ForwardOutput, sampler: Sampler,
+               processor: TokenProcessor | None = None) -> VerifyResult:
         """Accept a path from the forward's logits; compact root + path in the cache."""
         draft, cache, start = self.draft, self.cache, self.start
         n = len(draft)
-        path, bonus = accept(draft, out.logits[0, : 1 + n], sampler)
+        path, bonus, rows = accept(draft, out.logits[0, : 1 + n], sampler, processor)
         kept = [0, *(1 + i for i in path)]
         if kept[-1] == len(kept) - 1:  # a prefix of the forward's rows: no copy needed
             cache.commit()
@@ -81,15 +86,35 @@ class VerifyStep:
             hidden=hidden,
             aux_logits=out.logits[0, 1 + n :] if self.has_aux else None,
             num_proposed=n,
+            logits=rows,
         )
 
 
-def accept(draft: Draft, logits: torch.Tensor, sampler: Sampler) -> tuple[list[int], int]:
-    """Accepted node indices (root to leaf) and the bonus token, given target logits
-    (1 + n, V) for the root and every node."""
+def accept(draft: Draft, logits: torch.Tensor, sampler: Sampler,
+           processor: TokenProcessor | None = None) -> tuple[list[int], int, torch.Tensor]:
+    """Accepted node indices (root to leaf), the bonus token, and the logits (a + 1, V) that
+    chose each committed token (processed, when a processor shapes them), given target
+    logits (1 + n, V) for the root and every node. A processor is applied to each row
+    visited, in path order, and advanced by each committed token."""
+    if processor is None:
+        if sampler.greedy:
+            path, bonus = _walk_greedy(draft, logits)
+        else:
+            probs = sampler.probs(logits)  # (1 + n, V) all rows in one call
+            path, bonus = _walk_sampled(draft, probs.__getitem__, sampler, lambda _: None)
+        return path, bonus, logits[[0, *(1 + i for i in path)]]
+    rows: list[torch.Tensor] = []
+
+    def processed(row: int) -> torch.Tensor:
+        rows.append(processor.apply(logits[row]))
+        return rows[-1]
+
     if sampler.greedy:
-        return _walk_greedy(draft, logits)
-    return _walk_sampled(draft, sampler.probs(logits), sampler)
+        path, bonus = _walk_greedy_processed(draft, processed, processor)
+    else:
+        path, bonus = _walk_sampled(draft, lambda row: sampler.probs(processed(row)), sampler,
+                                    processor.advance)
+    return path, bonus, torch.stack(rows)
 
 
 def _walk_greedy(draft: Draft, logits: torch.Tensor) -> tuple[list[int], int]:
@@ -105,11 +130,27 @@ def _walk_greedy(draft: Draft, logits: torch.Tensor) -> tuple[list[int], int]:
         row = 1 + nxt
 
 
-def _walk_sampled(draft: Draft, probs: torch.Tensor, sampler: Sampler) -> tuple[list[int], int]:
+def _walk_greedy_processed(draft: Draft, processed: Callable[[int], torch.Tensor],
+                           processor: TokenProcessor) -> tuple[list[int], int]:
     children = draft.children()
     path: list[int] = []
     row = 0
-    p = probs[0]
+    while True:
+        best = int(processed(row).argmax())
+        processor.advance(best)
+        nxt = next((c for c in children[row] if draft.tokens[c] == best), None)
+        if nxt is None:
+            return path, best
+        path.append(nxt)
+        row = 1 + nxt
+
+
+def _walk_sampled(draft: Draft, row_probs: Callable[[int], torch.Tensor], sampler: Sampler,
+                  commit: Callable[[int], None]) -> tuple[list[int], int]:
+    children = draft.children()
+    path: list[int] = []
+    row = 0
+    p = row_probs(0)
     while True:
         accepted = None
         for c in children[row]:
@@ -120,7 +161,10 @@ def _walk_sampled(draft: Draft, probs: torch.Tensor, sampler: Sampler) -> tuple[
                 break
             p = residual(p, x, q)
         if accepted is None:
-            return path, sampler.sample(p)
+            bonus = sampler.sample(p)
+            commit(bonus)
+            return path, bonus
+        commit(draft.tokens[accepted])
         path.append(accepted)
         row = 1 + accepted
-        p = probs[row]
+        p = row_probs(row)
