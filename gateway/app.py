@@ -53,6 +53,7 @@ from gateway.errors import (
 from gateway.health import HealthMonitor
 from gateway.learned import LearnedRoutingPolicy, RoutingPolicy, build_routing_policy
 from gateway.limits import Limits
+from gateway.native import GenerateEndpoint, health_generate, model_info, server_info
 from gateway.observability import (
     FanoutRecorder,
     HttpMetrics,
@@ -350,6 +351,7 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
             priors = WorkerPriors(pools, session, routing.set_worker_prior,
                                   server.health_interval_s)
             app.state.priors = priors
+            app.state.session = session  # gateway.native's /server_info asks the workers
             discovery = None
             if config.redis_url:
                 from gateway.discovery import RegistryDiscovery
@@ -403,7 +405,8 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
 
     fast_routes: dict[str, ASGIApp] = {"/v1/chat/completions": TokenEndpoint("chat"),
                                        "/v1/completions": TokenEndpoint("completions"),
-                                       "/v1/routing/explain": ExplainEndpoint()}
+                                       "/v1/routing/explain": ExplainEndpoint(),
+                                       "/generate": GenerateEndpoint()}
     routes = [
         *(Route(path, endpoint, methods=["POST"]) for path, endpoint in fast_routes.items()),
         Route("/v1/models", list_models, methods=["GET"]),
@@ -412,6 +415,10 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
         Route("/ready", ready, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/v1/routing/fleet", routing_fleet, methods=["GET"]),
+        *(Route(path, server_info, methods=["GET"])
+          for path in ("/server_info", "/get_server_info")),
+        *(Route(path, model_info, methods=["GET"]) for path in ("/model_info", "/get_model_info")),
+        Route("/health_generate", health_generate, methods=["GET"]),
     ]
     app = GatewayApp(fast_routes=fast_routes, http_metrics=HttpMetrics(registry),
                      access_log=server.access_log, routes=routes, lifespan=lifespan,

@@ -14,7 +14,14 @@ import uuid
 
 import orjson
 
-from gateway.adapters.base import Delta, Final, GenerationResult, SpecStats, Usage
+from gateway.adapters.base import (
+    Delta,
+    Final,
+    GenerationResult,
+    SpecStats,
+    Usage,
+    finish_reason_of,
+)
 from gateway.schemas import GenerationRequest
 from policies.types import Decision
 
@@ -59,22 +66,39 @@ def headers_for(decision: Decision) -> list[tuple[bytes, bytes]]:
                                   decision.reason))
 
 
+def _choice(chat: bool, index: int, text: str, message: dict | None, finish: str,
+            logprobs: object) -> dict:
+    if not chat:
+        return {"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs}
+    message = dict(message or {})
+    message["role"] = "assistant"
+    message.setdefault("content", text)
+    return {"index": index, "message": message, "finish_reason": finish, "logprobs": logprobs}
+
+
+def _choices(request: GenerationRequest, result: GenerationResult) -> list[dict]:
+    """The worker's choices (n > 1, logprobs) when it sent OpenAI ones, else the one
+    choice the adapter read."""
+    chat = request.endpoint == "chat"
+    if not result.choices:
+        return [_choice(chat, 0, result.text, result.message, result.finish_reason, None)]
+    out = []
+    for i, c in enumerate(result.choices):
+        message = c.get("message") if isinstance(c.get("message"), dict) else None
+        text = (message or {}).get("content") or "" if chat else c.get("text") or ""
+        out.append(_choice(chat, c.get("index", i), text, message,
+                           finish_reason_of(c.get("finish_reason")), c.get("logprobs")))
+    return out
+
+
 def response_body(request: GenerationRequest, result: GenerationResult,
                   decision: Decision) -> bytes:
-    if request.endpoint == "chat":
-        message = dict(result.message or {})
-        message["role"] = "assistant"
-        message.setdefault("content", result.text)
-        choice = {"index": 0, "message": message, "finish_reason": result.finish_reason,
-                  "logprobs": None}
-        prefix, kind = "chatcmpl-", "chat.completion"
-    else:
-        choice = {"index": 0, "text": result.text, "finish_reason": result.finish_reason,
-                  "logprobs": None}
-        prefix, kind = "cmpl-", "text_completion"
+    prefix, kind = ("chatcmpl-", "chat.completion") if request.endpoint == "chat" \
+        else ("cmpl-", "text_completion")
     return orjson.dumps({
         "id": prefix + uuid.uuid4().hex, "object": kind, "created": int(time.time()),
-        "model": request.model, "choices": [choice], "usage": usage_dict(result.usage),
+        "model": request.model, "choices": _choices(request, result),
+        "usage": usage_dict(result.usage),
         "specroute": spec_facts(decision, result.spec, result.usage),
     })
 
@@ -89,33 +113,39 @@ class ChunkWriter:
         self.base = {"id": ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex,
                      "object": "chat.completion.chunk" if self.chat else "text_completion",
                      "created": int(time.time()), "model": request.model}
-        self.role_sent = False
-        self.finish_sent = False
+        self.role_sent: set[int] = set()
+        self.finish: dict[int, str] = {}  # choices other than 0 that finished (n > 1)
 
     def _event(self, body: dict) -> bytes:
         return b"data: " + orjson.dumps(body) + b"\n\n"
 
-    def _choice(self, text: str, extra: dict, finish: str | None) -> dict:
+    def _choice(self, text: str, extra: dict, finish: str | None, index: int = 0,
+                logprobs: dict | None = None) -> dict:
         if not self.chat:
-            return {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+            return {"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs}
         delta = dict(extra)
-        if not self.role_sent:
+        if index not in self.role_sent:
             delta["role"] = "assistant"
-            self.role_sent = True
+            self.role_sent.add(index)
         else:
             delta.pop("role", None)
         if text:
             delta["content"] = text
-        return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        return {"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
 
     def delta(self, item: Delta) -> bytes:
         """A content chunk; an upstream finish_reason is held back for `final`."""
-        return self._event({**self.base, "choices": [self._choice(item.text, item.extra,
-                                                                  None)]})
+        if item.index and item.finish_reason:
+            self.finish[item.index] = item.finish_reason
+        return self._event({**self.base, "choices": [self._choice(
+            item.text, item.extra, None, item.index, item.logprobs)]})
 
     def final(self, item: Final) -> bytes:
         facts = spec_facts(self.decision, item.spec, item.usage)
-        finish = {**self.base, "choices": [self._choice("", {}, item.finish_reason or "stop")]}
+        others = [self._choice("", {}, reason, index)
+                  for index, reason in sorted(self.finish.items())]
+        finish = {**self.base, "choices": [
+            self._choice("", {}, item.finish_reason or "stop"), *others]}
         if not self.request.include_usage:
             return self._event({**finish, "specroute": facts}) + DONE
         usage: dict = {**self.base, "choices": [], "usage": usage_dict(item.usage),

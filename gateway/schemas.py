@@ -18,6 +18,8 @@ BYTES_PER_TOKEN = 4  # the gateway has no tokenizer: prompt size is estimated fr
 TOKENS_PER_MESSAGE = 4  # chat-template overhead per message
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 RESPONSE_FORMATS = frozenset({"text", "json_object", "json_schema"})
+MAX_N = 16  # the embedded worker's limit; more samples are more requests
+MAX_TOP_LOGPROBS = 20  # OpenAI's
 
 
 @dataclass(slots=True)
@@ -38,6 +40,9 @@ class GenerationRequest:
     tools: list | None = None
     tool_choice: Any = None
     user: str | None = None
+    n: int = 1
+    logprobs: bool = False  # logprobs asked for (chat: logprobs true; completions: an int)
+    native: dict | None = None  # an SGLang /generate body (gateway.native), sent as it is
 
     @property
     def needs_constrained(self) -> bool:
@@ -201,10 +206,11 @@ def parse_request(body: Any, endpoint: Endpoint) -> GenerationRequest:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("model", "'model' is required and must be a non-empty string")
-    n = _integer(body, "n", 1)
-    if n is not None and n > 1:
-        raise InvalidRequest("'n' > 1 is not supported by this gateway", param="n",
-                             code="unsupported_value")
+    n = _integer(body, "n", 1, MAX_N) or 1
+    logprobs = _logprobs(body, endpoint)
+    for name in ("presence_penalty", "frequency_penalty"):
+        _number(body, name, -2.0, 2.0)
+    _logit_bias(body)
     max_tokens = _integer(body, "max_completion_tokens", 1)
     if max_tokens is None:
         max_tokens = _integer(body, "max_tokens", 1)
@@ -233,4 +239,31 @@ def parse_request(body: Any, endpoint: Endpoint) -> GenerationRequest:
         tools=tools,
         tool_choice=body.get("tool_choice"),
         user=user,
+        n=n,
+        logprobs=logprobs,
     )
+
+
+def _logprobs(body: dict, endpoint: Endpoint) -> bool:
+    """Chat: `logprobs` boolean, `top_logprobs` 0..20 (needs logprobs); completions:
+    `logprobs` 0..5."""
+    if endpoint == "completions":
+        return _integer(body, "logprobs", 0, 5) is not None
+    value = body.get("logprobs")
+    if value is not None and not isinstance(value, bool):
+        raise _bad("logprobs", "'logprobs' must be a boolean")
+    top = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if top and not value:
+        raise _bad("top_logprobs", "'top_logprobs' needs 'logprobs': true")
+    return bool(value)
+
+
+def _logit_bias(body: dict) -> None:
+    bias = body.get("logit_bias")
+    if bias is None:
+        return
+    if not isinstance(bias, dict) or not all(
+            isinstance(k, str) and k.isdigit() and not isinstance(v, bool)
+            and isinstance(v, int | float) and -100 <= v <= 100 for k, v in bias.items()):
+        raise _bad("logit_bias", "'logit_bias' must map token ids (strings of digits) to "
+                   "numbers in [-100, 100]")

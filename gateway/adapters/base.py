@@ -46,6 +46,8 @@ class GenerationResult:
     usage: Usage
     spec: SpecStats
     message: dict | None = None  # chat: the worker's message (tool_calls, ...) when given
+    choices: list[dict] = field(default_factory=list)  # the worker's OpenAI choices, if any
+    native: dict | None = None  # the worker's /generate body, for a native request
 
 
 @dataclass(slots=True)
@@ -53,6 +55,9 @@ class Delta:
     text: str = ""
     extra: dict = field(default_factory=dict)  # other chat delta fields: role, tool_calls
     finish_reason: str | None = None
+    index: int = 0  # the choice (n > 1)
+    logprobs: dict | None = None  # this chunk's OpenAI logprobs object, when asked for
+    native: dict | None = None  # the worker's /generate chunk, for a native request
 
 
 @dataclass(slots=True)

@@ -107,6 +107,7 @@ class OpenAIAdapter:
             usage=usage_from_body(body) or Usage(),
             spec=spec_from_body(body) or SpecStats(),
             message=message,
+            choices=[c for c in choices if isinstance(c, dict)],
         )
 
     async def stream(self, worker: str, request: GenerationRequest, pool: PoolConfig,
@@ -118,15 +119,19 @@ class OpenAIAdapter:
                 usage = usage_from_body(chunk) or usage
                 spec = spec_from_body(chunk) or spec
                 for choice in chunk.get("choices") or ():
-                    if choice.get("index", 0) != 0:
-                        continue
-                    if choice.get("finish_reason"):
-                        finish = finish_reason_of(choice["finish_reason"])
+                    index = choice.get("index", 0)
+                    reason = choice.get("finish_reason")
+                    reason = finish_reason_of(reason) if reason else None
+                    if index == 0 and reason:
+                        finish = reason
                     if request.endpoint == "chat":
                         extra = dict(choice.get("delta") or {})
                         text = extra.pop("content", None) or ""
                     else:
                         extra, text = {}, choice.get("text") or ""
-                    if text or extra or choice.get("finish_reason"):
-                        yield Delta(text=text, extra=extra, finish_reason=finish)
+                    logprobs = choice.get("logprobs")
+                    if text or extra or reason or logprobs:
+                        yield Delta(text=text, extra=extra, finish_reason=reason,
+                                    index=index if isinstance(index, int) else 0,
+                                    logprobs=logprobs if isinstance(logprobs, dict) else None)
         yield Final(usage=usage, spec=spec, finish_reason=finish)

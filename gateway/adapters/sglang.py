@@ -78,6 +78,11 @@ def usage_from_meta(meta: dict) -> Usage:
                  completion_tokens=int(meta.get("completion_tokens") or 0))
 
 
+# OpenAI body fields that SGLang's SamplingParams takes under the same name and meaning.
+SAMPLING_PASS_THROUGH = ("presence_penalty", "frequency_penalty", "logit_bias",
+                         "json_schema", "regex", "ebnf")
+
+
 def sampling_params(request: GenerationRequest, pool: PoolConfig, k: int) -> dict:
     params: dict = {}
     if request.max_tokens is not None:
@@ -88,6 +93,9 @@ def sampling_params(request: GenerationRequest, pool: PoolConfig, k: int) -> dic
             params[name] = value
     if request.seed is not None:
         params["sampling_seed"] = request.seed
+    for name in SAMPLING_PASS_THROUGH:
+        if request.body.get(name) is not None:
+            params[name] = request.body[name]
     if request.response_format is not None:
         schema = request.json_schema
         if schema is not None:
@@ -106,24 +114,39 @@ class SGLangAdapter:
 
     def payload(self, request: GenerationRequest, pool: PoolConfig, k: int,
                 stream: bool) -> dict:
+        if request.native is not None:  # SGLang's own body: only k and stream are ours
+            body = {key: v for key, v in request.native.items() if key != "model"}
+            params = dict(body.get("sampling_params") or {})
+            if pool.capabilities.per_request_k:
+                params["custom_params"] = {**(params.get("custom_params") or {}),
+                                           "num_speculative_tokens": k}
+            return {**body, "sampling_params": params, "stream": stream}
         prompt_key = "input_ids" if isinstance(request.prompt, list) else "text"
         return {prompt_key: request.prompt, "stream": stream, "rid": uuid.uuid4().hex,
                 "sampling_params": sampling_params(request, pool, k)}
 
+    @staticmethod
+    def _openai_route(request: GenerationRequest) -> bool:
+        """Chat, and completions that need n > 1 or logprobs, go to SGLang's OpenAI routes
+        (`/generate` takes one sample and answers logprobs in its own shape)."""
+        return request.native is None and (request.endpoint == "chat" or request.n > 1
+                                           or request.logprobs)
+
     async def generate(self, worker: str, request: GenerationRequest, pool: PoolConfig,
                        k: int) -> GenerationResult:
-        if request.endpoint == "chat":
+        if self._openai_route(request):
             return await self.chat.generate(worker, request, pool, k)
         body = await post_json(self.session, worker, "/generate",
                                self.payload(request, pool, k, stream=False))
         meta = body.get("meta_info") or {}
         return GenerationResult(text=body.get("text") or "",
-                          finish_reason=finish_reason_of(meta.get("finish_reason")),
-                          usage=usage_from_meta(meta), spec=spec_from_meta(meta))
+                                finish_reason=finish_reason_of(meta.get("finish_reason")),
+                                usage=usage_from_meta(meta), spec=spec_from_meta(meta),
+                                native=body if request.native is not None else None)
 
     async def stream(self, worker: str, request: GenerationRequest, pool: PoolConfig,
                      k: int) -> AsyncIterator[StreamItem]:
-        if request.endpoint == "chat":
+        if self._openai_route(request):
             async for item in self.chat.stream(worker, request, pool, k):
                 yield item
             return
@@ -137,7 +160,9 @@ class SGLangAdapter:
                 cumulative = len(chunk.get("output_ids") or ()) == meta.get("completion_tokens")
                 if cumulative:
                     text, sent = text[sent:], len(text)
-                if text:
+                if request.native is not None:
+                    yield Delta(text=text, native=chunk)
+                elif text:
                     yield Delta(text=text)
         finish = finish_reason_of(meta.get("finish_reason"))
         yield Final(usage=usage_from_meta(meta), spec=spec_from_meta(meta), finish_reason=finish)

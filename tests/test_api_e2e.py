@@ -1,0 +1,177 @@
+"""The API surface through a real gateway and a real embedded worker, with the official
+openai client: JSON schema under every speculative method, n, logprobs.
+
+One worker serves the bundled tiny model (every drafter); the request picks the method
+with the worker's own `custom_params.method`, which the gateway passes through.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from conftest import free_port, start_process, stop_process, wait_http
+from gateway_harness import start_gateway
+
+from policies.fleet import BUNDLED_MODEL_DIR
+
+METHODS = ("plain", "ngram", "lookahead", "medusa", "eagle", "eagle2", "draft")
+SCHEMA = {"type": "object",
+          "properties": {"event": {"type": "string", "maxLength": 16},
+                         "user_id": {"type": "integer", "minimum": 0, "maximum": 99999},
+                         "ok": {"type": "boolean"}},
+          "required": ["event", "user_id", "ok"], "additionalProperties": False}
+MESSAGES = [{"role": "user", "content": "Log the event as JSON."}]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    tmp = tmp_path_factory.mktemp("api")
+    port = free_port()
+    worker = start_process(["-m", "specroute.cli", "worker", "--method", "ngram", "--port",
+                            str(port), "--model", str(BUNDLED_MODEL_DIR), "--threads", "1"],
+                           tmp / "worker.log")
+    procs = [worker]
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url + "/health", 60, worker)
+        gateway_proc, gateway = start_gateway(tmp, {"pools": [
+            {"name": "e", "engine": "embedded", "model": "tiny", "workers": [url],
+             "method": "ngram", "k": 4,
+             "capabilities": {"max_context": 1024, "constrained_decoding": True,
+                              "per_request_k": True}}]})
+        procs.append(gateway_proc)
+        yield {"gateway": gateway, "worker": url, "tmp": Path(tmp)}
+    finally:
+        for proc in reversed(procs):
+            stop_process(proc)
+
+
+@pytest.fixture(scope="module")
+def client(stack: dict) -> Iterator[openai.OpenAI]:
+    c = openai.OpenAI(base_url=stack["gateway"] + "/v1", api_key="none", max_retries=0,
+                      timeout=120)
+    yield c
+    c.close()
+
+
+def _via(method: str, **extra_body: object) -> dict:
+    """Request options that pick `method` on the worker: plain is k = 0 (pinned)."""
+    if method == "plain":
+        return {"extra_headers": {"x-specroute-k": "0"}, "extra_body": extra_body}
+    return {"extra_body": {"custom_params": {"method": method}, **extra_body}}
+
+
+def _valid(doc: dict) -> bool:
+    return (set(doc) == set(SCHEMA["required"]) and isinstance(doc["event"], str)
+            and isinstance(doc["user_id"], int) and isinstance(doc["ok"], bool))
+
+
+def test_json_schema_for_every_method_is_valid_and_identical(client: openai.OpenAI) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "event", "schema": SCHEMA,
+                                                  "strict": True}}
+    answers = {}
+    for method in METHODS:
+        reply = client.chat.completions.create(
+            model="tiny", messages=MESSAGES, max_tokens=60, temperature=0,
+            response_format=fmt, **_via(method))
+        content = reply.choices[0].message.content or ""
+        assert _valid(json.loads(content)), (method, content)
+        assert reply.choices[0].finish_reason == "stop"
+        answers[method] = content
+    assert all(a == answers["plain"] for a in answers.values()), answers
+
+
+def test_json_schema_streamed_and_sampled(client: openai.OpenAI) -> None:
+    fmt = {"type": "json_schema", "json_schema": {"name": "event", "schema": SCHEMA}}
+    stream = client.chat.completions.create(
+        model="tiny", messages=MESSAGES, max_tokens=80, temperature=1.0, seed=3, stream=True,
+        response_format=fmt, **_via("eagle2"))
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert _valid(json.loads(text))
+
+
+def test_n_returns_independent_choices_with_usage_summed(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(model="tiny", messages=MESSAGES, n=3,
+                                           max_tokens=8, temperature=1.0, seed=11)
+    assert sorted(c.index for c in reply.choices) == [0, 1, 2]
+    assert len({c.message.content for c in reply.choices}) > 1
+    assert reply.usage is not None and 3 <= reply.usage.completion_tokens <= 24
+    stream = client.completions.create(model="tiny", prompt="def add(a, b):", n=2,
+                                       max_tokens=4, stream=True, temperature=1.0)
+    finished = {c.choices[i].index for c in stream for i in range(len(c.choices))
+                if c.choices[i].finish_reason}
+    assert finished == {0, 1}
+
+
+def test_logprobs_are_the_targets(client: openai.OpenAI) -> None:
+    def logprobs(method: str) -> list:
+        reply = client.chat.completions.create(
+            model="tiny", messages=MESSAGES, max_tokens=12, temperature=0, logprobs=True,
+            top_logprobs=2, **_via(method, ignore_eos=True))
+        content = reply.choices[0].logprobs.content  # type: ignore[union-attr]
+        assert content is not None and len(content) == 12
+        return [(t.token, t.logprob, [a.token for a in t.top_logprobs]) for t in content]
+
+    plain = logprobs("plain")
+    for method in ("ngram", "eagle2"):
+        spec = logprobs(method)
+        assert [t[0] for t in spec] == [t[0] for t in plain]
+        assert [t[2] for t in spec] == [t[2] for t in plain]
+        assert all(abs(a[1] - b[1]) < 1e-4 for a, b in zip(spec, plain, strict=True))
+    completion = client.completions.create(model="tiny", prompt="def add(a, b):",
+                                           max_tokens=3, temperature=0, logprobs=2)
+    lp = completion.choices[0].logprobs
+    assert lp is not None and len(lp.token_logprobs or []) == 3
+
+
+def test_penalties_and_logit_bias_are_served_and_checked(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=6,
+                                           temperature=0, presence_penalty=1.5,
+                                           frequency_penalty=1.0, logit_bias={"96": 100})
+    assert reply.choices[0].message.content is not None
+    with pytest.raises(openai.BadRequestError, match="logit_bias"):
+        client.chat.completions.create(model="tiny", messages=MESSAGES,
+                                       logit_bias={"x": 1})  # type: ignore[dict-item]
+    with pytest.raises(openai.BadRequestError, match="presence_penalty"):
+        client.chat.completions.create(model="tiny", messages=MESSAGES, presence_penalty=3)
+
+
+def test_sglang_native_generate_through_the_gateway(stack: dict) -> None:
+    gateway = stack["gateway"]
+    body = {"text": "def add(a, b):", "sampling_params": {"max_new_tokens": 8,
+                                                          "temperature": 0, "ignore_eos": True}}
+    r = httpx.post(gateway + "/generate", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    meta = answer["meta_info"]
+    assert meta["completion_tokens"] == 8 == len(answer["output_ids"])
+    assert meta["finish_reason"] == {"type": "length", "length": 8}
+    assert meta["spec_verify_ct"] >= 1 and meta["spec_accept_length"] >= 1.0
+    assert r.headers["x-specroute-pool"] == "e"
+    streamed = httpx.post(gateway + "/generate", json={**body, "stream": True}, timeout=60)
+    events = [e[len("data: "):] for e in streamed.text.split("\n\n") if e]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[-1]["text"] == answer["text"]  # cumulative, as SGLang streams by default
+    assert chunks[-1]["meta_info"]["spec_accept_length"] == pytest.approx(
+        meta["spec_accept_length"])
+    schema = httpx.post(gateway + "/generate", timeout=60, json={
+        "text": "JSON:", "sampling_params": {"max_new_tokens": 60, "temperature": 0,
+                                             "json_schema": json.dumps(SCHEMA)}})
+    assert _valid(json.loads(schema.json()["text"]))
+    bad = httpx.post(gateway + "/generate", json={"sampling_params": {}}, timeout=10)
+    assert bad.status_code == 400 and "text" in bad.json()["error"]["message"]
+
+
+def test_sglang_native_info_routes(stack: dict) -> None:
+    gateway = stack["gateway"]
+    info = httpx.get(gateway + "/server_info", timeout=10).json()
+    assert info["internal_states"][0]["avg_spec_accept_length"] >= 1.0  # after the tests above
+    assert info["internal_states"][1]["pool"] == "e"
+    assert httpx.get(gateway + "/model_info", timeout=10).json()["model_path"] == "tiny"
+    assert httpx.get(gateway + "/health_generate", timeout=10).status_code == 200
