@@ -60,6 +60,7 @@ from gateway.observability import (
     PrometheusRecorder,
     Recorder,
 )
+from gateway.openapi import openapi_document
 from gateway.planning import FleetPlanning
 from gateway.pools import build_pools
 from gateway.priors import WorkerPriors
@@ -186,6 +187,11 @@ async def routing_fleet(request: Request) -> Response:
     if planning.planned_at is None:
         await asyncio.to_thread(planning.plan_all)
     return json_response({"planner": "on", **planning.report()})
+
+
+async def openapi_json(request: Request) -> Response:
+    """The gateway's OpenAPI document (`gateway.openapi`), for clients and fuzzers."""
+    return Response(request.app.state.openapi, media_type="application/json")
 
 
 async def gateway_error(request: Request, exc: Exception) -> Response:
@@ -419,11 +425,13 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
           for path in ("/server_info", "/get_server_info")),
         *(Route(path, model_info, methods=["GET"]) for path in ("/model_info", "/get_model_info")),
         Route("/health_generate", health_generate, methods=["GET"]),
+        Route("/openapi.json", openapi_json, methods=["GET"]),
     ]
     app = GatewayApp(fast_routes=fast_routes, http_metrics=HttpMetrics(registry),
                      access_log=server.access_log, routes=routes, lifespan=lifespan,
                      exception_handlers={GatewayError: gateway_error, HTTPException: http_error,
                                          Exception: internal_fault})
     app.state.registry = registry
+    app.state.openapi = orjson.dumps(openapi_document(config.models))
     app.state.started = int(time.time())
     return app
