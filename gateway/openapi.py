@@ -99,6 +99,8 @@ COMPLETIONS_REQUEST: dict[str, Any] = {
 
 NATIVE_REQUEST: dict[str, Any] = {  # SGLang's GenerateReqInput, as gateway/native.py reads it
     "type": "object",
+    "oneOf": [{"required": ["text"], "not": {"required": ["input_ids"]}},
+              {"required": ["input_ids"], "not": {"required": ["text"]}}],
     "properties": {
         "text": {"type": "string", "minLength": 1},
         "input_ids": {"type": "array", "minItems": 1,
