@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.schemas import MAX_N, MAX_TOP_LOGPROBS
+
 ERROR_STATUSES = {
     "400": "Invalid request (the `param` names the field)",
     "401": "Missing or unknown API key",
@@ -42,14 +44,19 @@ ROLES = ["system", "developer", "user", "assistant", "tool", "function"]
 
 COMMON_FIELDS: dict[str, Any] = {
     "model": {"type": "string", "minLength": 1},  # the served names (openapi_document)
-    "max_tokens": {"type": "integer", "minimum": 1},
-    "max_completion_tokens": {"type": "integer", "minimum": 1},
+    "max_tokens": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
+    "max_completion_tokens": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
     "temperature": {"type": "number", "minimum": 0, "maximum": 2},
     "top_p": {"type": "number", "minimum": 0, "maximum": 1},
     "stop": {"oneOf": [{"type": "string"},
                        {"type": "array", "items": {"type": "string"}, "maxItems": 4}]},
-    "seed": {"type": "integer"},
-    "n": {"type": "integer", "minimum": 1, "maximum": 1},
+    "seed": {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1},
+    "n": {"type": "integer", "minimum": 1, "maximum": MAX_N},
+    "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2},
+    "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2},
+    "logit_bias": {"type": "object",  # keys: token ids as strings of digits
+                   "additionalProperties": {"type": "number", "minimum": -100,
+                                            "maximum": 100}},
     "stream": {"type": "boolean"},
     "stream_options": {"type": "object",
                        "properties": {"include_usage": {"type": "boolean"}}},
@@ -73,6 +80,8 @@ CHAT_REQUEST: dict[str, Any] = {
     "type": "object", "required": ["model", "messages"],
     "properties": {
         **COMMON_FIELDS,
+        "logprobs": {"type": "boolean"},
+        "top_logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
         "messages": {"type": "array", "minItems": 1, "items": {"anyOf": [
             {"type": "object", "required": ["role", "content"],
              "properties": {"role": {"type": "string", "enum": [r for r in ROLES
@@ -89,6 +98,7 @@ COMPLETIONS_REQUEST: dict[str, Any] = {
     "type": "object", "required": ["model", "prompt"],
     "properties": {
         **COMMON_FIELDS,
+        "logprobs": {"type": "integer", "minimum": 0, "maximum": 5},
         "prompt": {"oneOf": [
             {"type": "string"},
             {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 1},
