@@ -65,6 +65,8 @@ from gateway.planning import FleetPlanning
 from gateway.pools import build_pools
 from gateway.priors import WorkerPriors
 from gateway.routing import Classify, Decide, PoolRouter, minimal_profile
+from gateway.slo_routing import slo_layer
+from gateway.tenant_metrics import TenantMetrics
 from gateway.tracing import make_tracer
 from policies.planner import PlannerConfig
 
@@ -336,6 +338,7 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
     that file changes or on SIGHUP (`gateway.auth.TenantReloader`)."""
     registry = CollectorRegistry()
     recorder = recorder or PrometheusRecorder(registry)
+    tenant_metrics = TenantMetrics(registry)
     server = config.server
 
     @contextlib.asynccontextmanager
@@ -366,13 +369,18 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
                                               server.discovery_interval_s,
                                               on_new=monitor.probe,
                                               on_entry=priors.from_registry)
+            admission, slo = slo_layer(config, pools, routing.decide, routing.predict,
+                                       lambda name: app.state.gateway.auth.named(name),
+                                       tenant_metrics)
             app.state.gateway = Gateway(
                 config=config, pools=pools,
-                router=PoolRouter(pools, decide=routing.decide, classify=chosen,
-                                  predict=routing.predict),
+                router=PoolRouter(pools, decide=slo.decide, classify=chosen,
+                                  predict=slo.predict),
                 auth=Authenticator(config.tenants, config.auth),
-                limits=Limits(config.redis_url, config.limits.on_redis_error),
-                adapters=make_adapters(session), recorder=FanoutRecorder(recorder, routing),
+                limits=Limits(config.redis_url, config.limits.on_redis_error,
+                              on_limited=tenant_metrics.limited),
+                admission=admission,
+                adapters=make_adapters(session), recorder=FanoutRecorder(recorder, routing, tenant_metrics),
                 tracer=tracer, provider=provider)
             reloader = None
             if config_path is not None:

@@ -98,6 +98,22 @@ class LimitsConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class AdmissionConfig:
+    """Per-pool admission and the tenants' SLOs in routing (gateway/admission.py,
+    policies/slo.py)."""
+
+    max_inflight_per_worker: int = 0  # requests a worker runs at once; 0 = no queueing
+    max_queue: int = 256  # requests waiting per pool; beyond: the worst is shed (429)
+    max_wait_s: float = 60.0  # a request waiting longer is shed (429)
+    reserved_slots: int = 1  # per pool, kept for the highest priority seen recently
+    recent_s: float = 10.0  # how long a priority counts as "seen recently"
+    # Off: first-come-first-served queues, no reserved slots, no SLO shedding, and the
+    # policy's pick stands (what `specroute bench slo` compares against).
+    slo_aware: bool = True
+    busy_per_worker: float = 4.0  # without admission: outstanding per worker = "busy"
+
+
+@dataclass(frozen=True, slots=True)
 class GatewayConfig:
     pools: tuple[PoolConfig, ...]
     server: ServerConfig = field(default_factory=ServerConfig)
@@ -109,6 +125,7 @@ class GatewayConfig:
     # "none": no authentication on any address, by the operator's explicit choice
     auth: str = "keys"
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)  # the learned policy's knobs
 
     @property
@@ -270,6 +287,16 @@ def _limits(raw: Any, path: str) -> LimitsConfig:
     return limits
 
 
+def _admission(raw: Any, path: str) -> AdmissionConfig:
+    admission = _build(AdmissionConfig, raw or {}, path)
+    for name in ("max_inflight_per_worker", "reserved_slots"):
+        if getattr(admission, name) < 0:
+            raise ConfigError(f"{path}.{name}: must be >= 0")
+    for name in ("max_queue", "max_wait_s", "recent_s", "busy_per_worker"):
+        _positive(getattr(admission, name), f"{path}.{name}")
+    return admission
+
+
 def _list_of(item: Any, raw: Any, path: str) -> tuple:
     if not isinstance(raw, list):
         raise ConfigError(f"{path}: expected a list")
@@ -312,6 +339,7 @@ def parse_config(raw: Any, base_dir: Path | None = None) -> GatewayConfig:
         "tenants": lambda v, p: _list_of(_tenant, v or [], p),
         "policy": _policy,
         "limits": _limits,
+        "admission": _admission,
     })
     if not config.pools:
         raise ConfigError("pools: at least one pool is required")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from opentelemetry.trace import Tracer
 
 from gateway.adapters.base import Adapter, Delta, GenerationResult, SpecStats, StreamItem, Usage
+from gateway.admission import Admission
 from gateway.auth import Authenticator
 from gateway.config import GatewayConfig, TenantConfig
 from gateway.errors import GatewayError, NoHealthyWorker, UpstreamTimeout, UpstreamUnavailable
@@ -49,6 +50,7 @@ class Gateway:
     recorder: Recorder
     tracer: Tracer
     provider: ListeningTracerProvider | None = None  # None: always emit spans
+    admission: Admission | None = None  # None: no per-pool slots (unit tests)
 
 
 @dataclass(slots=True)

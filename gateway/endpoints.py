@@ -222,7 +222,18 @@ class TokenEndpoint:
         admitted = Admitted(tenant, request, profile, decision, pools, trace)
         serve = self.stream if request.stream else self.complete
         watch = DisconnectWatch(receive)
+        ticket = None
         try:
+            if gateway.admission is not None:
+                try:
+                    with trace.phase("queue wait"):
+                        ticket = await gateway.admission.enter(decision.pool, tenant,
+                                                               timer.start)
+                except GatewayError as exc:  # shed under overload: 429 + Retry-After
+                    trace.fail(exc.status, exc.code)
+                    await send_error(send, exc)
+                    return
+                trace.set("specroute.queued_ms", round(ticket.queued_s * 1000, 3))
             await serve(gateway, send, timer, admitted)
         except asyncio.CancelledError:
             if not watch.fired:
@@ -230,6 +241,8 @@ class TokenEndpoint:
             log.info("client disconnected; upstream request cancelled")
         finally:
             watch.close()
+            if ticket is not None:
+                gateway.admission.leave(ticket)  # type: ignore[union-attr]
 
     async def complete(self, gateway: dispatch.Gateway, send: Send, timer: dispatch.Timer,
                        job: Admitted) -> None:
@@ -340,6 +353,9 @@ class ExplainEndpoint:
             return
         warnings = dispatch.warning_headers(request, pools[0])
         answer = {"endpoint": endpoint, "profile": profile.to_dict(),
+                  "tenant": {"name": tenant.name, "priority": tenant.priority,
+                             "slo_ttft_ms": tenant.slo_ttft_ms,
+                             "slo_tpot_ms": tenant.slo_tpot_ms},
                   "decision": decision.to_dict(), "order": [p.name for p in pools],
                   "candidates": [a.to_dict() for a in assessed],
                   "warnings": [value.decode() for _, value in warnings]}

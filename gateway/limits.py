@@ -86,8 +86,10 @@ class Limits:
 
     def __init__(self, redis_url: str | None = None, on_redis_error: str = "open",
                  clock: Callable[[], float] = time.time, retry_s: float = 2.0,
-                 timeout_s: float = 0.5) -> None:
+                 timeout_s: float = 0.5,
+                 on_limited: Callable[[str, str], None] | None = None) -> None:
         self.on_redis_error = on_redis_error
+        self.on_limited = on_limited  # (tenant, code) of each refusal, for metrics
         self.clock = clock
         self.retry_s = retry_s
         self.local = LocalCounts()
@@ -121,11 +123,12 @@ class Limits:
             retry = (window + 1) * WINDOW_S - now
             what = (f"{tenant.rate_limit_rpm} requests" if verdict == 1
                     else f"{tenant.rate_limit_tpm} tokens")
+            code = "rate_limit_exceeded" if verdict == 1 else "token_limit_exceeded"
+            if self.on_limited is not None:
+                self.on_limited(tenant.name, code)
             raise RateLimited(f"Rate limit of {what} per minute reached for tenant "
                               f"'{tenant.name}'; retry in {retry:.0f} s",
-                              retry_after_s=retry,
-                              code="rate_limit_exceeded" if verdict == 1
-                              else "token_limit_exceeded")
+                              retry_after_s=retry, code=code)
 
     def spend(self, tenant: TenantConfig, tokens: int) -> None:
         """Add a finished request's tokens to its window (off the request's path)."""

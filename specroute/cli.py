@@ -85,6 +85,8 @@ def _bench(args: argparse.Namespace) -> int:
         from bench.policy import main as bench_main
     elif args.target == "batching":
         from bench.batching import main as bench_main
+    elif args.target == "slo":
+        from bench.slo import main as bench_main
     else:
         from bench.live import main as bench_main
     return bench_main(args)
@@ -170,12 +172,14 @@ def build_parser() -> argparse.ArgumentParser:
     add.set_defaults(func=_keys)
 
     bench = sub.add_parser("bench", help="benchmarks; each prints a table")
-    bench.add_argument("target", choices=["gateway", "engine", "policy", "live", "batching"])
+    bench.add_argument("target", choices=["gateway", "engine", "policy", "live", "batching", "slo"])
     bench.add_argument("--json", action="store_true", help="print one JSON object last")
     bench.add_argument("--quick", action="store_true", help="a short run (for smoke tests)")
     bench.add_argument("--plot", default=None, help="policy: write a PNG of tokens/s over time")
     bench.add_argument("--url", default=None, help="gateway: an already running gateway")
     bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--duration", type=float, default=None,
+                       help="slo: seconds of load per mode (default 30; --quick 8)")
     bench.add_argument("--rounds", type=int, default=None,
                        help="engine: interleaved rounds (default 3; --quick 1)")
     bench.add_argument("--prompts", type=int, default=None,

@@ -85,8 +85,9 @@ def test_compose_structure() -> None:
             source = volume["source"] if isinstance(volume, dict) else volume.split(":")[0]
             source = re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", source)
             if source.startswith("./deploy") or source.endswith(".yaml"):
-                assert (ROOT / source).is_file(), f"{name} mounts missing {source}"
-    assert {"redis", "gateway", "otel-collector", "jaeger"} <= set(services)
+                assert (ROOT / source).exists(), f"{name} mounts missing {source}"
+    assert {"redis", "gateway", "otel-collector", "jaeger", "prometheus",
+            "grafana"} <= set(services)
     assert "profiles" not in services["gateway"]
 
 
@@ -176,3 +177,40 @@ def test_pool_spec_advertised_url() -> None:
     assert advertised_url(spec, 30001, None) == ("http://b:30001", 30001)
     assert advertised_url(spec, 30002, None) == ("http://127.0.0.1:30002", 30002)
     assert advertised_url(spec, None, "http://pod-ip:30000/") == ("http://pod-ip:30000", 30000)
+
+
+def test_grafana_dashboard_is_provisioned_and_queries_real_series() -> None:
+    """The dashboard JSON parses, the compose Grafana provisions it over the Prometheus
+    data source, and every series a panel queries is one the gateway exports."""
+    import json
+
+    from prometheus_client import CollectorRegistry
+
+    from gateway.observability import HttpMetrics, PrometheusRecorder
+    from gateway.tenant_metrics import TenantMetrics
+
+    registry = CollectorRegistry()
+    PrometheusRecorder(registry)
+    HttpMetrics(registry)
+    TenantMetrics(registry)
+    exported = {metric.name for metric in registry.collect()}
+    dashboard = json.loads((ROOT / "deploy/grafana/dashboards/specroute.json").read_text())
+    datasource = yaml.safe_load((ROOT / "deploy/grafana/provisioning/datasources/"
+                                 "prometheus.yaml").read_text())["datasources"][0]
+    assert datasource["url"] == "http://prometheus:9090" and datasource["uid"] == "prometheus"
+    provider = yaml.safe_load((ROOT / "deploy/grafana/provisioning/dashboards/"
+                               "specroute.yaml").read_text())["providers"][0]
+    grafana = compose()["services"]["grafana"]
+    assert any(provider["options"]["path"] in v for v in grafana["volumes"])
+    titles, queried = set(), set()
+    for panel in dashboard["panels"]:
+        titles.add(panel["title"])
+        for target in panel.get("targets", []):
+            assert target["datasource"]["uid"] == datasource["uid"]
+            for name in re.findall(r"specroute_[a-z_]+", target["expr"]):
+                queried.add(re.sub(r"_(bucket|sum|count|total)$", "", name))
+    assert queried <= exported, queried - exported
+    for needed in ("SLO attainment per tenant (5 m)", "Output tokens/s per pool",
+                   "Accept length per pool x task (mean, 5 m)", "TTFT percentiles per tenant",
+                   "ITL percentiles per tenant", "Shed (429 overloaded) per tenant"):
+        assert needed in titles
