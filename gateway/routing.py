@@ -68,13 +68,14 @@ STATIC_PREFERENCES: dict[str, tuple[str, ...]] = {
     "code": ("ngram", "lookahead", "eagle2", "eagle3", "eagle", "medusa", "draft"),
     "structured": ("lookahead", "ngram", "eagle2", "eagle3", "medusa", "eagle", "draft"),
     "chat": ("eagle3", "eagle2", "eagle", "medusa", "draft", "lookahead", "ngram"),
+    "edit": ("ngram", "lookahead", "eagle3", "eagle2", "eagle", "medusa", "draft"),
     "thigh": ("plain",),
 }
 
 
 def static_rules(profile: RequestProfile, pools: list[PoolView]) -> Decision:
-    """Hand-written class → method rules: code → n-gram, structured → lookahead,
-    chat → EAGLE, temperature > 0.7 → plain; plain pools are always the last fallback."""
+    """Hand-written class → method rules: code and edits → n-gram, structured →
+    lookahead, chat → EAGLE, temperature > 0.7 → plain; plain pools are always the last fallback."""
     key = "thigh" if profile.temperature_bucket == "thigh" else profile.task
     preference = STATIC_PREFERENCES[key]
 

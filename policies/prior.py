@@ -10,7 +10,7 @@ Two sources:
   --write-measured`, served in `/server_info` as `specroute_measured` and in the worker's
   registry entry). Schema:
   `{"model": str, "source": str (the command), "measured_at": ISO date, "device": str,
-    "entries": [{"method": str, "k": int, "task": "code"|"structured"|"chat",
+    "entries": [{"method": str, "k": int, "task": "code"|"structured"|"chat"|"edit",
                  "temperature": float, "accept_length": float, "tokens_per_s": float,
                  "speedup": float (vs plain, same run), "requests": int}]}`
   Acceptance per class: each entry's accept length inverted at its k (arXiv 2211.17192),

@@ -11,8 +11,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-Task = Literal["code", "structured", "chat"]
-TASKS: tuple[Task, ...] = ("code", "structured", "chat")
+# `edit`: rewrite material the request provides (proofread a paragraph, rename in a
+# function): the output copies the input, which prompt-lookup drafting (n-gram) accepts
+# best — what DESIGN.md calls input-grounded. The classifier's text model knows only the
+# first three; `edit` comes from a rule (gateway/classifier/grounded.py).
+Task = Literal["code", "structured", "chat", "edit"]
+TASKS: tuple[Task, ...] = ("code", "structured", "chat", "edit")
 
 
 def temperature_bucket(temperature: float) -> str:

@@ -44,8 +44,8 @@ def test_oracle_ratios_and_violations_from_known_rates() -> None:
 def test_every_item_goes_to_every_configuration_in_rotating_order() -> None:
     settings = Settings(per_cell=2, warmup=0, max_tokens=8, concurrency=(1,))
     items = workload("m", settings, seed=0)
-    assert len(items) == 12 and {cls for cls, _ in items} == {
-        f"{t}/t{x}" for t in ("code", "structured", "chat") for x in ("0", "0.8")}
+    assert len(items) == 16 and {cls for cls, _ in items} == {
+        f"{t}/t{x}" for t in ("code", "structured", "chat", "edit") for x in ("0", "0.8")}
     jobs = interleave(items, ["a", "b", "c"])
     assert [j.config for j in jobs[:6]] == ["a", "b", "c", "b", "c", "a"]
     warm = workload("m", settings, seed=1000, count=30,
@@ -65,10 +65,10 @@ def test_tiny_run_through_a_real_stack(tmp_path: Path) -> None:
     assert pools == ["embedded-plain", "embedded-ngram"]
     assert not [r for r in records if r.error]
     for conc in (1, 2):
-        # the cold gateway learned from exactly its own 6 requests: no pinned one reached it
-        assert audits[conc] == {"own_requests": 6, "telemetry_records": 6, "same_pools": True}
+        # the cold gateway learned from exactly its own 8 requests: no pinned one reached it
+        assert audits[conc] == {"own_requests": 8, "telemetry_records": 8, "same_pools": True}
         s = summary[conc]
-        assert s["requests"] == {c: 6 for c in (COLD, WARM, *pools)}
+        assert s["requests"] == {c: 8 for c in (COLD, WARM, *pools)}
         assert set(s["rates"]) == {COLD, WARM, *pools, "oracle"}
         assert s["rates"]["oracle"] >= max(s["rates"][p] for p in pools)
         assert set(s["ratios"]) == {COLD, WARM}

@@ -14,9 +14,8 @@ import pytest
 from gateway.classifier.classify import DEFAULT_MODEL_PATH, classify, load_classifier
 from gateway.classifier.model import LinearTextModel, features, window
 from gateway.classifier.training.data import build_dataset
-from gateway.classifier.training.train import TrainConfig, chat_body, evaluate, train
+from gateway.classifier.training.train import TASKS, TrainConfig, chat_body, evaluate, train
 from gateway.schemas import parse_request
-from policies.types import TASKS
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -12,12 +12,12 @@ from policies.acceptance import TEMPERATURE_BUCKETS
 from policies.policy import Policy, PolicyConfig
 from policies.prior import WorkerPrior, keyed
 from policies.sim.baselines import Learned, Oracle
-from policies.sim.calibration import true_accept
+from policies.sim.calibration import COLUMNS, true_accept
 from policies.sim.evaluation import summarize
 from policies.sim.scenarios import SHARED_FLEET
 from policies.sim.simulator import Phase, SimConfig, simulate, workload
 from policies.telemetry import LocalTelemetry
-from policies.types import TASKS, PoolView, RequestProfile, RequestRecord
+from policies.types import PoolView, RequestProfile, RequestRecord
 
 PROFILE = RequestProfile(task="code", temperature=0.0, top_p=1.0, prompt_tokens=200,
                          max_tokens=256, stream=False, model="m")
@@ -117,7 +117,7 @@ def _ratio_tail(drift: bool) -> float:
     for pool in SHARED_FLEET:  # what each pool's workers measured before serving (bench)
         if pool.method != "plain":
             measured = {(task, bucket): true_accept(pool.method, task, bucket)
-                        for task in TASKS for bucket in TEMPERATURE_BUCKETS}
+                        for task in COLUMNS for bucket in TEMPERATURE_BUCKETS}  # world's
             learned.policy.set_worker_prior(
                 pool.name, WorkerPrior(keyed(config.model, pool.method, measured)))
     ours = simulate(learned, config, requests)

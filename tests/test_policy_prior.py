@@ -10,10 +10,10 @@ import pytest
 from test_policy_decide import PROFILE
 
 from policies.acceptance import expected_accept_length
-from policies.policy import Policy, PolicyConfig
+from policies.policy import Policy, PolicyConfig, make_option
 from policies.prior import Measured, MeasuredError, WorkerPrior
 from policies.telemetry import LocalTelemetry
-from policies.types import PoolView, RequestProfile, RequestRecord
+from policies.types import TASKS, PoolView, RequestProfile, RequestRecord
 
 CHAT = RequestProfile(task="chat", temperature=0.8, top_p=1.0, prompt_tokens=50,
                       max_tokens=64, stream=False, model="m")
@@ -86,7 +86,7 @@ def test_telemetry_outweighs_the_prior() -> None:
 def test_server_average_is_a_method_level_prior() -> None:
     prior = WorkerPrior.from_server_average("m", "eagle3", expected_accept_length(0.7, 3), 3)
     assert all(a == pytest.approx(0.7, abs=1e-6) for a in prior.acceptance.values())
-    assert len(prior.acceptance) == 9  # every task x temperature bucket
+    assert len(prior.acceptance) == len(TASKS) * 3  # every task x temperature bucket
 
 
 def test_relative_draft_cost_from_speedup() -> None:
@@ -124,3 +124,48 @@ def test_measured_draft_cost_starts_the_pool_step_cost() -> None:
     assert cost.per_token[0] / cost.base[0] == pytest.approx(expected, rel=0.05)
     generic = policy.state.cost("plain")  # no measurement: the fleet's generic 5%
     assert generic.per_token[0] / generic.base[0] == pytest.approx(0.05, rel=0.05)
+
+
+def served(pool: str, method: str, k: int, steps: int, step_s: float, n: int = 30
+           ) -> list[RequestRecord]:
+    """n requests of 64 tokens in `steps` verify steps of `step_s` seconds each."""
+    return [RequestRecord(model="m", pool=pool, method=method, k=k, task="code",
+                          temperature_bucket="t0", prompt_tokens=40, output_tokens=64,
+                          verify_steps=steps, accept_length=64 / steps, load=0, ttft_s=0.1,
+                          itl_s=step_s, e2e_s=0.1 + (steps - 1) * step_s, timestamp=1.0)
+            for _ in range(n)]
+
+
+def test_predictions_match_the_shipped_measurement_after_a_few_requests() -> None:
+    """SmolLM2's measured.json as the workers' prior, then a few requests per pool that
+    agree with it: every pool's predicted speedup over plain at its measured k stays near
+    the measured one (a speculative pool measured at 0.86x plain once read "1.7x")."""
+    from policies.fleet import weights_dir
+
+    doc = Measured.from_dict(json.loads(
+        (weights_dir("smollm2-135m-instruct") / "measured.json").read_text()))
+    policy = Policy(LocalTelemetry(tau_s=1e6, clock=lambda: 1.0), PolicyConfig(explore_rate=0.0))
+    methods = sorted({e.method for e in doc.entries if e.k > 0})
+    for method in methods:
+        policy.set_worker_prior(method, WorkerPrior.from_measured("m", method, doc))
+    plain_step = 0.09
+    for e in doc.entries:
+        if e.task == "code" and e.temperature == 0.0:
+            steps = max(round(64 / e.accept_length), 1)
+            step = plain_step * e.accept_length / e.speedup if e.k > 0 else plain_step
+            for rec in served(e.method, e.method, e.k, steps, step, n=3):
+                policy.observe(rec)
+    policy.refit()
+    views = [PoolView(m, "embedded", m, e.k, True, 1, 0, 8) for m in methods
+             for e in doc.entries if e.method == m and e.task == "code" and e.temperature == 0]
+    views.append(PoolView("plain", "embedded", "plain", 0, False, 1, 0, 0))
+    options = {o.pool.name: o for o in
+               (Policy._evaluate(policy.state, v, "m", "code", "t0", 1.0, top_k=v.k,
+                                 batch_aware=False) for v in views)}
+    state = policy.state
+    plain_tps = options["plain"].tokens_per_s
+    for e in doc.entries:
+        if e.task == "code" and e.temperature == 0.0 and e.k > 0:
+            predicted = make_option(state, views[methods.index(e.method)], e.k,
+                                    state.accept("m", e.method, "code", "t0")[0], 0.0, 1.0)
+            assert predicted.tokens_per_s / plain_tps == pytest.approx(e.speedup, rel=0.15), e

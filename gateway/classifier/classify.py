@@ -13,10 +13,13 @@ in `reasons`):
 2. the prompt asks for JSON/YAML/CSV/XML output ("respond in JSON", "as a YAML file")
    -> `structured`, unless the ask is for a function/script that emits it ("write a
    Python function that returns JSON" is code).
-3. code in the prompt: a fenced block in a programming language (or unlabelled), a
+3. an edit of material the message provides ("fix the spelling in this paragraph:
+   ...", "rename x in this function: ```...```") -> `edit`
+   (gateway/classifier/grounded.py): the answer copies the input.
+4. code in the prompt: a fenced block in a programming language (or unlabelled), a
    stack trace, or >= 3 code-looking lines; or an explicit "write a function/script/
    query/regex" -> `code`.
-4. otherwise the linear text model (`gateway.classifier.model`) picks the class.
+5. otherwise the linear text model (`gateway.classifier.model`) picks the class.
 
 Structured beats code because a requested output format is the strongest signal about
 what will be decoded. Rules read the system messages plus the last user message (head
@@ -32,6 +35,7 @@ import re
 from itertools import islice
 from pathlib import Path
 
+from gateway.classifier.grounded import edit_evidence
 from gateway.classifier.model import LinearTextModel
 from gateway.schemas import GenerationRequest, content_text
 from policies.types import RequestProfile, Task
@@ -161,6 +165,9 @@ def _decide(request: GenerationRequest, system: str, user: str,
     ask = _format_ask(text, lower)
     if ask:
         return "structured", [ask], False, False
+    edit = edit_evidence(user)
+    if edit:
+        return "edit", [edit], False, False
     code = _code_evidence(text, lower)
     if code:
         return "code", [code], False, False

@@ -26,11 +26,10 @@ from policies.sim.baselines import (
     SimRouter,
     StaticRules,
 )
-from policies.sim.calibration import METHODS, PAPER_K, draft_cost
+from policies.sim.calibration import COLUMNS, METHODS, PAPER_K, draft_cost
 from policies.sim.scenarios import SCENARIOS, Scenario
 from policies.sim.simulator import TRAINED_DRAFTERS, Outcome, SimConfig, simulate, workload
 from policies.sim.world import World
-from policies.types import TASKS
 
 FIXED_KS = (1, 2, 3, 4, 6, 8)
 RECOVERY_WINDOW = 100
@@ -91,7 +90,7 @@ def worker_priors(scenario: Scenario, world: World, model: str) -> dict[str, Wor
         if spec.method == "plain" or spec.k <= 0:
             continue
         lengths = {(t, b): world.expected_accept_length(spec.method, t, b, spec.k)
-                   for t in TASKS for b in TEMPERATURE_BUCKETS}
+                   for t in COLUMNS for b in TEMPERATURE_BUCKETS}  # the world's classes
         if spec.engine == "embedded":
             per_class: dict[tuple[str, str], float] = {
                 key: invert_accept_length(e, spec.k) for key, e in lengths.items()}

@@ -25,9 +25,11 @@ from gateway.classifier.classify import classify
 from gateway.classifier.model import LinearTextModel, features
 from gateway.classifier.training.data import SEEDS, Example, build_dataset
 from gateway.schemas import parse_request
-from policies.types import TASKS
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
+
+# The text model's classes: `edit` (policies.types) comes from a rule, never the model.
+TASKS = ("code", "structured", "chat")
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ class TrainReport:
     fallback_accuracy: float  # pipeline accuracy on the examples no rule decided
     fallback_examples: int
     model_confusion: list[list[int]]  # rows: true class, columns: predicted, order `classes`
-    pipeline_confusion: list[list[int]]
+    pipeline_confusion: list[list[int]]  # columns: `classes` then edit
     classes: list[str]
     train_examples: int
     test_examples: int
@@ -98,14 +100,15 @@ def evaluate(model: LinearTextModel, examples: list[Example]) -> EvalResult:
     """Accuracy and confusion of the model alone and of the full `classify` pipeline."""
     order = {c: i for i, c in enumerate(TASKS)}
     model_cm = np.zeros((len(TASKS), len(TASKS)), dtype=int)
-    pipe_cm = np.zeros_like(model_cm)
+    pipeline = {**order, "edit": len(TASKS)}  # the pipeline also answers `edit` (a rule)
+    pipe_cm = np.zeros((len(TASKS), len(pipeline)), dtype=int)
     wrong: list[dict[str, str]] = []
     fallback = [0, 0]  # (examples the model decided, of which correct)
     for example in examples:
         predicted = model.predict(example.text, explain=0).label
         model_cm[order[example.label], order[predicted]] += 1  # type: ignore[index]
         profile = classify(parse_request(chat_body(example.text), "chat"), model=model)
-        pipe_cm[order[example.label], order[profile.task]] += 1
+        pipe_cm[order[example.label], pipeline[profile.task]] += 1
         if profile.reasons[0].startswith("model:"):
             fallback[0] += 1
             fallback[1] += profile.task == example.label
@@ -176,7 +179,7 @@ def main() -> None:
           f"pipeline (rules + model) {report.pipeline_accuracy:.4f}, "
           f"model fallback {report.fallback_accuracy:.4f} on {report.fallback_examples}, "
           f"on {report.test_examples} examples; vocabulary {report.vocabulary_size}")
-    print("pipeline confusion (rows true, cols predicted):", " ".join(report.classes))
+    print("pipeline confusion (rows true, cols predicted):", " ".join(report.classes), "edit")
     for name, row in zip(report.classes, report.pipeline_confusion, strict=True):
         print(f"  {name:>10}: {row}")
     print(f"latency (4 KB prompt): {report.latency_us}")

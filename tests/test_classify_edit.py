@@ -1,0 +1,55 @@
+"""Edit requests (rewrite material the message provides) are their own task: the answer
+copies the input, which n-gram drafting accepts best (gateway/classifier/grounded.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.workload import TASKS, prompts
+from gateway.classifier.classify import classify
+from gateway.schemas import parse_request
+
+PARAGRAPH = ("The quick brown fox jumpd over the lazy dog. It was a sunny day and the fox was "
+             "verry happy. The dog did not care becuase it was sleeping under a big tree.")
+FUNCTION = ("def total(values):\n    result = 0\n    for value in values:\n        result += value\n"
+            "    return result\n\n\ndef mean(values):\n    return total(values) / len(values)\n")
+
+
+def task_of(text: str) -> str:
+    return classify(parse_request({"model": "m", "messages": [{"role": "user", "content": text}]},
+                                  "chat")).task
+
+
+@pytest.mark.parametrize("text", [
+    f"Fix the spelling mistakes in this paragraph and return it:\n{PARAGRAPH}",
+    f"Proofread this: {PARAGRAPH}",
+    f"{PARAGRAPH}\n\nCorrect the typos in the text above.",
+    f"Rename `values` to `numbers` in this code:\n```python\n{FUNCTION}```",
+    f"Add type hints to this module:\n```python\n{FUNCTION}```",
+])
+def test_edits_of_provided_material_are_edit(text: str) -> None:
+    assert task_of(text) == "edit"
+
+
+@pytest.mark.parametrize(("text", "task"), [
+    # the same verbs with nothing provided to copy from
+    ("Write a Python function that fixes common spelling mistakes in a text using a "
+     "dictionary of typos, keeping punctuation and capitalization.", "code"),
+    ("How do I fix a flat tire on a bicycle? I have a patch kit and a pump but I have never "
+     "done it before and I am not sure which steps come first.", "chat"),
+    # provided material whose answer does not copy it
+    (f"Translate this paragraph to French:\n{PARAGRAPH}", "chat"),
+    (f"Summarize this paragraph in one sentence:\n{PARAGRAPH}", "chat"),
+    # a requested output format still decides
+    (f"Fix the typos and return the result as JSON with a field text:\n{PARAGRAPH}",
+     "structured"),
+])
+def test_not_edits(text: str, task: str) -> None:
+    assert task_of(text) == task
+
+
+def test_benchmark_edit_prompts_classify_as_edit_and_no_other_class_does() -> None:
+    for task in TASKS:
+        for prompt in prompts(task, 40, seed=3):
+            got = classify(parse_request(prompt.chat_body("m", 32, 0.0), "chat")).task
+            assert (got == "edit") == (task == "edit"), (task, got, prompt.messages)
