@@ -165,6 +165,16 @@ class Admission:
         ahead = sum(1 for t in queue.waiting if self._order(t) < self._order(probe))
         return PoolState(True, self._wait_s(queue, capacity, ahead), higher)
 
+    def busy(self, pool: str) -> bool:
+        """`pool_state(...).busy`, cheaply: the SLO hook's idle fast path asks every pool."""
+        if self.config.max_inflight_per_worker <= 0:
+            served = self.pools.get(pool)
+            return served is not None and served.outstanding >= \
+                self.config.busy_per_worker * max(served.healthy_workers, 1)
+        queue = self.queues.get(pool)
+        return queue is not None and (bool(queue.waiting)
+                                      or queue.running >= self._capacity(pool))
+
     def depth(self, pool: str) -> int:
         queue = self.queues.get(pool)
         return len(queue.waiting) if queue else 0

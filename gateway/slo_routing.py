@@ -7,7 +7,9 @@ wait, higher-priority work) and may move the request: to the fastest option that
 the SLO when the pick misses, or, under load with higher-priority work in flight, to the
 option that meets at the least fleet cost (plain, or a pool without latency work). The
 verdict is appended to the decision's reason, so `/v1/routing/explain`, the response's
-`specroute.reason` and the trace's `specroute.decision_reason` show it.
+`specroute.reason` and the trace's `specroute.decision_reason` show it (except a live
+pick that meets with no pool busy, the common case, which keeps the policy's reason:
+explain still says why it stands).
 
 Per-pool options come from the policy's side-effect-free `predict` on one pool at a time
 (and, for a speculative pool taking k per request, on that pool run plain); they are
@@ -25,7 +27,7 @@ from gateway.config import GatewayConfig, TenantConfig
 from gateway.pools import Pool
 from gateway.routing import Decide
 from gateway.tenant_metrics import TenantMetrics
-from policies.slo import SloChoice, SloOption, SloTarget, choose
+from policies.slo import SloOption, SloTarget, choose
 from policies.types import Decision, PoolView, RequestProfile
 
 
@@ -41,31 +43,38 @@ class SloHook:
         self.metrics = metrics
 
     def decide(self, profile: RequestProfile, pools: list[PoolView]) -> Decision:
-        decision, kind = self._apply(self.policy_decide(profile, pools), profile, pools)
+        decision, kind = self._apply(self.policy_decide(profile, pools), profile, pools,
+                                     explain=False)
         if self.metrics is not None:
             self.metrics.decided(kind)
         return decision
 
     def predict(self, profile: RequestProfile, pools: list[PoolView]) -> Decision:
-        return self._apply(self.policy_predict(profile, pools), profile, pools)[0]
+        return self._apply(self.policy_predict(profile, pools), profile, pools,
+                           explain=True)[0]
 
-    def _apply(self, decision: Decision, profile: RequestProfile, pools: list[PoolView]
-               ) -> tuple[Decision, str]:
+    def _apply(self, decision: Decision, profile: RequestProfile, pools: list[PoolView],
+               explain: bool) -> tuple[Decision, str]:
         if not self.enabled or decision.predicted_tokens_per_s <= 0:
             return decision, "policy"
         tenant = self.tenant(profile.tenant)
+        tpot_ms = 1000.0 / decision.predicted_tokens_per_s
+        if tpot_ms <= tenant.slo_tpot_ms and not any(
+                self.admission.busy(p.name) for p in pools):
+            # the common case, kept cheap (~3 us): a live decision keeps the policy's
+            # reason as it is; explain says why it stands
+            if not explain:
+                return decision, "slo_kept"
+            return replace(decision, reason=f"{decision.reason}; slo {tenant.name}: meets "
+                           f"(tpot {tpot_ms:.0f} ms <= {tenant.slo_tpot_ms:.0f} ms), no "
+                           f"pool busy"), "slo_kept"
         target = SloTarget(tenant.name, tenant.slo_ttft_ms, tenant.slo_tpot_ms,
                            tenant.priority)
         states = {p.name: self.admission.pool_state(p.name, tenant) for p in pools}
         pick = option(decision.pool, decision.method, decision.k,
                       decision.predicted_tokens_per_s, decision.predicted_accept_length,
                       states.get(decision.pool))
-        if pick.meets(target) and not any(s.busy for s in states.values()):
-            choice = SloChoice(pick, f"slo {tenant.name}: meets (tpot {pick.tpot_ms:.0f} ms "
-                               f"<= {target.tpot_ms:.0f} ms), no pool busy", False, False,
-                               True)
-        else:
-            choice = choose(pick, self._options(profile, pools, states), target)
+        choice = choose(pick, self._options(profile, pools, states), target)
         reason = f"{decision.reason}; {choice.reason}"
         if not choice.changed:
             return replace(decision, reason=reason), f"slo_{choice.kind}"

@@ -108,18 +108,21 @@ class RequestTrace:
         self.span.end(end_time=end_time)
 
 
+NOTHING: contextlib.nullcontext[None] = contextlib.nullcontext()
+
+
 class NoTrace:
     """`RequestTrace` with nobody listening: every method does nothing."""
 
     __slots__ = ()
 
-    @contextlib.contextmanager
-    def phase(self, name: str, kind: SpanKind = SpanKind.INTERNAL) -> Iterator[Span | None]:
-        yield None
+    def phase(self, name: str, kind: SpanKind = SpanKind.INTERNAL
+              ) -> contextlib.AbstractContextManager[Span | None]:
+        return NOTHING  # one shared, reusable context manager: no generator per call
 
-    @contextlib.contextmanager
-    def upstream(self, worker: str, pool: str, k: int) -> Iterator[Span | None]:
-        yield None
+    def upstream(self, worker: str, pool: str, k: int
+                 ) -> contextlib.AbstractContextManager[Span | None]:
+        return NOTHING
 
     def set(self, key: str, value: str | int | float | bool | list) -> None:
         pass

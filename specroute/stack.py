@@ -121,6 +121,13 @@ def heal(children: list[Child], work: Path, restarts: Restarts,
 def run_stack(host: str = "127.0.0.1", port: int = 8000, methods: str | None = None,
               model_dir: str | None = None, redis_url: str | None = None,
               workdir: str = ".specroute") -> int:
+    from gateway.auth import is_loopback_host
+
+    if not is_loopback_host(host):  # the generated config has no tenants: it would be open
+        print(f"specroute up: refusing to serve {host} with no tenants; `specroute up` is "
+              f"for this machine (127.0.0.1). For a shared gateway run `specroute gateway "
+              f"--config FILE` with tenants (docs/TENANTS.md)", file=sys.stderr)
+        return 2
     work = Path(workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()

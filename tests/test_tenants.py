@@ -84,6 +84,12 @@ def test_an_open_gateway_is_refused_on_a_public_address(tmp_path: Path) -> None:
     assert "refusing to listen on 0.0.0.0 with no tenants" in done.stderr
 
 
+def test_up_refuses_a_public_address(tmp_path: Path) -> None:
+    from specroute.stack import run_stack
+
+    assert run_stack(host="0.0.0.0", workdir=str(tmp_path)) == 2  # before anything starts
+
+
 def test_the_repository_ships_no_plaintext_key() -> None:
     """Every digest in the deploy configs belongs to no key written anywhere in the repo."""
     for path in [*ROOT.glob("deploy/**/*.yaml"), ROOT / "README.md", *ROOT.glob("docs/*.md")]:
