@@ -11,6 +11,7 @@ Tenants reload without a restart: `TenantReloader` re-reads the config (and its
 `Authenticator`; a request in flight keeps the `TenantConfig` it was admitted with.
 A file that fails to parse is logged and the tenants already loaded stay; so do they when
 the new file lists none (that would open a gateway that checks keys: restart for that).
+Only tenants and `auth` are taken from a reload; other changes need a restart.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import logging
 import signal
 from collections.abc import Callable
 from pathlib import Path
+
+import yaml
 
 from gateway.config import (
     ConfigError,
@@ -118,16 +121,17 @@ class TenantReloader:
         self.install = install
         self.seen = self._stamps()
         self.loop = Periodic("tenant-reload", self._tick, interval_s)
+        self.pending: set[asyncio.Task] = set()
         self.reloads = 0
 
     def _files(self) -> list[Path]:
         files = [self.path]
-        with contextlib.suppress(ConfigError, OSError):
-            import yaml
-
+        try:
             raw = yaml.safe_load(self.path.read_text())
-            if isinstance(raw, dict) and isinstance(raw.get("tenants_file"), str):
-                files.append(self.path.parent / raw["tenants_file"])
+        except (OSError, yaml.YAMLError):  # mid-edit or gone: the stamp says it changed
+            return files
+        if isinstance(raw, dict) and isinstance(raw.get("tenants_file"), str):
+            files.append(self.path.parent / raw["tenants_file"])
         return files
 
     def _stamps(self) -> tuple:
@@ -141,10 +145,13 @@ class TenantReloader:
         return tuple(stamps)
 
     async def _tick(self) -> None:
-        stamps = await asyncio.to_thread(self._stamps)
-        if stamps != self.seen:
-            self.seen = stamps
-            await self.reload()
+        try:
+            stamps = await asyncio.to_thread(self._stamps)
+            if stamps != self.seen:
+                self.seen = stamps
+                await self.reload()
+        except Exception:  # noqa: BLE001 - a tick that raises would end the watching
+            log.exception("tenant reload check failed; still watching")
 
     async def reload(self) -> bool:
         """Load the tenants now; False (and the old tenants kept) when the file is bad."""
@@ -165,7 +172,9 @@ class TenantReloader:
         return True
 
     def _sighup(self) -> None:
-        asyncio.get_running_loop().create_task(self.reload())
+        task = asyncio.get_running_loop().create_task(self.reload())
+        self.pending.add(task)  # held until done: the loop keeps only a weak reference
+        task.add_done_callback(self.pending.discard)
 
     def start(self) -> None:
         self.loop.start(wait_first=True)

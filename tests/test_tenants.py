@@ -166,6 +166,8 @@ async def test_sighup_reloads_tenants(tmp_path: Path) -> None:
         assert not await reloader.reload()
         path.write_text("pools: [")  # broken YAML: kept too
         assert not await reloader.reload()
+        await reloader._tick()  # and the file watch goes on
+        assert reloader.loop._task is not None and not reloader.loop._task.done()
     finally:
         await reloader.stop()
 
