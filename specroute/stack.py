@@ -79,7 +79,7 @@ def build_config(pools: list[tuple[str, int]], host: str, port: int, redis_url: 
         "pools": [
             {"name": f"embedded-{method}", "engine": "embedded", "model": model_dir.name,
              "method": method, "k": default_k(method),
-             "capabilities": {"per_request_k": method != "plain", "tools": False,
+             "capabilities": {"per_request_k": method != "plain", "tools": True,
                               "constrained_decoding": True,
                               "max_context": config["max_position_embeddings"]},
              "workers": [f"http://127.0.0.1:{worker_port}"]}

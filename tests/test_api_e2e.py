@@ -43,7 +43,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
             {"name": "e", "engine": "embedded", "model": "tiny", "workers": [url],
              "method": "ngram", "k": 4,
              "capabilities": {"max_context": 1024, "constrained_decoding": True,
-                              "per_request_k": True}}]})
+                              "tools": True, "per_request_k": True}}]})
         procs.append(gateway_proc)
         yield {"gateway": gateway, "worker": url, "tmp": Path(tmp)}
     finally:
@@ -175,3 +175,58 @@ def test_sglang_native_info_routes(stack: dict) -> None:
     assert info["internal_states"][1]["pool"] == "e"
     assert httpx.get(gateway + "/model_info", timeout=10).json()["model_path"] == "tiny"
     assert httpx.get(gateway + "/health_generate", timeout=10).status_code == 200
+
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city now",
+    "parameters": {"type": "object",
+                   "properties": {"city": {"type": "string", "maxLength": 20},
+                                  "unit": {"enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def _arguments(call) -> dict:  # noqa: ANN001 - an openai tool call
+    args = json.loads(call.function.arguments)
+    assert call.function.name == "get_weather" and set(args) == {"city", "unit"}
+    assert args["unit"] in ("celsius", "fahrenheit") and call.id
+    return args
+
+
+def test_tool_call_round_trip(client: openai.OpenAI) -> None:
+    reply = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS,
+                                           tool_choice="required", max_tokens=60,
+                                           temperature=0)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    call = (choice.message.tool_calls or [])[0]
+    _arguments(call)
+    follow_up = [*ASK, {"role": "assistant", "content": None,
+                        "tool_calls": [call.model_dump()]},
+                 {"role": "tool", "tool_call_id": call.id,
+                  "content": '{"temperature": 21, "unit": "celsius"}'}]
+    answer = client.chat.completions.create(model="tiny", messages=follow_up, tools=TOOLS,
+                                            tool_choice="none", max_tokens=12, temperature=0)
+    assert answer.choices[0].finish_reason in ("stop", "length")
+    assert answer.choices[0].message.content and not answer.choices[0].message.tool_calls
+    auto = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS,
+                                          max_tokens=60, temperature=0)
+    if auto.choices[0].finish_reason == "tool_calls":
+        _arguments((auto.choices[0].message.tool_calls or [])[0])
+    else:
+        assert not (auto.choices[0].message.content or "").startswith("<")
+
+
+def test_tool_call_streamed(client: openai.OpenAI) -> None:
+    stream = client.chat.completions.create(
+        model="tiny", messages=ASK, tools=TOOLS, max_tokens=60, temperature=0, stream=True,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        **_via("eagle2"))
+    calls, finish, content = [], None, ""
+    for chunk in stream:
+        for choice in chunk.choices:
+            calls += choice.delta.tool_calls or []
+            content += choice.delta.content or ""
+            finish = choice.finish_reason or finish
+    assert finish == "tool_calls" and len(calls) == 1 and not content
+    _arguments(calls[0])

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from workers.embedded import info, requests, responses
+from workers.embedded import info, requests, responses, tools
 from workers.embedded.api import Constraint
 from workers.embedded.errors import BadRequest
 
@@ -126,12 +126,48 @@ def test_openai_response_format_logprobs_and_n() -> None:
                             lambda m: [5])
 
 
-def test_openai_bodies_refuse_tools() -> None:
-    chat = {"messages": [{"role": "user", "content": "x"}]}
-    with pytest.raises(BadRequest, match="tool calling"):
-        requests.parse_chat({**chat, "tools": [{"type": "function"}]}, lambda m: [5])
-    with pytest.raises(BadRequest, match="role"):
-        requests.parse_chat({"messages": [{"role": "tool", "content": "x"}]}, lambda m: [5])
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}
+
+
+def test_tools_become_a_prompt_and_a_grammar() -> None:
+    seen: list = []
+    chat = {"messages": [{"role": "system", "content": "Be brief."},
+                         {"role": "user", "content": "x"},
+                         {"role": "assistant", "content": None, "tool_calls": [
+                             {"id": "c1", "type": "function",
+                              "function": {"name": "f", "arguments": '{"x": 1}'}}]},
+                         {"role": "tool", "tool_call_id": "c1", "content": "2"}],
+            "tools": [TOOL]}
+    req = requests.parse_chat({**chat, "tool_choice": "required"},
+                              lambda m: seen.append(m) or [5])
+    assert req.tool_mode == "forced" and req.sampling.constraint is not None
+    assert req.sampling.constraint.kind == "lark" and "start: call" in req.sampling.constraint.text
+    system, user, assistant, result = seen[0]
+    assert system["content"].startswith("Be brief.") and '"name": "f"' in system["content"]
+    assert assistant["content"] == '<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>'
+    assert result == {"role": "user", "content": "<tool_response>\n2\n</tool_response>"}
+    auto = requests.parse_chat(chat, lambda m: [5])
+    assert auto.tool_mode == "auto" and "free" in auto.sampling.constraint.text  # type: ignore
+    none = requests.parse_chat({**chat, "tool_choice": "none"}, lambda m: [5])
+    assert none.tool_mode is None and none.sampling.constraint is None
+    assert tools.parse_call('<tool_call>{"name": "f", "arguments": {"x": 3}}</tool_call>')[
+        0]["function"] == {"name": "f", "arguments": '{"x": 3}'}  # type: ignore[index]
+    assert tools.parse_call("hello") is None
+
+
+@pytest.mark.parametrize("extra, message", [
+    ({"tools": [{"type": "function"}]}, "tools\\[0\\]"),
+    ({"tools": [TOOL, TOOL]}, "unique"),
+    ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "g"}}},
+     "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice needs tools"),
+    ({"tools": [TOOL], "response_format": {"type": "json_object"}}, "cannot be combined"),
+])
+def test_bad_tools_are_400(extra: dict, message: str) -> None:
+    with pytest.raises(BadRequest, match=message):
+        requests.parse_chat({"messages": [{"role": "user", "content": "x"}], **extra},
+                            lambda m: [5])
     with pytest.raises(BadRequest, match="max_tokens must be >= 1"):
         requests.parse_completion({"prompt": "x", "max_tokens": 0})
 

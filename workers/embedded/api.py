@@ -18,14 +18,15 @@ class EngineInputError(ValueError):
     """The request cannot be served as given (the server answers HTTP 400)."""
 
 
-ConstraintKind = Literal["json_schema", "regex", "ebnf"]
+ConstraintKind = Literal["json_schema", "regex", "ebnf", "lark"]
 
 
 @dataclass(frozen=True)
 class Constraint:
     """A grammar the output must follow (SGLang's `json_schema` / `regex` / `ebnf` sampling
     params): `text` is the schema as JSON text, the regular expression, or the grammar
-    (GBNF or Lark). OpenAI's `json_object` is the schema `{"type": "object"}`."""
+    (GBNF or Lark; `lark`: llguidance's Lark, which the worker's tool calls use). OpenAI's
+    `json_object` is the schema `{"type": "object"}`."""
 
     kind: ConstraintKind
     text: str

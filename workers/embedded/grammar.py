@@ -60,7 +60,7 @@ class GrammarCompiler:
                     schema, defaults=JSON_OPTIONS)  # type: ignore[arg-type]
             else:
                 grammar = llguidance.grammar_from(
-                    "regex" if constraint.kind == "regex" else "grammar", constraint.text)
+                    "grammar" if constraint.kind == "ebnf" else constraint.kind, constraint.text)
         except (ValueError, TypeError) as exc:
             raise EngineInputError(f"invalid {constraint.kind}: {exc}") from exc
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(

@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from workers.embedded import tools
 from workers.embedded.api import Constraint, SamplingParams
 from workers.embedded.errors import BadRequest
 
@@ -48,6 +49,7 @@ class GenerateRequest:
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
     include_usage: bool = False  # OpenAI stream_options.include_usage
     n: int = 1  # independent samples (OpenAI routes)
+    tool_mode: tools.ToolMode | None = None  # chat with tools: answers may be calls
     return_text_in_logprobs: bool = False  # /generate: token text in the logprob entries
     return_spec_tokens_details: bool = False  # OpenAI routes: fill sglext
     model: str | None = None
@@ -278,9 +280,9 @@ def _openai_logprobs(body: dict[str, Any], chat: bool) -> int | None:
 
 
 def _openai_common(body: dict[str, Any], default_max: int | None, max_key: str,
-                   chat: bool) -> dict[str, Any]:
-    if body.get("tools"):
-        raise BadRequest("tool calling is not supported by this engine")
+                   chat: bool, tool_request: tools.ToolRequest | None = None) -> dict[str, Any]:
+    if body.get("tools") and not chat:
+        raise BadRequest("tools are for chat completions")
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise BadRequest("stream_options must be an object")
@@ -291,11 +293,17 @@ def _openai_common(body: dict[str, Any], default_max: int | None, max_key: str,
     constraint = _response_format(body)
     if constraint is not None and any(body.get(f) is not None for f in CONSTRAINED_FIELDS):
         raise BadRequest("give either response_format or one of json_schema, regex, ebnf")
+    tool_mode = tool_request.mode if tool_request is not None else None
+    if tool_mode is not None:
+        if constraint is not None or any(body.get(f) is not None for f in CONSTRAINED_FIELDS):
+            raise BadRequest("tools (tool_choice other than none) cannot be combined with "
+                             "response_format or a grammar")
+        constraint = tools.constraint(tool_request)  # type: ignore[arg-type]
     return dict(
         sampling=parse_sampling(body, "", max_tokens_key=max_key, default_max=default_max,
                                 seed_key="seed", constraint=constraint,
                                 top_logprobs=_openai_logprobs(body, chat)),
-        method=method, k=k, n=n,
+        method=method, k=k, n=n, tool_mode=tool_mode,
         stream=_get(body, "stream", bool, False),
         include_usage=_get(options, "include_usage", bool, False, "stream_options."),
         return_spec_tokens_details=_get(body, "return_spec_tokens_details", bool, False),
@@ -328,15 +336,26 @@ def parse_chat(body: dict[str, Any], encode_chat: EncodeChat) -> GenerateRequest
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages must be a non-empty list")
+    tool_request = tools.parse_tools(body)
     rendered = []
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant"):
-            raise BadRequest(f"messages[{i}].role must be system, user or assistant")
-        rendered.append({"role": m["role"], "content": _message_text(m.get("content"), i)})
+        role = m.get("role") if isinstance(m, dict) else None
+        if role not in ("system", "developer", "user", "assistant", "tool"):
+            raise BadRequest(f"messages[{i}].role must be system, developer, user, assistant "
+                             "or tool")
+        if role == "assistant" and m.get("tool_calls"):
+            content = (_message_text(m.get("content"), i) if m.get("content") else "") + \
+                tools.call_text(m["tool_calls"], i)
+        else:
+            content = _message_text(m.get("content"), i)
+        rendered.append({"role": "system" if role == "developer" else role,
+                         "content": content})
+    rendered = tools.render_messages(rendered, tool_request)
     max_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None \
         else "max_tokens"
     return GenerateRequest(text=None, input_ids=encode_chat(rendered),
-                           **_openai_common(body, None, max_key, chat=True))
+                           **_openai_common(body, None, max_key, chat=True,
+                                            tool_request=tool_request))
 
 
 def with_stop_ids(req: GenerateRequest, stop_ids: Sequence[int]) -> GenerateRequest:

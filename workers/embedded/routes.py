@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from workers.embedded import info, requests, responses
+from workers.embedded import info, requests, responses, tools
 from workers.embedded.errors import WorkerError
 from workers.embedded.run import Admitted, Chunks, Run, Tail, admit, finish_all, sse_stream
 from workers.embedded.scheduler import StepEvent
@@ -101,11 +101,29 @@ def _logprobs(run: Run, logprobs: list, kind: str, offset: int = 0) -> dict[str,
     return responses.completion_logprobs(logprobs, text, offset)
 
 
+def _tool_calls(run: Run, reason: str | None) -> list[dict[str, Any]] | None:
+    """The answer's tool call, when the request has tools and the answer is one."""
+    if run.req.tool_mode is None or reason != "stop":
+        return None
+    return tools.parse_call(run.text)
+
+
+def _holding(run: Run) -> bool:
+    """A streamed answer that is (or may become) a tool call is sent whole at the end."""
+    return run.req.tool_mode == "forced" or (
+        run.req.tool_mode == "auto" and run.text.startswith("<"))
+
+
 def _choice(run: Run, event: StepEvent, kind: str) -> dict[str, Any]:
     reason, matched = responses.openai_finish(run.meta_info(event))
     choice: dict[str, Any] = {"index": run.index, "logprobs": _logprobs(run, run.logprobs, kind),
                               "finish_reason": reason, "matched_stop": matched}
-    if kind == "chat":
+    calls = _tool_calls(run, reason)
+    if kind == "chat" and calls is not None:
+        choice["finish_reason"] = "tool_calls"
+        choice["message"] = {"role": "assistant", "content": None,
+                             "reasoning_content": None, "tool_calls": calls}
+    elif kind == "chat":
         choice["message"] = {"role": "assistant", "content": run.text,
                              "reasoning_content": None, "tool_calls": None}
     else:
@@ -141,6 +159,13 @@ def _openai_chunks(state: WorkerState, kind: str) -> Chunks:
         if kind == "chat":
             choice["delta"] = {"role": "assistant", "content": delta} if \
                 len(run.output_ids) == len(event.output.token_ids) else {"content": delta}
+            if _holding(run):
+                calls = _tool_calls(run, reason) if event.output.finished else None
+                if calls is not None:
+                    choice["finish_reason"] = "tool_calls"
+                    choice["delta"] = {"tool_calls": [{"index": 0, **calls[0]}]}
+                else:  # held until the end; then the text as it is if it is no call
+                    choice["delta"]["content"] = run.text if event.output.finished else ""
         else:
             choice["text"] = delta
         return [{**head, "choices": [choice]}]
