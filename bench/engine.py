@@ -10,6 +10,13 @@ round on the same prompts. Each method runs with the k `specroute up` gives its 
 difference counts as real only when the ranges do not overlap: a method against plain
 (its range excludes 1.0), and the best method of a cell against the runner-up.
 
+Besides the three request classes, a `schema` class runs the structured prompts under a
+JSON schema built from the fields each prompt names (constrained decoding, llguidance):
+greedy output is the same tokens for every method, so what differs from `structured` is
+what the grammar does to acceptance (forced tokens are free for plain decoding and
+cheap to accept; drafts the grammar forbids are pruned before the forward). It stops
+where the schema ends rather than at max tokens.
+
 `--write-measured PATH` writes the figures as JSON, the worker's prior for the policy:
 {"model", "source", "measured_at", "device", "entries": [{"method", "k", "task",
 "temperature", "accept_length", "tokens_per_s", "speedup", "requests"}]}.
@@ -29,11 +36,37 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.workload import TASKS, prompts
+from bench.workload import TASKS, Prompt, prompts
 from policies.fleet import ModelChoice, default_k, resolve_model
 
 TEMPERATURES = (0.0, 0.8)
+SCHEMA_TASK = "schema"  # structured prompts under a JSON schema; not a policy class
 Cell = tuple[str, float]  # (task, temperature)
+# The schema of each field the structured prompts may name (bench/workload.py _FIELDS);
+# strings and numbers are bounded so that a small model cannot run on inside one.
+FIELD_SCHEMAS: dict[str, dict] = {
+    "id": {"type": "integer", "minimum": 0, "maximum": 99999},
+    "name": {"type": "string", "maxLength": 24},
+    "email": {"type": "string", "maxLength": 32},
+    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "city": {"type": "string", "maxLength": 24},
+    "active": {"type": "boolean"},
+    "tags": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3},
+    "order_id": {"type": "integer", "minimum": 0, "maximum": 99999},
+    "status": {"enum": ["open", "shipped", "closed"]},
+    "total": {"type": "integer", "minimum": 0, "maximum": 9999},
+}
+
+
+def schema_for(prompt: Prompt) -> str:
+    """A strict JSON schema with the fields the prompt asks for (id, name, email if none)."""
+    text = prompt.messages[-1]["content"]
+    fields = [f for f in FIELD_SCHEMAS if f in text.replace("order_id", "")] or \
+        ["id", "name", "email"]
+    if "order_id" in text:
+        fields.append("order_id")
+    return json.dumps({"type": "object", "properties": {f: FIELD_SCHEMAS[f] for f in fields},
+                       "required": fields, "additionalProperties": False})
 
 
 @dataclass(frozen=True)
@@ -71,11 +104,18 @@ def _k(engine, method: str) -> int:
     return 0 if method == "plain" else min(default_k(method), engine.max_k)
 
 
-def _run(engine, ids: list[int], method: str, temperature: float, max_tokens: int, seed: int):
+def _run(engine, ids: list[int], method: str, temperature: float, max_tokens: int, seed: int,
+         schema: str | None = None):
+    from workers.embedded.api import Constraint
     from workers.embedded.engine import SamplingParams
 
-    params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, seed=seed,
-                            ignore_eos=True)
+    if schema is None:
+        params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, seed=seed,
+                                ignore_eos=True)
+    else:  # stops where the schema ends
+        params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, seed=seed,
+                                stop_token_ids=list(engine.tokenizer.stop_ids),
+                                constraint=Constraint("json_schema", schema))
     t0 = time.perf_counter()
     gen = engine.start(ids, params, method=method, k=_k(engine, method))
     while not gen.finished:
@@ -86,9 +126,13 @@ def _run(engine, ids: list[int], method: str, temperature: float, max_tokens: in
 def measure(engine, methods: list[str], settings: Settings,
             progress: bool = False) -> dict[Cell, dict[str, Tally]]:
     """Run every round; tallies per cell and method."""
-    cells = [(task, t) for task in TASKS for t in TEMPERATURES]
-    encoded = {task: [engine.tokenizer.encode_chat(list(p.messages))
-                      for p in prompts(task, settings.prompts, settings.seed)] for task in TASKS}
+    cells = [(task, t) for task in (*TASKS, SCHEMA_TASK) for t in TEMPERATURES]
+    chosen = {task: prompts(task, settings.prompts, settings.seed) for task in TASKS}
+    chosen[SCHEMA_TASK] = chosen["structured"]
+    encoded = {task: [engine.tokenizer.encode_chat(list(p.messages)) for p in ps]
+               for task, ps in chosen.items()}
+    schemas = {task: [schema_for(p) if task == SCHEMA_TASK else None for p in ps]
+               for task, ps in chosen.items()}
     tallies: dict[Cell, dict[str, Tally]] = {c: defaultdict(Tally) for c in cells}
     started = time.monotonic()
     for r in range(settings.rounds):
@@ -97,7 +141,7 @@ def measure(engine, methods: list[str], settings: Settings,
                 shift = (r + i) % len(methods)
                 for method in methods[shift:] + methods[:shift]:
                     stats, seconds = _run(engine, ids, method, temperature, settings.max_tokens,
-                                          settings.seed + 1000 * r + i)
+                                          settings.seed + 1000 * r + i, schemas[task][i])
                     tallies[(task, temperature)][method].add(
                         r, stats.completion_tokens, seconds, stats.verify_steps)
         if progress:
@@ -196,7 +240,8 @@ def measured_document(model: str, source: str, device: str, rows: list[dict]) ->
             "requests")
     return {"model": model, "source": source,
             "measured_at": datetime.date.today().isoformat(), "device": device,
-            "entries": [{key: r[key] for key in keys} for r in rows]}
+            "entries": [{key: r[key] for key in keys} for r in rows
+                        if r["task"] != SCHEMA_TASK]}
 
 
 def _load_engine(choice: ModelChoice):

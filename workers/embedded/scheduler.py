@@ -207,7 +207,8 @@ class Scheduler:
             if result.finished:
                 self._retire(ticket)
                 self._record(stats)
-            ticket.deliver(StepEvent(result, stats))
+            if result.token_ids or result.finished:  # else a prefill chunk: nothing to say
+                ticket.deliver(StepEvent(result, stats))
 
     def _retire(self, ticket: Ticket) -> None:
         with self._cond:

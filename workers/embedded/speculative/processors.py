@@ -19,6 +19,8 @@ from typing import Protocol
 
 import torch
 
+from workers.embedded.api import SamplingParams
+
 
 class TokenProcessor(Protocol):
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
@@ -77,3 +79,19 @@ class Processors:
     def advance(self, token: int) -> None:
         for item in self.items:
             item.advance(token)
+
+
+def build_processors(params: SamplingParams, vocab_size: int, device: torch.device,
+                     grammar: TokenProcessor | None) -> TokenProcessor | None:
+    """A request's processors, in order; None when nothing changes its logits."""
+    items: list[TokenProcessor] = []
+    if params.logit_bias:
+        items.append(LogitBias(params.logit_bias, vocab_size, device))
+    if params.presence_penalty or params.frequency_penalty:
+        items.append(Penalties(params.presence_penalty, params.frequency_penalty, vocab_size,
+                               device))
+    if grammar is not None:
+        items.append(grammar)
+    if not items:
+        return None
+    return items[0] if len(items) == 1 else Processors(items)
