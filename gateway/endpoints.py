@@ -24,7 +24,7 @@ import orjson
 from starlette.types import Receive, Scope, Send
 
 from gateway import dispatch
-from gateway.adapters.base import Final, SpecStats, StreamItem, Usage
+from gateway.adapters.base import Final, GenerationResult, SpecStats, StreamItem, Usage
 from gateway.auth import authorize
 from gateway.config import TenantConfig
 from gateway.errors import (
@@ -198,17 +198,28 @@ class DisconnectWatch:
 class TokenEndpoint:
     """ASGI app for one OpenAI generation route; the `Gateway` lives on app.state."""
 
-    def __init__(self, endpoint: Endpoint) -> None:
+    def __init__(self, endpoint: Endpoint, route: str | None = None) -> None:
         self.endpoint = endpoint
+        self.route = route or endpoint  # the span's name (gateway.native: "generate")
+
+    def parse(self, gateway: dispatch.Gateway, body: object) -> GenerationRequest:
+        return parse_request(body, self.endpoint)
+
+    def render(self, request: GenerationRequest, result: GenerationResult,
+               decision: Decision) -> bytes:
+        return response_body(request, result, decision)
+
+    def writer(self, request: GenerationRequest, decision: Decision) -> ChunkWriter:
+        return ChunkWriter(request, decision)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gateway: dispatch.Gateway = scope["app"].state.gateway
         timer = dispatch.Timer()
         trace = start_request(gateway.tracer, gateway.provider, scope["headers"],
-                              self.endpoint)
+                              self.route)
         try:
             tenant, body, pin = await read_request(gateway, scope, receive, trace)
-            request = parse_request(body, self.endpoint)
+            request = self.parse(gateway, body)
             request_attributes(trace, request, gateway.config.server.otel_capture_content)
             authorize(tenant, request, pin)
             with trace.phase("classify"):
@@ -254,7 +265,7 @@ class TokenEndpoint:
             timer.token()
             decision, load, workers = lease.decision, lease.load, lease.workers
             usage, spec, ok = result.usage, result.spec, True
-            await send_once(send, 200, response_body(job.request, result, decision),
+            await send_once(send, 200, self.render(job.request, result, decision),
                             headers_for(decision) + dispatch.warning_headers(job.request,
                                                                              lease.pool))
         except GatewayError as exc:
@@ -283,7 +294,7 @@ class TokenEndpoint:
                                 *dispatch.warning_headers(job.request, lease.pool)]})
         final: Final | None = None
         try:
-            final = await self.relay(send, ChunkWriter(job.request, lease.decision), first,
+            final = await self.relay(send, self.writer(job.request, lease.decision), first,
                                      items, timer, lease)
         finally:
             lease.release()
@@ -302,7 +313,7 @@ class TokenEndpoint:
         """Forward items as SSE until the `Final` one; None if the stream broke off."""
         try:
             while not isinstance(item, Final):
-                if item.text or item.extra:
+                if item.text or item.extra or item.native is not None:
                     timer.token()
                     await send({"type": "http.response.body", "body": writer.delta(item),
                                 "more_body": True})

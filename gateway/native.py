@@ -21,24 +21,23 @@ Field names from the sglang==0.5.23 wheel: `managers/io_struct.py` GenerateReqIn
 from __future__ import annotations
 
 import asyncio
-import logging
+import dataclasses
 
 import aiohttp
 import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.types import Receive, Scope, Send
+from starlette.types import Send
 
 from gateway import dispatch
-from gateway.adapters.base import Final, SpecStats, Usage
-from gateway.auth import authorize
-from gateway.endpoints import SSE, DisconnectWatch, read_request, send_error, send_once
-from gateway.errors import GatewayError, InvalidRequest, NoHealthyWorker
+from gateway.adapters.base import Delta, Final, GenerationResult
+from gateway.endpoints import Admitted, TokenEndpoint, send_error
+from gateway.errors import InvalidRequest, NoHealthyWorker
 from gateway.pools import Pool
-from gateway.responses import DONE, headers_for
+from gateway.responses import DONE, ChunkWriter
 from gateway.schemas import GenerationRequest
+from policies.types import Decision
 
-log = logging.getLogger("specroute.gateway")
 NATIVE_ENGINES = frozenset({"sglang", "embedded"})
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")
 
@@ -102,81 +101,56 @@ def _sse(obj: object) -> bytes:
     return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
-class GenerateEndpoint:
-    """`POST /generate` as a raw ASGI app, like the OpenAI token routes."""
+class NativeWriter(ChunkWriter):
+    """SSE of a native stream: the worker's own chunks, then `data: [DONE]`."""
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        gateway: dispatch.Gateway = scope["app"].state.gateway
-        timer = dispatch.Timer()
-        try:
-            tenant, body, pin = await read_request(gateway, scope, receive)
-            models = sorted({p.config.model for p in gateway.pools.values()})
-            request = parse_generate(body, models)
-            authorize(tenant, request, pin)
-            profile = gateway.router.classify(request, tenant.name)
-            decision, pools = gateway.router.route(request, profile, pin)
-            pools = [p for p in pools if p.config.engine in NATIVE_ENGINES]
-            if not pools:
-                raise InvalidRequest("POST /generate needs a pool of engine sglang or "
-                                     f"embedded serving {request.model!r}",
-                                     param="model", code="unsupported_capability")
-        except GatewayError as exc:
-            await send_error(send, exc)
-            return
-        watch = DisconnectWatch(receive)
-        usage, spec, ok, load, workers = Usage(), SpecStats(), False, 0, 1
-        try:
-            if request.stream:
-                lease, final = await self.stream(gateway, send, timer, request, decision, pools)
-            else:
-                lease, result = await dispatch.generate(gateway, request, decision, pools)
-                timer.token()
-                final = Final(result.usage, result.spec)
-                await send_once(send, 200, orjson.dumps(result.native or {}),
-                                headers_for(lease.decision))
-            if lease is not None:
-                decision, load, workers = lease.decision, lease.load, lease.workers
-            if final is not None:
-                usage, spec, ok = final.usage, final.spec, True
-        except GatewayError as exc:
-            await send_error(send, exc)
-        except asyncio.CancelledError:
-            if not watch.fired:
-                raise
-            log.info("client disconnected; upstream request cancelled")
-        finally:
-            watch.close()
-            dispatch.record(gateway, request=request, profile=profile, tenant=tenant,
-                            decision=decision, load=load, timer=timer, usage=usage,
-                            spec=spec, ok=ok, workers=workers)
+    def delta(self, item: Delta) -> bytes:
+        return _sse(item.native) if item.native is not None else b""
+
+    def final(self, item: Final) -> bytes:
+        return DONE
+
+    def error(self, body: dict) -> bytes:
+        return _sse(body) + DONE  # SGLang's stream error: data: {"error": {...}}
+
+
+class GenerateEndpoint(TokenEndpoint):
+    """`POST /generate`: the token route's steps (authenticate, rate limit, classify, route,
+    admission, dispatch with failover, record, trace), SGLang's body in and out."""
+
+    def __init__(self) -> None:
+        super().__init__("completions", route="generate")
+
+    def parse(self, gateway: dispatch.Gateway, body: object) -> GenerationRequest:
+        return parse_generate(body, sorted({p.config.model for p in gateway.pools.values()}))
+
+    def render(self, request: GenerationRequest, result: GenerationResult,
+               decision: Decision) -> bytes:
+        return orjson.dumps(result.native or {})
+
+    def writer(self, request: GenerationRequest, decision: Decision) -> ChunkWriter:
+        return NativeWriter(request, decision)
+
+    async def complete(self, gateway: dispatch.Gateway, send: Send, timer: dispatch.Timer,
+                       job: Admitted) -> None:
+        if (native := await _native(send, job)) is not None:
+            await super().complete(gateway, send, timer, native)
 
     async def stream(self, gateway: dispatch.Gateway, send: Send, timer: dispatch.Timer,
-                     request: GenerationRequest, decision: object, pools: list[Pool]
-                     ) -> tuple[dispatch.Lease, Final | None]:
-        lease, item, items = await dispatch.open_stream(gateway, request,
-                                                        decision, pools)  # type: ignore[arg-type]
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [*SSE, *headers_for(lease.decision)]})
-        final: Final | None = None
-        try:
-            while not isinstance(item, Final):
-                timer.token()
-                if item.native is not None:
-                    await send({"type": "http.response.body", "body": _sse(item.native),
-                                "more_body": True})
-                item = await anext(items)
-            final = item
-        except GatewayError as exc:
-            lease.failed(exc)
-            await send({"type": "http.response.body", "more_body": True, "body": _sse(
-                {"error": {"message": exc.message, "code": exc.status}})})
-        except StopAsyncIteration:
-            pass
-        finally:
-            lease.release()
-            await items.aclose()  # type: ignore[attr-defined]
-            await send({"type": "http.response.body", "body": DONE, "more_body": False})
-        return lease, final
+                     job: Admitted) -> None:
+        if (native := await _native(send, job)) is not None:
+            await super().stream(gateway, send, timer, native)
+
+
+async def _native(send: Send, job: Admitted) -> Admitted | None:
+    """The job on the pools that speak `/generate`; a 400 when none serves the model."""
+    pools = [p for p in job.pools if p.config.engine in NATIVE_ENGINES]
+    if pools:
+        return dataclasses.replace(job, pools=pools)
+    await send_error(send, InvalidRequest(
+        f"POST /generate needs a pool of engine sglang or embedded serving "
+        f"{job.request.model!r}", param="model", code="unsupported_capability"))
+    return None
 
 
 async def _worker_info(session: aiohttp.ClientSession, pool: Pool, url: str) -> dict | None:
