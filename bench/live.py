@@ -330,7 +330,7 @@ def main(args: argparse.Namespace) -> int:
     settings = Settings(per_cell=args.per_cell or 1,
                         warmup=args.warmup if args.warmup is not None else (6 if args.quick else 18),
                         max_tokens=args.max_tokens or 48,
-                        concurrency=tuple(int(c) for c in args.concurrency.split(",")),
+                        concurrency=tuple(int(c) for c in (args.concurrency or "1,4").split(",")),
                         seed=args.seed)
     try:
         result, table = run(settings, args.model, args.methods,

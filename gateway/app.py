@@ -158,7 +158,7 @@ async def metrics(request: Request) -> Response:
             and not is_admin(request):
         raise AuthenticationFailed("/metrics needs the admin key: send 'Authorization: "
                                    "Bearer <admin key>'", code="invalid_api_key")
-    request.app.http_metrics.update_pools(_gateway(request).pools)
+    request.app.http_metrics.update(_gateway(request).pools)
     return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)
 
 

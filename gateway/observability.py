@@ -9,10 +9,11 @@ process (tests) never collide.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 from gateway.pools import Pool
 from policies.types import RequestRecord
@@ -107,6 +108,10 @@ class HttpMetrics:
                                 registry=registry)
         self.workers = Gauge("specroute_pool_workers", "Workers known (config and registry)",
                              ("pool",), registry=registry)
+        self.tasks = Gauge("specroute_event_loop_tasks", "asyncio tasks alive (the scrape's "
+                           "own included); back to its idle value once load stops",
+                           registry=registry)
+        ProcessCollector(registry=registry)  # process_resident_memory_bytes, _open_fds, ...
         self._children: dict[tuple[str, int], tuple] = {}
 
     def observe(self, route: str, status: int, seconds: float) -> None:
@@ -117,8 +122,9 @@ class HttpMetrics:
         series[0].inc()
         series[1].observe(seconds)
 
-    def update_pools(self, pools: dict[str, Pool]) -> None:
-        """Set the worker gauges (at scrape time: they are read, not counted)."""
+    def update(self, pools: dict[str, Pool]) -> None:
+        """Set the gauges (at scrape time, from the event loop: read, not counted)."""
+        self.tasks.set(len(asyncio.all_tasks()))
         for name, pool in pools.items():
             self.workers_up.labels(name).set(pool.healthy_workers)
             self.workers.labels(name).set(len(pool.workers))

