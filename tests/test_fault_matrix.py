@@ -284,8 +284,8 @@ def test_worker_answering_broken(broken_fleet: dict, fault: str) -> None:
 
 def test_every_worker_of_a_pool_down(tmp_path: Path, procs: dict) -> None:
     """The preferred pool's only worker dies: its traffic moves to the plain pool with no
-    request lost. The plain pool's dies too: a clean OpenAI-shaped 503 at once. A worker
-    back on its port: served again."""
+    request lost. The plain pool's dies too: once the probes saw it, a clean OpenAI-shaped
+    503 at once. A worker back on its port: served again."""
     eagle = ["--model", "m", "--method", "eagle", "--k", "3", "--step-s", "0.01"]
     stubs, urls = start_stubs(tmp_path, {"eagle": eagle, "plain": STUB})
     procs.update(stubs)
@@ -299,6 +299,12 @@ def test_every_worker_of_a_pool_down(tmp_path: Path, procs: dict) -> None:
         ok=len(load.outcomes))
     procs["plain"].kill()
     procs["plain"].wait(5)
+    # once the gateway knows (a request racing the death gets a 502: every worker tried
+    # refused the connection)
+    deadline = time.monotonic() + 10
+    while httpx.get(url + "/ready", timeout=2).status_code != 503:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
     with Load([url]) as load:
         load.wait_for(16)
     assert set(load.report("every worker of every pool down")) == {"http_503"}
