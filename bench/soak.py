@@ -16,7 +16,7 @@ p50/p99 latency and the gateway's resident memory; at the end, open fds and asyn
 tasks (`specroute_event_loop_tasks`) once the load has stopped, beside the idle values
 taken before it started.
 
-    specroute bench soak [--minutes 5] [--concurrency 64] [--json]
+    specroute bench soak [--minutes 5] [--concurrency 64] [--faults worker,redis|none] [--json]
 """
 
 from __future__ import annotations
@@ -266,7 +266,9 @@ def main(args: argparse.Namespace) -> int:
                       (0.35 * seconds + 15, "worker 0 restarted", restart_worker),
                       (0.65 * seconds, "Redis SIGKILLed", kill_redis),
                       (0.65 * seconds + 10, "Redis restarted (empty)", restart_redis)]
-            faults = [f for f in faults if f[0] < seconds - 5]
+            chosen = set(args.faults.split(","))
+            faults = [f for f in faults if f[0] < seconds - 5
+                      and ("worker" if "worker" in f[1] else "redis") in chosen]
             minutes, events = asyncio.run(soak(url, gateway.proc.pid, concurrency, seconds,
                                                faults))
             time.sleep(7.0)  # past the client keep-alive timeout (5 s)

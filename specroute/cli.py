@@ -199,6 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "(default 1,4); soak: clients (default 64)")
     bench.add_argument("--minutes", type=float, default=None,
                        help="soak: how long the load runs (default 5; --quick 0.5)")
+    bench.add_argument("--faults", default="worker,redis",
+                       help="soak: faults to inject, comma-separated: worker, redis, or none")
     bench.add_argument("--per-cell", type=int, default=None,
                        help="live: prompts per task x temperature (default 1)")
     bench.add_argument("--warmup", type=int, default=None,

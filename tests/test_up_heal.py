@@ -128,3 +128,20 @@ def test_a_killed_worker_is_restarted_while_failover_serves_its_traffic(tmp_path
                 os.kill(pid, signal.SIGKILL)
         stop_process(proc)
 
+
+
+def test_a_crash_loop_stops_the_stack(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    """A child that dies at once, again and again, is restarted with backoff and then
+    given up on: `heal` returns 1 (the stack stops) after GIVE_UP_AFTER deaths in a row."""
+    import sys
+
+    from specroute.procs import spawn
+    from specroute.stack import GIVE_UP_AFTER, heal
+
+    crashing = spawn("worker-crash", [sys.executable, "-c", "raise SystemExit(3)"], tmp_path)
+    children = [crashing]
+    assert heal(children, tmp_path, Restarts(base_s=0.01, max_s=0.05), poll_s=0.05) == 1
+    err = capsys.readouterr().err
+    assert err.count("worker-crash exited with status 3; restarting") == GIVE_UP_AFTER - 1
+    assert f"{GIVE_UP_AFTER} times in a row; stopping" in err
+    assert children[0] is not crashing and children[0].proc.wait(5) == 3
