@@ -22,8 +22,11 @@ Model (one served model at a time; workers never change model):
 
 The plan maximises the value by local search (one worker moved per step) from the current
 fleet, every single-pool fleet ("all in one pool", plain only included) and the previous
-plan (which stands unless the new best beats it by `hysteresis`). A move is a relaunch:
-the worker drains and serves nothing for `relaunch_s`, and moves happen one at a time.
+plan; a split over several pools must beat the best single pool by `split_margin`, since
+the model leaves out what splitting costs (misclassified requests reach the wrong pool,
+small pools batch less evenly). The plan under way stands unless the new best beats it
+by `hysteresis`. A move is a relaunch: the worker drains and serves nothing for
+`relaunch_s`, and moves happen one at a time.
 So the desired fleet is the stop on the way to the best fleet (one move at a time) with
 the largest value integrated over `horizon_s` (the fleet short of the moving worker during
 each relaunch, the new fleet after the last), and only if that beats keeping the current
@@ -76,6 +79,13 @@ class PlannerConfig:
     slo_weight: float = 0.5  # what a token served slower than the SLO is worth
     rounds: int = 24  # successive-averages rounds per evaluation
     max_steps: int = 64  # local-search moves per plan
+    # a split of the workers over pools must beat the best single pool by this much:
+    # the model leaves out what splitting costs (classifier errors send requests to the
+    # wrong pool, smaller pools batch less evenly)
+    split_margin: float = 0.05
+    # before any traffic: plan for an even class mix at this many requests per worker
+    # (0: keep the fleet as launched)
+    cold_load: float = 8.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,9 +222,15 @@ def plan(model: str, current: Fleet, pools: Mapping[str, PoolSlot], demand: list
     names = sorted(pools)
     now = {p: int(current.get(p, 0)) for p in names}
     total = sum(now.values())
-    if total <= 0 or not demand or sum(d.rate_per_s for d in demand) <= 0:
-        return FleetPlan(model, now, now, 0.0, 0.0, 0,
-                         "no workers" if total <= 0 else "no traffic measured: keep")
+    if total <= 0:
+        return FleetPlan(model, now, now, 0.0, 0.0, 0, "no workers")
+    prefix = ""
+    if not demand or sum(d.rate_per_s for d in demand) <= 0:
+        if config.cold_load <= 0:
+            return FleetPlan(model, now, now, 0.0, 0.0, 0, "no traffic measured: keep")
+        demand = cold_demand(total, speed, config)
+        prefix = (f"no traffic measured, planned for an even class mix at "
+                  f"{config.cold_load:g} requests per worker: ")
     cache: dict[tuple[int, ...], float] = {}
 
     def score(fleet: Fleet) -> float:
@@ -230,10 +246,15 @@ def plan(model: str, current: Fleet, pools: Mapping[str, PoolSlot], demand: list
         starts.append(held)
     start = max(starts, key=score)
     best, best_value = _search(start, names, score, config.max_steps)
+    single = max(starts[1:len(names) + 1], key=score)
+    if sum(n > 0 for n in best.values()) > 1 and \
+            best_value < score(single) * (1.0 + config.split_margin):
+        best, best_value = single, score(single)  # a split must clearly beat one pool
     current_value = score(now)
     if moves_between(now, best) == 0:
         return _plan(model, now, now, current_value, current_value, 0,
-                     "the current fleet is the best found", pools, demand, speed, config)
+                     prefix + "the current fleet is the best found", pools, demand, speed,
+                     config)
     if total - 1 < config.min_workers:
         return _plan(model, now, now, current_value, current_value, 0,
                      f"keep: a move would leave fewer than {config.min_workers} workers",
@@ -249,12 +270,13 @@ def plan(model: str, current: Fleet, pools: Mapping[str, PoolSlot], demand: list
             margin = 0.0
     if steps == 0 or net <= margin:
         return _plan(model, now, now, current_value, current_value, 0,
-                     f"keep: {_describe(best)} would gain {best_value / current_value - 1:+.1%}"
+                     prefix + f"keep: {_describe(best)} would gain {best_value / current_value - 1:+.1%}"
                      f" but its relaunches of {config.relaunch_s:.0f} s each do not pay "
                      f"within {config.horizon_s:.0f} s", pools, demand, speed, config)
     value = score(target)
     return _plan(model, now, target, current_value, value, steps,
-                 f"{_describe(target)}: {value / current_value - 1:+.1%} predicted tokens/s "
+                 prefix + f"{_describe(target)}: {value / current_value - 1:+.1%} predicted "
+                 f"tokens/s "
                  f"per request for {steps} relaunch(es)"
                  + (f" (on the way to {_describe(best)})" if target != best else ""),
                  pools, demand, speed, config)
@@ -311,6 +333,23 @@ def state_speed(state: PolicyState, model: str) -> Speed:
 
 
 DEFAULT_OUTPUT_TOKENS = 256.0
+
+
+def cold_demand(workers: int, speed: Speed, config: PlannerConfig) -> list[ClassDemand]:
+    """Before any traffic: every (task, temperature bucket) alike, at the rate that keeps
+    `cold_load` requests per worker busy on plain decoding (Little's law)."""
+    from policies.acceptance import TEMPERATURE_BUCKETS
+
+    classes = [(task, bucket) for task in TASKS for bucket in TEMPERATURE_BUCKETS]
+    busy = workers * config.cold_load / len(classes)  # requests in flight per class
+    probe = PoolSlot("plain", "plain", 0)
+    out = []
+    for task, bucket in classes:
+        tokens_per_s = speed(probe, ClassDemand(task, bucket, 1.0, DEFAULT_OUTPUT_TOKENS),
+                             config.cold_load)
+        out.append(ClassDemand(task, bucket, busy * tokens_per_s / DEFAULT_OUTPUT_TOKENS,
+                               DEFAULT_OUTPUT_TOKENS))
+    return out
 
 
 def demand_from_snapshot(snapshot: Mapping[str, ContextStats], model: str, tau_s: float,

@@ -107,10 +107,14 @@ def test_min_workers_per_model() -> None:
     assert "fewer than 1" in got.reason
 
 
-def test_no_traffic_keeps_the_fleet() -> None:
-    got = plan("m", {"plain": 3}, POOLS, [], make_speed({}), FAST)
-    assert got.desired == {"plain": 3, "eagle-k4": 0, "ngram-k4": 0}
-    assert got.moves == 0 and "no traffic" in got.reason
+def test_no_traffic_plans_an_even_mix_or_keeps() -> None:
+    speed = make_speed({("eagle", task): 0.8 for task in ("code", "chat", "structured")})
+    cold = plan("m", {"plain": 3}, POOLS, [], speed, FAST)
+    assert cold.desired == {"plain": 0, "eagle-k4": 3, "ngram-k4": 0}
+    assert cold.reason.startswith("no traffic measured, planned for an even class mix")
+    kept = plan("m", {"plain": 3}, POOLS, [], speed, PlannerConfig(cold_load=0.0))
+    assert kept.desired == {"plain": 3, "eagle-k4": 0, "ngram-k4": 0}
+    assert kept.moves == 0 and kept.reason == "no traffic measured: keep"
 
 
 def test_overload_spreads_work() -> None:

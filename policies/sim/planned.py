@@ -15,7 +15,7 @@ figure's sources).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from policies.planner import (
     FleetPlan,
@@ -106,13 +106,25 @@ class Planned(Learned):
 
     planner: PlannerConfig = field(default_factory=PlannerConfig)
     plan_interval_s: float = 10.0
+    launch_at_plan: bool = False  # start in the planner's cold plan, not the static split
+    moves: bool = True  # False: the fleet stays as launched (what relaunches are worth)
     plans: list = field(default_factory=list)  # (time, FleetPlan) when the desire changed
     _fleet: MovableFleet | None = None
     _desired: dict | None = None
     _next_plan: float = 0.0
 
     def make_fleet(self, base_step_s: float, co_batching: bool) -> MovableFleet:
-        self._fleet = MovableFleet(self.fleet, base_step_s, co_batching)
+        """The configured split; with `launch_at_plan`, the split the planner wants before
+        any traffic (the workers' priors, an even class mix), launched so: no relaunch."""
+        specs = self.fleet
+        if self.launch_at_plan:
+            assert self.policy is not None
+            self.policy.refit()  # the workers' priors into the state
+            cold = self.desired_fleet({s.name: s.workers for s in specs},
+                                      replace(self.planner, relaunch_s=0.0))
+            specs = tuple(replace(s, workers=cold.desired[s.name]) for s in specs)
+            self.plans.append((0.0, cold))
+        self._fleet = MovableFleet(specs, base_step_s, co_batching)
         return self._fleet
 
     def tick(self, now, pools):
@@ -126,27 +138,36 @@ class Planned(Learned):
         if desired.desired != self._desired:
             self._desired = desired.desired
             self.plans.append((now, desired))
-        if fleet.moving is None and self._desired is not None:
+        if self.moves and fleet.moving is None and self._desired is not None:
             serving = {s.name: len(fleet.workers[s.name]) for s in self.fleet}
             move = next_move(serving, self._desired)
             if move is not None:
                 fleet.start_move(*move, now, self.relaunch_s)
         return {}
 
-    def desired_fleet(self, current: dict[str, int]) -> FleetPlan:
+    def desired_fleet(self, current: dict[str, int], config: PlannerConfig | None = None
+                      ) -> FleetPlan:
         assert self.policy is not None
         slots = {s.name: PoolSlot(s.name, s.method, 0 if s.method == "plain" else s.k)
                  for s in self.fleet}
         demand = demand_from_snapshot(self.store.snapshot(), self.model, self.tau_s)
         return plan(self.model, current, slots, demand,
-                    state_speed(self.policy.state, self.model), self.planner, self._desired)
+                    state_speed(self.policy.state, self.model), config or self.planner,
+                    self._desired)
 
 
-def planned_router(scenario: Scenario, policy_config, priors: dict, slo_s: float,
-                   relaunch_s: float = SGLANG_RELAUNCH_S) -> Planned:
-    return Planned("planner", scenario.fleet, policy_config, relaunch=False,
+def planned_router(name: str, scenario: Scenario, policy_config, priors: dict, slo_s: float,
+                   relaunch_s: float = SGLANG_RELAUNCH_S, launch_at_plan: bool = False,
+                   moves: bool = True) -> Planned:
+    return Planned(name, scenario.fleet, policy_config, relaunch=False,
                    relaunch_s=relaunch_s, worker_priors=priors,
-                   planner=PlannerConfig(relaunch_s=relaunch_s, slo_s_per_token=slo_s))
+                   planner=PlannerConfig(relaunch_s=relaunch_s, slo_s_per_token=slo_s),
+                   launch_at_plan=launch_at_plan, moves=moves)
+
+
+# the planner rows: name -> (launched at the cold plan, moves workers)
+PLANNER_ROWS = {"planner": (False, True), "planner-launched": (True, True),
+                "planner-launched-frozen": (True, False)}
 
 
 
@@ -156,13 +177,17 @@ class FleetComparison:
 
     results: dict  # router name -> PolicyResult
     best_fixed: str
-    relaunches: int
-    moves: list  # (time, src, dst)
-    plans: list  # (time, FleetPlan)
+    moves: dict  # planner row -> [(time, src, dst)]
+    plans: dict  # planner row -> [(time, FleetPlan)]
     phases: tuple[str, ...]
+    phase_starts: tuple[float, ...]  # first arrival of each phase (s)
 
-    def ratio(self, baseline: str) -> tuple[float, tuple[float, ...]]:
-        ours, other = self.results["planner"], self.results[baseline]
+    def phase_of(self, t: float) -> int:
+        return max((i for i, start in enumerate(self.phase_starts) if t >= start), default=0)
+
+    def ratio(self, baseline: str, ours_name: str = "planner"
+              ) -> tuple[float, tuple[float, ...]]:
+        ours, other = self.results[ours_name], self.results[baseline]
         return (ours.mean_tokens_per_s / other.mean_tokens_per_s,
                 tuple(a / b if b > 0 else 0.0 for a, b in
                       zip(ours.phase_tokens_per_s, other.phase_tokens_per_s, strict=True)))
@@ -185,13 +210,16 @@ def compare(config, policy_config, fixed_ks: tuple[int, ...],
         router = factory()
         router.name = name
         results[name] = summarize(name, simulate(router, config, requests), n)
-    planner = planned_router(PLANNED, policy_config,
-                             worker_priors(PLANNED, config.world, config.model),
-                             config.slo_itl_s, relaunch_s)
-    results["planner"] = summarize("planner", simulate(planner, config, requests), n)
+    priors = worker_priors(PLANNED, config.world, config.model)
+    moves, plans = {}, {}
+    for name, (launched, moving) in PLANNER_ROWS.items():
+        planner = planned_router(name, PLANNED, policy_config, priors, config.slo_itl_s,
+                                 relaunch_s, launched, moving)
+        results[name] = summarize(name, simulate(planner, config, requests), n)
+        assert planner._fleet is not None
+        moves[name], plans[name] = planner._fleet.done_moves, planner.plans
     fixed = [r for name, r in results.items() if name.startswith("fixed:")]
     best = max(fixed, key=lambda r: r.mean_tokens_per_s).name
-    assert planner._fleet is not None
-    moves = planner._fleet.done_moves
-    return FleetComparison(results, best, len(moves), moves, planner.plans,
-                           tuple(p.name for p in config.phases))
+    starts = tuple(min(r.arrival_s for r in requests if r.phase == i) for i in range(n))
+    return FleetComparison(results, best, moves, plans, tuple(p.name for p in config.phases),
+                           starts)
