@@ -29,6 +29,10 @@ QUICK_FIXED_KS = (1, 2, 4, 8)
 
 
 def main(args: argparse.Namespace) -> int:
+    if getattr(args, "fleet", False):
+        from bench.fleet import main as fleet_main
+
+        return fleet_main(args)
     started = time.perf_counter()
     config = SimConfig(default_phases(QUICK_SCALE if args.quick else 1.0), seed=args.seed,
                        world=World())

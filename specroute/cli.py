@@ -76,6 +76,14 @@ def _keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fleet_controller(args: argparse.Namespace) -> int:
+    from workers.k8s_controller import run_controller
+
+    return run_controller(config_path=args.config, model=args.model, namespace=args.namespace,
+                          redis_url=args.redis_url, min_workers=args.min_workers,
+                          interval_s=args.interval)
+
+
 def _bench(args: argparse.Namespace) -> int:
     if args.target == "gateway":
         from bench.gateway import main as bench_main
@@ -173,12 +181,24 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--priority", type=int, default=None, help="for a new tenant")
     add.set_defaults(func=_keys)
 
+    fc = sub.add_parser("fleet-controller",
+                        help="Kubernetes: scale the pool Deployments to the desired fleet")
+    fc.add_argument("--config", required=True)
+    fc.add_argument("--model", required=True, help="the served model whose pools it scales")
+    fc.add_argument("--namespace", default="specroute")
+    fc.add_argument("--redis-url", default=None)
+    fc.add_argument("--min-workers", type=int, default=1)
+    fc.add_argument("--interval", type=float, default=10.0, help="seconds between checks")
+    fc.set_defaults(func=_fleet_controller)
+
     bench = sub.add_parser("bench", help="benchmarks; each prints a table")
     bench.add_argument("target", choices=["gateway", "engine", "policy", "live", "batching",
                                           "slo", "soak"])
     bench.add_argument("--json", action="store_true", help="print one JSON object last")
     bench.add_argument("--quick", action="store_true", help="a short run (for smoke tests)")
     bench.add_argument("--plot", default=None, help="policy: write a PNG of tokens/s over time")
+    bench.add_argument("--fleet", action="store_true",
+                       help="policy: the fleet planner's fixed-k fleet against its baselines")
     bench.add_argument("--url", default=None, help="gateway: an already running gateway")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--duration", type=float, default=None,

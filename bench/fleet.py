@@ -1,0 +1,84 @@
+"""`specroute bench policy --fleet`: the fleet planner's fixed-k fleet in the simulator
+(policies/sim/planned.py) against the best single fixed configuration, SGLang's adaptive
+EAGLE pool and the static split, per phase, with the targets met or missed.
+
+Rows: `planner` starts as the static split and moves workers as the planner asks;
+`planner-launched` starts where the planner wants the fleet before any traffic (the
+workers' priors, an even class mix) and then moves; `planner-launched-frozen` starts
+there and never moves: launched / frozen per phase says whether that phase's relaunches
+won more than they cost. --quick runs a tenth of the requests on a smaller grid of k.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from policies.policy import PolicyConfig
+from policies.sim.evaluation import FIXED_KS
+from policies.sim.planned import PLANNED, PLANNER_ROWS, SGLANG_RELAUNCH_S, compare
+from policies.sim.simulator import SimConfig, default_phases
+from policies.sim.world import World
+
+QUICK_SCALE = 0.1
+QUICK_FIXED_KS = (2, 3, 4, 6)
+TARGETS = (("best fixed", None, 1.0), ("SGLang EMA", "sglang-ema", 1.0),
+           ("static split", "static-split", 1.10))
+
+
+def main(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+    config = SimConfig(default_phases(QUICK_SCALE if args.quick else 1.0), seed=args.seed,
+                       world=World())
+    result = compare(config, PolicyConfig(seed=args.seed),
+                     QUICK_FIXED_KS if args.quick else FIXED_KS)
+    phases = result.phases
+    print(f"== fleet planner ({PLANNED.name}): {PLANNED.notes}; relaunch "
+          f"{SGLANG_RELAUNCH_S:.0f} s")
+    head = (f"{'policy':<25}{'tok/s':>8}{'p50 s':>8}{'p99 s':>8}{'SLO':>7}"
+            + "".join(f"{name:>13}" for name in phases))
+    print(head + "\n" + "-" * len(head))
+    for name in (*PLANNER_ROWS, "static-split", "sglang-ema", result.best_fixed):
+        r = result.results[name]
+        print(f"{name:<25}{r.mean_tokens_per_s:>8.1f}{r.p50_latency_s:>8.2f}"
+              f"{r.p99_latency_s:>8.2f}{r.slo_attainment:>7.1%}"
+              + "".join(f"{x:>13.1f}" for x in r.phase_tokens_per_s))
+    n_fixed = sum(1 for n in result.results if n.startswith("fixed:"))
+    print(f"(best of {n_fixed} fixed (method, k) configurations: {result.best_fixed}; "
+          f"{sum(p.requests for p in config.phases)} requests, seed {config.seed})")
+    summary: dict = {"best_fixed": result.best_fixed, "ratios": {}}
+    for ours in ("planner", "planner-launched"):
+        for label, baseline, target in TARGETS:
+            overall, per_phase = result.ratio(baseline or result.best_fixed, ours)
+            met = all(x >= target for x in (overall, *per_phase))
+            print(f"{ours + ' / ' + label:<36}{overall:>7.3f}  per phase "
+                  + " ".join(f"{x:.3f}" for x in per_phase)
+                  + f"  (target >= {target:.2f} in every phase: {'met' if met else 'MISSED'})")
+            summary["ratios"][f"{ours}/{label}"] = [overall, *per_phase]
+    _, paid = result.ratio("planner-launched-frozen", "planner-launched")
+    print("relaunches won / cost      per phase "
+          + " ".join(f"{x:.3f}" for x in paid)
+          + "  (planner-launched / frozen; < 1: the phase's relaunches cost more than "
+            "they won)")
+    summary["relaunches_paid"] = list(paid)
+    for name in PLANNER_ROWS:
+        moves = result.moves[name]
+        per_phase = [sum(1 for t, _, _ in moves if result.phase_of(t) == i)
+                     for i in range(len(phases))]
+        first = result.plans[name][0][1] if result.plans[name] else None
+        print(f"{name}: {len(moves)} relaunches (done, per phase {per_phase})"
+              + (f"; launched as {_fleet(first.desired)}" if name != "planner" and first
+                 else ""))
+        summary[f"{name}_relaunches"] = per_phase
+    print(f"wall {time.perf_counter() - started:.1f}s")
+    if args.json:
+        summary["table"] = {name: {"tokens_per_s": r.mean_tokens_per_s,
+                                   "phase_tokens_per_s": list(r.phase_tokens_per_s)}
+                            for name, r in result.results.items()}
+        print(json.dumps(summary, default=float))
+    return 0
+
+
+def _fleet(desired: dict[str, int]) -> str:
+    return ", ".join(f"{p} x{n}" for p, n in sorted(desired.items()) if n > 0)
