@@ -2,6 +2,7 @@
 #   gateway (default)  python:3.11-slim + `pip install .`         -> specroute gateway
 #   embedded           + torch CPU wheel and `.[embedded]`          -> specroute worker
 #   sglang-worker      SGLang's CUDA image + specroute (no deps)    -> specroute supervise
+#   fleet-controller   + `.[k8s]` (the kubernetes client)           -> specroute fleet-controller
 ARG SGLANG_IMAGE=lmsysorg/sglang:v0.5.23
 
 FROM python:3.11-slim AS base
@@ -41,6 +42,11 @@ RUN pip install --no-deps . && pip install "redis>=5.0" "PyYAML>=6.0" "httpx>=0.
 EXPOSE 30000
 ENTRYPOINT ["specroute"]
 CMD ["supervise", "--config", "/etc/specroute/config.yaml", "--pool", "sglang-plain", "--port", "30000"]
+
+FROM base AS fleet-controller
+RUN pip install ".[k8s]"
+ENTRYPOINT ["specroute"]
+CMD ["fleet-controller", "--config", "/etc/specroute/config.yaml"]
 
 FROM base AS gateway
 EXPOSE 8000

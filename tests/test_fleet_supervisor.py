@@ -107,6 +107,27 @@ def test_start_takes_the_desired_fleets_shortfall(members, redis_url: str) -> No
     assert registered(client, "m") == {"b": [member.supervisor.settings.url]}
 
 
+def test_stop_with_drain_finishes_requests_in_flight(members) -> None:
+    """SIGTERM (Kubernetes scaling a pool down): requests in flight finish first."""
+    from test_supervisor import wait_in_flight
+
+    member = members("a")
+    member.start()
+    url = member.supervisor.settings.url
+    done: dict[str, int] = {}
+
+    def slow() -> None:
+        done["status"] = httpx.post(f"{url}/generate", json={"sleep": 1.0},
+                                    timeout=10).status_code
+
+    thread = threading.Thread(target=slow)
+    thread.start()
+    wait_in_flight(url)
+    member.stop(drain=True)
+    thread.join(10)
+    assert done == {"status": 200}
+
+
 WORKER = ("{python} -m specroute.cli worker --method {method} --port {port} "
           "--num-speculative-tokens {k} --model {model} --threads 1")
 

@@ -167,6 +167,6 @@ class FleetMember:
             except redis.RedisError as exc:  # the TTL frees it
                 logger.warning("cannot release the move lock: %s", exc)
 
-    def stop(self) -> None:
-        self.supervisor.stop()
+    def stop(self, drain: bool = False) -> None:
+        self.supervisor.stop(drain)
         self._redis.close()

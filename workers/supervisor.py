@@ -348,8 +348,16 @@ class Supervisor:
         logger.warning("pool %s: drain timed out; stopping with requests in flight",
                        self.pool.name)
 
-    def stop(self) -> None:
-        """Deregister, stop the server, close clients."""
+    def stop(self, drain: bool = False) -> None:
+        """Deregister, stop the server, close clients; with `drain`, first let requests in
+        flight finish (SIGTERM: Kubernetes scaling the pool down, or a stop by hand)."""
+        if drain and self.process is not None and self.process.poll() is None:
+            self._set_draining(True)
+            time.sleep(self.settings.drain_notice_s)
+            deadline = time.monotonic() + self.settings.drain_timeout_s
+            while time.monotonic() < deadline and \
+                    in_flight_requests(self.settings.url, self._http) not in (0, None):
+                time.sleep(0.2)
         if self.registration is not None:
             self.registration.stop()
             self.registration = None
@@ -415,5 +423,5 @@ def supervise(config_path: str, pool: str, command_template: str | None, port: i
         while not stopping.wait(settings.poll_interval_s):
             sup.poll_once()
     finally:
-        sup.stop()
+        sup.stop(drain=True)
     return 0
