@@ -90,7 +90,8 @@ class FleetPlanning:
             result = plan(model, current_fleet(pools, moving), slots,
                           demand_from_snapshot(snapshot, model, self.store.tau_s),
                           state_speed(state, model), self.config,
-                          previous.desired if previous is not None else None)
+                          previous.desired if previous is not None else None,
+                          state.measured_k)
             self.plans[model] = result
             self.published[model] = self._publish(model, result)
         self.planned_at = time.time()

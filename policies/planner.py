@@ -22,7 +22,8 @@ Model (one served model at a time; workers never change model):
 
 The plan maximises the value by local search (one worker moved per step) from the current
 fleet, every single-pool fleet ("all in one pool", plain only included) and the previous
-plan; a split over several pools must beat the best single pool by `split_margin`, since
+plan, adding workers only to pools whose k lies within the policy's trust region (at most
+`k_trust_margin` above the largest k of the method running or measured); a split over several pools must beat the best single pool by `split_margin`, since
 the model leaves out what splitting costs (misclassified requests reach the wrong pool,
 small pools batch less evenly). The plan under way stands unless the new best beats it
 by `hysteresis`. A move is a relaunch: the worker drains and serves nothing for
@@ -83,6 +84,9 @@ class PlannerConfig:
     # the model leaves out what splitting costs (classifier errors send requests to the
     # wrong pool, smaller pools batch less evenly)
     split_margin: float = 0.05
+    # k trust region (the policy's `k_trust_margin`): no workers to a pool whose k is
+    # more than this above its method's largest k running or measured (None: off)
+    k_trust_margin: int | None = 2
     # before any traffic: plan for an even class mix at this many requests per worker
     # (0: keep the fleet as launched)
     cold_load: float = 8.0
@@ -196,15 +200,15 @@ def next_move(current: Fleet, desired: Fleet) -> tuple[str, str] | None:
     return src, dst
 
 
-def _search(start: dict[str, int], names: list[str], score: Callable[[Fleet], float],
-            max_steps: int) -> tuple[dict[str, int], float]:
+def _search(start: dict[str, int], names: list[str], targets: list[str],
+            score: Callable[[Fleet], float], max_steps: int) -> tuple[dict[str, int], float]:
     best, best_value = dict(start), score(start)
     for _ in range(max_steps):
         improved = False
         for src in names:
             if best.get(src, 0) <= 0:
                 continue
-            for dst in names:
+            for dst in targets:
                 if dst == src:
                     continue
                 trial = {**best, src: best[src] - 1, dst: best.get(dst, 0) + 1}
@@ -216,9 +220,31 @@ def _search(start: dict[str, int], names: list[str], score: Callable[[Fleet], fl
     return best, best_value
 
 
+def trusted(pools: Mapping[str, PoolSlot], current: Fleet, measured_k: Mapping[str, int],
+            margin: int | None) -> list[str]:
+    """Pools the plan may add workers to: a pool's k at most `margin` above the largest k
+    of its method that runs now or has been measured (`PolicyState.measured_k`), as the
+    policy trusts E(a, k) and the step cost only a little beyond the data (a method that
+    nothing has run yet: from its smallest k)."""
+    if margin is None:
+        return sorted(pools)
+    known: dict[str, int] = {}
+    for name, slot in pools.items():
+        if current.get(name, 0) > 0 or name in measured_k:
+            k = max(slot.k, measured_k.get(name, 0))
+            known[slot.method] = max(known.get(slot.method, 0), k)
+    for slot in pools.values():  # a method nothing has run yet: from its smallest k
+        if slot.method not in known:
+            known[slot.method] = min(p.k for p in pools.values() if p.method == slot.method)
+    return sorted(name for name, slot in pools.items()
+                  if slot.method == "plain" or slot.k <= known[slot.method] + margin)
+
+
 def plan(model: str, current: Fleet, pools: Mapping[str, PoolSlot], demand: list[ClassDemand],
-         speed: Speed, config: PlannerConfig, previous: Fleet | None = None) -> FleetPlan:
-    """The desired fleet for `model` (same total as `current`), with its reason."""
+         speed: Speed, config: PlannerConfig, previous: Fleet | None = None,
+         measured_k: Mapping[str, int] | None = None) -> FleetPlan:
+    """The desired fleet for `model` (same total as `current`), with its reason;
+    `measured_k`: the largest k each pool has served with telemetry behind it."""
     names = sorted(pools)
     now = {p: int(current.get(p, 0)) for p in names}
     total = sum(now.values())
@@ -239,14 +265,16 @@ def plan(model: str, current: Fleet, pools: Mapping[str, PoolSlot], demand: list
             cache[key] = evaluate(fleet, pools, demand, speed, config).tokens_per_s
         return cache[key]
 
-    starts = [now] + [{p: total if p == only else 0 for p in names} for only in names]
+    targets = trusted(pools, now, measured_k or {}, config.k_trust_margin)
+    starts = [now] + [{p: total if p == only else 0 for p in names} for only in targets]
     held = None
-    if previous is not None and sum(previous.get(p, 0) for p in names) == total:
+    if previous is not None and sum(previous.get(p, 0) for p in names) == total and all(
+            previous.get(p, 0) <= now[p] for p in names if p not in targets):
         held = {p: int(previous.get(p, 0)) for p in names}
         starts.append(held)
     start = max(starts, key=score)
-    best, best_value = _search(start, names, score, config.max_steps)
-    single = max(starts[1:len(names) + 1], key=score)
+    best, best_value = _search(start, names, targets, score, config.max_steps)
+    single = max(starts[1:len(targets) + 1], key=score)
     if sum(n > 0 for n in best.values()) > 1 and \
             best_value < score(single) * (1.0 + config.split_margin):
         best, best_value = single, score(single)  # a split must clearly beat one pool

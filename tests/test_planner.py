@@ -175,3 +175,16 @@ def test_slow_relaunches_stop_part_way() -> None:
                 PlannerConfig(relaunch_s=60.0, horizon_s=600.0))
     assert 0 < slow.moves < 10 and slow.desired["eagle-k4"] == slow.moves
     assert "on the way to eagle-k4 x12" in slow.reason
+
+
+def test_no_workers_to_a_k_beyond_the_trust_region() -> None:
+    """The policy trusts E(a, k) only k_trust_margin above the k that ran or was measured."""
+    pools = {"plain": PoolSlot("plain", "plain", 0), "eagle-k2": PoolSlot("eagle-k2", "eagle", 2),
+             "eagle-k8": PoolSlot("eagle-k8", "eagle", 8)}
+    speed = make_speed({("eagle", "code"): 0.9}, per_token=0.02)
+    current = {"plain": 2, "eagle-k2": 2, "eagle-k8": 0}
+    held = plan("m", current, pools, demand(("code", 2.0)), speed, FAST)
+    assert held.desired["eagle-k8"] == 0
+    measured = plan("m", current, pools, demand(("code", 2.0)), speed, FAST,
+                    measured_k={"eagle-k2": 6})
+    assert measured.desired["eagle-k8"] > 0

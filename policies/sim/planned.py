@@ -35,9 +35,11 @@ from policies.types import PoolView
 # graphs, start the HTTP server): 1-2 minutes in sglang issue #509; its midpoint.
 SGLANG_RELAUNCH_S = 90.0
 
-# The static split's pools, plus EAGLE-3 at other depths with no workers to begin with:
-# the planner may fill any of them (all in one pool, plain only, or a split).
-_EXTRA = (("eagle3-k2", "eagle3", 2), ("eagle3-k5", "eagle3", 5))
+# The static split's pools, plus EAGLE-3 at the other k of the fixed baselines' grid
+# (policies/sim/evaluation.py FIXED_KS), with no workers to begin with: the planner may
+# fill any of them (all in one pool, plain only, or a split), so every single fixed
+# EAGLE-3 configuration the baselines run is a fleet it can reach.
+_EXTRA = tuple((f"eagle3-k{k}", "eagle3", k) for k in (1, 2, 4, 6, 8))
 PLANNED_FLEET = SGLANG_POOLS.fleet + tuple(
     SimPool(name, "sglang", method, k, False, 0, 12, SGLANG_CURVES[method], group=name)
     for name, method, k in _EXTRA)
@@ -153,7 +155,7 @@ class Planned(Learned):
         demand = demand_from_snapshot(self.store.snapshot(), self.model, self.tau_s)
         return plan(self.model, current, slots, demand,
                     state_speed(self.policy.state, self.model), config or self.planner,
-                    self._desired)
+                    self._desired, self.policy.state.measured_k)
 
 
 def planned_router(name: str, scenario: Scenario, policy_config, priors: dict, slo_s: float,
