@@ -28,6 +28,7 @@ from policies.planner import (
     PoolSlot,
     demand_from_snapshot,
     plan,
+    settle,
     state_speed,
 )
 from policies.policy import Policy
@@ -87,11 +88,14 @@ class FleetPlanning:
             slots = {p.name: PoolSlot(p.name, p.config.method,
                                       0 if p.config.method == "plain" else p.config.k)
                      for p in pools}
-            result = plan(model, current_fleet(pools, moving), slots,
+            wished = plan(model, current_fleet(pools, moving), slots,
                           demand_from_snapshot(snapshot, model, self.store.tau_s),
-                          state_speed(state, model), self.config,
+                          state_speed(state, model, slots), self.config,
                           previous.desired if previous is not None else None,
                           state.measured_k)
+            dwell = self.config.dwell_s if self.config.dwell_s is not None \
+                else self.config.relaunch_s
+            result = settle(wished, previous, time.time(), dwell)
             self.plans[model] = result
             self.published[model] = self._publish(model, result)
         self.planned_at = time.time()
@@ -129,6 +133,7 @@ class FleetPlanning:
                                    "reason": p.reason,
                                    "current_tokens_per_s": round(p.current_tokens_per_s, 2),
                                    "desired_tokens_per_s": round(p.desired_tokens_per_s, 2),
-                                   "class_shares": p.shares,
+                                   "class_shares": p.shares, "wish": p.wish,
+                                   "adopted": p.adopted,
                                    "published": self.published.get(model, False)}
                            for model, p in sorted(self.plans.items())}}

@@ -32,15 +32,18 @@ So the desired fleet is the stop on the way to the best fleet (one move at a tim
 the largest value integrated over `horizon_s` (the fleet short of the moving worker during
 each relaunch, the new fleet after the last), and only if that beats keeping the current
 fleet by `hysteresis` of its value; otherwise the desired fleet is the current one.
+`settle` then adopts a change only once the planner has wished it for `dwell_s` (the
+relaunch time by default): a mix that lasts less than a relaunch is not worth one.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from policies.aggregates import ContextKey, ContextStats
+from policies.cost import StepCost
 from policies.learner import PolicyState
 from policies.types import TASKS
 
@@ -84,6 +87,8 @@ class PlannerConfig:
     # the model leaves out what splitting costs (classifier errors send requests to the
     # wrong pool, smaller pools batch less evenly)
     split_margin: float = 0.05
+    # a new desired fleet is adopted once wished this long (None: relaunch_s)
+    dwell_s: float | None = None
     # k trust region (the policy's `k_trust_margin`): no workers to a pool whose k is
     # more than this above its method's largest k running or measured (None: off)
     k_trust_margin: int | None = 2
@@ -111,6 +116,9 @@ class FleetPlan:
     moves: int
     reason: str
     shares: dict[str, dict[str, float]] = field(default_factory=dict)
+    wish: dict[str, int] = field(default_factory=dict)  # what the planner would move to
+    wished_since: float = 0.0  # since when (its first move unchanged), clock of `settle`
+    adopted: bool = True  # False: `desired` is the current fleet while the wish dwells
 
     @property
     def gain(self) -> float:
@@ -223,16 +231,21 @@ def _search(start: dict[str, int], names: list[str], targets: list[str],
 def trusted(pools: Mapping[str, PoolSlot], current: Fleet, measured_k: Mapping[str, int],
             margin: int | None) -> list[str]:
     """Pools the plan may add workers to: a pool's k at most `margin` above the largest k
-    of its method that runs now or has been measured (`PolicyState.measured_k`), as the
+    of its method measured (`PolicyState.measured_k`), else running now, as the
     policy trusts E(a, k) and the step cost only a little beyond the data (a method that
     nothing has run yet: from its smallest k)."""
     if margin is None:
         return sorted(pools)
     known: dict[str, int] = {}
-    for name, slot in pools.items():
-        if current.get(name, 0) > 0 or name in measured_k:
-            k = max(slot.k, measured_k.get(name, 0))
+    for name, slot in pools.items():  # measured: telemetry behind it
+        if name in measured_k:
+            k = max(slot.k, measured_k[name])
             known[slot.method] = max(known.get(slot.method, 0), k)
+    running: dict[str, int] = {}
+    for name, slot in pools.items():  # else what runs now (the operator's launch)
+        if current.get(name, 0) > 0 and slot.method not in known:
+            running[slot.method] = max(running.get(slot.method, 0), slot.k)
+    known.update(running)
     for slot in pools.values():  # a method nothing has run yet: from its smallest k
         if slot.method not in known:
             known[slot.method] = min(p.k for p in pools.values() if p.method == slot.method)
@@ -333,6 +346,30 @@ def _best_prefix(now: dict[str, int], best: dict[str, int], score: Callable[[Fle
     return target, net, steps
 
 
+def settle(result: FleetPlan, previous: FleetPlan | None, now: float, dwell_s: float
+           ) -> FleetPlan:
+    """A change of the desired fleet takes effect once the planner has wished it (the same
+    first move) for `dwell_s`: a mix that lasts less than a relaunch is not worth one, as
+    for the policy's desired k. A plan already adopted goes on while the planner keeps
+    wishing it."""
+    if result.desired == result.current:
+        return replace(result, wish=dict(result.desired), wished_since=now, adopted=True)
+    if previous is not None and previous.adopted and previous.desired == result.desired:
+        return replace(result, wish=dict(result.desired), wished_since=previous.wished_since,
+                       adopted=True)
+    first = next_move(result.current, result.desired)
+    same = previous is not None and previous.wish and \
+        next_move(result.current, previous.wish) == first
+    since = previous.wished_since if same and previous is not None else now
+    if now - since >= dwell_s:
+        return replace(result, wish=dict(result.desired), wished_since=since, adopted=True)
+    return replace(result, desired=dict(result.current),
+                   desired_tokens_per_s=result.current_tokens_per_s, moves=0,
+                   wish=dict(result.desired), wished_since=since, adopted=False,
+                   reason=f"waiting ({now - since:.0f} of {dwell_s:.0f} s wished) for: "
+                   + result.reason)
+
+
 def _plan(model: str, now: dict[str, int], desired: dict[str, int], current_value: float,
           desired_value: float, moves: int, reason: str, pools: Mapping[str, PoolSlot],
           demand: list[ClassDemand], speed: Speed, config: PlannerConfig) -> FleetPlan:
@@ -345,9 +382,15 @@ def _describe(fleet: Fleet) -> str:
 
 
 # -- what the policy has learned, read through its public state ------------------------------
-def state_speed(state: PolicyState, model: str) -> Speed:
+def state_speed(state: PolicyState, model: str,
+                pools: Mapping[str, PoolSlot] | None = None) -> Speed:
     """s_pj(b) from the learner's state: E(a, k) at the class's blended acceptance for the
-    pool's method over the pool's fitted step time at b requests per worker."""
+    pool's method over the pool's fitted step time at b requests per worker. A pool with
+    no fit of its own (no workers yet) takes the fit of the fitted pool nearest in k,
+    its method's first: the fleet-wide fit mixes pools at different k and, fixed-k pools
+    each showing one k, can put all of a step's cost on the per-token term (a plain step
+    predicted at ~0 s)."""
+    costs = {name: _cost_for(state, slot, pools or {}) for name, slot in (pools or {}).items()}
 
     def speed(pool: PoolSlot, demand: ClassDemand, load: float) -> float:
         k = 0 if pool.method == "plain" else pool.k
@@ -355,9 +398,20 @@ def state_speed(state: PolicyState, model: str) -> Speed:
         if k > 0:
             a, _ = state.accept(model, pool.method, demand.task, demand.bucket)
             length = state.accept_length(a, pool.method, k)
-        return length / state.cost(pool.name).step_s(k, load)
+        cost = costs.get(pool.name) or state.cost(pool.name)
+        return length / cost.step_s(k, load)
 
     return speed
+
+
+def _cost_for(state: PolicyState, pool: PoolSlot, pools: Mapping[str, PoolSlot]) -> StepCost:
+    if pool.name in state.costs:
+        return state.costs[pool.name]
+    fitted = [p for p in pools.values() if p.name in state.costs]
+    if not fitted:
+        return state.cost(pool.name)
+    nearest = min(fitted, key=lambda p: (p.method != pool.method, abs(p.k - pool.k), p.name))
+    return state.costs[nearest.name]
 
 
 DEFAULT_OUTPUT_TOKENS = 256.0

@@ -143,6 +143,8 @@ def test_embedded_worker_moves_method_under_traffic(redis_url: str, tmp_path: Pa
     model = BUNDLED_MODEL_NAME
     config = {"redis_url": redis_url,
               "server": {"discovery_interval_s": 0.5, "health_interval_s": 0.5},
+              # the gateway's own plans every 10 refits (300 s): the test's plan stands
+              "policy": {"refit_interval_s": 30.0},
               "pools": [{"name": "tiny-plain", "engine": "embedded", "method": "plain", "k": 0,
                          "model": model, "model_path": str(BUNDLED_MODEL_DIR), "workers": []},
                         {"name": "tiny-ngram", "engine": "embedded", "method": "ngram", "k": 4,

@@ -188,3 +188,39 @@ def test_no_workers_to_a_k_beyond_the_trust_region() -> None:
     measured = plan("m", current, pools, demand(("code", 2.0)), speed, FAST,
                     measured_k={"eagle-k2": 6})
     assert measured.desired["eagle-k8"] > 0
+
+
+def test_a_pool_without_its_own_fit_takes_the_nearest_fitted_pools() -> None:
+    """A degenerate fleet-wide fit (all cost on the per-token term) must not make an empty
+    plain pool look infinitely fast."""
+    from policies.cost import StepCost
+
+    loads = (1.0, 128.0)
+    degenerate = StepCost(loads, (0.0001, 0.0001), (0.01, 0.01))
+    own = StepCost(loads, (0.02, 0.05), (0.001, 0.002))
+    state = PolicyState(costs={"eagle-k4": own}, fleet_cost=degenerate)
+    speed = state_speed(state, "m", POOLS)
+    code = ClassDemand("code", "t0", 1.0, 100.0)
+    assert speed(POOLS["plain"], code, 1.0) == pytest.approx(1.0 / own.step_s(0, 1.0))
+    assert state_speed(state, "m")(POOLS["plain"], code, 1.0) > 1000  # the fleet fit's
+
+
+def test_a_change_is_adopted_only_after_the_dwell() -> None:
+    from policies.planner import settle
+
+    speed = make_speed({("eagle", "code"): 0.8, ("eagle", "chat"): 0.7})
+    current = {"plain": 12, "eagle-k4": 0, "ngram-k4": 0}
+
+    def wished():
+        return plan("m", current, POOLS, demand(("code", 5.0), ("chat", 5.0)), speed, FAST)
+
+    first = settle(wished(), None, now=100.0, dwell_s=60.0)
+    assert first.desired == current and not first.adopted
+    assert first.wish["eagle-k4"] > 0 and first.reason.startswith("waiting (0 of 60 s")
+    again = settle(wished(), first, now=130.0, dwell_s=60.0)
+    assert again.desired == current and again.wished_since == 100.0
+    adopted = settle(wished(), again, now=160.0, dwell_s=60.0)
+    assert adopted.adopted and adopted.desired == adopted.wish != current
+    going = settle(wished(), adopted, now=170.0, dwell_s=60.0)  # under way: stays adopted
+    assert going.adopted and going.desired == adopted.desired
+    assert FleetPlan.from_json(going.to_json()) == going

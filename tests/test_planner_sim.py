@@ -57,7 +57,7 @@ def test_planner_run_moves_one_worker_at_a_time() -> None:
     assert all(o is not None for o in outcomes)
     assert router._fleet is not None
     moves = router._fleet.done_moves
-    assert router.plans and router.plans[0][1].reason.startswith("no traffic measured")
+    assert router.plans and "no traffic measured" in router.plans[0][1].reason
     ends = [t for t, _, _ in moves]
     assert ends == sorted(ends) and len(set(ends)) == len(ends)
     assert sum(len(ws) for ws in router._fleet.workers.values()) + (

@@ -24,6 +24,7 @@ from policies.planner import (
     demand_from_snapshot,
     next_move,
     plan,
+    settle,
     state_speed,
 )
 from policies.sim.baselines import Learned, SimPool
@@ -113,6 +114,7 @@ class Planned(Learned):
     plans: list = field(default_factory=list)  # (time, FleetPlan) when the desire changed
     _fleet: MovableFleet | None = None
     _desired: dict | None = None
+    _last: FleetPlan | None = None
     _next_plan: float = 0.0
 
     def make_fleet(self, base_step_s: float, co_batching: bool) -> MovableFleet:
@@ -136,7 +138,10 @@ class Planned(Learned):
             return {}
         self._next_plan = now + self.plan_interval_s
         current = fleet.counts()
-        desired = self.desired_fleet(current)
+        desired = settle(self.desired_fleet(current), self._last, now,
+                         self.planner.dwell_s if self.planner.dwell_s is not None
+                         else self.relaunch_s)
+        self._last = desired
         if desired.desired != self._desired:
             self._desired = desired.desired
             self.plans.append((now, desired))
@@ -154,7 +159,7 @@ class Planned(Learned):
                  for s in self.fleet}
         demand = demand_from_snapshot(self.store.snapshot(), self.model, self.tau_s)
         return plan(self.model, current, slots, demand,
-                    state_speed(self.policy.state, self.model), config or self.planner,
+                    state_speed(self.policy.state, self.model, slots), config or self.planner,
                     self._desired, self.policy.state.measured_k)
 
 
