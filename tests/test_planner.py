@@ -23,7 +23,7 @@ from policies.planner import (
     plan,
     state_speed,
 )
-from policies.types import RequestRecord
+from policies.types import TASKS, RequestRecord
 
 POOLS = {"plain": PoolSlot("plain", "plain", 0), "eagle-k4": PoolSlot("eagle-k4", "eagle", 4),
          "ngram-k4": PoolSlot("ngram-k4", "ngram", 4)}
@@ -108,7 +108,7 @@ def test_min_workers_per_model() -> None:
 
 
 def test_no_traffic_plans_an_even_mix_or_keeps() -> None:
-    speed = make_speed({("eagle", task): 0.8 for task in ("code", "chat", "structured")})
+    speed = make_speed({("eagle", task): 0.8 for task in TASKS})  # every class alike
     cold = plan("m", {"plain": 3}, POOLS, [], speed, FAST)
     assert cold.desired == {"plain": 0, "eagle-k4": 3, "ngram-k4": 0}
     assert cold.reason.startswith("no traffic measured, planned for an even class mix")
