@@ -35,7 +35,7 @@ from gateway.endpoints import Admitted, TokenEndpoint, send_error
 from gateway.errors import InvalidRequest, NoHealthyWorker
 from gateway.pools import Pool
 from gateway.responses import DONE, ChunkWriter
-from gateway.schemas import GenerationRequest
+from gateway.schemas import GenerationRequest, check_logit_bias
 from policies.types import Decision
 
 NATIVE_ENGINES = frozenset({"sglang", "embedded"})
@@ -68,6 +68,7 @@ def parse_generate(body: object, models: list[str]) -> GenerationRequest:
     params = body.get("sampling_params") or {}
     if not isinstance(params, dict):
         raise _bad("sampling_params", "'sampling_params' must be an object")
+    check_logit_bias(params, "sampling_params.logit_bias")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise _bad("stream", "'stream' must be a boolean")

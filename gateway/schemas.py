@@ -210,7 +210,7 @@ def parse_request(body: Any, endpoint: Endpoint) -> GenerationRequest:
     logprobs = _logprobs(body, endpoint)
     for name in ("presence_penalty", "frequency_penalty"):
         _number(body, name, -2.0, 2.0)
-    _logit_bias(body)
+    check_logit_bias(body)
     max_tokens = _integer(body, "max_completion_tokens", 1)
     if max_tokens is None:
         max_tokens = _integer(body, "max_tokens", 1)
@@ -258,12 +258,14 @@ def _logprobs(body: dict, endpoint: Endpoint) -> bool:
     return bool(value)
 
 
-def _logit_bias(body: dict) -> None:
+def check_logit_bias(body: dict, param: str = "logit_bias") -> None:
+    """Token ids as ASCII digit strings: `str.isdigit` also accepts '²' (which `int`
+    refuses) and other scripts' digits (which `int` reads as another id)."""
     bias = body.get("logit_bias")
     if bias is None:
         return
     if not isinstance(bias, dict) or not all(
-            isinstance(k, str) and k.isdigit() and not isinstance(v, bool)
+            isinstance(k, str) and k.isascii() and k.isdigit() and not isinstance(v, bool)
             and isinstance(v, int | float) and -100 <= v <= 100 for k, v in bias.items()):
-        raise _bad("logit_bias", "'logit_bias' must map token ids (strings of digits) to "
+        raise _bad(param, f"'{param}' must map token ids (strings of ASCII digits) to "
                    "numbers in [-100, 100]")

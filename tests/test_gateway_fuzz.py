@@ -108,3 +108,20 @@ def test_no_input_gets_a_5xx_and_every_error_is_openai_shaped(case, gateway: str
         assert isinstance(error["message"], str) and error["message"]
         assert isinstance(error["type"], str)
         assert "code" in error and "param" in error
+
+
+@pytest.mark.parametrize("key", ["\u00b2", "\u0663", "1\u00b2"], ids=["superscript-2",
+                                                                   "arabic-indic-3", "1-sup2"])
+def test_logit_bias_keys_are_ascii_digits(gateway: str, key: str) -> None:
+    """`str.isdigit` accepts '²' (which `int` refuses: a worker 500, a 502 here) and
+    Arabic-Indic digits (which `int` reads as another token id): a 400 at the gateway."""
+    body = {"model": "m", "max_tokens": 2, "logit_bias": {key: 1},
+            "messages": [{"role": "user", "content": "hi"}]}
+    response = httpx.post(gateway + "/v1/chat/completions", json=body,
+                          headers=AUTH["valid key"], timeout=10)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "logit_bias"
+    native = httpx.post(gateway + "/generate", headers=AUTH["valid key"], timeout=10,
+                        json={"text": "hi", "sampling_params": {"logit_bias": {key: 1}}})
+    assert native.status_code == 400
+    assert native.json()["error"]["param"] == "sampling_params.logit_bias"
