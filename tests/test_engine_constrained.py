@@ -67,6 +67,24 @@ def test_json_schema_greedy_is_identical_for_every_method(engine: Engine,
         {m: True for m in engine.methods}
 
 
+@pytest.mark.parametrize("method", ["eagle", "draft"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_chain_drafters_draft_under_the_grammar(engine: Engine, prompt: list[int],
+                                                method: str, temperature: float) -> None:
+    params = SamplingParams(max_new_tokens=40, temperature=temperature, seed=1,
+                            stop_token_ids=list(engine.tokenizer.stop_ids),
+                            constraint=Constraint("json_schema", json.dumps(SCHEMA)))
+    gen = engine.start(prompt, params, method)
+    gen.step()  # prefill and the first token
+    grammar, state = gen._grammar, gen._state
+    assert grammar is not None and state is not None
+    before = grammar.matcher.validate_tokens(list(range(V)))  # the committed state's answer
+    draft = gen._drafter.propose(state)
+    assert len(draft) >= 2
+    assert grammar.matcher.validate_tokens(draft.tokens) == len(draft.tokens)
+    assert grammar.matcher.validate_tokens(list(range(V))) == before  # drafting was undone
+
+
 @pytest.mark.parametrize("method", ["ngram", "eagle2", "draft"])
 def test_json_schema_sampled_output_is_valid(engine: Engine, prompt: list[int],
                                              method: str) -> None:

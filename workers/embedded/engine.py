@@ -345,6 +345,7 @@ class Generation:
             sampler=self._sampler,
             hidden=torch.cat([*self._prefilled, out.hidden[0]]),  # (prompt, C)
             hidden_start=0,
+            constraint=self._grammar,
         )
         self._prefilled = []
         self.stats.verify_steps += 1

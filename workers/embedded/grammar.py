@@ -84,6 +84,7 @@ class GrammarProcessor:
         self._bitmask = llg_torch.allocate_token_bitmask(1, vocab_size)  # (1, W) int32
         self._bits = torch.arange(32, dtype=torch.int32)  # (32,)
         self._device = device
+        self._pushed = 0  # draft tokens consumed while a drafter drafts
 
     def allowed(self) -> torch.Tensor:
         """(V,) bool: the tokens the grammar allows next."""
@@ -104,6 +105,22 @@ class GrammarProcessor:
         if not self.matcher.consume_token(token):
             raise RuntimeError(f"grammar rejected committed token {token}: "
                                f"{self.matcher.get_error()}")
+
+    # DraftConstraint: a chain drafter drafts under the grammar, then everything is undone.
+    def restrict(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.apply(logits)
+
+    def push(self, token: int) -> bool:
+        if self.matcher.validate_tokens([token]) != 1:
+            return False
+        self.matcher.consume_token(token)
+        self._pushed += 1
+        return not self.matcher.is_stopped()
+
+    def undo(self) -> None:
+        if self._pushed:
+            self.matcher.rollback(self._pushed)
+            self._pushed = 0
 
     def prune(self, draft: Draft) -> Draft:
         """The draft without nodes the grammar forbids after their path. A node drawn from

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import torch
 
-from workers.embedded.speculative.draft import Draft
+from workers.embedded.speculative.draft import Draft, DraftConstraint
 from workers.embedded.speculative.sampling import Sampler
 
 
@@ -18,16 +18,23 @@ def draft_chain(
     steps: int,
     sampler: Sampler,
     advance: Callable[[int, torch.Tensor], torch.Tensor],
+    constraint: DraftConstraint | None = None,
 ) -> Draft:
     """A chain of `steps` tokens from an autoregressive drafter, starting from `logits` (V,).
 
     Greedy: argmax, q = None. Sampling: x ~ q with q = sampler.probs(logits), carried in the
     draft for min(1, p/q). `advance(depth, token (1,))` feeds the drafted token and returns
-    the logits for the next position; it is not called after the last token.
+    the logits for the next position; it is not called after the last token. Under a
+    `constraint` (a request's grammar) each position's logits are masked first, so q is the
+    masked distribution actually drawn from; once the grammar is done, drafting goes on
+    unmasked (verification prunes what it forbids) so that `advance` sees every step.
     """
     tokens: list[torch.Tensor] = []  # (1,) each; greedy stays on the device, no sync
     qs: list[torch.Tensor] = []
+    masked = constraint is not None
     for depth in range(steps):
+        if masked:
+            logits = constraint.restrict(logits)  # type: ignore[union-attr]
         if sampler.greedy:
             token = logits.argmax().view(1)
         else:
@@ -35,7 +42,11 @@ def draft_chain(
             token = torch.multinomial(q, 1, generator=sampler.generator)
             qs.append(q)
         tokens.append(token)
+        if masked:
+            masked = constraint.push(int(token))  # type: ignore[union-attr]
         if depth + 1 < steps:
             logits = advance(depth, token)
+    if constraint is not None:
+        constraint.undo()
     draft_tokens = torch.cat(tokens).tolist() if tokens else []
     return Draft.chain(draft_tokens, torch.stack(qs) if qs else None)

@@ -122,6 +122,23 @@ def attention_layout(
     return mask.to(device), offsets
 
 
+class DraftConstraint(Protocol):
+    """A grammar an autoregressive drafter drafts under (`chain.draft_chain`), so that its
+    drafts are ones the masked target can accept."""
+
+    def restrict(self, logits: torch.Tensor) -> torch.Tensor:
+        """Drafter logits (V,) at the next draft position, forbidden tokens at -inf."""
+        ...
+
+    def push(self, token: int) -> bool:
+        """`token` was drafted; False when the grammar has nothing more to say."""
+        ...
+
+    def undo(self) -> None:
+        """Forget every pushed token (the committed state is what verification sees)."""
+        ...
+
+
 @dataclass
 class DecodeState:
     """What a drafter may read before proposing; the engine owns and updates it.
@@ -139,6 +156,7 @@ class DecodeState:
     hidden: torch.Tensor
     hidden_start: int
     last: VerifyResult | None = None  # the previous verify step (None right after prefill)
+    constraint: DraftConstraint | None = None  # the request's grammar, if any
 
 
 class Drafter(Protocol):

@@ -58,6 +58,6 @@ class DraftModelDrafter:
             self._cache.commit()
             return out.logits[0, -1]
 
-        draft = draft_chain(logits, steps, state.sampler, advance)
+        draft = draft_chain(logits, steps, state.sampler, advance, state.constraint)
         self._cached.extend(draft.tokens[: steps - 1])  # fed to the cache by `advance`
         return draft

@@ -108,4 +108,4 @@ class EagleChainDrafter:
             h = eagle.step(h[None], token, positions[depth : depth + 1])[0]
             return eagle.logits(h)  # (V,)
 
-        return draft_chain(eagle.logits(h), steps, state.sampler, advance)
+        return draft_chain(eagle.logits(h), steps, state.sampler, advance, state.constraint)
