@@ -26,7 +26,8 @@ def _up(args: argparse.Namespace) -> int:
 def _gateway(args: argparse.Namespace) -> int:
     from gateway.serve import serve
 
-    return serve(config_path=args.config, host=args.host, port=args.port, policy=args.policy)
+    return serve(config_path=args.config, host=args.host, port=args.port, policy=args.policy,
+                 workers=args.workers)
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -134,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="routing policy: learned (default; learns from telemetry), static "
         "(class -> method rules) or first (first pool with a healthy worker)",
     )
+    gw.add_argument("--workers", type=int, default=1,
+                    help="gateway processes sharing the port (default 1); they share what "
+                    "the policy learns through the config's redis_url")
     gw.set_defaults(func=_gateway)
 
     wk = sub.add_parser("worker", help="run one embedded speculative-decoding worker")
@@ -204,7 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--duration", type=float, default=None,
                        help="slo: seconds of load per mode (default 30; --quick 8)")
     bench.add_argument("--rounds", type=int, default=None,
-                       help="engine: interleaved rounds (default 3; --quick 1)")
+                       help="engine, gateway: interleaved rounds (default 3; --quick 1)")
+    bench.add_argument("--peers", default="sglang-router,litellm",
+                       help="gateway: other gateways measured beside specroute, installed "
+                       "on first use (default: sglang-router,litellm; 'none' for none)")
     bench.add_argument("--prompts", type=int, default=None,
                        help="engine: prompts per class and round (default 2; --quick 1)")
     bench.add_argument("--write-measured", default=None, metavar="PATH",

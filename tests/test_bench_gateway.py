@@ -1,0 +1,79 @@
+"""`specroute bench gateway`: the upstream answers what every peer asks of it, a peer
+that cannot be installed is reported (never dropped), and the summary's ratios."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from bench import peers
+from bench.gateway import Target, _start_peer, _table, summarize
+from bench.upstream import app
+
+
+@pytest.fixture
+async def upstream():
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                 base_url="http://up") as client:
+        yield client
+
+
+@pytest.mark.parametrize("path", ["/health", "/server_info", "/get_server_info",
+                                  "/model_info", "/v1/models"])
+async def test_upstream_answers_the_probes_of_sglang_router(upstream, path: str) -> None:
+    answer = await upstream.get(path)
+    assert answer.status_code == 200
+    assert isinstance(answer.json(), dict)
+
+
+async def test_upstream_chat_completions_plain_and_streamed(upstream) -> None:
+    body = {"model": "bench", "messages": [{"role": "user", "content": "hi"}]}
+    plain = (await upstream.post("/v1/chat/completions", json=body)).json()
+    assert plain["choices"][0]["message"]["content"].strip()
+    assert plain["usage"]["completion_tokens"] == 8
+    streamed = await upstream.post("/v1/chat/completions", json={**body, "stream": True})
+    assert streamed.headers["content-type"] == "text/event-stream"
+    events = [line[6:] for line in streamed.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [orjson.loads(e) for e in events[:-1]]
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert text == plain["choices"][0]["message"]["content"]
+    assert chunks[-1]["usage"]["completion_tokens"] == 8
+
+
+def test_a_peer_that_cannot_be_installed_is_reported(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    broken = peers.Peer("broken", str(tmp_path / "no-such-package"), "no_such_module",
+                        lambda *_: ["false"], "/health")
+    procs: list = []
+    target = _start_peer(procs, broken, "http://127.0.0.1:9", tmp_path)
+    assert not procs
+    assert target.error.startswith("not installed: ")
+    assert not (tmp_path / "cache" / "specroute" / "peers" / "broken" /
+                "specroute-installed.json").exists()
+
+
+def _measured(name: str, p50_ms: float, rps: float) -> Target:
+    target = Target(name, "http://x")
+    for stream in (False, True):
+        target.latency[stream] = [p50_ms] * 10
+        target.done[stream], target.seconds[stream] = int(rps), 1.0
+    return target
+
+
+def test_summary_keeps_failed_peers_and_gives_ratios() -> None:
+    targets = [_measured("direct", 0.3, 9000), _measured("specroute", 0.8, 3000),
+               _measured("sglang-router", 0.6, 4000),
+               Target("litellm", error="not installed: no network")]
+    result = summarize(targets)
+    assert result["specroute_rps_over_sglang_router"] == 0.75
+    assert result["specroute_rps_over_sglang_router_stream"] == 0.75
+    assert result["specroute_rps_over_litellm"] is None
+    rows = {(r["path"], r["stream"]): r for r in result["rows"]}
+    assert rows[("litellm", False)]["error"] == "not installed: no network"
+    assert rows[("specroute", False)]["added_p50_ms"] == 0.5
+    assert any("not installed: no network" in line for line in _table(result))
