@@ -41,8 +41,8 @@ from gateway.schemas import GenerationRequest, content_text
 from policies.types import RequestProfile, Task
 
 DEFAULT_MODEL_PATH = Path(__file__).resolve().parent / "assets" / "classifier.npz"
-RULE_HEAD_CHARS = 6144
-RULE_TAIL_CHARS = 2048
+RULE_HEAD_CHARS = 1536  # bounded scans: a format or code ask sits at either end of a
+RULE_TAIL_CHARS = 512  # prompt; pasted code or a trace shows in any 2 KB of it
 SYSTEM_CHARS = 1024
 MAX_FENCES = 16  # fenced blocks inspected per prompt
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI /v1/completions default; chat: 0 = unset
@@ -102,6 +102,10 @@ _CODE_ASK_WORDS = ("function", "script", "method", "test", "regex", "regular exp
                    "query", "snippet", "code", "program", "class")
 _FORMAT_WORDS = ("json", "yaml", "yml", "csv", "tsv", "xml")
 _ASK_BEFORE, _ASK_AFTER = 110, 40  # chars around a format word where an output ask can sit
+# Around a code word: a verb <= 40 chars before it (`_CODE_ASK`), or the pasted-code
+# phrase before it and the rest of its line after it (`_PASTED_CODE`).
+_CODE_BEFORE, _CODE_AFTER = 64, 96
+MAX_WORD_HITS = 4  # occurrences of one trigger word inspected
 
 _MODEL: LinearTextModel | None = None
 
@@ -202,19 +206,34 @@ def _code_evidence(text: str, lower: str) -> str | None:
             lang = match.group(1).lower()
             if lang not in _DATA_FENCES:
                 return f"fenced code block ({lang or 'unlabelled'})"
-    if any(m in text for m in _TRACE_MARKERS) and any(t.search(text) for t in _TRACES):
-        return "stack trace"
-    if text.count("\n") >= 2:
-        lines = len(_CODE_LINE_START.findall("\n" + text)) + len(_CODE_LINE_END.findall(text + "\n"))
+    if text.count("\n") >= 2:  # traces and code lines are several lines
+        if any(m in text for m in _TRACE_MARKERS) and any(t.search(text) for t in _TRACES):
+            return "stack trace"
+        lines = len(_CODE_LINE_START.findall("\n" + text))
+        if ";" in text or "{" in text or "}" in text:
+            lines += len(_CODE_LINE_END.findall(text + "\n"))
         if lines >= 3:
             return f"code-like lines ({lines})"
-    if any(word in lower for word in _CODE_ASK_WORDS):
-        ask = _CODE_ASK.search(text)
-        if ask:
-            return f"asks for code: {ask.group(0)[:60]!r}"
-        pasted = _PASTED_CODE.search(text)
-        if pasted:
-            return f"refers to pasted code: {pasted.group(0).strip()[:60]!r}"
+    return _code_ask(text, lower)
+
+
+def _code_ask(text: str, lower: str) -> str | None:
+    """A code ask or a pointer to pasted code near a code word: the regexes run only on
+    windows around those words (a scan of the whole prompt costs ~0.3 ms per 4 KB)."""
+    asked = pasted = None
+    for word in _CODE_ASK_WORDS:
+        start = lower.find(word)
+        for _ in range(MAX_WORD_HITS):
+            if start < 0:
+                break
+            piece = text[max(0, start - _CODE_BEFORE): start + len(word) + _CODE_AFTER]
+            asked = asked or _CODE_ASK.search(piece)
+            pasted = pasted or _PASTED_CODE.search(piece)
+            start = lower.find(word, start + len(word))
+    if asked:
+        return f"asks for code: {asked.group(0)[:60]!r}"
+    if pasted:
+        return f"refers to pasted code: {pasted.group(0).strip()[:60]!r}"
     return None
 
 

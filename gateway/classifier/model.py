@@ -17,25 +17,51 @@ Only a bounded window of the text is read: the first `HEAD_CHARS` and the last
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-HEAD_CHARS = 768
-TAIL_CHARS = 256
-FORMAT_VERSION = 3
+HEAD_CHARS = 512
+TAIL_CHARS = 192
+FORMAT_VERSION = 4
 
-_TOKEN_RE = re.compile(r"\w+|[^\w\s]{1,3}")
-# Cheap code-shape markers (substring tests, no regex scan): name -> any of these.
-_SHAPES: tuple[tuple[str, tuple[str, ...]], ...] = (
+# Words: the lowercased text with ASCII punctuation turned into spaces, split on
+# whitespace (`str.translate` + `str.split`: ~6x faster than a tokenizing regex, which
+# was half of a 4 KB prompt's classification). Punctuation that tells code from prose
+# becomes presence markers instead (substring tests), so the words stay clean.
+_PUNCT_TO_SPACE = str.maketrans(dict.fromkeys("!\"#$%&'()*+,-./:;<=>?@[\\]^`{|}~", " "))
+# (name, needles): present when any needle occurs. Single characters are looked up in
+# the text's character set; longer needles are searched only when their first
+# character occurs at all, so prose pays a set build and a few lookups.
+_MARKS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("<indent>", ("\n    ", "\n\t")),
     ("<semi_eol>", (";\n",)),
     ("<brace_eol>", ("{\n", ":\n", "(\n")),
     ("<assign>", (" = ",)),
     ("<call>", ("()", "):")),
+    ("<arrow>", ("=>", "->")),
+    ("<compare>", ("==", "!=", "<=", ">=")),
+    ("<scope>", ("::",)),
+    ("<tag>", ("</", "/>")),
+    ("<paren>", ("(",)),
+    ("<brace>", ("{", "}")),
+    ("<bracket>", ("[", "]")),
+    ("<semi>", (";",)),
+    ("<backtick>", ("`",)),
+    ("<dollar>", ("$",)),
+    ("<hash>", ("#",)),
+    ("<underscore>", ("_",)),
+    ("<question>", ("?",)),
+    ("<exclaim>", ("!",)),
+    ("<colon>", (":",)),
+    ("<quote>", ('"', "'")),
+    ("<newline>", ("\n",)),
 )
+
+
+_CHAR_NEEDLES = tuple((n, name) for name, needles in _MARKS for n in needles if len(n) == 1)
+_LONG_NEEDLES = tuple((n, name) for name, needles in _MARKS for n in needles if len(n) > 1)
 
 
 def window(text: str) -> str:
@@ -45,12 +71,25 @@ def window(text: str) -> str:
     return text[:HEAD_CHARS] + "\n" + text[-TAIL_CHARS:]
 
 
+def words(text: str) -> list[str]:
+    """Lowercased words of an already windowed text."""
+    return text.lower().translate(_PUNCT_TO_SPACE).split()
+
+
+def marks(text: str) -> list[str]:
+    """Names of the punctuation and layout markers present in an already windowed text."""
+    chars = set(text)
+    found = [name for char, name in _CHAR_NEEDLES if char in chars]
+    found += [name for needle, name in _LONG_NEEDLES if needle[0] in chars and needle in text]
+    return list(dict.fromkeys(found))
+
+
 def features(text: str) -> list[str]:
     """Feature strings of `text` (with repeats); the only featurizer, train and serve."""
     text = window(text)
-    tokens = _TOKEN_RE.findall(text.lower())
+    tokens = words(text)
     out = tokens + list(map(" ".join, zip(tokens, tokens[1:], strict=False)))
-    out.extend(name for name, needles in _SHAPES if any(n in text for n in needles))
+    out.extend(marks(text))
     return out
 
 
@@ -70,30 +109,59 @@ class LinearTextModel:
     weights: np.ndarray  # (V, C) float32
     bias: np.ndarray  # (C,) float32
     vocabulary: dict[str, int] = field(init=False, repr=False)  # name -> row, for lookup
+    # The scorer's precomputed form (plain Python, so scoring a prompt allocates no
+    # arrays): unigram and shape name -> row, (token, token) -> row for bigrams (no
+    # joined string per pair), and one list of floats per class (column of `weights`).
+    _unigrams: dict[str, int] = field(init=False, repr=False)
+    _bigrams: dict[tuple[str, str], int] = field(init=False, repr=False)
+    _columns: tuple[list[float], ...] = field(init=False, repr=False)
+    _bias: tuple[float, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.weights.shape != (len(self.names), len(self.classes)):
             raise ValueError("weights must be (len(names), len(classes))")
         if self.bias.shape != (len(self.classes),):
             raise ValueError("bias must be (len(classes),)")
-        object.__setattr__(self, "vocabulary", {n: i for i, n in enumerate(self.names)})
+        vocabulary = {n: i for i, n in enumerate(self.names)}
+        unigrams = {n: i for n, i in vocabulary.items() if " " not in n}
+        bigrams = {tuple(n.split(" ")): i for n, i in vocabulary.items() if " " in n}
+        object.__setattr__(self, "vocabulary", vocabulary)
+        object.__setattr__(self, "_unigrams", unigrams)
+        object.__setattr__(self, "_bigrams", bigrams)
+        object.__setattr__(self, "_columns", tuple(self.weights.T.astype(float).tolist()))
+        object.__setattr__(self, "_bias", tuple(self.bias.astype(float).tolist()))
+
+    def known_rows(self, text: str) -> set[int]:
+        """Rows of the distinct known features of `text`: the same set as looking up
+        every `features(text)` string in `vocabulary`, without building bigram strings."""
+        text = window(text)
+        tokens = words(text)
+        rows = set(map(self._unigrams.get, tokens))
+        rows.update(map(self._bigrams.get, zip(tokens, tokens[1:], strict=False)))
+        rows.update(map(self._unigrams.get, marks(text)))
+        rows.discard(None)  # type: ignore[arg-type]
+        return rows  # type: ignore[return-value]
 
     def predict(self, text: str, explain: int = 3) -> Prediction:
-        """Most likely class, its probability and the features that argued for it."""
-        known = set(map(self.vocabulary.get, features(text)))
-        known.discard(None)
-        if known:
-            idx = np.fromiter(known, dtype=np.intp, count=len(known))
-            rows = self.weights.take(idx, axis=0)  # (n, C)
-            logits = rows.sum(axis=0) * (1.0 / math.sqrt(len(idx))) + self.bias
+        """Most likely class, its probability and the features that argued for it.
+
+        Sums each class's weights over the known rows (`map` over a list: C-speed, no
+        array per request), scales by 1/sqrt(n), adds the bias, softmax."""
+        rows = self.known_rows(text)
+        if rows:
+            scale = 1.0 / math.sqrt(len(rows))
+            logits = [sum(map(col.__getitem__, rows)) * scale + b
+                      for col, b in zip(self._columns, self._bias, strict=True)]
         else:
-            idx, rows, logits = np.empty(0, dtype=np.intp), self.weights[:0], self.bias
-        scores = [math.exp(x) for x in (logits - logits.max()).tolist()]
-        best = scores.index(max(scores))
+            logits = list(self._bias)
+        top_logit = max(logits)
+        scores = [math.exp(x - top_logit) for x in logits]
+        best = scores.index(1.0) if 1.0 in scores else scores.index(max(scores))
         top: tuple[str, ...] = ()
-        if explain and len(idx):
-            order = np.argsort(-rows[:, best])[:explain]
-            top = tuple(self.names[int(idx[j])] for j in order)
+        if explain and rows:
+            column = self._columns[best]
+            strongest = sorted(rows, key=column.__getitem__, reverse=True)[:explain]
+            top = tuple(self.names[i] for i in strongest)
         return Prediction(self.classes[best], scores[best] / sum(scores), top)
 
     def save(self, path: Path) -> None:
