@@ -28,7 +28,12 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import orjson
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    ProcessCollector,
+    generate_latest,
+)
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -53,6 +58,7 @@ from gateway.errors import (
 from gateway.health import HealthMonitor
 from gateway.learned import LearnedRoutingPolicy, RoutingPolicy, build_routing_policy
 from gateway.limits import Limits
+from gateway.looplag import LoopLagProbe
 from gateway.native import GenerateEndpoint, health_generate, model_info, server_info
 from gateway.observability import (
     FanoutRecorder,
@@ -337,6 +343,7 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
     recorder (the policy is fed either way). With `config_path`, tenants reload when
     that file changes or on SIGHUP (`gateway.auth.TenantReloader`)."""
     registry = CollectorRegistry()
+    ProcessCollector(registry=registry)  # process_resident_memory_bytes, CPU seconds, fds
     recorder = recorder or PrometheusRecorder(registry)
     tenant_metrics = TenantMetrics(registry)
     server = config.server
@@ -393,6 +400,7 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
             app.state.reloader = reloader
             planning = app.state.planning = fleet_planning(config, pools, routing)
             routing.start()
+            app.state.loop_lag.start()
             await monitor.start()
             await priors.start()
             if discovery is not None:
@@ -414,6 +422,7 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
                 if reloader is not None:
                     await reloader.stop()
                 await app.state.gateway.limits.close()
+                await app.state.loop_lag.stop()
                 await asyncio.to_thread(routing.stop)  # joins threads, flushes telemetry
                 provider.shutdown()
 
@@ -441,5 +450,6 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
                                          Exception: internal_fault})
     app.state.registry = registry
     app.state.openapi = orjson.dumps(openapi_document(config.models))
+    app.state.loop_lag = LoopLagProbe(registry)
     app.state.started = int(time.time())
     return app

@@ -193,6 +193,8 @@ class PoolRouter:
                                  code="unknown_pool")
         remaining = serving
         for why, keep, error in self._requirements(request, profile, pin, serving):
+            if all(keep(p) for p in remaining):  # the usual case: nothing to exclude
+                continue
             kept = [p for p in remaining if keep(p)]
             if not kept and pin.pool is not None:
                 raise InvalidRequest(f"x-specroute-pool: pool '{pin.pool}' cannot serve this "
@@ -235,27 +237,31 @@ class PoolRouter:
 
     def _requirements(self, request: GenerationRequest, profile: RequestProfile, pin: Pin,
                       serving: list[Pool]) -> list[Requirement]:
-        """What this request needs of a pool, in the order the errors are reported."""
-        caps = [(pin.pool is not None, Requirement(
-                    "is not the pool pinned by x-specroute-pool",
-                    lambda p: p.name == pin.pool, lambda: InvalidRequest("unreachable")))]
-        caps.append((request.needs_constrained or profile.needs_constrained, Requirement(
-            "lacks constrained_decoding (response_format)",
-            lambda p: p.config.capabilities.constrained_decoding,
-            lambda: self._missing("constrained_decoding", "response_format", request))))
-        caps.append((request.needs_tools or profile.needs_tools, Requirement(
-            "lacks tools", lambda p: p.config.capabilities.tools,
-            lambda: self._missing("tools", "tools", request))))
+        """What this request needs of a pool, in the order the errors are reported (built
+        only as needed: most requests carry just the context-length one)."""
+        caps: list[Requirement] = []
+        if pin.pool is not None:
+            caps.append(Requirement("is not the pool pinned by x-specroute-pool",
+                                    lambda p: p.name == pin.pool,
+                                    lambda: InvalidRequest("unreachable")))
+        if request.needs_constrained or profile.needs_constrained:
+            caps.append(Requirement(
+                "lacks constrained_decoding (response_format)",
+                lambda p: p.config.capabilities.constrained_decoding,
+                lambda: self._missing("constrained_decoding", "response_format", request)))
+        if request.needs_tools or profile.needs_tools:
+            caps.append(Requirement("lacks tools", lambda p: p.config.capabilities.tools,
+                                    lambda: self._missing("tools", "tools", request)))
         wanted = profile.prompt_tokens + (request.max_tokens or 0)
-        caps.append((True, Requirement(
-            f"has max_context < ~{wanted} tokens needed",
-            lambda p: p.config.capabilities.max_context >= wanted,
-            lambda: self._too_long(wanted, request, serving))))
-        caps.append((pin.k is not None, Requirement(
-            f"has k fixed at launch, not {pin.k}",
-            lambda p: p.config.capabilities.per_request_k or p.config.k == pin.k,
-            lambda: self._no_k(pin, request))))
-        return [requirement for needed, requirement in caps if needed]
+        caps.append(Requirement(f"has max_context < ~{wanted} tokens needed",
+                                lambda p: p.config.capabilities.max_context >= wanted,
+                                lambda: self._too_long(wanted, request, serving)))
+        if pin.k is not None:
+            caps.append(Requirement(
+                f"has k fixed at launch, not {pin.k}",
+                lambda p: p.config.capabilities.per_request_k or p.config.k == pin.k,
+                lambda: self._no_k(pin, request)))
+        return caps
 
     @staticmethod
     def _missing(capability: str, param: str, request: GenerationRequest) -> InvalidRequest:
@@ -309,7 +315,9 @@ class PoolRouter:
         if chosen is None:
             raise NoHealthyWorker(f"policy chose unavailable pool {decision.pool!r}",
                                   code="no_healthy_worker")
-        decision = replace(self._with_k(decision, chosen, pin), pinned=pin.active)
+        decision = self._with_k(decision, chosen, pin)
+        if decision.pinned != pin.active:
+            decision = replace(decision, pinned=pin.active)
         rest = [by_name[n] for n in dict.fromkeys(decision.fallbacks)
                 if n in by_name and n != chosen.name]
         if pin.pool is None:
@@ -329,8 +337,9 @@ class PoolRouter:
 
     @staticmethod
     def _with_k(decision: Decision, pool: Pool, pin: Pin) -> Decision:
-        if not pool.config.capabilities.per_request_k:
-            return replace(decision, k=pool.config.k)  # k is fixed at launch
+        if not pool.config.capabilities.per_request_k:  # k is fixed at launch
+            return decision if decision.k == pool.config.k else replace(decision,
+                                                                        k=pool.config.k)
         if pin.k is None:
             return decision
         if decision.k == pin.k:
