@@ -98,6 +98,8 @@ def _bench(args: argparse.Namespace) -> int:
         from bench.slo import main as bench_main
     elif args.target == "soak":
         from bench.soak import main as bench_main
+    elif args.target == "classifier":
+        from bench.classifier import main as bench_main
     else:
         from bench.live import main as bench_main
     return bench_main(args)
@@ -197,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks; each prints a table")
     bench.add_argument("target", choices=["gateway", "engine", "policy", "live", "batching",
-                                          "slo", "soak"])
+                                          "slo", "soak", "classifier"])
     bench.add_argument("--json", action="store_true", help="print one JSON object last")
     bench.add_argument("--quick", action="store_true", help="a short run (for smoke tests)")
     bench.add_argument("--plot", default=None, help="policy: write a PNG of tokens/s over time")
@@ -212,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--peers", default="sglang-router,litellm",
                        help="gateway: other gateways measured beside specroute, installed "
                        "on first use (default: sglang-router,litellm; 'none' for none)")
+    bench.add_argument("--gateway-workers", default="1",
+                       help="gateway: specroute process counts to measure, e.g. 1,2 "
+                       "(default 1)")
     bench.add_argument("--prompts", type=int, default=None,
                        help="engine: prompts per class and round (default 2; --quick 1)")
     bench.add_argument("--write-measured", default=None, metavar="PATH",

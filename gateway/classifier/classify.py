@@ -10,21 +10,25 @@ in `reasons`):
    (json_schema, and the engines' `guided_json`/`guided_regex`/`guided_grammar`/`regex`/
    `ebnf`/`json_schema` extras, also set `needs_constrained`), non-empty `tools` /
    `functions` with `tool_choice` other than "none" (`needs_tools`).
-2. the prompt asks for JSON/YAML/CSV/XML output ("respond in JSON", "as a YAML file")
-   -> `structured`, unless the ask is for a function/script that emits it ("write a
-   Python function that returns JSON" is code).
+2. the prompt asks for JSON/YAML/CSV/XML output ("respond in JSON", "as a YAML file",
+   "au format JSON", "JSON格式") -> `structured`, unless the ask is for a function/script
+   that emits it ("write a Python function that returns JSON" is code) or sits in a
+   how-to question.
 3. an edit of material the message provides ("fix the spelling in this paragraph:
    ...", "rename x in this function: ```...```") -> `edit`
    (gateway/classifier/grounded.py): the answer copies the input.
 4. code in the prompt: a fenced block in a programming language (or unlabelled), a
    stack trace, or >= 3 code-looking lines; or an explicit "write a function/script/
-   query/regex" -> `code`.
-5. otherwise the linear text model (`gateway.classifier.model`) picks the class.
+   query/regex", "show me the code", the same ask in another language, or a how-to
+   question about a programming tool -> `code`.
+5. otherwise the linear text model (`gateway.classifier.model`) picks the class; a
+   `structured` pick with no output format named falls to the likelier of the others.
 
 Structured beats code because a requested output format is the strongest signal about
 what will be decoded. Rules read the system messages plus the last user message (head
-6 KB + tail 2 KB); the model reads only the last user message (its own head/tail
-window). `prompt_tokens` is the request's own estimate
+1.5 KB + tail 512 characters; the multilingual and how-to rules its first 512), every
+regex only on bounded pieces; the model reads only the last user message (its own
+head/tail window). `prompt_tokens` is the request's own estimate
 (`GenerationRequest.prompt_tokens_estimate`). The model loads lazily on first use
 (`load_classifier`).
 """
@@ -64,9 +68,47 @@ _FORMAT_ASK = re.compile(
     rf"|{_EMIT}\s+{_ADJ}(?P<f>{_FMT})\b(?!\s*(?:parser|librar|module|serializ|encoder|decoder|"
     r"schema valid))"
     rf"|\b(?P<c>{_FMT})\s+only\b|\b(?:only|nothing but)\s+(?:valid\s+)?(?P<d>{_FMT})\b"
-    rf"|\bin\s+(?:valid\s+)?(?P<e>{_FMT})\s+format\b",
+    rf"|\bin\s+(?:valid\s+)?(?P<e>{_FMT})\s+format\b"
+    # "write a docker-compose YAML", "give me an XML sitemap": the format names the output
+    rf"|\b(?:write|give|make|create|generate|produce|build)\s+(?:me\s+)?(?:a|an|the)\s+"
+    rf"(?:[\w-]+\s+){{0,2}}?(?P<g>{_FMT})\b(?!\s+(?:parser|librar|module|file format))"
+    # other languages: "au format JSON", "en formato CSV", "als JSON", "в формате JSON",
+    # "un objeto JSON", "JSON格式", "JSON形式", "JSON-Format"
+    rf"|(?<![^\W\d_])(?:format[oa]?|формате?|als|em|como|comme|objeto|objet|objekt|oggetto)"
+    rf"\s+(?:de\s+)?(?P<h>{_FMT})(?![A-Za-z])"
+    rf"|(?<![A-Za-z])(?P<i>{_FMT})\s*(?:格式|形式|フォーマット|형식|-format)",
     re.IGNORECASE,
 )
+# A how-to question names a format without asking for output ("how do I pretty-print a
+# JSON file with jq?").
+_HOW_QUESTION = re.compile(r"\bhow\s+(?:do|can|should|would)\s+(?:i|you|we)\b|\bhow\s+to\b",
+                           re.IGNORECASE)
+# Code asks in other languages: a programming language next to the word for a function,
+# method, script or query (either order; no \b, which CJK text next to Latin lacks).
+_LANG_NAME = (r"(?<![A-Za-z+#])(?:python|javascript|typescript|java|go|golang|rust|c\+\+|c#|"
+              r"sql|bash|ruby|php|kotlin|swift)(?![A-Za-z])")
+_FUNCTION_WORD = (r"(?:funci[oó]n|fonction|funktion|funzione|fun[cç][aã]o|функци\w*|函数|関数|"
+                  r"メソッド|함수|método|méthode|methode|metodo|метод|script|スクリプト|脚本|"
+                  r"consulta|requête|abfrage|запрос|查询|クエリ|程序|プログラム)")
+_CODE_ASK_INTL = re.compile(rf"{_LANG_NAME}[^.?!\n。？！]{{0,40}}?{_FUNCTION_WORD}"
+                            rf"|{_FUNCTION_WORD}[^.?!\n。？！]{{0,40}}?{_LANG_NAME}",
+                            re.IGNORECASE)
+# A how-to or show-me question about a programming tool: its answer is code. Only
+# unambiguous names (not rust, go, ruby: "how do I get rust off my tools?").
+_TECH = (r"(?<![\w.+#-])(?:python|java|javascript|typescript|c\+\+|c#|sql|bash|powershell|css|"
+         r"html|react|node(?:\.js)?|git|github|docker|kubernetes|kubectl|vim|emacs|npm|pip|"
+         r"pandas|numpy|django|flask|linux|command line|terminal|regex|jq|curl|flexbox)"
+         r"(?![\w+#])")
+_EXAMPLES = (r"\bshow\s+(?:me\s+)?(?:an?\s+|some\s+)?examples?\b"
+             r"|\bwith\s+(?:an?\s+)?(?:small\s+|short\s+|simple\s+)?examples?\b")
+_TECH_HOWTO = re.compile(
+    rf"(?:\bhow\s+(?:do|can|should)\s+(?:i|you|we)\b|\bhow\s+to\b|{_EXAMPLES})"
+    rf"[^.?!\n]{{0,80}}?{_TECH}"
+    rf"|{_TECH}[^\n]{{0,80}}?(?:{_EXAMPLES})"
+    r"|\bexplain\s+what\s+(?:this|these)\s+(?:does|do|means):\s*\S",
+    re.IGNORECASE)
+_HOWTO_CUES = ("how", "example", "explain")
+INTL_CHARS = 512  # the head of the prompt the multilingual and how-to rules read
 _FENCE = re.compile(r"```[ \t]*([\w+#.-]*)")
 _DATA_FENCES = frozenset({"json", "jsonl", "yaml", "yml", "csv", "tsv", "xml", "toml", "text",
                           "txt", "markdown", "md", "plaintext"})
@@ -90,7 +132,8 @@ _LANGS = (r"python|javascript|typescript|js|ts|jsx|tsx|java|kotlin|swift|golang|
 _CODE_ASK = re.compile(
     r"\b(?:write|implement|create|generate|code|build|give me|show me|make)\b[^.?!\n]{0,40}?"
     r"(?:\b(?:function|script|method|unit tests?|regex|regular expression|sql query|"
-    rf"code snippet)\b|(?<![\w+#])(?:{_LANGS})\s+(?:code|program|class|snippet)\b)",
+    rf"code snippet)\b|(?<![\w+#])(?:{_LANGS})\s+(?:code|program|class|snippet)\b)"
+    r"|\b(?:show|give|send|write)\s+(?:me\s+|us\s+)?(?:the|some|working|example)\s+code\b",
     re.IGNORECASE,
 )
 _PASTED_CODE = re.compile(
@@ -166,37 +209,70 @@ def _decide(request: GenerationRequest, system: str, user: str,
 
     text = f"{system}\n{_bounded(user)}" if system else _bounded(user)
     lower = text.lower()
-    ask = _format_ask(text, lower)
+    ask, named_format = _format_ask(text, lower)
     if ask:
         return "structured", [ask], False, False
     edit = edit_evidence(user)
     if edit:
         return "edit", [edit], False, False
-    code = _code_evidence(text, lower)
+    code = _code_evidence(text, lower) or _code_ask_intl(text) or _tech_howto(text)
     if code:
         return "code", [code], False, False
     model = model or _MODEL or load_classifier()
     prediction = model.predict(user)
-    why = f"model: {prediction.label} p={prediction.probability:.2f}"
-    if prediction.top_features:
-        why += f" ({', '.join(prediction.top_features)})"
-    return prediction.label, [why], False, False  # type: ignore[return-value]
+    label, probability = prediction.label, prediction.probability
+    why = ""
+    if label == "structured" and not (named_format or '{"' in text or '":' in text):
+        # structured output needs a format: none named, so the likelier of the others
+        odds = dict(zip(model.classes, prediction.probabilities, strict=True))
+        label = "code" if odds.get("code", 0.0) > odds.get("chat", 0.0) else "chat"
+        probability = odds.get(label, 0.0)
+        why = "; no output format named"
+    explained = f" ({', '.join(prediction.top_features)})" if prediction.top_features else ""
+    return label, [f"model: {label} p={probability:.2f}{explained}{why}"], False, False  # type: ignore[return-value]
 
 
-def _format_ask(text: str, lower: str) -> str | None:
-    """An output-format request near a format word (regex only around those words)."""
+def _code_ask_intl(text: str) -> str | None:
+    """A code ask in another language ("escribe una función en Python", "用Python写一个
+    函数"); reads the head of the prompt, where an ask sits."""
+    if text.isascii() and len(text) > INTL_CHARS:
+        return None  # long English prompts: the English rules have read them
+    match = _CODE_ASK_INTL.search(text, 0, INTL_CHARS)
+    return f"asks for code: {match.group(0)[:60]!r}" if match else None
+
+
+def _tech_howto(text: str) -> str | None:
+    """A how-to question about a programming tool ("how do I undo a commit in git?")."""
+    head = text[:INTL_CHARS]
+    lower = head.lower()
+    if not any(cue in lower for cue in _HOWTO_CUES):
+        return None
+    match = _TECH_HOWTO.search(head)
+    return f"programming question: {match.group(0)[:60]!r}" if match else None
+
+
+def _format_ask(text: str, lower: str) -> tuple[str | None, bool]:
+    """An output-format request near a format word (regex only around those words), and
+    whether any format word occurs at all."""
+    named = False
     for word in _FORMAT_WORDS:
         start = lower.find(word)
+        named = named or start >= 0
         for _ in range(8):
             if start < 0:
                 break
-            piece = text[max(0, start - _ASK_BEFORE): start + _ASK_AFTER]
+            begin = max(0, start - _ASK_BEFORE)
+            piece = text[begin: start + _ASK_AFTER]
             for match in _FORMAT_ASK.finditer(piece):
-                if not _CODE_ASK.search(match.group(0)):  # "write a function ... JSON"
-                    fmt = next(g for g in match.groups() if g)
-                    return f"asks for {fmt.upper()} output: {match.group(0).strip()[:60]!r}"
+                if _CODE_ASK.search(match.group(0)):  # "write a function ... JSON"
+                    continue
+                sentence = re.split(r"[.?!\n]", piece[:match.start()])[-1]
+                if _HOW_QUESTION.search(sentence + match.group(0)):
+                    continue
+                fmt = next(g for g in match.groups() if g)
+                return f"asks for {fmt.upper()} output: {match.group(0).strip()[:60]!r}", True
             start = lower.find(word, start + len(word))
-    return None
+    return None, named
 
 
 def _code_evidence(text: str, lower: str) -> str | None:

@@ -1,17 +1,18 @@
 """The text model behind `gateway.classifier.classify`: one featurizer, one linear scorer.
 
-Training (`gateway.classifier.training.train`, scikit-learn) and inference (here, numpy) call the
-same `features()` function, so the two cannot drift apart. The shipped model is a
-vocabulary plus a weight matrix in a `.npz` file (no pickle): scoring a prompt is a
-dict lookup per feature and one gather-and-sum, which keeps a 4 KB prompt well under
-200 µs where sklearn's own `transform` + `predict_proba` costs milliseconds.
+Training (`gateway.classifier.training.train`, scikit-learn) calls `features()`; inference
+(here) computes the same set of known features without building their strings, so the
+two cannot drift apart (a test compares the scores with sklearn's). The shipped model is
+a vocabulary plus a weight matrix in a `.npz` file (no pickle); at load the weights
+become one Python list per class, so scoring a prompt is a dict lookup per feature and a
+C-speed sum per class: no array per request (docs/CLASSIFIER.md, "Latency").
 
-Features are binary: lowercased word and punctuation-run tokens, their bigrams, and a
-few code-shape markers found by substring tests (indented lines, `;`/`{` at end of
-line, ` = `, `()`). Rows are L2-normalised (1/sqrt(number of known features)),
-matching sklearn's `CountVectorizer(binary=True)` + `normalize()` used in training.
-Only a bounded window of the text is read: the first `HEAD_CHARS` and the last
-`TAIL_CHARS` characters.
+Features are binary: lowercased words (ASCII punctuation turned into spaces, then split
+on whitespace), their bigrams, and punctuation/layout markers found by substring tests
+(indented lines, `;`/`{` at end of line, ` = `, `()`, `=>`, brackets, ...). Rows are
+L2-normalised (1/sqrt(number of known features)), matching sklearn's
+`CountVectorizer(binary=True)` + `normalize()` used in training. Only a bounded window
+of the text is read: the first `HEAD_CHARS` and the last `TAIL_CHARS` characters.
 """
 
 from __future__ import annotations
@@ -98,6 +99,7 @@ class Prediction:
     label: str
     probability: float
     top_features: tuple[str, ...]  # known features that pushed hardest towards `label`
+    probabilities: tuple[float, ...] = ()  # every class's, in the model's class order
 
 
 @dataclass(frozen=True)
@@ -162,7 +164,9 @@ class LinearTextModel:
             column = self._columns[best]
             strongest = sorted(rows, key=column.__getitem__, reverse=True)[:explain]
             top = tuple(self.names[i] for i in strongest)
-        return Prediction(self.classes[best], scores[best] / sum(scores), top)
+        total = sum(scores)
+        return Prediction(self.classes[best], scores[best] / total, top,
+                          tuple(score / total for score in scores))
 
     def save(self, path: Path) -> None:
         """Write the model as a compressed `.npz` of plain arrays (loadable without pickle)."""
