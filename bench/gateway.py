@@ -39,6 +39,10 @@ class Target:
     name: str
     url: str = ""
     error: str = ""  # why it is not measured (not installed, did not start)
+    metrics: str = ""  # a specroute /metrics URL: loop lag under load, memory
+    lag_buckets: dict[float, float] = field(default_factory=dict)  # le -> count, c32 only
+    lag_max_s: float = 0.0
+    rss_idle_mb: float = 0.0
     latency: dict[bool, list[float]] = field(default_factory=lambda: {False: [], True: []})
     done: dict[bool, int] = field(default_factory=lambda: {False: 0, True: 0})
     seconds: dict[bool, float] = field(default_factory=lambda: {False: 0.0, True: 0.0})
@@ -59,6 +63,32 @@ async def _sequential(session: aiohttp.ClientSession, url: str, body: dict,
         await _call(session, url, body)
         times.append((time.perf_counter() - t0) * 1000)
     return times
+
+
+async def _scrape(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    """Unlabelled samples and the loop-lag histogram buckets of a /metrics page."""
+    async with session.get(url) as resp:
+        text = await resp.text()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("specroute_event_loop_lag_seconds_bucket{le="):
+            le = line.split('"')[1]
+            out[f"lag_le_{le}"] = float(line.split()[-1])
+        elif line and not line.startswith("#") and "{" not in line:
+            name, value = line.split()[:2]
+            out[name] = float(value)
+    return out
+
+
+def lag_p99_ms(buckets: dict[float, float]) -> float | None:
+    """The upper bound (ms) of the histogram bucket holding the 99th percentile."""
+    total = buckets.get(float("inf"), 0.0)
+    if not total:
+        return None
+    for le in sorted(buckets):
+        if buckets[le] >= 0.99 * total:
+            return le * 1000
+    return None
 
 
 async def _throughput(session: aiohttp.ClientSession, url: str, body: dict,
@@ -86,6 +116,10 @@ async def _measure(targets: list[Target], n: int, seconds: float, rounds: int) -
     live = [t for t in targets if not t.error]
     connector = aiohttp.TCPConnector(limit=2 * CONCURRENCY)
     async with aiohttp.ClientSession(connector=connector) as session:
+        for target in live:
+            if target.metrics:  # idle: started, nothing served yet
+                idle = await _scrape(session, target.metrics)
+                target.rss_idle_mb = idle.get("process_resident_memory_bytes", 0.0) / 2**20
         for target in live:  # warm-up: connections, caches, lazy imports
             for stream in (False, True):
                 await _sequential(session, target.url, {**BODY, "stream": stream}, 50)
@@ -97,14 +131,27 @@ async def _measure(targets: list[Target], n: int, seconds: float, rounds: int) -
                     try:
                         target.latency[stream] += await _sequential(session, target.url,
                                                                     body, n // rounds)
+                        before = await _scrape(session, target.metrics) if target.metrics \
+                            else {}
                         done, spent = await _throughput(session, target.url, body,
                                                         seconds / rounds)
+                        if target.metrics:
+                            _add_lag(target, before, await _scrape(session, target.metrics))
                     except (aiohttp.ClientError, RuntimeError, TimeoutError) as exc:
                         target.error = f"failed: {type(exc).__name__}: {exc}"[:120]
                         live.remove(target)
                         continue
                     target.done[stream] += done
                     target.seconds[stream] += spent
+
+
+def _add_lag(target: Target, before: dict[str, float], after: dict[str, float]) -> None:
+    for key, value in after.items():
+        if key.startswith("lag_le_"):
+            le = float(key[len("lag_le_"):])
+            target.lag_buckets[le] = target.lag_buckets.get(le, 0.0) + value - before.get(key, 0.0)
+    target.lag_max_s = max(target.lag_max_s,
+                           after.get("specroute_event_loop_lag_max_seconds", 0.0))
 
 
 def summarize(targets: list[Target]) -> dict:
@@ -124,24 +171,43 @@ def summarize(targets: list[Target]) -> dict:
                 row["added_p50_ms"] = round(p50 - _pct(direct.latency[stream], 0.5), 3)
             rows.append(row)
     out: dict = {"rows": rows}
+    for t in targets:
+        if t.metrics and not t.error:
+            out.setdefault("specroute_process", {})[t.name] = {
+                "rss_idle_mb": round(t.rss_idle_mb, 1),
+                "loop_lag_p99_ms_c32": lag_p99_ms(t.lag_buckets),
+                "loop_lag_max_ms": round(t.lag_max_s * 1000, 2)}
     by = {(r["path"], r["stream"]): r for r in rows}
-    for peer, key in (("sglang-router", "sglang_router"), ("litellm", "litellm")):
-        for stream, suffix in ((False, ""), (True, "_stream")):
-            ours, theirs = by.get(("specroute", stream)), by.get((peer, stream))
-            ratio = None
-            if ours and theirs and "rps_c32" in ours and "rps_c32" in theirs:
-                ratio = round(ours["rps_c32"] / theirs["rps_c32"], 2)
-            out[f"specroute_rps_over_{key}{suffix}"] = ratio
+    ours_names = [t.name for t in targets if t.name.startswith("specroute")]
+    for name in ours_names:  # "specroute", "specroute x2" -> specroute_x2_rps_over_...
+        prefix = name.replace(" ", "_")
+        for peer, key in (("sglang-router", "sglang_router"), ("litellm", "litellm")):
+            for stream, suffix in ((False, ""), (True, "_stream")):
+                ours, theirs = by.get((name, stream)), by.get((peer, stream))
+                ratio = None
+                if ours and theirs and "rps_c32" in ours and "rps_c32" in theirs:
+                    ratio = round(ours["rps_c32"] / theirs["rps_c32"], 2)
+                out[f"{prefix}_rps_over_{key}{suffix}"] = ratio
     return out
 
 
-def _gateway_config(tmp: Path, port: int, upstream: str) -> Path:
+def _start_specroute(procs: list[subprocess.Popen], upstream: str, tmp: Path,
+                     workers: int) -> Target:
+    """The gateway (default learned policy) with `workers` processes on one port."""
+    port = free_port()
     config = {"server": {"host": "127.0.0.1", "port": port, "log_level": "warning"},
               "pools": [{"name": "bench", "engine": "sglang", "model": "bench",
                          "method": "eagle", "k": 3, "workers": [upstream]}]}
-    path = tmp / "gateway.yaml"
+    path = tmp / f"gateway-{workers}.yaml"
     path.write_text(yaml.safe_dump(config))
-    return path
+    name = "specroute" if workers == 1 else f"specroute x{workers}"
+    _start(procs, [sys.executable, "-m", "specroute.cli", "gateway", "--config", str(path),
+                   "--workers", str(workers)], f"http://127.0.0.1:{port}/ready", name,
+           tmp / f"gateway-{workers}.log")
+    base = f"http://127.0.0.1:{port}"
+    # one process: its /metrics is the gateway's (with N, each scrape sees one of them)
+    return Target(name, f"{base}/v1/chat/completions",
+                  metrics=f"{base}/metrics" if workers == 1 else "")
 
 
 def _start(procs: list[subprocess.Popen], argv: list[str], ready: str, name: str,
@@ -168,9 +234,10 @@ def _start_peer(procs: list[subprocess.Popen], peer: peers.Peer, upstream: str,
     return Target(peer.name, f"http://127.0.0.1:{port}/v1/chat/completions")
 
 
-def run(names: list[str], n: int, seconds: float, rounds: int) -> dict:
+def run(names: list[str], n: int, seconds: float, rounds: int,
+        gateway_workers: tuple[int, ...] = (1,)) -> dict:
     procs: list[subprocess.Popen] = []
-    up_port, gw_port, min_port = free_port(), free_port(), free_port()
+    up_port, min_port = free_port(), free_port()
     upstream = f"http://127.0.0.1:{up_port}"
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
@@ -180,12 +247,9 @@ def run(names: list[str], n: int, seconds: float, rounds: int) -> dict:
             _start(procs, [sys.executable, "-m", "bench.minproxy", "--port", str(min_port),
                            "--upstream", upstream], f"http://127.0.0.1:{min_port}/health",
                    "minimal proxy", tmp / "minproxy.log")
-            _start(procs, [sys.executable, "-m", "specroute.cli", "gateway", "--config",
-                           str(_gateway_config(tmp, gw_port, upstream))],
-                   f"http://127.0.0.1:{gw_port}/ready", "gateway", tmp / "gateway.log")
             targets = [Target("direct", f"{upstream}/v1/chat/completions"),
-                       Target("minimal proxy", f"http://127.0.0.1:{min_port}/v1/chat/completions"),
-                       Target("specroute", f"http://127.0.0.1:{gw_port}/v1/chat/completions")]
+                       Target("minimal proxy", f"http://127.0.0.1:{min_port}/v1/chat/completions")]
+            targets += [_start_specroute(procs, upstream, tmp, w) for w in gateway_workers]
             targets += [_start_peer(procs, peers.PEERS[name], upstream, tmp) for name in names]
             asyncio.run(_measure(targets, n, seconds, rounds))
         finally:
@@ -222,13 +286,24 @@ def main(args: argparse.Namespace) -> int:
         print(f"unknown peer(s) {', '.join(unknown)}; known: {', '.join(peers.PEERS)}",
               file=sys.stderr)
         return 2
-    result = run(names, n, seconds, rounds)
+    try:
+        workers = tuple(int(w) for w in args.gateway_workers.split(","))
+    except ValueError:
+        print(f"--gateway-workers: comma-separated integers, got {args.gateway_workers!r}",
+              file=sys.stderr)
+        return 2
+    result = run(names, n, seconds, rounds, workers)
     print(f"gateway benchmark: /v1/chat/completions, {n} sequential requests then {seconds:g} s "
           f"at concurrency {CONCURRENCY} per path and mode, in {rounds} interleaved round(s)")
     print("\n".join(_table(result)))
     for key, value in result.items():
-        if key.startswith("specroute_rps_over_"):
+        if "_rps_over_" in key:
             print(f"{key}: {value if value is not None else 'n/a'}")
+    for name, facts in result.get("specroute_process", {}).items():
+        p99 = facts["loop_lag_p99_ms_c32"]
+        print(f"{name}: idle RSS {facts['rss_idle_mb']:.0f} MB; event-loop lag under c32 "
+              f"p99 <= {p99 if p99 is not None else 'n/a'} ms (histogram bucket), "
+              f"max {facts['loop_lag_max_ms']:.1f} ms")
     if args.json:
         print(json.dumps(result))
     return 0
