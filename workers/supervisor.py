@@ -333,18 +333,19 @@ class Supervisor:
         except redis.RedisError as exc:
             logger.warning("pool %s: cannot set drain flag: %s", self.pool.name, exc)
 
-    def _wait_drained(self) -> None:
-        self._stopping.wait(self.settings.drain_notice_s)
+    def _wait_drained(self, stopping: threading.Event | None = None) -> None:
+        stopping = stopping or self._stopping
+        stopping.wait(self.settings.drain_notice_s)
         deadline = time.monotonic() + self.settings.drain_timeout_s
-        while time.monotonic() < deadline and not self._stopping.is_set():
+        while time.monotonic() < deadline and not stopping.is_set():
             busy = in_flight_requests(self.settings.url, self._http)
             if busy is None:
-                self._stopping.wait(min(self.settings.drain_grace_s,
-                                        max(deadline - time.monotonic(), 0)))
+                stopping.wait(min(self.settings.drain_grace_s,
+                                  max(deadline - time.monotonic(), 0)))
                 return
             if busy == 0:
                 return
-            self._stopping.wait(0.2)
+            stopping.wait(0.2)
         logger.warning("pool %s: drain timed out; stopping with requests in flight",
                        self.pool.name)
 
@@ -353,11 +354,7 @@ class Supervisor:
         flight finish (SIGTERM: Kubernetes scaling the pool down, or a stop by hand)."""
         if drain and self.process is not None and self.process.poll() is None:
             self._set_draining(True)
-            time.sleep(self.settings.drain_notice_s)
-            deadline = time.monotonic() + self.settings.drain_timeout_s
-            while time.monotonic() < deadline and \
-                    in_flight_requests(self.settings.url, self._http) not in (0, None):
-                time.sleep(0.2)
+            self._wait_drained(threading.Event())  # not cut short: stopping is what this is
         if self.registration is not None:
             self.registration.stop()
             self.registration = None
