@@ -1,5 +1,5 @@
 """The gateway's fleet planner loop: every `interval_s`, per served model, plan the
-workers per pool from what the learned policy knows (policies/planner.py) and publish the
+workers per pool from what the learned policy knows (policies/planner/) and publish the
 plan in Redis (`policies.fleet.desired_fleet_key`) for the supervisors or the Kubernetes
 controller to follow; `GET /v1/routing/fleet` shows the latest plans.
 

@@ -1,4 +1,4 @@
-"""The fleet planner's decisions (policies/planner.py) on a known speed model: all in one
+"""The fleet planner's decisions (policies/planner/) on a known speed model: all in one
 pool, plain only, a split when classes want different pools, relaunch cost and
 hysteresis holding a move back, the minimum per model, one move at a time, and its inputs
 read from the learner's state and the telemetry snapshot."""

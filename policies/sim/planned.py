@@ -1,4 +1,4 @@
-"""The deployable fixed-k fleet with the fleet planner (policies/planner.py) in the loop.
+"""The deployable fixed-k fleet with the fleet planner (policies/planner/) in the loop.
 
 Workers move between fixed (method, k) pools: the fleet starts as the static split of
 `sglang-pools` (what the operator configured: with no traffic measured the planner keeps

@@ -1,0 +1,24 @@
+"""The fleet planner: how many workers each fixed (method, k) pool of a model should have
+(`model`: the fleet's value, the search, relaunch cost and dwell; `inputs`: what it plans
+from, read from the learned policy's state and telemetry). docs/FLEET.md."""
+
+from policies.planner.inputs import demand_from_snapshot, state_speed
+from policies.planner.model import (
+    ClassDemand,
+    FleetPlan,
+    FleetValue,
+    PlannerConfig,
+    PoolSlot,
+    Speed,
+    cold_demand,
+    evaluate,
+    moves_between,
+    next_move,
+    plan,
+    settle,
+    trusted,
+)
+
+__all__ = ["ClassDemand", "FleetPlan", "FleetValue", "PlannerConfig", "PoolSlot", "Speed",
+           "cold_demand", "demand_from_snapshot", "evaluate", "moves_between", "next_move",
+           "plan", "settle", "state_speed", "trusted"]
