@@ -71,6 +71,7 @@ class Outcome:
     tpot_s: float = 0.0
     tokens: int = 0
     met: bool = False
+    retry_after: bool = False  # a 429 that said when to come back
 
 
 # ---------------------------------------------------------------- stub worker
@@ -201,6 +202,7 @@ async def one(client: httpx.AsyncClient, url: str, tenant: Tenant) -> Outcome:
                                  ) as response:
             out.status = response.status_code
             if response.status_code != 200:
+                out.retry_after = "retry-after" in response.headers
                 await response.aread()
                 return out
             async for line in response.aiter_lines():
@@ -249,6 +251,8 @@ class Row:
                 "slo": f"{self.tenant.ttft_ms:.0f}/{self.tenant.tpot_ms:.0f}",
                 "sent": sent, "ok": len(ok),
                 "shed": sum(1 for o in self.outcomes if o.status == 429),
+                "shed_with_retry_after": sum(1 for o in self.outcomes
+                                             if o.status == 429 and o.retry_after),
                 "met": len(met), "attainment": len(met) / sent if sent else 0.0,
                 "goodput": sum(o.tokens for o in met) / duration_s,
                 "p95_ttft_s": p95}

@@ -15,3 +15,4 @@ def test_slo_bench_ordering() -> None:
     assert on["attainment"] >= rows[("on", "batch")]["attainment"]
     assert rows[("on", "batch")]["shed"] > 0  # overload ends in shedding the lowest priority
     assert on["p95_ttft_s"] < off["p95_ttft_s"]
+    assert all(r["shed"] == r["shed_with_retry_after"] for r in rows.values())

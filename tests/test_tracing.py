@@ -132,11 +132,11 @@ def test_one_trace_across_gateway_and_worker(traced: dict, stream: bool) -> None
         time.sleep(0.1)
     (root,) = roots
     spans = wait_for(receiver, root["trace"], {"authenticate", "classify", "decide",
-                                               "upstream call", "worker chat", "prefill",
-                                               "decode"})
+                                               "queue wait", "upstream call", "worker chat",
+                                               "prefill", "decode"})
     by_name = {s["name"]: s for s in spans}
     assert root["service"] == "specroute-gateway" and root["parent"] == ""
-    for child in ("authenticate", "classify", "decide", "upstream call"):
+    for child in ("authenticate", "classify", "decide", "queue wait", "upstream call"):
         assert by_name[child]["parent"] == root["id"], child
     worker = by_name["worker chat"]
     assert worker["service"] == "test-worker"  # OTEL_SERVICE_NAME
@@ -155,7 +155,7 @@ def test_one_trace_across_gateway_and_worker(traced: dict, stream: bool) -> None
     assert attributes["specroute.pool"] == "e" and attributes["specroute.method"] == "plain"
     for name in ("specroute.task", "specroute.k", "specroute.accept_length",
                  "specroute.verify_steps", "specroute.ttft_ms", "specroute.slo_met",
-                 "specroute.decision_reason"):
+                 "specroute.decision_reason", "specroute.queued_ms"):
         assert name in attributes, name
     exported = b"".join(receiver.raw)
     assert KEY.encode() not in exported and b"secret words" not in exported
