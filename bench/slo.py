@@ -146,8 +146,15 @@ def config(workers: list[str], slo_aware: bool) -> dict:
                      "slo_tpot_ms": t.tpot_ms} for t in TENANTS]}
 
 
+RUN_KEYS: dict[str, str] = {}  # a fresh key per tenant for this run; configs hold digests
+
+
 def key_of(tenant: str) -> str:
-    return f"sk-bench-{tenant}"  # made up for this run; the config holds its digest
+    if tenant not in RUN_KEYS:
+        from gateway.keys import new_key
+
+        RUN_KEYS[tenant] = new_key()
+    return RUN_KEYS[tenant]
 
 
 def key_digest(tenant: str) -> str:
