@@ -290,11 +290,12 @@ class GatewayApp(Starlette):
     else, including a wrong method on a token route (405), is plain Starlette. Any other
     exception, from either, is a bug: logged and answered here (`log_fault`)."""
 
-    def __init__(self, *, fast_routes: dict[str, ASGIApp], http_metrics: HttpMetrics,
-                 access_log: bool = False, **kwargs: object) -> None:
+    def __init__(self, *, fast_routes: dict[str, ASGIApp],
+                 http_metrics: HttpMetrics | None = None, access_log: bool = False,
+                 **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.fast_routes = fast_routes
-        self.http_metrics = http_metrics
+        self.http_metrics = http_metrics or HttpMetrics(CollectorRegistry())
         self.access_log = access_log
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
