@@ -13,6 +13,7 @@ circuit breaker (`gateway.pools`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -250,13 +251,33 @@ def record(gateway: Gateway, *, request: GenerationRequest, profile: RequestProf
            spec: SpecStats, ok: bool, workers: int = 1, trace: Trace | None = None,
            finish_reason: str | None = None) -> None:
     """Report one finished request to the recorder and end its trace (`trace`; None:
-    one span for the whole request, made now).
+    one span for the whole request, made then).
+
+    Timed now; reported on the event loop's next turn when one is running, after the
+    response's bytes have been flushed (`gateway.serve.CoalescingTransport` flushes
+    on that turn too, first): the ~30 µs of Prometheus, policy feed, token accounting
+    and span never delay the answer. Without a running loop (tests), at once.
 
     `load` is the pool's outstanding requests at dispatch, this one excluded. A
     non-streaming answer arrives whole, so its TTFT is estimated as one verify step's
     share of the end-to-end time: the policy's step-cost model (decode time / steps after
     the first) then still learns from it, with prefill spread over the steps."""
-    end = time.perf_counter()
+    report = functools.partial(
+        _report, gateway, time.perf_counter(), request=request, profile=profile,
+        tenant=tenant, decision=decision, load=load, timer=timer, usage=usage, spec=spec,
+        ok=ok, workers=workers, trace=trace, finish_reason=finish_reason)
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        report()
+    else:
+        loop.call_soon(report)
+
+
+def _report(gateway: Gateway, end: float, *, request: GenerationRequest,
+            profile: RequestProfile, tenant: TenantConfig, decision: Decision, load: int,
+            timer: Timer, usage: Usage, spec: SpecStats, ok: bool, workers: int,
+            trace: Trace | None, finish_reason: str | None) -> None:
     e2e = end - timer.start
     tokens = usage.completion_tokens
     steps = verify_steps(spec, decision.k, tokens)
