@@ -162,6 +162,8 @@ def test_tools_become_a_prompt_and_a_grammar() -> None:
     ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "g"}}},
      "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice needs tools"),
+    ({"tools": [TOOL], "tool_choice": {"type": "function", "function": "f"}}, "tool_choice"),
+    ({"tools": [TOOL], "tool_choice": 5}, "tool_choice"),
     ({"tools": [TOOL], "response_format": {"type": "json_object"}}, "cannot be combined"),
 ])
 def test_bad_tools_are_400(extra: dict, message: str) -> None:

@@ -81,7 +81,8 @@ def parse_tools(body: dict[str, Any]) -> ToolRequest | None:
         return ToolRequest(tools, None)
     if choice == "required":
         return ToolRequest(tools, "forced")
-    name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    function = choice.get("function") if isinstance(choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(name, str) or name not in names:
         raise BadRequest("tool_choice must be none, auto, required or "
                          '{"type": "function", "function": {"name": <one of tools>}}')
