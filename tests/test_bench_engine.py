@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from bench.engine import Tally, format_table, summarize, verdicts
+from bench.workload import TASKS
 from specroute.cli import main
 
 
@@ -51,7 +52,9 @@ def test_the_bench_writes_the_policys_prior(tmp_path: Path, capsys) -> None:
     assert document["source"].startswith("specroute bench engine --model specroute-tiny --rounds 2")
     assert document["device"].startswith("cpu: ") and len(document["measured_at"]) == 10
     entries = document["entries"]
-    assert len(entries) == 2 * 3 * 2  # methods x classes x temperatures
+    assert len(entries) == 2 * len(TASKS) * 2  # methods x classes x temperatures
+    assert "schema" not in {e["task"] for e in entries}  # printed, not a policy class
+    assert "schema T0" in printed
     assert set(entries[0]) == {"method", "k", "task", "temperature", "accept_length",
                                "tokens_per_s", "speedup", "requests"}
     plain = [e for e in entries if e["method"] == "plain"]
