@@ -24,7 +24,6 @@ import json
 from pathlib import Path
 
 import llguidance
-import llguidance.torch as llg_torch
 import torch
 
 from workers.embedded.api import Constraint, EngineInputError
@@ -81,15 +80,18 @@ class GrammarProcessor:
                  device: torch.device) -> None:
         self.matcher = matcher
         self.vocab_size = vocab_size
-        self._bitmask = llg_torch.allocate_token_bitmask(1, vocab_size)  # (1, W) int32
+        # (W,) int32, one bit per token; not llguidance.torch's helpers: that module
+        # wraps a kernel in torch.compile at import, which costs seconds per process
+        self._bitmask = torch.full(((vocab_size + 31) // 32,), -1, dtype=torch.int32)
         self._bits = torch.arange(32, dtype=torch.int32)  # (32,)
         self._device = device
         self._pushed = 0  # draft tokens consumed while a drafter drafts
 
     def allowed(self) -> torch.Tensor:
         """(V,) bool: the tokens the grammar allows next."""
-        llg_torch.fill_next_token_bitmask(self.matcher, self._bitmask)
-        bits = (self._bitmask[0].unsqueeze(-1) >> self._bits) & 1  # (W, 32)
+        self.matcher.unsafe_compute_mask_ptr(self._bitmask.data_ptr(),
+                                             self._bitmask.numel() * 4)
+        bits = (self._bitmask.unsqueeze(-1) >> self._bits) & 1  # (W, 32)
         return bits.view(-1)[: self.vocab_size].bool().to(self._device)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
