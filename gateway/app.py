@@ -20,8 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import hmac
-import ipaddress
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -42,8 +40,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.adapters import make_adapters
-from gateway.auth import Authenticator, TenantReloader
-from gateway.config import GatewayConfig, hash_api_key
+from gateway.auth import Authenticator, TenantReloader, is_admin
+from gateway.config import GatewayConfig
 from gateway.dispatch import Gateway
 from gateway.endpoints import ExplainEndpoint, TokenEndpoint
 from gateway.errors import (
@@ -114,28 +112,6 @@ async def get_model(request: Request) -> Response:
 
 async def health(request: Request) -> Response:
     return json_response({"status": "ok"})
-
-
-def is_loopback(scope: Scope) -> bool:
-    """The connection arrived on a loopback address (a bind to 127.0.0.1, or a local
-    caller of a wildcard bind)."""
-    server = scope.get("server")
-    try:
-        return server is not None and ipaddress.ip_address(server[0]).is_loopback
-    except ValueError:  # a unix socket path
-        return False
-
-
-def is_admin(request: Request) -> bool:
-    """The caller may see operator detail: it sent `server.admin_api_key_sha256`'s key as
-    a Bearer token, or, with no admin key configured, it called over loopback."""
-    digest = _gateway(request).config.server.admin_api_key_sha256
-    if digest is None:
-        return is_loopback(request.scope)
-    header = request.headers.get("authorization", "")
-    if header[:7].lower() != "bearer ":
-        return False
-    return hmac.compare_digest(hash_api_key(header[7:].strip()), digest.lower())
 
 
 async def ready(request: Request) -> Response:

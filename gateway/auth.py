@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import ipaddress
 import logging
 import signal
@@ -25,6 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import yaml
+from starlette.requests import Request
+from starlette.types import Scope
 
 from gateway.config import (
     ConfigError,
@@ -186,3 +189,24 @@ class TenantReloader:
             asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
         await self.loop.stop()
 
+
+def is_loopback(scope: Scope) -> bool:
+    """The connection arrived on a loopback address (a bind to 127.0.0.1, or a local
+    caller of a wildcard bind)."""
+    server = scope.get("server")
+    try:
+        return server is not None and ipaddress.ip_address(server[0]).is_loopback
+    except ValueError:  # a unix socket path
+        return False
+
+
+def is_admin(request: Request) -> bool:
+    """The caller may see operator detail: it sent `server.admin_api_key_sha256`'s key as
+    a Bearer token, or, with no admin key configured, it called over loopback."""
+    digest = request.app.state.gateway.config.server.admin_api_key_sha256
+    if digest is None:
+        return is_loopback(request.scope)
+    header = request.headers.get("authorization", "")
+    if header[:7].lower() != "bearer ":
+        return False
+    return hmac.compare_digest(hash_api_key(header[7:].strip()), digest.lower())

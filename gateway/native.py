@@ -31,6 +31,7 @@ from starlette.types import Send
 
 from gateway import dispatch
 from gateway.adapters.base import Delta, Final, GenerationResult
+from gateway.auth import is_admin
 from gateway.endpoints import Admitted, TokenEndpoint, send_error
 from gateway.errors import InvalidRequest, NoHealthyWorker
 from gateway.pools import Pool
@@ -173,12 +174,15 @@ async def server_info(request: Request) -> Response:
                and pool.config.engine in NATIVE_ENGINES]
     infos = await asyncio.gather(*(_worker_info(session, p, u) for p, u in targets))
     states = []
+    admin = is_admin(request)  # worker addresses are operator detail, as on /ready
     for (pool, url), info in zip(targets, infos, strict=True):
         if info is None:
             continue
         state = dict((info.get("internal_states") or [{}])[0])
-        states.append({**state, "pool": pool.name, "worker": url,
-                       "method": pool.config.method, "k": pool.config.k})
+        state.update({"pool": pool.name, "method": pool.config.method, "k": pool.config.k})
+        if admin:
+            state["worker"] = url
+        states.append(state)
     lengths = [s["avg_spec_accept_length"] for s in states
                if isinstance(s.get("avg_spec_accept_length"), int | float)]
     aggregate: dict = {"pool": None, "num_running_reqs": sum(
@@ -210,4 +214,4 @@ async def health_generate(request: Request) -> Response:
     if any(pool.healthy_workers for pool in gateway.pools.values()):
         return Response(status_code=200)
     error = NoHealthyWorker("no healthy worker", code="no_healthy_worker")
-    return JSONResponse({"error": {"message": error.message}}, status_code=503)
+    return JSONResponse(error.body(), status_code=error.status)

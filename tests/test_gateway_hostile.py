@@ -19,7 +19,7 @@ import yaml
 from conftest import free_port, short_id, start_process, stop_process, wait_http
 from gateway_harness import start_stub
 
-from gateway.app import is_loopback
+from gateway.auth import is_loopback
 from gateway.config import hash_api_key
 
 KEY = "sk-hostile"
@@ -225,6 +225,12 @@ def test_admin_key_guards_metrics_and_ready_detail(gateway: dict) -> None:
     assert httpx.get(url + "/ready").json() == {"ready": True}
     detail = httpx.get(url + "/ready", headers=admin).json()
     assert detail["pools"]["eagle"]["worker_states"][0]["url"].startswith("http://127.0.0.1")
+    # SGLang's /server_info shape: per-worker states, their addresses for an admin only
+    for path in ("/server_info", "/get_server_info"):
+        states = httpx.get(url + path).json()["internal_states"]
+        assert len(states) == 2 and not any("worker" in s for s in states), states
+        states = httpx.get(url + path, headers=admin).json()["internal_states"]
+        assert states[1]["worker"].startswith("http://127.0.0.1") and states[1]["pool"] == "eagle"
 
 
 def test_wrong_routes_and_methods_are_openai_shaped(gateway: dict) -> None:
