@@ -133,6 +133,8 @@ def test_per_request_k_and_method_via_custom_params(worker: str) -> None:
                                                    {"num_speculative_tokens": 999}}}), ""),
     (json.dumps({"input_ids": [1] * (CONTEXT + 10)}), "context length"),
     (json.dumps({"text": ["a", "b"]}), "batch"),
+    (json.dumps({"text": "a", "sampling_params": {"logit_bias": {"\u00b2": 1}}}), "logit_bias"),
+    (json.dumps({"text": "a", "sampling_params": {"logit_bias": {"\u0663": 1}}}), "logit_bias"),
 ], ids=short_id)
 def test_bad_input_is_400_with_a_message(worker: str, content: bytes | str, message: str) -> None:
     r = httpx.post(f"{worker}/generate", content=content, timeout=30,

@@ -131,7 +131,10 @@ def _logit_bias(raw: Any, where: str) -> dict[int, float]:
         raise BadRequest(f"{where}logit_bias must be an object of token id -> bias")
     bias: dict[int, float] = {}
     for key, value in raw.items():
-        if not (isinstance(key, str) and key.isdigit()) or isinstance(value, bool) \
+        # ASCII digits only: str.isdigit also accepts "²" (int() refuses it: a 500) and
+        # other scripts' digits (int() reads them as another token id)
+        if not (isinstance(key, str) and key.isascii() and key.isdigit()) \
+                or isinstance(value, bool) \
                 or not isinstance(value, int | float) or not -100 <= value <= 100:
             raise BadRequest(f"{where}logit_bias must map token ids to numbers in "
                              f"[-100, 100], got {key!r}: {value!r}")
