@@ -50,15 +50,21 @@ def start_stubs(tmp: Path, specs: dict[str, list[str]],
 
 
 def start_gateway(tmp: Path, config: dict, policy: str = "first",
-                  name: str = "gateway", port: int | None = None, env: dict | None = None
-                  ) -> tuple[subprocess.Popen, str]:
+                  name: str = "gateway", port: int | None = None, env: dict | None = None,
+                  script: str = GATEWAY_MAIN) -> tuple[subprocess.Popen, str]:
+    """`script` (run as `python -c script CONFIG PORT POLICY`) serving `config`, logging
+    to tmp/{name}.log; returns once /health answers (stopped if it never does)."""
     port = port or free_port()
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
-    proc = start_process(["-c", GATEWAY_MAIN, str(path), str(port), policy],
+    proc = start_process(["-c", script, str(path), str(port), policy],
                          tmp / f"{name}.log", env=env)
     url = f"http://127.0.0.1:{port}"
-    wait_http(url + "/health", 30, proc)
+    try:
+        wait_http(url + "/health", 30, proc)
+    except BaseException:
+        stop_process(proc)
+        raise
     return proc, url
 
 

@@ -16,9 +16,8 @@ import httpx
 import orjson
 import pytest
 import schemathesis
-import yaml
-from conftest import free_port, start_process, stop_process, wait_http
-from gateway_harness import start_stub
+from conftest import stop_process, wait_http
+from gateway_harness import start_gateway, start_stub
 from hypothesis import HealthCheck, settings
 from starlette.routing import Route
 
@@ -61,11 +60,11 @@ def config(worker: str) -> dict:
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("fuzz")
     stub, worker = start_stub(tmp, "worker", "--model", "m")
-    (tmp / "gw.yaml").write_text(yaml.safe_dump(config(worker)))
-    port = free_port()
-    proc = start_process(["-c", GATEWAY_MAIN, str(tmp / "gw.yaml"), str(port)],
-                         tmp / "gw.log")
-    url = f"http://127.0.0.1:{port}"
+    try:
+        proc, url = start_gateway(tmp, config(worker), name="gw", script=GATEWAY_MAIN)
+    except BaseException:
+        stop_process(stub)
+        raise
     try:
         wait_http(url + "/ready", 30, proc)
         yield url

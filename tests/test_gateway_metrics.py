@@ -13,9 +13,8 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-import yaml
-from conftest import free_port, start_process, stop_process, wait_http
-from gateway_harness import start_stub
+from conftest import stop_process, wait_http
+from gateway_harness import start_gateway, start_stub
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.config import hash_api_key
@@ -65,11 +64,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
               "pools": [{"name": "p", "engine": "sglang", "method": "plain", "k": 0,
                          "model": "m", "workers": [worker]}],
               "tenants": [{"name": "acme", "api_key_sha256": [hash_api_key(KEY)]}]}
-    (tmp / "gw.yaml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    proc = start_process(["-c", GATEWAY_MAIN, str(tmp / "gw.yaml"), str(port)],
-                         tmp / "gw.log")
-    url = f"http://127.0.0.1:{port}"
+    try:
+        proc, url = start_gateway(tmp, config, name="gw", script=GATEWAY_MAIN)
+    except BaseException:
+        stop_process(stub)
+        raise
     try:
         wait_http(url + "/ready", 30, proc)
         yield {"url": url, "stub": stub, "log": tmp / "gw.log"}
