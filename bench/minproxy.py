@@ -13,6 +13,8 @@ import argparse
 
 import aiohttp
 
+from bench.upstream import read_body
+
 
 def make_app(upstream: str):
     session: aiohttp.ClientSession | None = None
@@ -29,13 +31,9 @@ def make_app(upstream: str):
                     await session.close()
                     await send({"type": "lifespan.shutdown.complete"})
                     return
-        chunks, more = [], True
-        while more:
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            more = message.get("more_body", False)
+        body = await read_body(receive)
         async with session.request(scope["method"], upstream + scope["path"],
-                                   data=b"".join(chunks),
+                                   data=body,
                                    headers={"content-type": "application/json"}) as resp:
             await send({"type": "http.response.start", "status": resp.status,
                         "headers": [(b"content-type", resp.content_type.encode())]})

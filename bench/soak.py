@@ -35,6 +35,8 @@ from pathlib import Path
 
 import orjson
 
+from bench.upstream import read_body
+
 TOKENS = 16
 TOKEN_S = 0.005
 WORDS = [f" w{i}" for i in range(TOKENS)]
@@ -65,12 +67,7 @@ async def upstream(scope, receive, send) -> None:  # noqa: ANN001 - raw ASGI
                     "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": body})
         return
-    chunks, more = [], True
-    while more:
-        message = await receive()
-        chunks.append(message.get("body", b""))
-        more = message.get("more_body", False)
-    stream = orjson.loads(b"".join(chunks) or b"{}").get("stream", False)
+    stream = orjson.loads(await read_body(receive) or b"{}").get("stream", False)
     ids = list(range(100, 100 + TOKENS))
     if not stream:
         await asyncio.sleep(TOKENS * TOKEN_S)

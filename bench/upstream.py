@@ -58,7 +58,8 @@ _ANSWERS = {"/generate": (_GENERATE, _GENERATE_STREAM),
             "/v1/chat/completions": (_CHAT, _CHAT_STREAM)}
 
 
-async def _body(receive) -> bytes:
+async def read_body(receive) -> bytes:  # noqa: ANN001 - raw ASGI
+    """The whole request body of a raw ASGI request."""
     chunks, more = [], True
     while more:
         message = await receive()
@@ -73,7 +74,7 @@ async def app(scope, receive, send) -> None:
     path = scope["path"]
     content_type = b"application/json"
     if path in _ANSWERS:
-        body = orjson.loads(await _body(receive) or b"{}")
+        body = orjson.loads(await read_body(receive) or b"{}")
         stream = isinstance(body, dict) and bool(body.get("stream"))
         payload = _ANSWERS[path][stream]
         if stream:
