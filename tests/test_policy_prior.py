@@ -169,3 +169,23 @@ def test_predictions_match_the_shipped_measurement_after_a_few_requests() -> Non
             predicted = make_option(state, views[methods.index(e.method)], e.k,
                                     state.accept("m", e.method, "code", "t0")[0], 0.0, 1.0)
             assert predicted.tokens_per_s / plain_tps == pytest.approx(e.speedup, rel=0.15), e
+
+
+def test_shipped_smollm2_prior_sends_greedy_edits_to_ngram() -> None:
+    """What SmolLM2's workers measured (n-gram 2.05x plain on greedy edits, accept length
+    4.6) routes an edit to n-gram from the first request, before any telemetry."""
+    from policies.fleet import DEFAULT_K, weights_dir
+
+    doc = Measured.from_dict(json.loads(
+        (weights_dir("smollm2-135m-instruct") / "measured.json").read_text()))
+    policy = Policy(LocalTelemetry(tau_s=1e6, clock=lambda: 1.0), PolicyConfig(explore_rate=0.0))
+    methods = ("ngram", "medusa", "eagle", "eagle2")
+    for method in methods:
+        policy.set_worker_prior(method, WorkerPrior.from_measured("m", method, doc))
+    policy.refit()
+    pools = [PoolView(m, "embedded", m, DEFAULT_K[m], True, 1, 0, 8) for m in methods]
+    pools.append(PoolView("plain", "embedded", "plain", 0, False, 1, 0, 0))
+    edit = RequestProfile(task="edit", temperature=0.0, top_p=1.0, prompt_tokens=120,
+                          max_tokens=64, stream=False, model="m")
+    decision = policy.predict(edit, pools)
+    assert decision.pool == "ngram" and decision.k > 0, decision
