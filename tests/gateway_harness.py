@@ -31,6 +31,23 @@ def start_stub(tmp: Path, name: str, *args: str, port: int | None = None,
     return proc, url
 
 
+def start_worker(tmp: Path, method: str, model: Path | str, name: str = "worker"
+                 ) -> tuple[subprocess.Popen, str]:
+    """An embedded worker (`specroute worker`, one torch thread) serving `model` with
+    `method`, logging to tmp/{name}.log; returns once /health answers."""
+    port = free_port()
+    proc = start_process(["-m", "specroute.cli", "worker", "--method", method, "--port",
+                          str(port), "--model", str(model), "--threads", "1"],
+                         tmp / f"{name}.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url + "/health", 60, proc)
+    except BaseException:
+        stop_process(proc)
+        raise
+    return proc, url
+
+
 def start_stubs(tmp: Path, specs: dict[str, list[str]],
                 script: str = "tests/sglang_stub.py"
                 ) -> tuple[dict[str, subprocess.Popen], dict[str, str]]:

@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from conftest import free_port, start_process, stop_process, wait_http
-from gateway_harness import start_gateway
+from conftest import stop_process
+from gateway_harness import start_gateway, start_worker
 
 from policies.fleet import BUNDLED_MODEL_DIR
 
@@ -31,14 +31,9 @@ MESSAGES = [{"role": "user", "content": "Log the event as JSON."}]
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     tmp = tmp_path_factory.mktemp("api")
-    port = free_port()
-    worker = start_process(["-m", "specroute.cli", "worker", "--method", "ngram", "--port",
-                            str(port), "--model", str(BUNDLED_MODEL_DIR), "--threads", "1"],
-                           tmp / "worker.log")
+    worker, url = start_worker(tmp, "ngram", BUNDLED_MODEL_DIR)
     procs = [worker]
     try:
-        url = f"http://127.0.0.1:{port}"
-        wait_http(url + "/health", 60, worker)
         gateway_proc, gateway = start_gateway(tmp, {"pools": [
             {"name": "e", "engine": "embedded", "model": "tiny", "workers": [url],
              "method": "ngram", "k": 4,

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from conftest import free_port, start_process, stop_process, wait_http
-from gateway_harness import start_gateway
+from conftest import stop_process
+from gateway_harness import start_gateway, start_worker
 
 TEXT = ["def add(a, b):\n    return a + b\n", "The quick brown fox jumps over the dog.\n"] * 20
 CONTEXT = 8192  # long enough that generation outlasts the disconnect on a loaded CI box
@@ -20,14 +20,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     from tiny_models import tiny_model_dir
 
     tmp = tiny_model_dir(tmp_path_factory.mktemp("embedded"), TEXT, 300, CONTEXT)
-    port = free_port()
-    worker = start_process(["-m", "specroute.cli", "worker", "--method", "plain", "--port",
-                            str(port), "--model", str(tmp), "--threads", "1"],
-                           tmp / "worker.log")
+    worker, url = start_worker(tmp, "plain", tmp)
     procs = [worker]
     try:
-        url = f"http://127.0.0.1:{port}"
-        wait_http(url + "/health", 60, worker)
         gateway_proc, gateway = start_gateway(tmp, {"pools": [
             {"name": "e", "engine": "embedded", "model": "tiny", "workers": [url],
              "capabilities": {"max_context": CONTEXT}}]})

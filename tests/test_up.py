@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -89,6 +90,17 @@ def children_of(pid: int) -> set[int]:
     return found
 
 
+def assert_stops_cleanly(proc: subprocess.Popen, pids: set[int] | list[int],
+                         stop_signal: int = signal.SIGTERM) -> None:
+    """`stop_signal` to the stack: it exits 0 and, within 10 s, none of `pids` lives on."""
+    proc.send_signal(stop_signal)
+    assert proc.wait(30) == 0
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in pids if alive(pid)]
+
+
 def alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -132,12 +144,7 @@ def test_up_serves_and_stops_everything(tmp_path: Path, stop_signal: signal.Sign
                              "json_schema": {"name": "ok", "schema": schema}})
         assert "x-specroute-warning" not in raw.headers
         assert isinstance(json.loads(raw.parse().choices[0].message.content)["ok"], bool)
-        proc.send_signal(stop_signal)
-        assert proc.wait(30) == 0
-        deadline = time.monotonic() + 10
-        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not [pid for pid in pids if alive(pid)]
+        assert_stops_cleanly(proc, pids, stop_signal)
     finally:
         if proc.poll() is None:
             proc.kill()

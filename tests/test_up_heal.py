@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 from conftest import free_port, start_process, stop_process, wait_http
-from test_up import MODEL_ARG, alive, children_of, needs_model
+from test_up import MODEL_ARG, alive, assert_stops_cleanly, children_of, needs_model
 
 from specroute.procs import Child, Restarts
 
@@ -110,12 +110,7 @@ def test_a_killed_worker_is_restarted_while_failover_serves_its_traffic(tmp_path
         assert [f for c in clients for f in c.failed] == []
         pids = children_of(proc.pid)
         assert len(pids) == 4 and reborn in pids
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(30) == 0
-        deadline = time.monotonic() + 10
-        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not [pid for pid in pids if alive(pid)]
+        assert_stops_cleanly(proc, pids)
     finally:
         for client in clients:
             client.stop.set()
