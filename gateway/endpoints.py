@@ -313,10 +313,9 @@ class TokenEndpoint:
         """Forward items as SSE until the `Final` one; None if the stream broke off."""
         try:
             while not isinstance(item, Final):
-                if item.text or item.extra or item.native is not None:
+                if body := writer.delta(item):
                     timer.token()
-                    await send({"type": "http.response.body", "body": writer.delta(item),
-                                "more_body": True})
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
                 item = await anext(items)
         except GatewayError as exc:
             log.warning("stream failed after it started: %s", exc.message)

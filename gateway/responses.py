@@ -134,9 +134,13 @@ class ChunkWriter:
         return {"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
 
     def delta(self, item: Delta) -> bytes:
-        """A content chunk; an upstream finish_reason is held back for `final`."""
+        """A content chunk, or b"" for a delta with nothing to show (the last step of a
+        sample often has no text). An upstream finish_reason is held back for `final`:
+        every sample's, even when its delta is empty, or `final` would drop it (n > 1)."""
         if item.index and item.finish_reason:
             self.finish[item.index] = item.finish_reason
+        if not (item.text or item.extra or item.logprobs):
+            return b""
         return self._event({**self.base, "choices": [self._choice(
             item.text, item.extra, None, item.index, item.logprobs)]})
 

@@ -12,7 +12,9 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import time
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
 import aiohttp
@@ -21,12 +23,13 @@ from aiohttp.base_protocol import BaseProtocol
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.adapters.base import Delta, Final, SpecStats, Usage
+from gateway.adapters.base import Delta, Final, SpecStats, StreamItem, Usage
 from gateway.adapters.wire import sse_data
 from gateway.auth import Authenticator
 from gateway.classifier.classify import classify, load_classifier
 from gateway.config import ServerConfig, TenantConfig, hash_api_key, parse_config
-from gateway.endpoints import check_media_type, content_length, read_request
+from gateway.dispatch import Timer
+from gateway.endpoints import TokenEndpoint, check_media_type, content_length, read_request
 from gateway.errors import (
     AuthenticationFailed,
     ClientError,
@@ -36,7 +39,7 @@ from gateway.errors import (
 from gateway.limits import Limits
 from gateway.responses import ChunkWriter
 from gateway.routing import MAX_PINNED_K, Pin, parse_pinned_k
-from gateway.schemas import ROLES, parse_request
+from gateway.schemas import ROLES, GenerationRequest, parse_request
 from policies.types import Decision
 
 load_classifier()
@@ -180,6 +183,51 @@ def test_relay_gives_the_same_text_for_any_chunking(texts: list[str], chat: bool
     assert relayed == "".join(texts)
     assert chunks[-1]["specroute"]["pool"] == "p"
 
+
+
+async def relayed(request: GenerationRequest, items: list[StreamItem]) -> bytes:
+    """What the gateway's stream relay sends the client for these upstream items."""
+    sent: list[bytes] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message.get("body", b""))
+
+    async def upstream() -> AsyncIterator[StreamItem]:
+        for item in items[1:]:
+            yield item
+
+    writer = ChunkWriter(request, Decision(pool="p", method="plain", k=0, reason="r"))
+    final = await TokenEndpoint("completions").relay(
+        send, writer, items[0], upstream(), Timer(), None)  # type: ignore[arg-type]
+    assert final is items[-1]
+    return b"".join(sent)
+
+@settings(max_examples=150, deadline=None)
+@given(samples=st.lists(st.lists(st.text(max_size=3), max_size=4), min_size=1, max_size=4),
+       order=st.randoms(use_true_random=False), chat=st.booleans())
+def test_every_sample_finishes_even_when_its_last_delta_is_empty(
+        samples: list[list[str]], order: random.Random, chat: bool) -> None:
+    """n > 1: each sample's finish_reason reaches the client's last chunk, whatever the
+    interleaving and even when the sample's finishing step carries no text (CI once saw
+    choice 1's finish dropped: the relay skipped empty deltas before the writer held it)."""
+    body = ({"model": "m", "messages": [{"role": "user", "content": "x"}]} if chat
+            else {"model": "m", "prompt": "x"})
+    request = parse_request({**body, "n": len(samples)}, "chat" if chat else "completions")
+    queues = [[Delta(text=t, index=i) for t in texts] + [Delta(text="", index=i,
+                                                               finish_reason="length")]
+              for i, texts in enumerate(samples)]
+    items: list[StreamItem] = []
+    while any(queues):
+        items.append(order.choice([q for q in queues if q]).pop(0))
+    items.append(Final(usage=Usage(1, 1), spec=SpecStats(), finish_reason="length"))
+    chunks = asyncio.run(parse(cut(asyncio.run(relayed(request, items)), [])))
+    finished = {c["index"]: c["finish_reason"] for chunk in chunks
+                for c in chunk["choices"] if c["finish_reason"]}
+    assert finished == dict.fromkeys(range(len(samples)), "length")
+    for index, texts in enumerate(samples):
+        got = [c["delta"].get("content", "") if chat else c["text"] for chunk in chunks
+               for c in chunk["choices"] if c["index"] == index]
+        assert "".join(got) == "".join(texts)
 
 # --- headers: accepted, or a 4xx ---------------------------------------------------------
 
