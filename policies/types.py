@@ -111,6 +111,12 @@ class RequestRecord:
     timestamp: float = 0.0
     workers: int = 1  # healthy workers in the pool at dispatch (load / workers = batch per worker)
     pinned: bool = False  # pool or k pinned, or marked benchmark: kept out of learning
+    # What the worker saw over this request's decode steps, when it says (the embedded
+    # worker does; SGLang and vLLM do not): the mean number of requests in its batch, and
+    # the mean draft tokens verified per step across that batch (every request's, this
+    # one's included). The gateway's own count (`load`) misses other gateways' traffic.
+    batch: float | None = None
+    batch_draft_tokens: float | None = None
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
