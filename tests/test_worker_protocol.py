@@ -20,6 +20,9 @@ class Stats:
     verify_steps: int = 4
     num_proposed_drafts: int = 16
     num_correct_drafts: int = 8
+    batch_steps: int = 3
+    mean_batch: float | None = 2.5
+    mean_batch_draft_tokens: float | None = 4.0
 
 
 @dataclass
@@ -187,6 +190,22 @@ def test_meta_info_adds_latency_and_spec_fields_only_at_the_end() -> None:
     assert "spec_verify_ct" not in plain
 
 
+def test_every_final_meta_info_says_its_batch_and_samples_merge_by_steps() -> None:
+    plain = responses.meta_info("r", Out([1], "a", True, "length"), Stats(), 0.0, False)
+    assert plain[responses.BATCH_KEY] == {"requests": 2.5, "draft_tokens": 4.0, "steps": 3}
+    running = responses.meta_info("r", Out([1], "a", False, None), Stats(), 0.0, False)
+    assert responses.BATCH_KEY not in running
+    first_only = Stats(batch_steps=0, mean_batch=None, mean_batch_draft_tokens=None)
+    assert responses.batch_fields(first_only) == {  # type: ignore[arg-type]
+        "requests": None, "draft_tokens": None, "steps": 0}
+    merged = responses.merge_batch([{"requests": 2.0, "draft_tokens": 3.0, "steps": 1},
+                                    {"requests": 1.0, "draft_tokens": 0.0, "steps": 3},
+                                    {"requests": None, "draft_tokens": None, "steps": 0}])
+    assert merged == {"requests": 5 / 4, "draft_tokens": 3 / 4, "steps": 4}
+    assert responses.merge_batch([responses.batch_fields(first_only)])[  # type: ignore[arg-type]
+        "requests"] is None
+
+
 def test_key_names_match_sglang_0_5_23() -> None:
     """Names read from the sglang==0.5.23 wheel (paths under sglang/srt/)."""
     final = responses.meta_info("r", Out([1], "a", True, "length"), Stats(), 0.0, True)
@@ -196,7 +215,7 @@ def test_key_names_match_sglang_0_5_23() -> None:
                    "reasoning_tokens", "completion_tokens", "cached_tokens", "e2e_latency",
                    "spec_accept_rate", "spec_accept_length", "spec_num_correct_drafts",
                    "spec_num_proposed_drafts", "spec_verify_ct"}
-    assert set(final) == sglang_meta
+    assert set(final) == sglang_meta | {responses.BATCH_KEY}  # ours, the one addition
     # entrypoints/openai/protocol.py: class SpecTokensDetails (~L456)
     details = responses.spec_tokens_details(final)
     assert details is not None and set(details) == {

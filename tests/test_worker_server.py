@@ -119,6 +119,36 @@ def test_per_request_k_and_method_via_custom_params(worker: str) -> None:
     assert "spec_verify_ct" not in meta({"method": "plain"})
 
 
+def test_every_answer_says_its_batch(worker: str) -> None:
+    """`specroute_batch` in the final meta_info and in sglext, plain and speculative; one
+    request at a time here, so its batch is itself alone."""
+    plain = httpx.post(f"{worker}/generate", json={"text": "a b a b", "sampling_params": greedy(
+        8, custom_params={"num_speculative_tokens": 0})}, timeout=30).json()["meta_info"]
+    assert plain["specroute_batch"] == {"requests": 1.0, "draft_tokens": 0.0, "steps": 7}
+    r = httpx.post(f"{worker}/generate", json={"text": "a b a b a b a b", "stream": True,
+                                               "sampling_params": greedy(12)}, timeout=30)
+    chunks = [json.loads(e) for e in sse_events(r.text)[:-1]]
+    assert all("specroute_batch" not in c["meta_info"] for c in chunks[:-1])
+    meta = chunks[-1]["meta_info"]
+    batch, steps = meta["specroute_batch"], meta["spec_verify_ct"] - 1  # less the prefill
+    assert batch == {"requests": 1.0, "steps": steps,
+                     "draft_tokens": pytest.approx(meta["spec_num_proposed_drafts"] / steps)}
+    chat = httpx.post(f"{worker}/v1/chat/completions", json={
+        "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+        "temperature": 0, "ignore_eos": True, "custom_params": {"method": "plain"}},
+        timeout=30).json()
+    assert chat["sglext"] == {"specroute_batch": {"requests": 1.0, "draft_tokens": 0.0,
+                                                  "steps": 3}}
+    r = httpx.post(f"{worker}/v1/completions", json={
+        "model": "tiny", "prompt": "a b a b a b", "max_tokens": 6, "temperature": 0,
+        "ignore_eos": True, "stream": True, "return_spec_tokens_details": True}, timeout=30)
+    ext = [json.loads(e) for e in sse_events(r.text)[:-1]][-1]["sglext"]
+    steps = ext["spec_tokens_details"]["spec_verify_ct"] - 1
+    assert ext["specroute_batch"]["steps"] == steps and ext["specroute_batch"]["requests"] == 1.0
+    assert ext["specroute_batch"]["draft_tokens"] == pytest.approx(
+        ext["spec_tokens_details"]["spec_num_proposed_drafts"] / steps)
+
+
 @pytest.mark.parametrize("content, message", [
     (b"{not json", "malformed JSON"),
     (json.dumps({"text": ""}), "text is empty"),

@@ -78,13 +78,45 @@ class DecodeRequest:
 @dataclass
 class GenerationStats:
     """Counters in SGLang's meta_info terms. verify_steps counts every target forward that
-    committed tokens, the prefill included, so plain decoding has accept_length 1.0."""
+    committed tokens, the prefill included, so plain decoding has accept_length 1.0.
+
+    The batch_* sums describe the batched forwards this request's decode steps rode in
+    (`GenerationEngine.step`): one `batch_steps` per decode/verify step of this request,
+    i.e. every verify step but the prefill step that gave the first token (verify_steps - 1
+    once a request has its first token; prefill-only chunks are no steps either). Per
+    counted step, `batch_requests` adds the sequences in that forward (this one, the other
+    requests' decode steps and any prefill chunks riding along) and `batch_draft_tokens`
+    adds the draft tokens the forward verified, summed over its sequences: the tree nodes
+    each drafter proposed after pruning to k and to the room left (what the target scored;
+    n-gram may propose fewer than k), 0 for plain decoding and prefill chunks, lookahead's
+    auxiliary branch not counted.
+    """
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     verify_steps: int = 0
     num_proposed_drafts: int = 0
     num_correct_drafts: int = 0
+    batch_steps: int = 0
+    batch_requests: int = 0
+    batch_draft_tokens: int = 0
+
+    def add_batch_step(self, requests: int, draft_tokens: int) -> None:
+        """Count one decode step that shared a forward with `requests` sequences (this one
+        included) verifying `draft_tokens` draft tokens in all."""
+        self.batch_steps += 1
+        self.batch_requests += requests
+        self.batch_draft_tokens += draft_tokens
+
+    @property
+    def mean_batch(self) -> float | None:
+        """Mean sequences per forward over the counted steps; None before the first."""
+        return self.batch_requests / self.batch_steps if self.batch_steps else None
+
+    @property
+    def mean_batch_draft_tokens(self) -> float | None:
+        """Mean draft tokens per forward over the counted steps; None before the first."""
+        return self.batch_draft_tokens / self.batch_steps if self.batch_steps else None
 
     @property
     def accept_length(self) -> float:

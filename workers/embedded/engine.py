@@ -152,7 +152,8 @@ class Engine:
         server (SGLang's and vLLM's schedulers batch every running request's decode or
         verify step the same way). A generation whose step fails gets its exception in
         its slot and is cancelled; the others go on. Finished ones return a finished
-        output.
+        output. Each decode step adds the forward's size and draft tokens to the
+        generation's stats (`GenerationStats.add_batch_step`).
         """
         own = [g for g in generations if isinstance(g, Generation)]
         if len(own) != len(generations):
@@ -167,11 +168,15 @@ class Engine:
                     except Exception as exc:  # this request's drafter or limits
                         results[i] = gen._fail(exc)
             outputs = self._forward([item for _, item in running])
+            size = len(running)
+            drafts = sum(own[i]._draft_tokens() for i, _ in running)
             for (i, _), out in zip(running, outputs, strict=True):
                 gen = own[i]
                 try:
                     if isinstance(out, Exception):
                         raise out
+                    if gen._verify is not None:  # a decode step (not prefill): see api
+                        gen.stats.add_batch_step(size, drafts)
                     results[i] = gen._complete(out)
                 except Exception as exc:
                     results[i] = gen._fail(exc)
@@ -317,6 +322,10 @@ class Generation:
             draft = self._grammar.prune(draft)
         self._verify = VerifyStep(self._cache, state.tokens[-1], draft, device)
         return self._verify.input
+
+    def _draft_tokens(self) -> int:
+        """Draft tokens in this step's prepared forward: 0 for prefill and plain decoding."""
+        return len(self._verify.draft) if self._verify is not None else 0
 
     def _complete(self, out: ForwardOutput) -> StepOutput:
         if self._state is None and self._cache.length + self._chunk < len(self._prompt):

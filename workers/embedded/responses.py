@@ -61,7 +61,29 @@ def meta_info(rid: str, output: StepOutput, stats: GenerationStats, started: flo
         info["e2e_latency"] = time.perf_counter() - started
         if speculative:
             info.update(spec_fields(stats))
+        info[BATCH_KEY] = batch_fields(stats)
     return info
+
+
+BATCH_KEY = "specroute_batch"  # ours, not SGLang's: in meta_info and in sglext
+
+
+def batch_fields(stats: GenerationStats) -> dict[str, Any]:
+    """What this request's batch looked like over its decode steps (every request, plain
+    too; `GenerationStats` says what is counted): mean sequences per forward, mean draft
+    tokens verified per forward across the batch, and the steps counted (0: a request
+    that ended at its first token; the means are then null)."""
+    return {"requests": stats.mean_batch, "draft_tokens": stats.mean_batch_draft_tokens,
+            "steps": stats.batch_steps}
+
+
+def merge_batch(fields: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """`batch_fields` of n samples as one: means weighted by their steps."""
+    steps = sum(f["steps"] for f in fields)
+    if not steps:
+        return {"requests": None, "draft_tokens": None, "steps": 0}
+    return {key: sum(f[key] * f["steps"] for f in fields if f["steps"]) / steps
+            for key in ("requests", "draft_tokens")} | {"steps": steps}
 
 
 def spec_tokens_details(info: dict[str, Any]) -> dict[str, Any] | None:

@@ -84,12 +84,22 @@ def _totals(runs: list[Run], events: list[StepEvent]) -> dict[str, Any]:
         total["spec_accept_length"] = total["completion_tokens"] / total["spec_verify_ct"]
         total["spec_accept_rate"] = total["spec_num_correct_drafts"] / proposed \
             if proposed else 0.0
+    if responses.BATCH_KEY in total:
+        total[responses.BATCH_KEY] = responses.merge_batch(
+            [info[responses.BATCH_KEY] for info in infos])
     return total
 
 
 def _sglext(run: Run, info: dict[str, Any]) -> dict[str, Any] | None:
+    """SGLang's sglext (spec_tokens_details when asked for) plus our `specroute_batch`,
+    which every finished answer carries, plain ones too."""
+    ext: dict[str, Any] = {}
     details = responses.spec_tokens_details(info) if run.req.return_spec_tokens_details else None
-    return None if details is None else {"spec_tokens_details": details}
+    if details is not None:
+        ext["spec_tokens_details"] = details
+    if responses.BATCH_KEY in info:
+        ext[responses.BATCH_KEY] = info[responses.BATCH_KEY]
+    return ext or None
 
 
 def _logprobs(run: Run, logprobs: list, kind: str, offset: int = 0) -> dict[str, Any] | None:
