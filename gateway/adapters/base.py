@@ -22,6 +22,9 @@ class SpecStats:
 
     accept_length: tokens emitted per verify step, bonus token included (SGLang
     `spec_accept_length`, vLLM `mean_acceptance_length`); 0.0 = not reported.
+    batch, batch_draft_tokens: the embedded worker's `specroute_batch` (plain requests
+    too): mean requests in the worker's batch over this request's decode steps, and mean
+    draft tokens verified per step across that batch; None = not reported.
     """
 
     verify_steps: int = 0
@@ -29,6 +32,50 @@ class SpecStats:
     accept_rate: float | None = None
     correct_drafts: int = 0
     proposed_drafts: int = 0
+    batch: float | None = None
+    batch_draft_tokens: float | None = None
+
+    @property
+    def has_counters(self) -> bool:
+        """Whether any speculation counter was reported (the batch fields aside)."""
+        return bool(self.verify_steps or self.accept_length or self.accept_rate is not None
+                    or self.correct_drafts or self.proposed_drafts)
+
+
+BATCH_KEY = "specroute_batch"
+
+
+def _mean(value: object) -> float | None:
+    """A non-negative finite number as float; anything else (a worker's odd body) None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if 0.0 <= number < float("inf") else None
+
+
+def read_batch(spec: SpecStats, holder: object) -> SpecStats:
+    """`spec` with the batch fields of `holder[BATCH_KEY]` (meta_info or sglext) when it
+    has them; values that are not non-negative numbers are ignored (None)."""
+    batch = holder.get(BATCH_KEY) if isinstance(holder, dict) else None
+    if isinstance(batch, dict):
+        spec.batch = _mean(batch.get("requests"))
+        spec.batch_draft_tokens = _mean(batch.get("draft_tokens"))
+    return spec
+
+
+def merge_spec(new: SpecStats | None, old: SpecStats) -> SpecStats:
+    """A stream's stats after a chunk that said `new`: counters from the chunk that has
+    them, batch fields from the chunk that has them, so that a chunk carrying only one
+    kind does not wipe the other."""
+    if new is None:
+        return old
+    merged = new if new.has_counters else SpecStats(
+        old.verify_steps, old.accept_length, old.accept_rate, old.correct_drafts,
+        old.proposed_drafts)
+    merged.batch = new.batch if new.batch is not None else old.batch
+    merged.batch_draft_tokens = new.batch_draft_tokens \
+        if new.batch_draft_tokens is not None else old.batch_draft_tokens
+    return merged
 
 
 @dataclass(slots=True)

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 
 from gateway.adapters.base import (
+    BATCH_KEY,
     Delta,
     Final,
     GenerationResult,
@@ -27,6 +28,8 @@ from gateway.adapters.base import (
     StreamItem,
     Usage,
     finish_reason_of,
+    merge_spec,
+    read_batch,
 )
 from gateway.adapters.wire import post, post_json, sse_data
 from gateway.config import PoolConfig
@@ -36,20 +39,27 @@ PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
 def spec_from_body(body: dict) -> SpecStats | None:
-    """Speculation stats from an SGLang `sglext` or a vLLM `metrics` object, if any."""
+    """Speculation stats from an SGLang `sglext` or a vLLM `metrics` object, if any; the
+    embedded worker's `sglext.specroute_batch` too (alone: stats with only the batch
+    fields, which a stream merges with `merge_spec`)."""
     sglext = body.get("sglext")
     if isinstance(sglext, dict):
+        found: SpecStats | None = None
         details = sglext.get("spec_tokens_details")
         if isinstance(details, list):
             details = details[0] if details else None
         if isinstance(details, dict):
-            return SpecStats(
+            found = SpecStats(
                 verify_steps=int(details.get("spec_verify_ct") or 0),
                 accept_length=float(details.get("spec_accept_length") or 0.0),
                 accept_rate=details.get("spec_accept_rate"),
                 correct_drafts=int(details.get("spec_num_correct_drafts") or 0),
                 proposed_drafts=int(details.get("spec_num_proposed_drafts") or 0),
             )
+        if isinstance(sglext.get(BATCH_KEY), dict):
+            found = read_batch(found or SpecStats(), sglext)
+        if found is not None:
+            return found
     metrics = body.get("metrics")
     if isinstance(metrics, dict) and isinstance(metrics.get("speculative_decoding"), dict):
         spec = metrics["speculative_decoding"]
@@ -117,7 +127,7 @@ class OpenAIAdapter:
         async with post(self.session, worker, PATHS[request.endpoint], payload) as resp:
             async for chunk in sse_data(worker, resp):
                 usage = usage_from_body(chunk) or usage
-                spec = spec_from_body(chunk) or spec
+                spec = merge_spec(spec_from_body(chunk), spec)
                 for choice in chunk.get("choices") or ():
                     index = choice.get("index", 0)
                     reason = choice.get("finish_reason")

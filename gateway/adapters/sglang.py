@@ -32,6 +32,7 @@ from gateway.adapters.base import (
     StreamItem,
     Usage,
     finish_reason_of,
+    read_batch,
 )
 from gateway.adapters.openai import OpenAIAdapter
 from gateway.adapters.wire import post, post_json, sse_data
@@ -41,14 +42,15 @@ from policies.prior import Measured, MeasuredError, WorkerPrior
 
 
 def spec_from_meta(meta: dict) -> SpecStats:
-    """Read SGLang's `meta_info` spec counters (present only with speculation on)."""
-    return SpecStats(
+    """Read SGLang's `meta_info` spec counters (present only with speculation on) and the
+    embedded worker's `specroute_batch` (every finished request)."""
+    return read_batch(SpecStats(
         verify_steps=int(meta.get("spec_verify_ct") or 0),
         accept_length=float(meta.get("spec_accept_length") or 0.0),
         accept_rate=meta.get("spec_accept_rate"),
         correct_drafts=int(meta.get("spec_num_correct_drafts") or 0),
         proposed_drafts=int(meta.get("spec_num_proposed_drafts") or 0),
-    )
+    ), meta)
 
 
 def prior_from_server_info(pool: PoolConfig, body: dict) -> WorkerPrior | None:
