@@ -2,8 +2,9 @@
 
 A context is (model, pool, method, k, task, temperature bucket, load bucket). Each
 finished request adds to a handful of sums (requests, verify steps, output tokens, decode
-seconds, load; `known` counts the requests whose verify steps the worker reported, the
-only ones behind steps, tokens and decode seconds). Old observations fade with time constant `tau`.
+seconds, load, how far the batch's draft tokens per request were from the request's own
+k; `known` counts the requests whose verify steps the worker reported, the only ones
+behind steps, tokens, decode seconds and batch draft tokens). Old observations fade with time constant `tau`.
 
 Forward decay (Cormode et al., "Forward Decay", ICDE 2009): a contribution x at time t is
 stored as x * exp((t - L) / tau) for a landmark L, and read at time `now` as
@@ -26,7 +27,7 @@ from policies.types import RequestRecord
 
 DECAY_TAU_S = 300.0  # default decay time constant; the gateway's policy.decay_tau_s
 ERA_TAUS = 8.0
-FIELDS = ("n", "known", "steps", "tokens", "decode_s", "load")
+FIELDS = ("n", "known", "steps", "tokens", "decode_s", "load", "batch_dk")
 RECENT_FRACTION = 0.2  # the recent view decays 5x faster, to notice drift (prefix "f")
 RECENT_PREFIX = "f"
 LOAD_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 48, 64, 96, 128)
@@ -77,6 +78,9 @@ class ContextStats:
     tokens: float = 0.0
     decode_s: float = 0.0
     load: float = 0.0
+    # sum over `known` requests of (their batch's draft tokens per request - own k): 0, the
+    # request's own k, where the worker did not say (and in sums written before the field)
+    batch_dk: float = 0.0
     recent: ContextStats | None = None  # the same sums with the short time constant
 
     @property
@@ -92,6 +96,21 @@ class ContextStats:
     @property
     def mean_load(self) -> float:
         return self.load / self.n if self.n > 0 else 0.0
+
+    @property
+    def mean_batch_dk(self) -> float:
+        """Draft tokens verified per request per step in the batches these requests rode,
+        less their own k (the context's): 0 where the worker did not say."""
+        return self.batch_dk / self.known if self.known > 0 else 0.0
+
+
+def batch_dk(rec: RequestRecord) -> float:
+    """The batch's draft tokens per request per step over the request's steps, as its
+    worker reported them, less the request's own k; 0 without a report (a batch of its
+    like: what the cost model assumed before workers said)."""
+    if rec.batch_draft_tokens is not None and rec.batch is not None and rec.batch >= 1.0:
+        return max(rec.batch_draft_tokens, 0.0) / rec.batch - rec.k
+    return 0.0
 
 
 def steps_known(rec: RequestRecord) -> bool:
@@ -115,7 +134,8 @@ def record_values(rec: RequestRecord) -> dict[str, float]:
         return {"n": 1.0, "load": load}
     return {"n": 1.0, "known": 1.0, "steps": float(rec.verify_steps or 0),
             "tokens": float(rec.output_tokens),
-            "decode_s": max(rec.e2e_s - rec.ttft_s, 0.0), "load": load}
+            "decode_s": max(rec.e2e_s - rec.ttft_s, 0.0), "load": load,
+            "batch_dk": batch_dk(rec)}
 
 
 def era_of(t: float, tau: float) -> int:

@@ -1,8 +1,11 @@
 """Step-cost model: seconds per verify step as a function of k and per-worker load.
 
 tokens/s = E(a, k) / step_time(k, load). Within one load slot a verify step costs
-`base + per_token * k`: drafting and verifying each extra token adds a roughly constant
-cost at a given batch. Both terms grow with load, and not linearly — verifying k + 1
+`base + per_token * k`, where `k` is the batch's draft tokens per request (the mean over
+the batch-mates, the request's own k included): the verify pass carries every request's
+drafts and the draft passes run batched, so one request's k slows its whole batch. The
+worker reports that mean (`RequestRecord.batch_draft_tokens`); where it does not (SGLang,
+vLLM: every request of a pool runs the pool's k) it is the request's own k. Both terms grow with load, and not linearly — verifying k + 1
 tokens per sequence is nearly free while the target is memory-bound and costly once the
 batch makes it compute-bound (EAGLE-3 arXiv 2503.01840 Table 3, vLLM Table 5), and the
 published curves flatten past a batch of ~32. So the model is piecewise linear in load:
@@ -28,7 +31,7 @@ LOAD_KNOTS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
 
 @dataclass(frozen=True, slots=True)
 class StepSample:
-    k: int
+    k: float  # the batch's draft tokens per request (its own k where unreported)
     load: float  # requests per worker (the batch the request joined)
     step_s: float
     weight: float  # requests behind the mean (decayed)
@@ -43,7 +46,8 @@ class StepCost:
     base: tuple[float, ...]
     per_token: tuple[float, ...]
 
-    def step_s(self, k: int, load: float) -> float:
+    def step_s(self, k: float, load: float) -> float:
+        """At `k` draft tokens per request across a batch of `load` requests."""
         i = bisect.bisect_left(self.loads, load)
         if i <= 0:
             b, p = self.base[0], self.per_token[0]
@@ -70,7 +74,7 @@ class Trend:
         ll = load / LOAD_SCALE
         return self.b0 + self.b1 * ll, self.p0 + self.p1 * ll
 
-    def step_s(self, k: int, load: float) -> float:
+    def step_s(self, k: float, load: float) -> float:
         base, per_token = self.at(load)
         return base + per_token * k
 

@@ -178,7 +178,8 @@ class Learner:
         per_pool: dict[str, list[StepSample]] = defaultdict(list)
         for ctx, stats in contexts:
             if stats.step_s > 0:
-                per_pool[ctx.pool].append(StepSample(ctx.k, stats.mean_load, stats.step_s,
+                batch_k = ctx.k + stats.mean_batch_dk
+                per_pool[ctx.pool].append(StepSample(batch_k, stats.mean_load, stats.step_s,
                                                      stats.known, ctx.load_bucket))
         everything = [s for samples in per_pool.values() for s in samples]
         base = (statistics.median(s.step_s for s in everything) if everything

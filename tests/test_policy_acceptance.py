@@ -70,6 +70,41 @@ def test_step_cost_recovers_a_linear_truth_per_load() -> None:
             assert cost.step_s(k, load) == pytest.approx(truth(k, load), rel=0.05)
 
 
+def _batch_record(own_k: int, batch: float, batch_k: float | None,
+                  step_s: float) -> RequestRecord:
+    steps = 40
+    return RequestRecord(model="m", pool="p", method="eagle", k=own_k, task="code",
+                         temperature_bucket="t0", prompt_tokens=100, output_tokens=2 * steps,
+                         verify_steps=steps, accept_length=2.0, load=3, ttft_s=step_s,
+                         itl_s=step_s, e2e_s=steps * step_s, timestamp=1.0,
+                         batch=batch if batch_k is not None else None,
+                         batch_draft_tokens=batch * batch_k if batch_k is not None else None)
+
+
+@pytest.mark.parametrize("reported", [True, False])
+def test_step_cost_is_fitted_on_the_batch_draft_tokens_the_worker_reports(
+        reported: bool) -> None:
+    """A step costs what its whole batch drafts: requests at k = 0, 2, 4 and 8, each in a
+    batch of 4 whose three others drafted 3 tokens each. With the worker's report the fit
+    recovers the batch-wide cost per draft token (what every request pays when the whole
+    batch drafts more); on the request's own k it reads a quarter of it (one request's
+    share of the step), and a pool whose whole batch goes to k = 8 would be predicted
+    far too fast."""
+    def truth(batch_k: float) -> float:
+        return 0.02 + 0.004 * batch_k
+
+    store = LocalTelemetry(tau_s=1e6, clock=lambda: 1.0)
+    for own_k in (0, 2, 4, 8):
+        batch_k = (3 * 3.0 + own_k) / 4
+        for _ in range(30):
+            store.record(_batch_record(own_k, 4.0, batch_k if reported else None,
+                                       truth(batch_k)))
+    cost = Learner().fit(store.snapshot()).cost("p")
+    slope = (cost.step_s(8.0, 4.0) - cost.step_s(0.0, 4.0)) / 8.0
+    assert slope == pytest.approx(0.004 if reported else 0.001, rel=0.25)
+    if reported:
+        assert cost.step_s(8.0, 4.0) == pytest.approx(truth(8.0), rel=0.1)
+
 def _tree_record(a: float, k: int, depth: int, rng: np.random.Generator) -> RequestRecord:
     tokens = int(rng.integers(64, 256))
     steps = sample_steps(rng, a, min(k, depth), tokens)  # the tree accepts at most `depth`

@@ -53,7 +53,9 @@ def test_records_reach_the_stream_and_the_aggregates(redis_url: str) -> None:
     store = TelemetryStore(redis_url, FAST).start()
     try:
         for _ in range(20):
-            store.record(record("eagle3", "eagle3", 4, 3.5, 0.02))
+            rec = record("eagle3", "eagle3", 4, 3.5, 0.02)
+            rec.batch, rec.batch_draft_tokens = 3.0, 18.0  # batch-mates drafted 7 each
+            store.record(rec)
         client = redis.Redis.from_url(redis_url)
         wait_for(lambda: client.xlen(STREAM_KEY) == 20)
         context = "m|eagle3|eagle3|4|code|t0|1"
@@ -63,6 +65,7 @@ def test_records_reach_the_stream_and_the_aggregates(redis_url: str) -> None:
         stats = store.snapshot()[context]
         assert stats.n == pytest.approx(20, rel=1e-2)
         assert stats.accept_length == pytest.approx(3.5, rel=1e-3)
+        assert stats.mean_batch_dk == pytest.approx(18.0 / 3.0 - 4, rel=1e-3)
         client.close()
     finally:
         store.stop()

@@ -126,6 +126,21 @@ class Running:
     curve: str
     k: int
     draft: float  # drafting cost, plain(1) steps per verify step
+    reports_batch: bool = False  # an embedded worker reports the batches it rode
+    seen_steps: float = 0.0  # verify steps integrated over the request's life, and over
+    batch_sum: float = 0.0  # them the batch's size and its draft tokens
+    draft_sum: float = 0.0
+
+    def ride(self, steps: float, batch: int, drafted: float) -> None:
+        self.seen_steps += steps
+        self.batch_sum += batch * steps
+        self.draft_sum += drafted * steps
+
+    def report_batch(self, rec: RequestRecord) -> None:
+        """What an embedded worker puts in its response: the mean batch over the steps."""
+        if self.reports_batch and self.seen_steps > 0:
+            rec.batch = self.batch_sum / self.seen_steps
+            rec.batch_draft_tokens = self.draft_sum / self.seen_steps
 
 
 class Worker:
@@ -141,6 +156,7 @@ class Worker:
         self.draft_k: dict[str, int] = {}  # load curve -> sum of k over the batch
         self.drafting = 0.0  # sum of drafting costs over the batch
         self.tokens_per_step = 0.0  # sum of realised accept lengths (the batch's output)
+        self.k_total = 0  # draft tokens per step over the batch
         self.step_s = plain_step_s(1, base_step_s)
 
     @property
@@ -148,11 +164,17 @@ class Worker:
         return len(self.running)
 
     def advance(self, now: float) -> None:
+        b = len(self.running)
         if self.running and self.co_batching:
-            self.v += (now - self.t) / self.step_s
+            dv = (now - self.t) / self.step_s
+            self.v += dv
+            for r in self.running:
+                r.ride(dv, b, self.k_total)
         elif self.running:  # each request at its own step time; finish_v = steps left
             for r in self.running:
-                r.finish_v -= (now - self.t) / self.own_step_s(r)
+                dv = (now - self.t) / self.own_step_s(r)
+                r.finish_v -= dv
+                r.ride(dv, b, b * r.k)
         self.t = now
 
     def own_step_s(self, r: Running) -> float:
@@ -187,6 +209,7 @@ class Worker:
         self.draft_k[item.curve] = self.draft_k.get(item.curve, 0) + sign * item.k
         self.drafting += sign * item.draft
         self.tokens_per_step += sign * item.record.accept_length
+        self.k_total += sign * item.k
         self.step_s = self.batch_step_s()
 
     def add(self, item: Running) -> None:
@@ -206,7 +229,7 @@ class Worker:
         self.running.remove(item)
         self._change(item, -1)
         if not self.running:
-            self.draft_k, self.drafting, self.tokens_per_step = {}, 0.0, 0.0
+            self.draft_k, self.drafting, self.tokens_per_step, self.k_total = {}, 0.0, 0.0, 0
         return item
 
 
@@ -293,6 +316,7 @@ def simulate(router: SimRouter, config: SimConfig, requests: list[SimRequest]
             item = worker.pop_finished()
             e2e = item.ttft_s + (t - item.arrival_s)
             rec = item.record
+            item.report_batch(rec)
             rec.e2e_s, rec.timestamp = e2e, t
             rec.itl_s = (e2e - rec.ttft_s) / max(rec.output_tokens - 1, 1)
             rec.slo_met = e2e / rec.output_tokens <= config.slo_itl_s
@@ -340,6 +364,6 @@ def simulate(router: SimRouter, config: SimConfig, requests: list[SimRequest]
         # the first step is inside the TTFT; the request then needs steps - 1 more
         start = worker.v if world.co_batching else 0.0
         worker.add(Running(start + steps - 1 + 1e-9, req.index, pool, now, ttft, rec,
-                           spec.curve, k, draft))
+                           spec.curve, k, draft, reports_batch=spec.engine == "embedded"))
     finish_until(math.inf)
     return outcomes
