@@ -19,6 +19,14 @@ Two sources:
   Relative step cost: tokens/s = accept length / step time, so an entry gives
   step(k) / step(0) = (accept_length / speedup); `per_token_fraction` is
   (step(k) / step(0) - 1) / k, the c of Leviathan et al., averaged over entries.
+  Optional `"costs": [{"method": str, "k": int, "batch": int, "step_s": float,
+  "steps": int}]`: seconds per decode step with `batch` sequences stepped together, every
+  one at the method's `k` (plain: method "plain", k 0), `steps` steps behind the mean
+  (`specroute bench batching --write-costs`). `measured_step_curve` turns them into the
+  step-cost shape across batch sizes — per batch, plain's step and the slope of the
+  method's step over k, both relative to plain's step at batch 1 — which the learner
+  starts the pool's cost fit from: a pool's own telemetry rarely varies k enough to
+  learn what a draft token costs at each load.
 - SGLang pools: `/server_info` `internal_states[].avg_spec_accept_length` at the
   server's `speculative_num_steps`: one method-level value, the same for every class.
 
@@ -62,12 +70,32 @@ class MeasuredEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class MeasuredCost:
+    method: str
+    k: int
+    batch: int
+    step_s: float
+    steps: int
+
+
+@dataclass(frozen=True, slots=True)
+class CurvePoint:
+    """Step cost at `batch` sequences per step, relative to plain's step at batch 1:
+    step(k) / plain(1) = base + per_token * k."""
+
+    batch: float
+    base: float
+    per_token: float
+
+
+@dataclass(frozen=True, slots=True)
 class Measured:
     model: str
     source: str
     measured_at: str
     device: str
     entries: tuple[MeasuredEntry, ...]
+    costs: tuple[MeasuredCost, ...] = ()
 
     @classmethod
     def from_dict(cls, doc: object) -> Measured:
@@ -78,14 +106,22 @@ class Measured:
         entries = doc.get("entries")
         if not isinstance(entries, list):
             raise MeasuredError("measured.entries: expected a list")
+        costs = doc.get("costs", [])
+        if not isinstance(costs, list):
+            raise MeasuredError("measured.costs: expected a list")
         return cls(**head, entries=tuple(_entry(e, f"measured.entries[{i}]")
-                                         for i, e in enumerate(entries)))
+                                         for i, e in enumerate(entries)),
+                   costs=tuple(_cost(c, f"measured.costs[{i}]") for i, c in enumerate(costs)))
 
     def to_dict(self) -> dict:
-        return {"model": self.model, "source": self.source, "measured_at": self.measured_at,
-                "device": self.device,
-                "entries": [{name: getattr(e, name) for name in MeasuredEntry.__slots__}
-                            for e in self.entries]}
+        out = {"model": self.model, "source": self.source, "measured_at": self.measured_at,
+               "device": self.device,
+               "entries": [{name: getattr(e, name) for name in MeasuredEntry.__slots__}
+                           for e in self.entries]}
+        if self.costs:
+            out["costs"] = [{name: getattr(c, name) for name in MeasuredCost.__slots__}
+                            for c in self.costs]
+        return out
 
 
 def _field(doc: Mapping, name: str, kind: type, path: str) -> object:
@@ -109,6 +145,45 @@ def _entry(raw: object, path: str) -> MeasuredEntry:
     if entry.k < 0 or entry.requests < 0 or entry.accept_length < 1.0 - 1e-9:
         raise MeasuredError(f"{path}: k and requests must be >= 0, accept_length >= 1")
     return entry
+
+
+def _cost(raw: object, path: str) -> MeasuredCost:
+    if not isinstance(raw, Mapping):
+        raise MeasuredError(f"{path}: expected an object")
+    kinds = {"method": str, "k": int, "batch": int, "step_s": float, "steps": int}
+    cost = MeasuredCost(**{name: _field(raw, name, kind, path)  # type: ignore[arg-type]
+                           for name, kind in kinds.items()})
+    if cost.k < 0 or cost.batch < 1 or cost.steps < 1 or not cost.step_s > 0:
+        raise MeasuredError(f"{path}: k must be >= 0, batch and steps >= 1, step_s > 0")
+    return cost
+
+
+def measured_step_curve(measured: Measured, method: str) -> tuple[CurvePoint, ...]:
+    """Per batch size measured for both plain and `method`: plain's step and the slope of
+    the method's step over k (least squares through plain's point at k = 0, weighted by
+    steps), relative to plain's step at batch 1. Empty without plain at batch 1 or
+    without the method at some k > 0 at a batch where plain was measured."""
+    plain: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    spec: dict[int, list[tuple[int, float, int]]] = defaultdict(list)
+    for cost in measured.costs:
+        if cost.method == "plain" or cost.k == 0:
+            if cost.method in ("plain", method):
+                plain[cost.batch][0] += cost.step_s * cost.steps
+                plain[cost.batch][1] += cost.steps
+        elif cost.method == method:
+            spec[cost.batch].append((cost.k, cost.step_s, cost.steps))
+    if 1 not in plain:
+        return ()
+    unit = plain[1][0] / plain[1][1]
+    points = []
+    for batch in sorted(plain):
+        if not spec.get(batch):
+            continue
+        base = plain[batch][0] / plain[batch][1]
+        num = sum(steps * k * (step - base) for k, step, steps in spec[batch])
+        den = sum(steps * k * k for k, _, steps in spec[batch])
+        points.append(CurvePoint(float(batch), base / unit, max(num / den, 0.0) / unit))
+    return tuple(points)
 
 
 def measured_acceptance(measured: Measured, method: str) -> dict[tuple[str, str], float]:
@@ -159,17 +234,22 @@ def keyed(model: str, method: str, per_class: Mapping[tuple[str, str], float]
 
 @dataclass(frozen=True, slots=True)
 class WorkerPrior:
-    """One pool's prior: acceptance per context and the relative cost of a drafted token
-    (None: unknown, the fleet's fitted cost applies); `source` says where it came from."""
+    """One pool's prior: acceptance per context, the relative cost of a drafted token
+    (None: unknown, the fleet's fitted cost applies) and, when the workers measured
+    batches, the step cost's shape across batch sizes; `source` says where it came from."""
 
     acceptance: Mapping[AcceptKey, float]
     draft_cost: float | None = None
     source: str = ""
+    # the step cost's shape across batch sizes, relative to plain at batch 1 (empty:
+    # not measured; then `draft_cost` on the fleet's trend)
+    step_curve: tuple[CurvePoint, ...] = ()
 
     @classmethod
     def from_measured(cls, model: str, method: str, measured: Measured) -> WorkerPrior:
         return cls(keyed(model, method, measured_acceptance(measured, method)),
-                   per_token_fraction(measured, method), measured.source)
+                   per_token_fraction(measured, method), measured.source,
+                   measured_step_curve(measured, method))
 
     @classmethod
     def from_server_average(cls, model: str, method: str, accept_length: float,
