@@ -122,20 +122,52 @@ def hat_basis(load: float, knots: Sequence[float]) -> np.ndarray:
     return out
 
 
+def curve_ratios(points: Sequence[tuple[float, float, float]]) -> tuple[float, ...]:
+    """Per load knot, a drafted token's cost as a fraction of plain's step at that load,
+    from measured (batch, base, per_token) points: interpolated between measured batches,
+    held at the nearest one outside them."""
+    batches = [p[0] for p in points]
+    ratios = [p[2] / p[1] for p in points]
+    out = []
+    for load in LOAD_KNOTS:
+        if load <= batches[0]:
+            out.append(ratios[0])
+        elif load >= batches[-1]:
+            out.append(ratios[-1])
+        else:
+            i = bisect.bisect_right(batches, load)
+            w = (load - batches[i - 1]) / (batches[i] - batches[i - 1])
+            out.append(ratios[i - 1] + w * (ratios[i] - ratios[i - 1]))
+    return tuple(out)
+
+
 def fit_step_cost(samples: Sequence[StepSample], trend_prior: Trend,
-                  smoothness: float = 2.0, anchor: float = 0.05) -> tuple[StepCost, Trend]:
+                  smoothness: float = 2.0, anchor: float = 0.05,
+                  ratios: Sequence[float] | None = None,
+                  ratio_weight: float = 5.0) -> tuple[StepCost, Trend]:
     """One weighted least-squares fit of (base, per_token) at every load knot.
 
     Each sample enters at its own load through the hat basis, so load spread inside a
     bucket is not mistaken for a k effect. A second-difference penalty (`smoothness`, in
     requests' worth) makes knots without data continue the neighbours' line, and a weak
     pull (`anchor`) to this pool's trend keeps the system well posed with little data.
+    With measured `ratios` (the workers' batch benchmark, `curve_ratios`: a draft token's
+    cost as a fraction of plain's step, per knot) each knot's per-token cost is pulled to
+    that fraction of the knot's fitted base with `ratio_weight` requests' worth instead:
+    a pool's own traffic seldom varies k enough at one load to show what a draft token
+    costs there, and the trend's straight line in load cannot follow a measured curve.
+    The ratio, not the benchmark's seconds, carries over: absolute step times differ
+    between the benchmark and traffic (prompt lengths, other load on the machine).
     """
     trend = fit_trend(samples, trend_prior)
     knots = LOAD_KNOTS
     m = len(knots)
     if not samples:
-        return trend.curve(knots), trend
+        curve = trend.curve(knots)
+        if ratios is None:
+            return curve, trend
+        return StepCost(curve.loads, curve.base,
+                        tuple(b * r for b, r in zip(curve.base, ratios, strict=True))), trend
     rows, y, w = [], [], []
     for s in samples:
         phi = hat_basis(s.load, knots)
@@ -145,14 +177,21 @@ def fit_step_cost(samples: Sequence[StepSample], trend_prior: Trend,
     x, yv, wv = np.array(rows), np.array(y), np.array(w)
     prior = np.array([trend.at(load)[0] for load in knots]
                      + [trend.at(load)[1] * K_SCALE for load in knots])
+    pull = np.full(2 * m, anchor)
     second = np.zeros((m - 2, m))
     for i in range(m - 2):
         second[i, i:i + 3] = (1.0, -2.0, 1.0)
     penalty = np.zeros((2 * m, 2 * m))
     penalty[:m, :m] = penalty[m:, m:] = smoothness * second.T @ second
-    penalty += anchor * np.eye(2 * m)
+    if ratios is not None:  # per_token_i - ratio_i * base_i, in the fit's units
+        pull[m:] = 0.0
+        for i, ratio in enumerate(ratios):
+            u = np.zeros(2 * m)
+            u[m + i], u[i] = 1.0, -ratio * K_SCALE
+            penalty += ratio_weight * np.outer(u, u)
+    penalty += np.diag(pull)
     xtw = x.T * wv
-    theta = np.linalg.solve(xtw @ x + penalty, xtw @ yv + anchor * prior)
+    theta = np.linalg.solve(xtw @ x + penalty, xtw @ yv + pull * prior)
     base = tuple(max(float(v), 1e-4) for v in theta[:m])
     per_token = tuple(max(float(v) / K_SCALE, 0.0) for v in theta[m:])
     return StepCost(tuple(knots), base, per_token), trend

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from policies.acceptance import (
@@ -31,8 +31,15 @@ from policies.acceptance import (
     observed_depth,
 )
 from policies.aggregates import ContextKey, ContextStats
-from policies.cost import StepCost, StepSample, Trend, fit_step_cost, generic_trend
-from policies.prior import AcceptKey
+from policies.cost import (
+    StepCost,
+    StepSample,
+    Trend,
+    curve_ratios,
+    fit_step_cost,
+    generic_trend,
+)
+from policies.prior import AcceptKey, CurvePoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +75,8 @@ class PolicyState:
     # tokens per verify step of the requests each pool served (every k, plain included):
     # what the rest of a batch emits per step, for the policy's batch-gain choice of k
     pool_accept_length: dict[str, float] = field(default_factory=dict)
+    # pools whose per-token cost at each load rests on their workers' batch benchmark
+    cost_measured: frozenset[str] = frozenset()
 
     def accept(self, model: str, method: str, task: str, bucket: str) -> tuple[float, float]:
         """(blended a, request count) for a context; the prior when unseen."""
@@ -92,9 +101,11 @@ class Learner:
 
     def fit(self, snapshot: dict[str, ContextStats],
             prior: Mapping[AcceptKey, float] | None = None,
-            draft_cost: Mapping[str, float] | None = None) -> PolicyState:
+            draft_cost: Mapping[str, float] | None = None,
+            step_curves: Mapping[str, Sequence[CurvePoint]] | None = None) -> PolicyState:
         """`prior`: per-context acceptance the workers measured (policies/prior.py);
-        `draft_cost`: per pool, a drafted token's cost as a fraction of a plain step."""
+        `draft_cost`: per pool, a drafted token's cost as a fraction of a plain step;
+        `step_curves`: per pool, the step cost across batch sizes its workers measured."""
         contexts = [(ContextKey.decode(key), stats) for key, stats in snapshot.items()
                     if stats.n > 1e-6]
         prior = dict(prior or {})
@@ -103,12 +114,13 @@ class Learner:
         acceptance = {
             key: (blend(a, n, prior.get(key, default), self.config.prior_weight), n)
             for key, (a, n, _) in self._acceptance(contexts, depths).items()}
-        fleet_cost, costs = self._costs(contexts, draft_cost or {})
+        fleet_cost, costs = self._costs(contexts, draft_cost or {}, step_curves or {})
         incumbent, traffic = self._traffic(contexts)
         self._version += 1
         return PolicyState(self._version, acceptance, prior, costs, fleet_cost, incumbent,
                            traffic, default, self._measured_k(contexts), depths,
-                           self._pool_accept_length(contexts))
+                           self._pool_accept_length(contexts),
+                           frozenset(p for p, points in (step_curves or {}).items() if points))
 
     def _depths(self, contexts: list[tuple[ContextKey, ContextStats]]) -> dict[str, int]:
         """TREE_DEPTH, raised per method where a context's mean accept length (with
@@ -172,9 +184,13 @@ class Learner:
         return {key: (s[0] / s[1], s[2], s[3] / s[1]) for key, s in sums.items() if s[1] > 0}
 
     def _costs(self, contexts: list[tuple[ContextKey, ContextStats]],
-               draft_cost: Mapping[str, float]) -> tuple[StepCost, dict[str, StepCost]]:
+               draft_cost: Mapping[str, float],
+               step_curves: Mapping[str, Sequence[CurvePoint]]
+               ) -> tuple[StepCost, dict[str, StepCost]]:
         """Per pool: its samples, starting from the fleet's trend — with the per-token
-        cost its workers measured (relative to a plain step) where they did."""
+        cost its workers measured (relative to a plain step) where they did, and its
+        per-token cost pulled to the fraction of plain's step their batch benchmark
+        measured at each load, where they ran one."""
         per_pool: dict[str, list[StepSample]] = defaultdict(list)
         for ctx, stats in contexts:
             if stats.step_s > 0:
@@ -193,8 +209,15 @@ class Learner:
             return Trend(fleet_trend.b0, fleet_trend.b1, c * fleet_trend.b0,
                          c * fleet_trend.b0)  # generic_trend's shape: triples by 64
 
-        return fleet, {pool: fit_step_cost(per_pool.get(pool, []), start(pool))[0]
-                       for pool in {*per_pool, *draft_cost}}
+        def ratios(pool: str) -> tuple[float, ...] | None:
+            points = step_curves.get(pool)
+            if not points:
+                return None
+            return curve_ratios([(p.batch, p.base, p.per_token) for p in points])
+
+        return fleet, {pool: fit_step_cost(per_pool.get(pool, []), start(pool),
+                                           ratios=ratios(pool))[0]
+                       for pool in {*per_pool, *draft_cost, *step_curves}}
 
     def _traffic(self, contexts: list[tuple[ContextKey, ContextStats]]):
         options: dict[tuple[str, str, str], dict[tuple[str, int], float]] = defaultdict(

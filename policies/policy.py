@@ -265,8 +265,13 @@ class Policy:
     def _evaluate(state: PolicyState, pool: PoolView, model: str, task: str, bucket: str,
                   load: float, accept: float | None = None, top_k: int | None = None,
                   batch_aware: bool = True) -> Option:
-        """The pool at the k >= 1 with the largest batch gain, or k = 0 where that is the
-        request's own best; scored (`pool_score`) by the request's own tokens/s at its own
+        """On a pool whose workers measured their step cost across batch sizes
+        (`PolicyState.cost_measured`): the k with the best tokens/s with the whole batch
+        at that k — every request of a context gets the same answer, so batch-mates move
+        together, and the measured per-token cost at this load says what that costs.
+        Elsewhere the per-token cost is a fit that seldom sees k vary at one load and
+        reads low on busy workers; there, the k >= 1 with the largest batch gain, or
+        k = 0 where that is the request's own best; scored (`pool_score`) by the request's own tokens/s at its own
         best k, so that pools compare on the same footing whatever their cost fits say
         about batch-mates. Whether to speculate stays the request's own call: a gain
         that went to k = 0 would stop the cost model from seeing k vary, and a per-token
@@ -277,7 +282,8 @@ class Policy:
             a = accept
         options = [make_option(state, pool, k, a, n, load) for k in candidate_ks(pool, top_k)]
         own = max(options, key=lambda o: o.tokens_per_s)
-        if len(options) == 1 or not batch_aware or own.k == 0:
+        if (len(options) == 1 or not batch_aware or own.k == 0
+                or pool.name in state.cost_measured):
             return own
         cost = state.cost(pool.name)
         others = state.pool_accept_length.get(pool.name, own.accept_length)
@@ -395,7 +401,8 @@ class Policy:
         pools, measured = self._pools, self._measured
         state = self.learner.fit(
             self.store.snapshot(), merge(m.acceptance for m in measured.values()),
-            {pool: m.draft_cost for pool, m in measured.items() if m.draft_cost is not None})
+            {pool: m.draft_cost for pool, m in measured.items() if m.draft_cost is not None},
+            {pool: m.step_curve for pool, m in measured.items() if m.step_curve})
         self._current = (state, {})
         self._publish_desired_k(state, pools)
         return state

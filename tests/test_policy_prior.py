@@ -189,3 +189,65 @@ def test_shipped_smollm2_prior_sends_greedy_edits_to_ngram() -> None:
                           max_tokens=64, stream=False, model="m")
     decision = policy.predict(edit, pools)
     assert decision.pool == "ngram" and decision.k > 0, decision
+
+
+def cost(method: str, k: int, batch: int, step_ms: float, steps: int = 24) -> dict:
+    return {"method": method, "k": k, "batch": batch, "step_s": step_ms / 1000, "steps": steps}
+
+
+# A worker whose drafts are nearly free alone and dear in a batch of 4: plain 10 ms at
+# batch 1, 12 ms at 4; EAGLE +0.5 ms per draft token at 1, +3 ms at 4 (exact lines).
+COSTS = [cost("plain", 0, 1, 10.0), cost("plain", 0, 4, 12.0),
+         *[cost("eagle", k, 1, 10.0 + 0.5 * k) for k in (1, 2, 4)],
+         *[cost("eagle", k, 4, 12.0 + 3.0 * k) for k in (1, 2, 4)]]
+
+
+def test_measured_step_curve_is_relative_to_plain_at_batch_one() -> None:
+    doc = Measured.from_dict({**MEASURED, "costs": COSTS})
+    assert Measured.from_dict(doc.to_dict()) == doc
+    curve = WorkerPrior.from_measured("m", "eagle", doc).step_curve
+    assert [(p.batch, p.base, p.per_token) for p in curve] == [
+        pytest.approx((1.0, 1.0, 0.05)), pytest.approx((4.0, 1.2, 0.3))]
+    assert WorkerPrior.from_measured("m", "ngram", doc).step_curve == ()  # not measured
+    assert WorkerPrior.from_measured("m", "eagle", Measured.from_dict(MEASURED)).step_curve == ()
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"costs": {}}, "measured.costs"),
+    ({"costs": [{**cost("eagle", 2, 1, 10.0), "batch": 0}]}, "measured.costs[0]"),
+    ({"costs": [{**cost("eagle", 2, 1, 10.0), "step_s": "fast"}]}, "measured.costs[0].step_s"),
+])
+def test_measured_costs_errors_name_the_field(change: dict, field: str) -> None:
+    with pytest.raises(MeasuredError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        Measured.from_dict({**MEASURED, **change})
+
+
+def test_fit_keeps_the_measured_fraction_where_traffic_never_varies_k() -> None:
+    """Every request at k = 4 on one load: traffic alone cannot tell base from per-token
+    cost; the measured fraction (0.3 of plain's step at batch 4) settles it, and the
+    fitted step still matches what traffic shows."""
+    from policies.cost import StepSample, curve_ratios, fit_step_cost, generic_trend
+
+    samples = [StepSample(4, 4.0, 0.024, 30.0, 4)]
+    ratios = curve_ratios([(1.0, 1.0, 0.05), (4.0, 1.2, 0.3)])
+    fitted, _ = fit_step_cost(samples, generic_trend(0.01), ratios=ratios)
+    base, per_token = fitted.step_s(0, 4.0), fitted.step_s(1, 4.0) - fitted.step_s(0, 4.0)
+    assert per_token / base == pytest.approx(0.25, rel=0.1)  # 0.3 / 1.2
+    assert fitted.step_s(4, 4.0) == pytest.approx(0.024, rel=0.05)
+    plain, _ = fit_step_cost(samples, generic_trend(0.01))
+    assert (plain.step_s(1, 4.0) - plain.step_s(0, 4.0)) / plain.step_s(0, 4.0) < 0.15
+
+
+def test_measured_batch_costs_make_a_busy_worker_draft_less() -> None:
+    """With the batch benchmark, k is the one best for the whole batch at it: alone the
+    drafts cost 5% of a step and EAGLE goes deep; in a batch of 4 each costs 25% and the
+    same request drafts less."""
+    doc = {**MEASURED, "costs": COSTS}
+    policy = policy_with(doc)
+    assert "eagle" in policy.state.cost_measured
+    pool = PoolView("eagle", "embedded", "eagle", 4, True, 1, 0, 8)
+    alone = Policy._evaluate(policy.state, pool, "m", "code", "t0", 1.0)
+    busy = Policy._evaluate(policy.state, pool, "m", "code", "t0", 4.0)
+    assert alone.k > busy.k >= 0
+    unmeasured = policy_with(MEASURED)
+    assert "eagle" not in unmeasured.state.cost_measured

@@ -17,18 +17,26 @@ import numpy as np
 
 from policies.acceptance import TEMPERATURE_BUCKETS, invert_accept_length
 from policies.policy import PolicyConfig
-from policies.prior import WorkerPrior, keyed
+from policies.prior import Measured, MeasuredCost, WorkerPrior, keyed, measured_step_curve
 from policies.sim.baselines import (
     BatchSizeTable,
     Learned,
     Oracle,
     PerServerEMA,
+    SimPool,
     SimRouter,
     StaticRules,
 )
 from policies.sim.calibration import COLUMNS, METHODS, PAPER_K, draft_cost
 from policies.sim.scenarios import SCENARIOS, Scenario
-from policies.sim.simulator import TRAINED_DRAFTERS, Outcome, SimConfig, simulate, workload
+from policies.sim.simulator import (
+    TRAINED_DRAFTERS,
+    Outcome,
+    SimConfig,
+    simulate,
+    uniform_step_s,
+    workload,
+)
 from policies.sim.world import World
 
 FIXED_KS = (1, 2, 3, 4, 6, 8)
@@ -78,6 +86,24 @@ def requests_to_recover(ours: list[Outcome], oracle: list[Outcome], start: int, 
     return None
 
 
+BENCH_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+BENCH_KS = (1, 2, 4)
+
+
+def _batch_bench(spec: SimPool, world: World, base_step_s: float = 0.015) -> Measured:
+    """What the worker's batch benchmark would write: the step time of `b` requests all at
+    k, for plain and the pool's method (the world's costs; no per-prompt acceptance in it,
+    a step's cost does not depend on what gets accepted)."""
+    costs = [MeasuredCost("plain", 0, b, uniform_step_s(base_step_s, spec.curve, b, 0, 0.0), 64)
+             for b in BENCH_BATCHES]
+    for k in sorted({*BENCH_KS, spec.k}):
+        draft = draft_cost(spec.method) * world.depth(spec.method, k)
+        costs += [MeasuredCost(spec.method, k, b,
+                               uniform_step_s(base_step_s, spec.curve, b, k, draft), 64)
+                  for b in BENCH_BATCHES]
+    return Measured("sim", "simulated batch bench", "", "simulated", (), tuple(costs))
+
+
 def worker_priors(scenario: Scenario, world: World, model: str) -> dict[str, WorkerPrior]:
     """What each pool's workers would publish about themselves before any traffic (the
     gateway reads it at startup): embedded workers their engine benchmark, acceptance per
@@ -95,7 +121,9 @@ def worker_priors(scenario: Scenario, world: World, model: str) -> dict[str, Wor
             per_class: dict[tuple[str, str], float] = {
                 key: invert_accept_length(e, spec.k) for key, e in lengths.items()}
             out[spec.name] = WorkerPrior(keyed(model, spec.method, per_class),
-                                         draft_cost(spec.method), "simulated engine bench")
+                                         draft_cost(spec.method), "simulated engine bench",
+                                         measured_step_curve(_batch_bench(spec, world),
+                                                             spec.method))
         else:
             out[spec.name] = WorkerPrior.from_server_average(
                 model, spec.method, float(np.mean(list(lengths.values()))), spec.k)

@@ -143,6 +143,20 @@ class Running:
             rec.batch_draft_tokens = self.draft_sum / self.seen_steps
 
 
+def batch_step_s(base_step_s: float, b: int, verify: float, drafting: float) -> float:
+    """A step of `b` requests whose verify overhead (sum of lambda_i(b) k_i) and drafting
+    (sum of draft_i) are given: plain(b) * (1 + verify / b) + plain(1) * drafting / b."""
+    return (plain_step_s(b, base_step_s) * (1.0 + verify / b)
+            + plain_step_s(1, base_step_s) * drafting / b)
+
+
+def uniform_step_s(base_step_s: float, curve: str, b: int, k: int, draft: float) -> float:
+    """`b` requests all at `k`, each drafting `draft`: what a worker's batch benchmark
+    measures (`specroute bench batching --write-costs`)."""
+    verify = LoadCurve(curve).overhead_per_token(b) * k * b if k > 0 else 0.0
+    return batch_step_s(base_step_s, b, verify, draft * b)
+
+
 class Worker:
     """One continuous batch. `v` counts verify steps done since start; a step takes
     `step_s`, the batch's step time, recomputed whenever the batch changes."""
@@ -202,8 +216,7 @@ class Worker:
         if extra is not None:
             verify += LoadCurve(extra[0]).overhead_per_token(b) * extra[1]
             drafting += extra[2]
-        return (plain_step_s(b, self.base_step_s) * (1.0 + verify / b)
-                + plain_step_s(1, self.base_step_s) * drafting / b)
+        return batch_step_s(self.base_step_s, b, verify, drafting)
 
     def _change(self, item: Running, sign: int) -> None:
         self.draft_k[item.curve] = self.draft_k.get(item.curve, 0) + sign * item.k
