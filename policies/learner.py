@@ -77,6 +77,9 @@ class PolicyState:
     pool_accept_length: dict[str, float] = field(default_factory=dict)
     # pools whose per-token cost at each load rests on their workers' batch benchmark
     cost_measured: frozenset[str] = frozenset()
+    # per pool, the batch its workers reported over recent requests (every gateway's
+    # traffic in it, which this gateway's own count of requests in flight misses)
+    worker_batch: dict[str, float] = field(default_factory=dict)
 
     def accept(self, model: str, method: str, task: str, bucket: str) -> tuple[float, float]:
         """(blended a, request count) for a context; the prior when unseen."""
@@ -120,7 +123,8 @@ class Learner:
         return PolicyState(self._version, acceptance, prior, costs, fleet_cost, incumbent,
                            traffic, default, self._measured_k(contexts), depths,
                            self._pool_accept_length(contexts),
-                           frozenset(p for p, points in (step_curves or {}).items() if points))
+                           frozenset(p for p, points in (step_curves or {}).items() if points),
+                           self._worker_batch(contexts))
 
     def _depths(self, contexts: list[tuple[ContextKey, ContextStats]]) -> dict[str, int]:
         """TREE_DEPTH, raised per method where a context's mean accept length (with
@@ -141,6 +145,16 @@ class Learner:
                 sums[ctx.pool][0] += stats.tokens
                 sums[ctx.pool][1] += stats.steps
         return {pool: tokens / steps for pool, (tokens, steps) in sums.items()}
+
+    @staticmethod
+    def _worker_batch(contexts: list[tuple[ContextKey, ContextStats]]) -> dict[str, float]:
+        """Mean reported batch per pool over the recent (fast-decaying) view."""
+        sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        for ctx, stats in contexts:
+            view = stats.recent if stats.recent is not None else stats
+            sums[ctx.pool][0] += view.wbatch
+            sums[ctx.pool][1] += view.wbatched
+        return {pool: total / n for pool, (total, n) in sums.items() if n > 0.5}
 
     def _measured_k(self, contexts: list[tuple[ContextKey, ContextStats]]) -> dict[str, int]:
         per_k: dict[tuple[str, int], float] = defaultdict(float)

@@ -82,6 +82,8 @@ class PolicyConfig:
     # k per request by what it adds to its worker's batch (`batch_gain`), not by its own
     # tokens/s; off only for a world without co-batching (each request its own step)
     batch_aware_k: bool = True
+    # the load a decision assumes is at least the batch the pool's workers reported lately
+    reported_load: bool = True
     seed: int = 0
     # Time constant of the telemetry's exponential decay: the gateway's store and the
     # simulator's both use it (the drift view decays 5x faster; docs/POLICY.md).
@@ -196,8 +198,7 @@ class Policy:
         task, bucket = profile.task, profile.temperature_bucket
         self._decided += 1
         explored = False
-        loads = {p.name: (p.outstanding + 1) / p.healthy_workers
-                 for p in pools if p.healthy_workers > 0}
+        loads = {p.name: self._load(state, p) for p in pools if p.healthy_workers > 0}
         cold = self._cold_start(options, state, loads, (model, task, bucket))
         if cold is not None:
             chosen, explored = cold, True
@@ -208,6 +209,15 @@ class Policy:
                 chosen, explored = challenger, True
                 self._explored += 1
         return self._decision(options, chosen, profile, plain_tps, explored)
+
+    def _load(self, state: PolicyState, pool: PoolView) -> float:
+        """Requests per worker the request would join: this gateway's count in flight, or
+        what the pool's workers reported of their recent batches when that is more —
+        other gateways (replicas, benchmarks) send to the same workers."""
+        own = (pool.outstanding + 1) / pool.healthy_workers
+        if not self.config.reported_load:
+            return own
+        return max(own, state.worker_batch.get(pool.name, 0.0))
 
     def _remember(self, pools: list[PoolView]) -> None:
         """Every pool offered, out-of-service ones too (refit must know them); the map is
@@ -225,7 +235,7 @@ class Policy:
         for pool in pools:
             if pool.healthy_workers <= 0:
                 continue
-            slot = quantize_load((pool.outstanding + 1) / pool.healthy_workers)
+            slot = quantize_load(self._load(state, pool))
             # the pool's identity, not its live counters: those enter through the load slot
             key = (pool.name, pool.method, pool.k, pool.per_request_k, pool.max_k, model, task,
                    bucket, slot)
@@ -458,7 +468,7 @@ class Policy:
         if not measured:
             return {}
         cost = state.cost(pool.name)
-        load = (pool.outstanding + 1) / pool.healthy_workers
+        load = self._load(state, pool)
         return {k: sum(n * state.accept_length(a, pool.method, k) for n, a in measured)
                 / cost.step_s(k, load) for k in range(0, max(pool.max_k, pool.k) + 1)}
 

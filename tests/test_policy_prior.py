@@ -251,3 +251,24 @@ def test_measured_batch_costs_make_a_busy_worker_draft_less() -> None:
     assert alone.k > busy.k >= 0
     unmeasured = policy_with(MEASURED)
     assert "eagle" not in unmeasured.state.cost_measured
+
+
+def test_the_batch_workers_report_counts_as_load_this_gateway_does_not_see() -> None:
+    """Another gateway keeps the EAGLE worker at a batch of 4: this gateway has nothing
+    in flight there, but its workers' reports say 4, so it drafts as for a busy worker."""
+    records = served("eagle", "eagle", 4, 20, 0.024)
+    for rec in records:
+        rec.batch, rec.batch_draft_tokens = 4.0, 16.0
+    picks = {}
+    for reported in (True, False):
+        policy = Policy(LocalTelemetry(tau_s=1e6, clock=lambda: 1.0),
+                        PolicyConfig(explore_rate=0.0, reported_load=reported))
+        doc = Measured.from_dict({**MEASURED, "costs": COSTS})
+        policy.set_worker_prior("eagle", WorkerPrior.from_measured("m", "eagle", doc))
+        for rec in records:
+            policy.observe(rec)
+        policy.refit()
+        assert policy.state.worker_batch["eagle"] == pytest.approx(4.0)
+        pool = PoolView("eagle", "embedded", "eagle", 4, True, 1, 0, 8)
+        picks[reported] = policy.decide(PROFILE, [pool]).k
+    assert picks[True] < picks[False]
