@@ -210,7 +210,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--duration", type=float, default=None,
                        help="slo: seconds of load per mode (default 30; --quick 8)")
     bench.add_argument("--rounds", type=int, default=None,
-                       help="engine, gateway: interleaved rounds (default 3; --quick 1)")
+                       help="engine, gateway: interleaved rounds (default 3; --quick 1); "
+                       "batching: default 2")
+    bench.add_argument("--steps", type=int, default=None,
+                       help="batching: decode steps timed per setting and round "
+                       "(default 24; --quick 4)")
+    bench.add_argument("--write-costs", default=None, metavar="PATH",
+                       help="batching: replace the costs list (seconds per decode step by "
+                       "method, k, batch) of the measured.json at PATH")
+    bench.add_argument("--throughput", action="store_true",
+                       help="batching: also aggregate tokens/s at concurrency 1, 2, 4")
     bench.add_argument("--peers", default="sglang-router,litellm",
                        help="gateway: other gateways measured beside specroute, installed "
                        "on first use (default: sglang-router,litellm; 'none' for none)")
@@ -223,9 +232,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="engine: write accept length, tokens/s and speedup per "
                        "(method, class, T) as JSON, the policy's prior for the worker")
     bench.add_argument("--model", default=None,
-                       help="engine, live: smollm2 (default), tiny, or a model folder")
+                       help="engine, live, batching: smollm2 (default), tiny, or a model folder")
     bench.add_argument("--methods", default=None,
-                       help="engine: methods to compare; live: the pools (default: every method)")
+                       help="engine, batching: methods to compare; live: the pools (default: "
+                       "every method)")
     bench.add_argument("--concurrency", default=None,
                        help="live: comma-separated requests in flight, measured in turn "
                        "(default 1,4); soak: clients (default 64)")

@@ -1,0 +1,63 @@
+"""`specroute bench batching --write-costs`: seconds per decode step by (method, k,
+batch), merged into a measured.json that the policy reads as its step-cost prior."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from bench.batching import CostTally, cost_rows, format_costs, time_decode_steps
+from policies.fleet import BUNDLED_MODEL_DIR
+from policies.prior import Measured, measured_step_curve
+from specroute.cli import main
+
+
+def test_costs_merge_into_measured_json_and_give_a_step_curve(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "measured.json"
+    shutil.copy(BUNDLED_MODEL_DIR / "measured.json", path)
+    before = json.loads(path.read_text())
+    assert main(["bench", "batching", "--model", "tiny", "--methods", "eagle,ngram",
+                 "--quick", "--write-costs", str(path)]) == 0
+    printed = capsys.readouterr().out
+    assert "step costs: specroute-tiny" in printed and "| eagle | 5 |" in printed
+    after = json.loads(path.read_text())
+    for key, value in before.items():
+        if key not in ("costs", "costs_source"):
+            assert after[key] == value, key  # entries and the rest kept as they were
+    assert after["costs_source"].startswith("specroute bench batching --model specroute-tiny")
+    costs = after["costs"]
+    # --quick: batch 1 and 2, the fleet's default k only
+    assert {(c["method"], c["k"], c["batch"]) for c in costs} == {
+        (m, k, b) for m, k in (("plain", 0), ("eagle", 5), ("ngram", 6)) for b in (1, 2)}
+    assert all(c["steps"] == 4 and c["step_s"] > 0 for c in costs)
+    eagle = [c for c in costs if c["method"] == "eagle"]
+    assert all(c["draft_tokens"] == 5.0 for c in eagle)  # a tree drafter always fills k
+    measured = Measured.from_dict(after)
+    assert measured.entries and len(measured.costs) == len(costs)
+    curve = measured_step_curve(measured, "eagle")
+    assert [p.batch for p in curve] == [1.0, 2.0]
+    assert curve[0].base == 1.0 and all(p.base > 0 for p in curve)
+
+
+def test_prefill_is_not_timed_and_drafts_are_counted_per_sequence() -> None:
+    from workers.embedded.engine import Engine
+
+    engine = Engine()
+    prompt = engine.tokenizer.encode_chat([{"role": "user", "content": "Tell me about heapq."}])
+    engine.prefill_chunk = 4  # a prompt over several prefill steps: none of them timed
+    seconds, draft = time_decode_steps(engine, [prompt, prompt[:-1]], "eagle", 3, 5)
+    assert seconds > 0 and draft == 5 * 3  # 5 timed steps x k drafted by each sequence
+
+
+def test_the_table_is_relative_to_plain_at_the_same_batch() -> None:
+    tallies = {("plain", 0, 1): CostTally([0.010, 0.012], 48, 0.0),
+               ("plain", 0, 2): CostTally([0.015], 24, 0.0),
+               ("eagle", 4, 1): CostTally([0.020, 0.030, 0.022], 72, 288.0),
+               ("eagle", 4, 2): CostTally([0.045], 24, 96.0)}
+    table = format_costs(tallies)
+    assert "| plain | 0 | 0.0 | 11.0 | 1.00x | 15.0 | 1.00x |" in table
+    assert "| eagle | 4 | 4.0 | 22.0 | 2.00x | 45.0 | 3.00x |" in table
+    rows = cost_rows(tallies)
+    assert rows[2] == {"method": "eagle", "k": 4, "batch": 1, "step_s": 0.022, "steps": 72,
+                       "draft_tokens": 4.0}
