@@ -7,6 +7,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from bench.batching import CostTally, cost_rows, format_costs, time_decode_steps
 from policies.fleet import BUNDLED_MODEL_DIR
 from policies.prior import Measured, measured_step_curve
@@ -61,3 +63,22 @@ def test_the_table_is_relative_to_plain_at_the_same_batch() -> None:
     rows = cost_rows(tallies)
     assert rows[2] == {"method": "eagle", "k": 4, "batch": 1, "step_s": 0.022, "steps": 72,
                        "draft_tokens": 4.0}
+
+
+@pytest.mark.parametrize("model", ["specroute-tiny", "smollm2-135m-instruct"])
+def test_shipped_measured_json_has_step_costs(model: str) -> None:
+    """Both shipped measured.json files carry the step costs of every method they measured
+    (`specroute bench batching --write-costs`), at batch 1, 2 and 4, and they parse."""
+    from policies.fleet import weights_dir
+
+    document = json.loads((weights_dir(model) / "measured.json").read_text())
+    measured = Measured.from_dict(document)
+    assert measured.entries and measured.costs
+    assert document["costs_source"].startswith(f"specroute bench batching --model {model}")
+    methods = {c.method for c in measured.costs}
+    assert {e.method for e in measured.entries} <= methods
+    assert {c.batch for c in measured.costs if c.method == "plain"} == {1, 2, 4}
+    for method in methods - {"plain"}:
+        curve = measured_step_curve(measured, method)
+        assert [p.batch for p in curve] == [1.0, 2.0, 4.0], method
+        assert curve[0].base == 1.0 and all(p.base > 0 for p in curve), method
