@@ -295,7 +295,9 @@ def _report(gateway: Gateway, end: float, *, request: GenerationRequest,
         prompt_tokens=usage.prompt_tokens, output_tokens=tokens, verify_steps=steps,
         accept_length=accept, load=load, ttft_s=ttft, itl_s=itl, e2e_s=e2e,
         tenant=tenant.name, ok=ok, timestamp=time.time(), workers=max(1, workers),
-        pinned=decision.pinned, batch=spec.batch, batch_draft_tokens=spec.batch_draft_tokens,
+        pinned=decision.pinned,
+        own_draft_tokens=(spec.proposed_drafts / (steps - 1)
+                          if spec.batch is not None and steps and steps > 1 else None), batch=spec.batch, batch_draft_tokens=spec.batch_draft_tokens,
         slo_met=ok and slo_met(tenant, ttft, itl, e2e, tokens, request.stream),
         extra={"explored": True} if decision.explored else {},
     )

@@ -107,12 +107,16 @@ class ContextStats:
 
 
 def batch_dk(rec: RequestRecord) -> float:
-    """The batch's draft tokens per request per step over the request's steps, as its
-    worker reported them, less the request's own k; 0 without a report (a batch of its
-    like: what the cost model assumed before workers said)."""
-    if rec.batch_draft_tokens is not None and rec.batch is not None and rec.batch >= 1.0:
-        return max(rec.batch_draft_tokens, 0.0) / rec.batch - rec.k
-    return 0.0
+    """How many more draft tokens per step the request's batch verified per request than
+    the request itself, as its worker reported them: the batch's mean less the request's
+    own drafts per step (less its k where those are not known); 0 without a report (a
+    batch of its like: what the cost model assumed before workers said). Added to the
+    context's k it gives the batch's draft tokens in the terms of k, which is what the
+    policy predicts with — prompt lookup at k = 6 verifies about one token a step."""
+    if rec.batch_draft_tokens is None or rec.batch is None or rec.batch < 1.0:
+        return 0.0
+    own = rec.own_draft_tokens if rec.own_draft_tokens is not None else float(rec.k)
+    return max(rec.batch_draft_tokens, 0.0) / rec.batch - own
 
 
 def steps_known(rec: RequestRecord) -> bool:

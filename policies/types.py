@@ -117,6 +117,11 @@ class RequestRecord:
     # one's included). The gateway's own count (`load`) misses other gateways' traffic.
     batch: float | None = None
     batch_draft_tokens: float | None = None
+    # this request's own draft tokens verified per decode step (its proposed drafts over
+    # its steps after the first), where the worker counted them: prompt lookup proposes
+    # fewer than its k when it finds no match, so the batch's draft tokens compare with
+    # this, not with k
+    own_draft_tokens: float | None = None
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:

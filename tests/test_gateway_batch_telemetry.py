@@ -80,9 +80,12 @@ def test_embedded_worker_batch_reaches_the_record(stack: dict, endpoint: str,
     # one request at a time: the worker's batch was this request alone
     assert speculative["batch"] == 1.0
     assert 0.0 <= speculative["batch_draft_tokens"] <= 4.0
+    # alone in its batch: the batch's draft tokens per step are its own
+    assert speculative["own_draft_tokens"] == pytest.approx(speculative["batch_draft_tokens"])
     plain = _send(stack, endpoint, body, **{"x-specroute-k": "0"})
     assert plain["k"] == 0 and plain["output_tokens"] > 1
-    assert (plain["batch"], plain["batch_draft_tokens"]) == (1.0, 0.0)
+    assert (plain["batch"], plain["batch_draft_tokens"], plain["own_draft_tokens"]) == (
+        1.0, 0.0, 0.0)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
@@ -92,3 +95,4 @@ def test_a_worker_that_does_not_say_leaves_none(stack: dict, endpoint: str,
     record = _send(stack, endpoint, _bodies("m", stream)[endpoint])
     assert record["pool"] == POOLS[1] and record["verify_steps"]
     assert record["batch"] is None and record["batch_draft_tokens"] is None
+    assert record["own_draft_tokens"] is None

@@ -105,6 +105,20 @@ def test_step_cost_is_fitted_on_the_batch_draft_tokens_the_worker_reports(
     if reported:
         assert cost.step_s(8.0, 4.0) == pytest.approx(truth(8.0), rel=0.1)
 
+def test_prompt_lookup_batch_draft_tokens_compare_with_its_own_drafts_not_k() -> None:
+    """n-gram at k = 6 verifies about one token a step: a batch of such requests drafts
+    like the request itself, so the cost fit sees the batch at k = 6 (the policy's terms),
+    not at 1; a batch whose mates drafted 3 more each reads that much above k."""
+    from policies.aggregates import batch_dk
+
+    rec = _batch_record(6, 4.0, 1.1, 0.03)
+    rec.own_draft_tokens = 1.1
+    assert batch_dk(rec) == pytest.approx(0.0)
+    rec.batch_draft_tokens = 1.1 + 3 * 4.1  # three mates at 4.1 each
+    assert batch_dk(rec) == pytest.approx((1.1 + 3 * 4.1) / 4 - 1.1)
+    rec.own_draft_tokens = None  # a worker that did not count its own: k stands in
+    assert batch_dk(rec) == pytest.approx((1.1 + 3 * 4.1) / 4 - 6)
+
 def _tree_record(a: float, k: int, depth: int, rng: np.random.Generator) -> RequestRecord:
     tokens = int(rng.integers(64, 256))
     steps = sample_steps(rng, a, min(k, depth), tokens)  # the tree accepts at most `depth`

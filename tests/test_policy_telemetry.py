@@ -55,6 +55,7 @@ def test_records_reach_the_stream_and_the_aggregates(redis_url: str) -> None:
         for _ in range(20):
             rec = record("eagle3", "eagle3", 4, 3.5, 0.02)
             rec.batch, rec.batch_draft_tokens = 3.0, 18.0  # batch-mates drafted 7 each
+            rec.own_draft_tokens = 4.0
             store.record(rec)
         client = redis.Redis.from_url(redis_url)
         wait_for(lambda: client.xlen(STREAM_KEY) == 20)
