@@ -167,6 +167,7 @@ class Stack:
 
     def __init__(self, workdir: Path, model: str | None, methods: str | None) -> None:
         self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)  # --workdir may name a new folder
         self.port = free_port()
         args = [sys.executable, "-m", "specroute.cli", "up", "--port", str(self.port),
                 "--workdir", str(workdir / "up")]
