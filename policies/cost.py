@@ -40,25 +40,38 @@ class StepSample:
 
 @dataclass(frozen=True, slots=True)
 class StepCost:
-    """step_s(k, load) = base(load) + per_token(load) * k, interpolated over load knots."""
+    """step_s(k, load) = base(load) + overhead(load) * min(k, 1) + per_token(load) * k,
+    interpolated over load knots. `overhead` is what drafting costs at any k (a draft
+    head's forward, lookahead's window): measured by the workers' batch benchmark, else 0;
+    min(k, 1) because `k` is the batch's mean and a batch mixing plain requests runs the
+    drafter for part of it."""
 
     loads: tuple[float, ...]
     base: tuple[float, ...]
     per_token: tuple[float, ...]
+    overhead: tuple[float, ...] = ()
 
     def step_s(self, k: float, load: float) -> float:
         """At `k` draft tokens per request across a batch of `load` requests."""
         i = bisect.bisect_left(self.loads, load)
         if i <= 0:
-            b, p = self.base[0], self.per_token[0]
+            lo_i = hi_i = 0
+            w = 0.0
         elif i >= len(self.loads):
-            b, p = self.base[-1], self.per_token[-1]
+            lo_i = hi_i = len(self.loads) - 1
+            w = 0.0
         else:
-            lo, hi = self.loads[i - 1], self.loads[i]
+            lo_i, hi_i = i - 1, i
+            lo, hi = self.loads[lo_i], self.loads[hi_i]
             w = (load - lo) / (hi - lo) if hi > lo else 1.0
-            b = self.base[i - 1] + w * (self.base[i] - self.base[i - 1])
-            p = self.per_token[i - 1] + w * (self.per_token[i] - self.per_token[i - 1])
-        return max(b + p * k, 1e-4)
+
+        def at(values: tuple[float, ...]) -> float:
+            return values[lo_i] + w * (values[hi_i] - values[lo_i])
+
+        step = at(self.base) + at(self.per_token) * k
+        if self.overhead and k > 0:
+            step += at(self.overhead) * min(k, 1.0)
+        return max(step, 1e-4)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,12 +135,15 @@ def hat_basis(load: float, knots: Sequence[float]) -> np.ndarray:
     return out
 
 
-def curve_ratios(points: Sequence[tuple[float, float, float]]) -> tuple[float, ...]:
-    """Per load knot, a drafted token's cost as a fraction of plain's step at that load,
-    from measured (batch, base, per_token) points: interpolated between measured batches,
-    held at the nearest one outside them."""
+Ratios = tuple[tuple[float, float], ...]  # per knot: (per_token, overhead) / plain's step
+
+
+def curve_ratios(points: Sequence[tuple[float, float, float, float]]) -> Ratios:
+    """Per load knot, a drafted token's cost and drafting's fixed cost as fractions of
+    plain's step at that load, from measured (batch, base, per_token, overhead) points:
+    interpolated between measured batches, held at the nearest one outside them."""
     batches = [p[0] for p in points]
-    ratios = [p[2] / p[1] for p in points]
+    ratios = [(p[2] / p[1], p[3] / p[1]) for p in points]
     out = []
     for load in LOAD_KNOTS:
         if load <= batches[0]:
@@ -137,13 +153,14 @@ def curve_ratios(points: Sequence[tuple[float, float, float]]) -> tuple[float, .
         else:
             i = bisect.bisect_right(batches, load)
             w = (load - batches[i - 1]) / (batches[i] - batches[i - 1])
-            out.append(ratios[i - 1] + w * (ratios[i] - ratios[i - 1]))
+            (p0, o0), (p1, o1) = ratios[i - 1], ratios[i]
+            out.append((p0 + w * (p1 - p0), o0 + w * (o1 - o0)))
     return tuple(out)
 
 
 def fit_step_cost(samples: Sequence[StepSample], trend_prior: Trend,
                   smoothness: float = 2.0, anchor: float = 0.05,
-                  ratios: Sequence[float] | None = None,
+                  ratios: Ratios | None = None,
                   ratio_weight: float = 5.0) -> tuple[StepCost, Trend]:
     """One weighted least-squares fit of (base, per_token) at every load knot.
 
@@ -152,8 +169,9 @@ def fit_step_cost(samples: Sequence[StepSample], trend_prior: Trend,
     requests' worth) makes knots without data continue the neighbours' line, and a weak
     pull (`anchor`) to this pool's trend keeps the system well posed with little data.
     With measured `ratios` (the workers' batch benchmark, `curve_ratios`: a draft token's
-    cost as a fraction of plain's step, per knot) each knot's per-token cost is pulled to
-    that fraction of the knot's fitted base with `ratio_weight` requests' worth instead:
+    cost and drafting's fixed cost as fractions of plain's step, per knot) each knot's
+    per-token cost and fixed overhead are pulled to those fractions of the knot's fitted
+    base with `ratio_weight` requests' worth instead:
     a pool's own traffic seldom varies k enough at one load to show what a draft token
     costs there, and the trend's straight line in load cannot follow a measured curve.
     The ratio, not the benchmark's seconds, carries over: absolute step times differ
@@ -167,31 +185,42 @@ def fit_step_cost(samples: Sequence[StepSample], trend_prior: Trend,
         if ratios is None:
             return curve, trend
         return StepCost(curve.loads, curve.base,
-                        tuple(b * r for b, r in zip(curve.base, ratios, strict=True))), trend
+                        tuple(b * r[0] for b, r in zip(curve.base, ratios, strict=True)),
+                        tuple(b * r[1] for b, r in zip(curve.base, ratios, strict=True))), trend
+    blocks = 2 if ratios is None else 3  # base, per_token[, overhead] per knot
     rows, y, w = [], [], []
     for s in samples:
         phi = hat_basis(s.load, knots)
-        rows.append(np.concatenate([phi, phi * s.k / K_SCALE]))
+        parts = [phi, phi * s.k / K_SCALE]
+        if ratios is not None:
+            parts.append(phi * min(max(s.k, 0.0), 1.0))
+        rows.append(np.concatenate(parts))
         y.append(s.step_s)
         w.append(s.weight)
     x, yv, wv = np.array(rows), np.array(y), np.array(w)
-    prior = np.array([trend.at(load)[0] for load in knots]
-                     + [trend.at(load)[1] * K_SCALE for load in knots])
-    pull = np.full(2 * m, anchor)
+    size = blocks * m
+    prior = np.zeros(size)
+    prior[:m] = [trend.at(load)[0] for load in knots]
+    prior[m:2 * m] = [trend.at(load)[1] * K_SCALE for load in knots]
+    pull = np.full(size, anchor)
     second = np.zeros((m - 2, m))
     for i in range(m - 2):
         second[i, i:i + 3] = (1.0, -2.0, 1.0)
-    penalty = np.zeros((2 * m, 2 * m))
-    penalty[:m, :m] = penalty[m:, m:] = smoothness * second.T @ second
-    if ratios is not None:  # per_token_i - ratio_i * base_i, in the fit's units
+    penalty = np.zeros((size, size))
+    for block in range(blocks):
+        part = slice(block * m, (block + 1) * m)
+        penalty[part, part] = smoothness * second.T @ second
+    if ratios is not None:  # per_token_i - r_i * base_i and overhead_i - o_i * base_i
         pull[m:] = 0.0
-        for i, ratio in enumerate(ratios):
-            u = np.zeros(2 * m)
-            u[m + i], u[i] = 1.0, -ratio * K_SCALE
-            penalty += ratio_weight * np.outer(u, u)
+        for i, (ratio, overhead) in enumerate(ratios):
+            for block, scale in ((1, ratio * K_SCALE), (2, overhead)):
+                u = np.zeros(size)
+                u[block * m + i], u[i] = 1.0, -scale
+                penalty += ratio_weight * np.outer(u, u)
     penalty += np.diag(pull)
     xtw = x.T * wv
     theta = np.linalg.solve(xtw @ x + penalty, xtw @ yv + pull * prior)
     base = tuple(max(float(v), 1e-4) for v in theta[:m])
-    per_token = tuple(max(float(v) / K_SCALE, 0.0) for v in theta[m:])
-    return StepCost(tuple(knots), base, per_token), trend
+    per_token = tuple(max(float(v) / K_SCALE, 0.0) for v in theta[m:2 * m])
+    fixed = tuple(max(float(v), 0.0) for v in theta[2 * m:]) if ratios is not None else ()
+    return StepCost(tuple(knots), base, per_token, fixed), trend

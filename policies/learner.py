@@ -32,6 +32,7 @@ from policies.acceptance import (
 )
 from policies.aggregates import ContextKey, ContextStats
 from policies.cost import (
+    Ratios,
     StepCost,
     StepSample,
     Trend,
@@ -223,11 +224,11 @@ class Learner:
             return Trend(fleet_trend.b0, fleet_trend.b1, c * fleet_trend.b0,
                          c * fleet_trend.b0)  # generic_trend's shape: triples by 64
 
-        def ratios(pool: str) -> tuple[float, ...] | None:
+        def ratios(pool: str) -> Ratios | None:
             points = step_curves.get(pool)
             if not points:
                 return None
-            return curve_ratios([(p.batch, p.base, p.per_token) for p in points])
+            return curve_ratios([(p.batch, p.base, p.per_token, p.overhead) for p in points])
 
         return fleet, {pool: fit_step_cost(per_pool.get(pool, []), start(pool),
                                            ratios=ratios(pool))[0]

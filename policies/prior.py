@@ -81,11 +81,14 @@ class MeasuredCost:
 @dataclass(frozen=True, slots=True)
 class CurvePoint:
     """Step cost at `batch` sequences per step, relative to plain's step at batch 1:
-    step(k) / plain(1) = base + per_token * k."""
+    step(k) / plain(1) = base + overhead + per_token * k for k >= 1 (`overhead`: what
+    drafting costs at any k — a draft head's or draft model's forward, lookahead's
+    window), base for plain."""
 
     batch: float
     base: float
     per_token: float
+    overhead: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,9 +162,10 @@ def _cost(raw: object, path: str) -> MeasuredCost:
 
 
 def measured_step_curve(measured: Measured, method: str) -> tuple[CurvePoint, ...]:
-    """Per batch size measured for both plain and `method`: plain's step and the slope of
-    the method's step over k (least squares through plain's point at k = 0, weighted by
-    steps), relative to plain's step at batch 1. Empty without plain at batch 1 or
+    """Per batch size measured for both plain and `method`: plain's step, and the
+    method's step above it as a line in k over its k >= 1 (overhead + per_token * k,
+    least squares weighted by steps, both >= 0; through plain's point when one k was
+    measured), relative to plain's step at batch 1. Empty without plain at batch 1 or
     without the method at some k > 0 at a batch where plain was measured."""
     plain: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
     spec: dict[int, list[tuple[int, float, int]]] = defaultdict(list)
@@ -180,10 +184,28 @@ def measured_step_curve(measured: Measured, method: str) -> tuple[CurvePoint, ..
         if not spec.get(batch):
             continue
         base = plain[batch][0] / plain[batch][1]
-        num = sum(steps * k * (step - base) for k, step, steps in spec[batch])
-        den = sum(steps * k * k for k, _, steps in spec[batch])
-        points.append(CurvePoint(float(batch), base / unit, max(num / den, 0.0) / unit))
+        overhead, per_token = _line([(k, step - base, steps) for k, step, steps in spec[batch]])
+        points.append(CurvePoint(float(batch), base / unit, per_token / unit, overhead / unit))
     return tuple(points)
+
+
+def _line(points: list[tuple[int, float, int]]) -> tuple[float, float]:
+    """(intercept, slope) >= 0 of weighted least squares on (k, extra seconds, weight);
+    through the origin when the k's do not vary."""
+    w = sum(n for _, _, n in points)
+    mk = sum(n * k for k, _, n in points) / w
+    my = sum(n * y for _, y, n in points) / w
+    var = sum(n * (k - mk) ** 2 for k, _, n in points)
+    if var <= 1e-12:
+        return 0.0, max(my / mk, 0.0) if mk > 0 else 0.0
+    slope = sum(n * (k - mk) * (y - my) for k, y, n in points) / var
+    if slope < 0:
+        return max(my, 0.0), 0.0
+    intercept = my - slope * mk
+    if intercept < 0:
+        through = sum(n * k * y for k, y, n in points) / sum(n * k * k for k, _, n in points)
+        return 0.0, max(through, 0.0)
+    return intercept, slope
 
 
 def measured_acceptance(measured: Measured, method: str) -> dict[tuple[str, str], float]:

@@ -229,7 +229,7 @@ def test_fit_keeps_the_measured_fraction_where_traffic_never_varies_k() -> None:
     from policies.cost import StepSample, curve_ratios, fit_step_cost, generic_trend
 
     samples = [StepSample(4, 4.0, 0.024, 30.0, 4)]
-    ratios = curve_ratios([(1.0, 1.0, 0.05), (4.0, 1.2, 0.3)])
+    ratios = curve_ratios([(1.0, 1.0, 0.05, 0.0), (4.0, 1.2, 0.3, 0.0)])
     fitted, _ = fit_step_cost(samples, generic_trend(0.01), ratios=ratios)
     base, per_token = fitted.step_s(0, 4.0), fitted.step_s(1, 4.0) - fitted.step_s(0, 4.0)
     assert per_token / base == pytest.approx(0.25, rel=0.1)  # 0.3 / 1.2
@@ -272,3 +272,19 @@ def test_the_batch_workers_report_counts_as_load_this_gateway_does_not_see() -> 
         pool = PoolView("eagle", "embedded", "eagle", 4, True, 1, 0, 8)
         picks[reported] = policy.decide(PROFILE, [pool]).k
     assert picks[True] < picks[False]
+
+
+def test_a_drafters_fixed_cost_is_measured_apart_from_its_per_token_cost() -> None:
+    """EAGLE's head runs a forward whatever k: 3 ms on a 10 ms step, then 0.5 ms a token.
+    Read through plain's point the line would price k = 1 at 1.2x plain; with the fixed
+    part measured it is 1.35x, and the pool's cost before any traffic says so."""
+    from policies.cost import curve_ratios, fit_step_cost, generic_trend
+
+    costs = [cost("plain", 0, 1, 10.0), *[cost("eagle", k, 1, 13.0 + 0.5 * k) for k in (1, 2, 4)]]
+    doc = Measured.from_dict({**MEASURED, "costs": costs})
+    (point,) = WorkerPrior.from_measured("m", "eagle", doc).step_curve
+    assert (point.base, point.overhead, point.per_token) == pytest.approx((1.0, 0.3, 0.05))
+    ratios = curve_ratios([(point.batch, point.base, point.per_token, point.overhead)])
+    fitted, _ = fit_step_cost([], generic_trend(0.01), ratios=ratios)
+    assert fitted.step_s(1, 1.0) / fitted.step_s(0, 1.0) == pytest.approx(1.35)
+    assert fitted.step_s(4, 1.0) / fitted.step_s(0, 1.0) == pytest.approx(1.5)
