@@ -81,6 +81,8 @@ class PolicyState:
     # per pool, the batch its workers reported over recent requests (every gateway's
     # traffic in it, which this gateway's own count of requests in flight misses)
     worker_batch: dict[str, float] = field(default_factory=dict)
+    # per pool, the draft tokens per request per step of the batches its requests rode
+    pool_draft_k: dict[str, float] = field(default_factory=dict)
 
     def accept(self, model: str, method: str, task: str, bucket: str) -> tuple[float, float]:
         """(blended a, request count) for a context; the prior when unseen."""
@@ -125,7 +127,7 @@ class Learner:
                            traffic, default, self._measured_k(contexts), depths,
                            self._pool_accept_length(contexts),
                            frozenset(p for p, points in (step_curves or {}).items() if points),
-                           self._worker_batch(contexts))
+                           self._worker_batch(contexts), self._pool_draft_k(contexts))
 
     def _depths(self, contexts: list[tuple[ContextKey, ContextStats]]) -> dict[str, int]:
         """TREE_DEPTH, raised per method where a context's mean accept length (with
@@ -146,6 +148,15 @@ class Learner:
                 sums[ctx.pool][0] += stats.tokens
                 sums[ctx.pool][1] += stats.steps
         return {pool: tokens / steps for pool, (tokens, steps) in sums.items()}
+
+    @staticmethod
+    def _pool_draft_k(contexts: list[tuple[ContextKey, ContextStats]]) -> dict[str, float]:
+        sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        for ctx, stats in contexts:
+            if stats.known > 0:
+                sums[ctx.pool][0] += (ctx.k + stats.mean_batch_dk) * stats.known
+                sums[ctx.pool][1] += stats.known
+        return {pool: max(total / n, 0.0) for pool, (total, n) in sums.items() if n > 0}
 
     @staticmethod
     def _worker_batch(contexts: list[tuple[ContextKey, ContextStats]]) -> dict[str, float]:

@@ -112,11 +112,25 @@ class Option:
 def make_option(state: PolicyState, pool: PoolView, k: int, a: float, samples: float,
                 load: float) -> Option:
     """One (pool, k) at acceptance `a` and per-worker `load`, predicted (tree drafters'
-    accept length capped at their depth, policies/acceptance.py)."""
+    accept length capped at their depth, policies/acceptance.py). The step cost's `k` is
+    the batch's draft tokens per request (policies/cost.py): at k >= 1 the whole batch is
+    taken at this k (every request of a context gets the same answer), at k = 0 the
+    batch-mates at what the pool's traffic drafts (`mates_draft`)."""
     cost = state.cost(pool.name)
     e = state.accept_length(a, pool.method, k) if k > 0 else 1.0
-    tps = e / cost.step_s(k, load)
-    return Option(pool, k, a, samples, e, tps, 1.0 / cost.step_s(0, load), tps)
+    plain_step = cost.step_s(mates_draft(state, pool, load), load)
+    tps = e / (cost.step_s(k, load) if k > 0 else plain_step)
+    return Option(pool, k, a, samples, e, tps, 1.0 / plain_step, tps)
+
+
+def mates_draft(state: PolicyState, pool: PoolView, load: float) -> float:
+    """The batch's draft tokens per request for a request that does not speculate on this
+    pool: its batch-mates draft what the pool's traffic drafts (telemetry), so plain
+    decoding on a speculative pool's busy worker is slower than on the plain pool's — a
+    step costs what the whole batch drafts (other gateways' traffic, other classes)."""
+    if load <= 1.0:
+        return 0.0
+    return state.pool_draft_k.get(pool.name, 0.0) * (load - 1.0) / load
 
 
 def batch_gain(option: Option, cost: StepCost, load: float, others_length: float) -> float:

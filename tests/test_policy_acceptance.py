@@ -174,3 +174,22 @@ def test_a_busy_worker_gets_a_smaller_k_than_an_idle_one() -> None:
     selfish = Policy._evaluate(state, pool, "m", "code", "t0", 16.0, batch_aware=False)
     assert alone.k == selfish.k > busy.k
     assert busy.pool_score == selfish.tokens_per_s  # pools are still ranked on one footing
+
+
+def test_plain_decoding_on_a_drafting_pool_pays_for_its_batch_mates() -> None:
+    """A request at k = 0 on the EAGLE pool shares its steps with requests drafting 4
+    tokens each (what that pool's telemetry says): at 4 per worker it is predicted slower
+    than the same request on the plain pool, so `no speculation` goes to the plain pool."""
+    from policies.cost import StepCost
+    from policies.policy import make_option
+
+    cost = StepCost((1.0, 64.0), (0.02, 0.02), (0.005, 0.005))
+    state = PolicyState(costs={"eagle": cost, "plain": cost}, pool_draft_k={"eagle": 4.0})
+    eagle = PoolView("eagle", "embedded", "eagle", 4, True, 1, 3, 8)
+    plain = PoolView("plain", "embedded", "plain", 0, True, 1, 3, 0)
+    on_eagle = make_option(state, eagle, 0, 0.5, 0.0, 4.0)
+    on_plain = make_option(state, plain, 0, 0.5, 0.0, 4.0)
+    assert on_eagle.tokens_per_s == pytest.approx(1 / (0.02 + 0.005 * 3.0))
+    assert on_plain.tokens_per_s == pytest.approx(1 / 0.02)
+    alone = make_option(state, eagle, 0, 0.5, 0.0, 1.0)  # nobody to share a step with
+    assert alone.tokens_per_s == pytest.approx(1 / 0.02)
