@@ -84,6 +84,8 @@ class PolicyConfig:
     batch_aware_k: bool = True
     # the load a decision assumes is at least the batch the pool's workers reported lately
     reported_load: bool = True
+    # a no-speculation decision stays on a plain pool unless it is predicted this much slower
+    plain_pool_margin: float = 0.25
     seed: int = 0
     # Time constant of the telemetry's exponential decay: the gateway's store and the
     # simulator's both use it (the drift view decays 5x faster; docs/POLICY.md).
@@ -268,7 +270,21 @@ class Policy:
         plain_tps = plain[0].tokens_per_s if plain else chosen.plain_tokens_per_s
         if not chosen.is_plain and chosen.pool_score < plain_tps and plain:
             chosen = plain[0]
+        if chosen.is_plain and chosen.pool.method != "plain":
+            chosen = self._plain_pool(options, chosen)
         return options, chosen, plain_tps
+
+    def _plain_pool(self, options: list[Option], chosen: Option) -> Option:
+        """No speculation goes to a plain pool where there is one, unless it is predicted
+        more than `plain_pool_margin` slower: its workers load no drafter and its batches
+        never draft, and a speculative pool's worker stays free for the requests that
+        speculate (the live benchmark's warm gateway sent its k = 0 decisions to the EAGLE
+        pool, whose fit read its step at k = 0 as cheap as the plain pool's)."""
+        dedicated = [o for o in options if o.pool.method == "plain"]
+        if dedicated and dedicated[0].tokens_per_s >= chosen.tokens_per_s * (
+                1.0 - self.config.plain_pool_margin):
+            return dedicated[0]
+        return chosen
 
     def _decision(self, options: list[Option], chosen: Option, profile: RequestProfile,
                   plain_tps: float, explored: bool) -> Decision:

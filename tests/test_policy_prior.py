@@ -288,3 +288,19 @@ def test_a_drafters_fixed_cost_is_measured_apart_from_its_per_token_cost() -> No
     fitted, _ = fit_step_cost([], generic_trend(0.01), ratios=ratios)
     assert fitted.step_s(1, 1.0) / fitted.step_s(0, 1.0) == pytest.approx(1.35)
     assert fitted.step_s(4, 1.0) / fitted.step_s(0, 1.0) == pytest.approx(1.5)
+
+
+def test_no_speculation_goes_to_the_plain_pool() -> None:
+    """EAGLE accepts almost nothing on this class: the answer is k = 0, and a plain pool
+    serves it rather than the EAGLE pool's worker at k = 0 (both predicted alike here;
+    the tie used to go to the EAGLE pool by name)."""
+    policy = Policy(LocalTelemetry(tau_s=1e6, clock=lambda: 1.0),
+                    PolicyConfig(explore_rate=0.0))
+    policy.set_worker_prior("eagle", WorkerPrior({("m", "eagle", "chat", "thigh"): 0.02}))
+    policy.refit()
+    both = [PoolView("eagle", "embedded", "eagle", 4, True, 1, 0, 8),
+            PoolView("plain", "embedded", "plain", 0, False, 1, 0, 0)]
+    decision = policy.decide(CHAT, both)
+    assert (decision.pool, decision.k) == ("plain", 0)
+    alone = policy.decide(CHAT, both[:1])  # no plain pool: k = 0 where it is
+    assert (alone.pool, alone.k) == ("eagle", 0)
