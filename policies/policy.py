@@ -83,7 +83,10 @@ class PolicyConfig:
     # tokens/s; off only for a world without co-batching (each request its own step)
     batch_aware_k: bool = True
     # the load a decision assumes is at least the batch the pool's workers reported lately
-    reported_load: bool = True
+    # (off: the floor is a ratio of decayed sums that only new records of the pool move,
+    # so a pool left alone after a burst keeps looking busy for minutes and stays left
+    # alone — the live run at 6fd405b sent greedy edits away from n-gram for it)
+    reported_load: bool = False
     # a no-speculation decision stays on a plain pool unless it is predicted this much slower
     plain_pool_margin: float = 0.25
     seed: int = 0
