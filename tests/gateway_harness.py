@@ -39,13 +39,7 @@ def start_worker(tmp: Path, method: str, model: Path | str, name: str = "worker"
     proc = start_process(["-m", "specroute.cli", "worker", "--method", method, "--port",
                           str(port), "--model", str(model), "--threads", "1"],
                          tmp / f"{name}.log")
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(url + "/health", 60, proc)
-    except BaseException:
-        stop_process(proc)
-        raise
-    return proc, url
+    return proc, healthy(proc, port, 60)
 
 
 def start_stubs(tmp: Path, specs: dict[str, list[str]],
@@ -76,13 +70,7 @@ def start_gateway(tmp: Path, config: dict, policy: str = "first",
     path.write_text(yaml.safe_dump(config))
     proc = start_process(["-c", script, str(path), str(port), policy],
                          tmp / f"{name}.log", env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(url + "/health", 30, proc)
-    except BaseException:
-        stop_process(proc)
-        raise
-    return proc, url
+    return proc, healthy(proc, port, 30)
 
 
 def stats(url: str) -> dict:
@@ -91,3 +79,14 @@ def stats(url: str) -> dict:
 
 def worker_states(gateway: str, pool: str) -> list[dict]:
     return httpx.get(gateway + "/ready", timeout=2).json()["pools"][pool]["worker_states"]
+
+
+def healthy(proc: subprocess.Popen, port: int, timeout_s: float) -> str:
+    """The process's URL once /health answers; the process is stopped if it never does."""
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url + "/health", timeout_s, proc)
+    except BaseException:
+        stop_process(proc)
+        raise
+    return url
