@@ -14,9 +14,13 @@ No pinned request reaches either adaptive gateway's telemetry.
 Workload: `per_cell` held-out prompts (bench/workload.py, excluded from the drafters'
 distillation set; none is in the classifier's labelled set) per task (code, structured,
 chat) x temperature (0, 0.8), mixed in a fixed random order. Each prompt is sent to every
-configuration, the configuration order rotating per prompt; at concurrency c, c client
-threads each work through a contiguous share of that interleaved list, so machine noise
-and load hit every configuration alike. bench/live_report.py turns the records into the tables.
+configuration in blocks: a block is 2c consecutive prompts sent to one configuration by c
+client threads, and the next block goes to the next configuration (the order rotating per
+round of blocks), so at concurrency c each configuration serves its own c requests in
+flight (as it would serving that traffic alone: a pinned pool's worker batches them, the
+adaptive gateways spread them as they decide), while slow drift of the machine still hits
+every configuration alike. A block's last requests run with fewer in flight; every
+configuration's blocks alike. bench/live_report.py turns the records into the tables.
 """
 
 from __future__ import annotations
@@ -92,13 +96,19 @@ def workload(model: str, settings: Settings, seed: int, count: int | None = None
     return items[:count] if count is not None else items
 
 
-def interleave(items: list[tuple[str, dict]], configs: list[str]) -> list[Job]:
-    """Every item to every configuration, the order of configurations rotating per item."""
-    jobs = []
-    for i, (cls, body) in enumerate(items):
-        shift = i % len(configs)
-        jobs += [Job(c, cls, body) for c in configs[shift:] + configs[:shift]]
-    return jobs
+BLOCK_PER_THREAD = 2  # requests per client thread in one configuration's block
+
+
+def blocks(items: list[tuple[str, dict]], configs: list[str], size: int) -> list[list[Job]]:
+    """Every item to every configuration, in one-configuration blocks of `size` consecutive
+    items; the order of configurations rotates per round of blocks."""
+    out = []
+    for r, start in enumerate(range(0, len(items), size)):
+        chunk = items[start:start + size]
+        shift = r % len(configs)
+        out += [[Job(c, cls, body) for cls, body in chunk]
+                for c in configs[shift:] + configs[:shift]]
+    return out
 
 
 class Runner:
@@ -117,17 +127,17 @@ class Runner:
                 del self.seen[key]
 
     def run(self, jobs: list[Job], concurrency: int, label: str | None = None) -> list[Record]:
-        """`concurrency` client threads, each through its own contiguous share of `jobs`:
-        requests in flight together come from different prompts, so an adaptive request is
-        not systematically co-scheduled with the pinned request for the same prompt on the
-        pool it picked (which a single queue of prompt-major jobs would do)."""
-        share = -(-len(jobs) // concurrency)
-        lanes = [iter(jobs[i:i + share]) for i in range(0, len(jobs), share)]
+        """`jobs` in order, `concurrency` of them in flight: each client thread takes the
+        next job when its last one is answered."""
+        queue = iter(jobs)
         records: list[Record] = []
 
-        def worker(lane: Iterator[Job]) -> None:
-            for job in lane:
+        def worker() -> None:
+            while True:
                 with self.lock:
+                    job = next(queue, None)
+                    if job is None:
+                        return
                     gateway = job.config if job.config in (COLD, WARM) else "pinned"
                     seen = self.seen[(gateway, job.cls)]
                     self.seen[(gateway, job.cls)] += 1
@@ -136,9 +146,14 @@ class Runner:
                     records.append(record)
 
         with ThreadPoolExecutor(concurrency) as pool:
-            for future in [pool.submit(worker, lane) for lane in lanes]:
+            for future in [pool.submit(worker) for _ in range(concurrency)]:
                 future.result()
         return records
+
+    def run_blocks(self, jobs: list[list[Job]], concurrency: int) -> list[Record]:
+        """Block after block, each with `concurrency` in flight and answered in full before
+        the next starts."""
+        return [record for block in jobs for record in self.run(block, concurrency)]
 
     def send(self, job: Job, gateway: str, seen: int, concurrency: int,
              label: str | None) -> Record:
@@ -279,7 +294,7 @@ def audit_cold(stack: Stack, records: list[Record]) -> dict:
 
 def measure(stack: Stack, settings: Settings,
             progress: bool = True) -> tuple[list[Record], dict[int, dict]]:
-    """Warm-up, then per concurrency: a fresh cold gateway and the interleaved pass.
+    """Warm-up, then per concurrency: a fresh cold gateway and the blocks.
     Returns the records and, per concurrency, the audit of the cold gateway's telemetry."""
     runner = Runner(stack.urls)
     items = workload(stack.model, settings, settings.seed)
@@ -299,7 +314,8 @@ def measure(stack: Stack, settings: Settings,
                 top = max(settings.concurrency)
                 records += runner.run([Job(WARM, cls, body) for cls, body in warm], top, "warmup")
                 _say(progress, f"warm-up: {len(warm)} requests at c={top}", started)
-            measured_here = runner.run(interleave(items, configs), conc)
+            measured_here = runner.run_blocks(
+                blocks(items, configs, BLOCK_PER_THREAD * conc), conc)
             records += measured_here
             audits[conc] = audit_cold(stack, measured_here)
             _say(progress, f"concurrency {conc}: {len(measured_here)} requests", started)

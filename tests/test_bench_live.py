@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.live import Settings, interleave, measure, running_stack, workload
+from bench.live import Settings, blocks, measure, running_stack, workload
 from bench.live_report import COLD, WARM, Record, render, summarize
 from policies.fleet import BUNDLED_MODEL_DIR
 
@@ -41,13 +41,20 @@ def test_oracle_ratios_and_violations_from_known_rates() -> None:
     assert s["best_mix"]["ratio"] == pytest.approx(175 / 140)
 
 
-def test_every_item_goes_to_every_configuration_in_rotating_order() -> None:
+def test_every_item_goes_to_every_configuration_in_rotating_blocks() -> None:
     settings = Settings(per_cell=2, warmup=0, max_tokens=8, concurrency=(1,))
     items = workload("m", settings, seed=0)
     assert len(items) == 16 and {cls for cls, _ in items} == {
         f"{t}/t{x}" for t in ("code", "structured", "chat", "edit") for x in ("0", "0.8")}
-    jobs = interleave(items, ["a", "b", "c"])
-    assert [j.config for j in jobs[:6]] == ["a", "b", "c", "b", "c", "a"]
+    rounds = blocks(items, ["a", "b", "c"], 6)
+    # 16 items in blocks of 6: three rounds (6, 6, 4 items), each to every configuration
+    assert [(b[0].config, len(b)) for b in rounds] == [
+        ("a", 6), ("b", 6), ("c", 6), ("b", 6), ("c", 6), ("a", 6), ("c", 4), ("a", 4), ("b", 4)]
+    for block in rounds:
+        assert len({j.config for j in block}) == 1
+    for config in "abc":
+        assert [j.body for b in rounds for j in b if j.config == config] == [
+            body for _, body in items]
     warm = workload("m", settings, seed=1000, count=30,
                     exclude=frozenset(b["messages"][-1]["content"] for _, b in items))
     assert len(warm) == 30
