@@ -76,6 +76,7 @@ class Job:
     config: str
     cls: str
     body: dict
+    item: int = -1  # index in the measured workload (-1: warm-up)
 
 
 def workload(model: str, settings: Settings, seed: int, count: int | None = None,
@@ -104,9 +105,9 @@ def blocks(items: list[tuple[str, dict]], configs: list[str], size: int) -> list
     items; the order of configurations rotates per round of blocks."""
     out = []
     for r, start in enumerate(range(0, len(items), size)):
-        chunk = items[start:start + size]
+        chunk = list(enumerate(items[start:start + size], start))
         shift = r % len(configs)
-        out += [[Job(c, cls, body) for cls, body in chunk]
+        out += [[Job(c, cls, body, i) for i, (cls, body) in chunk]
                 for c in configs[shift:] + configs[:shift]]
     return out
 
@@ -166,12 +167,13 @@ class Runner:
             elapsed = time.perf_counter() - t0
             resp.raise_for_status()
         except httpx.HTTPError as exc:
-            return Record(concurrency, config, job.cls, 0, 0.0, "", seen=seen, error=str(exc))
+            return Record(concurrency, config, job.cls, 0, 0.0, "", seen=seen, error=str(exc),
+                          item=job.item)
         data = resp.json()
         facts = data.get("specroute", {})
         return Record(concurrency, config, job.cls, data["usage"]["completion_tokens"], elapsed,
                       facts.get("pool", ""), facts.get("k") or 0, seen,
-                      reason=facts.get("reason", ""))
+                      reason=facts.get("reason", ""), item=job.item)
 
     def close(self) -> None:
         self.client.close()

@@ -7,8 +7,8 @@ per pool pinned with `x-specroute-pool`. Derived, never measured: `oracle` = for
 class the pinned pool with the highest tokens/s in the same run.
 
 Tokens/s = completion tokens / request wall time, summed over a configuration's requests
-(at concurrency c every request shares the machine with c - 1 others, whichever
-configuration they belong to). A class is (task, temperature) as the workload labels it.
+(at concurrency c a request shares the machine with up to c - 1 others of its own
+configuration). A class is (task, temperature) as the workload labels it.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ class Record:
     seen: int = 0  # requests of this class the gateway had served before this one
     error: str = ""
     reason: str = ""  # the policy's one-line reason, as the response carried it
+    item: int = -1  # the prompt's index in the measured workload (-1: warm-up)
 
 
 def class_name(task: str, temperature: float) -> str:
@@ -158,7 +159,33 @@ def violations(records: list[Record], config: str, conc: int,
         floor = BELOW_PLAIN * cells[(plain, r.cls)].rate
         if (r.pool, r.cls) in cells and cells[(r.pool, r.cls)].rate < floor:
             bad += 1
-    return {"checked": checked, "violations": bad, "most_seen": max(seen_max.values(), default=0)}
+    return {"checked": checked, "violations": bad, "most_seen": max(seen_max.values(), default=0),
+            "as_served": as_served(records, config, conc, plain)}
+
+
+def as_served(records: list[Record], config: str, conc: int, plain: str) -> dict:
+    """The same check with the pool measured as `config` used it (its own k): for each
+    class and pool it picked after `CONVERGED_AFTER` requests of the class, its requests
+    there against pinned plain on the same prompts; a pick is a violation when that pool,
+    so served, measures below `BELOW_PLAIN` x plain. (The pinned rows run a pool at its
+    configured k; a per-request-k pool served at k = 2 is another operating point.)"""
+    here = [r for r in records if r.concurrency == conc and not r.error]
+    plain_by_item = {r.item: r for r in here if r.config == plain and r.item >= 0}
+    served: dict[tuple[str, str], list[Record]] = defaultdict(list)
+    for r in here:
+        if r.config == config and r.seen >= CONVERGED_AFTER and r.item in plain_by_item:
+            served[(r.cls, r.pool)].append(r)
+    checked = bad = 0
+    slow: list[str] = []
+    for (cls, pool), mine in sorted(served.items()):
+        base = [plain_by_item[r.item] for r in mine]
+        rate = sum(r.tokens for r in mine) / sum(r.seconds for r in mine)
+        plain_rate = sum(r.tokens for r in base) / sum(r.seconds for r in base)
+        checked += len(mine)
+        if rate < BELOW_PLAIN * plain_rate:
+            bad += len(mine)
+            slow.append(f"{cls} on {pool.removeprefix('embedded-')} ({rate / plain_rate:.2f}x)")
+    return {"checked": checked, "violations": bad, "slow": slow}
 
 
 def _rate(value: float) -> str:
@@ -200,6 +227,11 @@ def render(summary: dict, settings: str) -> str:
                          f"requests of one class seen: {v['most_seen']}); classes where "
                          f"{a} itself measured below {BELOW_PLAIN}x plain: "
                          f"{', '.join(slow) or 'none'}")
+            served = v["as_served"]
+            lines.append(f"{a}, each pool as it served it (its own k, against pinned plain on the "
+                         f"same prompts): {served['violations']} of {served['checked']} picks "
+                         f"after {CONVERGED_AFTER} requests of the class below {BELOW_PLAIN}x "
+                         f"plain{': ' + ', '.join(served['slow']) if served['slow'] else ''}")
         lines += ["", f"{WARM}'s last decision per class (k, reason):", ""]
         lines += [f"- {cls}: {d['last_reason']}" for cls, d in sorted(s["decisions"][WARM].items())]
         lines.append("")

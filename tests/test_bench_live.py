@@ -15,9 +15,10 @@ from policies.fleet import BUNDLED_MODEL_DIR
 POOLS = ["p-plain", "p-fast-code", "p-fast-chat"]
 
 
-def _rec(config: str, cls: str, rate: float, pool: str = "", seen: int = 0) -> Record:
+def _rec(config: str, cls: str, rate: float, pool: str = "", seen: int = 0,
+         item: int = -1) -> Record:
     return Record(1, config, cls, tokens=int(rate * 10), seconds=10.0, pool=pool or config,
-                  seen=seen)
+                  seen=seen, item=item)
 
 
 def test_oracle_ratios_and_violations_from_known_rates() -> None:
@@ -35,10 +36,28 @@ def test_oracle_ratios_and_violations_from_known_rates() -> None:
     assert warm["vs_oracle"] == pytest.approx(140 / 175)
     assert warm["gain_captured"] == pytest.approx(0.0)
     # chat/t0 went to a pool measured at 0.8x plain after 70 requests of the class: one violation
-    assert s["violations"][WARM] == {"checked": 2, "violations": 1, "most_seen": 71}
+    assert {k: v for k, v in s["violations"][WARM].items() if k != "as_served"} == {
+        "checked": 2, "violations": 1, "most_seen": 71}
     assert s["violations"][COLD]["checked"] == 0
     assert s["decisions"][WARM]["chat/t0"]["picks"] == {"p-fast-code": 1}
     assert s["best_mix"]["ratio"] == pytest.approx(175 / 140)
+
+
+def test_picks_checked_as_served_against_plain_on_the_same_prompts() -> None:
+    # pinned p-fast-code is slow on chat at its configured k, but the warm gateway served
+    # chat/t0 there faster than plain on the same prompts: a violation only as pinned
+    records = [_rec("p-plain", "chat/t0", 100, item=0), _rec("p-plain", "chat/t0", 50, item=1),
+               _rec("p-fast-code", "chat/t0", 60, item=0),
+               _rec("p-fast-code", "chat/t0", 30, item=1),
+               _rec(WARM, "chat/t0", 110, "p-fast-code", seen=60, item=0),
+               _rec(WARM, "chat/t0", 40, "p-plain", seen=61, item=1),
+               _rec(WARM, "code/t0", 10, "p-fast-code", seen=70, item=2),  # no plain pair
+               _rec("warmup", "chat/t0", 10, "p-fast-code", seen=80)]  # warm-up: unpaired
+    v = summarize(records, ["p-plain", "p-fast-code"], "p-plain")[1]["violations"][WARM]
+    assert v["violations"] == 2  # the fast-code pick and the warm-up pick, as pinned
+    # as served: chat/t0 on fast-code 110 vs plain's 100 on prompt 0 (fine); on plain 40 vs
+    # plain's own pinned 50 on prompt 1: 0.8x, below 0.9x
+    assert v["as_served"] == {"checked": 2, "violations": 1, "slow": ["chat/t0 on p-plain (0.80x)"]}
 
 
 def test_every_item_goes_to_every_configuration_in_rotating_blocks() -> None:
@@ -53,8 +72,8 @@ def test_every_item_goes_to_every_configuration_in_rotating_blocks() -> None:
     for block in rounds:
         assert len({j.config for j in block}) == 1
     for config in "abc":
-        assert [j.body for b in rounds for j in b if j.config == config] == [
-            body for _, body in items]
+        assert [(j.item, j.body) for b in rounds for j in b if j.config == config] == [
+            (i, body) for i, (_, body) in enumerate(items)]
     warm = workload("m", settings, seed=1000, count=30,
                     exclude=frozenset(b["messages"][-1]["content"] for _, b in items))
     assert len(warm) == 30
