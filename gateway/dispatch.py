@@ -297,11 +297,14 @@ def _report(gateway: Gateway, end: float, *, request: GenerationRequest,
         tenant=tenant.name, ok=ok, timestamp=time.time(), workers=max(1, workers),
         pinned=decision.pinned,
         own_draft_tokens=(spec.proposed_drafts / (steps - 1)
-                          if spec.batch is not None and steps and steps > 1 else None), batch=spec.batch, batch_draft_tokens=spec.batch_draft_tokens,
+                          if spec.batch is not None and steps and steps > 1 else None),
+        batch=spec.batch, batch_draft_tokens=spec.batch_draft_tokens,
         slo_met=ok and slo_met(tenant, ttft, itl, e2e, tokens, request.stream),
         extra={"explored": True} if decision.explored else {},
     )
     gateway.recorder.record(entry)
+    if spec.batch is not None and (pool := gateway.pools.get(decision.pool)) is not None:
+        pool.note_batch(spec.batch, time.monotonic())
     gateway.limits.spend(tenant, usage.prompt_tokens + tokens)
     if trace is None and (gateway.provider is None or gateway.provider.listening):
         trace = RequestTrace(gateway.tracer, f"specroute {request.endpoint}", None,

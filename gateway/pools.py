@@ -13,10 +13,17 @@ A worker takes new requests only when all three agree:
 Within a pool the least-loaded eligible worker wins; with more than two eligible,
 power of two choices (Mitzenmacher 2001: two random candidates, the less loaded one),
 which avoids the herd that pure least-outstanding causes across gateway replicas.
+
+Workers that report their batch (the embedded worker's `specroute_batch`: mean sequences
+per forward over the request's decode steps) tell the gateway about traffic it did not
+send. A pool keeps the latest report and offers it to the policy fading towards 1 with
+time constant `REPORTED_BATCH_TAU_S`: a batch seen a few seconds ago says little about
+the next request's (`PoolView.reported_batch`).
 """
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -24,6 +31,8 @@ from enum import StrEnum
 
 from gateway.config import GatewayConfig, PoolConfig, ServerConfig
 from policies.types import PoolView
+
+REPORTED_BATCH_TAU_S = 3.0  # about one request's life at the batches that matter
 
 
 class BreakerState(StrEnum):
@@ -99,6 +108,7 @@ class Pool:
     server: ServerConfig
     workers: list[Worker] = field(default_factory=list)
     rng: random.Random = field(default_factory=random.Random)
+    reported: tuple[float, float] | None = None  # (batch per worker, monotonic time)
 
     @property
     def name(self) -> str:
@@ -122,11 +132,24 @@ class Pool:
     def outstanding(self) -> int:
         return sum(w.outstanding for w in self.workers)
 
+    def note_batch(self, batch: float, now: float) -> None:
+        """A worker of the pool answered having run `batch` sequences per forward."""
+        if batch >= 1.0 and math.isfinite(batch):
+            self.reported = (batch, now)
+
+    def reported_batch(self, now: float) -> float:
+        """The latest report, faded towards 1 by its age; 0 when there is none."""
+        if self.reported is None:
+            return 0.0
+        batch, at = self.reported
+        return 1.0 + (batch - 1.0) * math.exp(-max(now - at, 0.0) / REPORTED_BATCH_TAU_S)
+
     def view(self) -> PoolView:
         return PoolView(name=self.config.name, engine=self.config.engine,
                         method=self.config.method, k=self.config.k,
                         per_request_k=self.config.capabilities.per_request_k,
-                        healthy_workers=self.healthy_workers, outstanding=self.outstanding)
+                        healthy_workers=self.healthy_workers, outstanding=self.outstanding,
+                        reported_batch=self.reported_batch(time.monotonic()))
 
     def pick(self, exclude: frozenset[str] | set[str] = frozenset()) -> Worker | None:
         """Least outstanding among eligible workers; power of two choices beyond two."""

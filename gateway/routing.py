@@ -12,6 +12,7 @@ for benchmarks and debugging; capability checks still apply.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import NamedTuple
@@ -148,7 +149,8 @@ class Assessment:
                 "method": self.pool.config.method, "k": self.pool.config.k,
                 "eligible": self.excluded is None, "why_not": self.excluded,
                 "healthy_workers": self.pool.healthy_workers,
-                "outstanding": self.pool.outstanding}
+                "outstanding": self.pool.outstanding,
+                "reported_batch": round(self.pool.reported_batch(time.monotonic()), 3)}
 
 
 class PoolRouter:

@@ -78,9 +78,6 @@ class PolicyState:
     pool_accept_length: dict[str, float] = field(default_factory=dict)
     # pools whose per-token cost at each load rests on their workers' batch benchmark
     cost_measured: frozenset[str] = frozenset()
-    # per pool, the batch its workers reported over recent requests (every gateway's
-    # traffic in it, which this gateway's own count of requests in flight misses)
-    worker_batch: dict[str, float] = field(default_factory=dict)
     # per pool, the draft tokens per request per step of the batches its requests rode
     pool_draft_k: dict[str, float] = field(default_factory=dict)
 
@@ -127,7 +124,7 @@ class Learner:
                            traffic, default, self._measured_k(contexts), depths,
                            self._pool_accept_length(contexts),
                            frozenset(p for p, points in (step_curves or {}).items() if points),
-                           self._worker_batch(contexts), self._pool_draft_k(contexts))
+                           self._pool_draft_k(contexts))
 
     def _depths(self, contexts: list[tuple[ContextKey, ContextStats]]) -> dict[str, int]:
         """TREE_DEPTH, raised per method where a context's mean accept length (with
@@ -157,16 +154,6 @@ class Learner:
                 sums[ctx.pool][0] += (ctx.k + stats.mean_batch_dk) * stats.known
                 sums[ctx.pool][1] += stats.known
         return {pool: max(total / n, 0.0) for pool, (total, n) in sums.items() if n > 0}
-
-    @staticmethod
-    def _worker_batch(contexts: list[tuple[ContextKey, ContextStats]]) -> dict[str, float]:
-        """Mean reported batch per pool over the recent (fast-decaying) view."""
-        sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-        for ctx, stats in contexts:
-            view = stats.recent if stats.recent is not None else stats
-            sums[ctx.pool][0] += view.wbatch
-            sums[ctx.pool][1] += view.wbatched
-        return {pool: total / n for pool, (total, n) in sums.items() if n > 0.5}
 
     def _measured_k(self, contexts: list[tuple[ContextKey, ContextStats]]) -> dict[str, int]:
         per_k: dict[tuple[str, int], float] = defaultdict(float)

@@ -82,11 +82,11 @@ class PolicyConfig:
     # k per request by what it adds to its worker's batch (`batch_gain`), not by its own
     # tokens/s; off only for a world without co-batching (each request its own step)
     batch_aware_k: bool = True
-    # the load a decision assumes is at least the batch the pool's workers reported lately
-    # (off: the floor is a ratio of decayed sums that only new records of the pool move,
-    # so a pool left alone after a burst keeps looking busy for minutes and stays left
-    # alone — the live run at 6fd405b sent greedy edits away from n-gram for it)
-    reported_load: bool = False
+    # the load a decision assumes is at least the batch the pool's workers reported on the
+    # gateway's latest answers (`PoolView.reported_batch`, fading in seconds; an earlier
+    # floor from the telemetry's decayed sums moved only with new records of the pool, so a
+    # pool left alone after a burst looked busy for minutes and stayed left alone)
+    reported_load: bool = True
     # a no-speculation decision stays on a plain pool unless it is predicted this much slower
     plain_pool_margin: float = 0.25
     seed: int = 0
@@ -231,12 +231,12 @@ class Policy:
 
     def _load(self, state: PolicyState, pool: PoolView) -> float:
         """Requests per worker the request would join: this gateway's count in flight, or
-        what the pool's workers reported of their recent batches when that is more —
-        other gateways (replicas, benchmarks) send to the same workers."""
+        what the pool's workers reported of their batches on its latest answers when that
+        is more — other gateways (replicas, benchmarks) send to the same workers."""
         own = (pool.outstanding + 1) / pool.healthy_workers
         if not self.config.reported_load:
             return own
-        return max(own, state.worker_batch.get(pool.name, 0.0))
+        return max(own, pool.reported_batch)
 
     def _remember(self, pools: list[PoolView]) -> None:
         """Every pool offered, out-of-service ones too (refit must know them); the map is

@@ -61,6 +61,10 @@ class PoolView:
     healthy_workers: int
     outstanding: int  # requests in flight across the pool's workers
     max_k: int = 16
+    # the batch per worker its workers reported on this gateway's latest answers, fading
+    # to 1 over seconds (0: none lately): other gateways' traffic in it, which
+    # `outstanding` misses
+    reported_batch: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

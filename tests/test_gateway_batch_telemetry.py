@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import orjson
@@ -86,6 +87,29 @@ def test_embedded_worker_batch_reaches_the_record(stack: dict, endpoint: str,
     assert plain["k"] == 0 and plain["output_tokens"] > 1
     assert (plain["batch"], plain["batch_draft_tokens"], plain["own_draft_tokens"]) == (
         1.0, 0.0, 0.0)
+
+
+def test_the_pool_offers_the_latest_reported_batch_to_the_policy(stack: dict) -> None:
+    """Four requests at once on the embedded worker: it reports the batch they shared, and
+    the gateway's explain (the view the policy decides on) shows it, fading towards 1."""
+    body = _bodies("tiny", False)["chat/completions"] | {"max_tokens": 64}
+    with httpx.Client(timeout=60) as client:
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(
+                lambda _: client.post(f"{stack['gateway']}/v1/chat/completions", json=body,
+                                      headers={"x-specroute-pool": POOLS[0]}), range(4)))
+        assert all(a.status_code == 200 for a in answers)
+        batches = [r["batch"] for r in _records(stack["redis"])[-4:]]
+
+        def reported() -> float:
+            explain = client.post(f"{stack['gateway']}/v1/routing/explain", json=body).json()
+            (entry,) = [c for c in explain["candidates"] if c["pool"] == POOLS[0]]
+            return entry["reported_batch"]
+
+        first = reported()
+        time.sleep(1.0)
+        later = reported()
+    assert 1.0 < later < first <= 4.0, (batches, first, later)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])

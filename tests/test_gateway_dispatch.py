@@ -168,6 +168,24 @@ def test_least_outstanding_worker_is_picked() -> None:
     assert p.pick().url == "http://a:1"
 
 
+def test_the_latest_reported_batch_fades_towards_one() -> None:
+    """What the pool offers the policy as other traffic on its workers: the latest report,
+    1 + (batch - 1) e^(-age / tau); nothing before any report; nonsense ignored."""
+    from gateway.pools import REPORTED_BATCH_TAU_S as tau
+
+    p = build_pools(parse_config({"pools": [pool("p", ["http://a:1"])]}))["p"]
+    assert p.reported_batch(100.0) == 0.0
+    p.note_batch(4.0, 100.0)
+    assert p.reported_batch(100.0) == pytest.approx(4.0)
+    assert p.reported_batch(100.0 + tau) == pytest.approx(1.0 + 3.0 / 2.718281828)
+    assert p.reported_batch(100.0 + 20 * tau) == pytest.approx(1.0, abs=1e-6)
+    p.note_batch(2.0, 110.0)  # the latest report replaces the older one
+    assert p.reported_batch(110.0) == pytest.approx(2.0)
+    for nonsense in (0.0, float("nan"), float("inf"), -3.0):
+        p.note_batch(nonsense, 120.0)
+    assert p.reported_batch(110.0) == pytest.approx(2.0)
+
+
 def test_power_of_two_choices_beyond_two_workers() -> None:
     urls = ["http://a:1", "http://b:1", "http://c:1", "http://d:1"]
     p = build_pools(parse_config({"pools": [pool("p", urls)]}))["p"]

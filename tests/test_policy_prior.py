@@ -255,23 +255,20 @@ def test_measured_batch_costs_make_a_busy_worker_draft_less() -> None:
 
 def test_the_batch_workers_report_counts_as_load_this_gateway_does_not_see() -> None:
     """Another gateway keeps the EAGLE worker at a batch of 4: this gateway has nothing
-    in flight there, but its workers' reports say 4, so it drafts as for a busy worker."""
-    records = served("eagle", "eagle", 4, 20, 0.024)
-    for rec in records:
-        rec.batch, rec.batch_draft_tokens = 4.0, 16.0
+    in flight there, but the pool's latest report says 4, so it drafts as for a busy
+    worker; with the report off (or faded to 1) it drafts as for an idle one."""
     picks = {}
-    for reported in (True, False):
+    for reported, batch in ((True, 4.0), (False, 4.0), (True, 1.0)):
         policy = Policy(LocalTelemetry(tau_s=1e6, clock=lambda: 1.0),
                         PolicyConfig(explore_rate=0.0, reported_load=reported))
         doc = Measured.from_dict({**MEASURED, "costs": COSTS})
         policy.set_worker_prior("eagle", WorkerPrior.from_measured("m", "eagle", doc))
-        for rec in records:
+        for rec in served("eagle", "eagle", 4, 20, 0.024):
             policy.observe(rec)
         policy.refit()
-        assert policy.state.worker_batch["eagle"] == pytest.approx(4.0)
-        pool = PoolView("eagle", "embedded", "eagle", 4, True, 1, 0, 8)
-        picks[reported] = policy.decide(PROFILE, [pool]).k
-    assert picks[True] < picks[False]
+        pool = PoolView("eagle", "embedded", "eagle", 4, True, 1, 0, 8, reported_batch=batch)
+        picks[(reported, batch)] = policy.decide(PROFILE, [pool]).k
+    assert picks[(True, 4.0)] < picks[(False, 4.0)] == picks[(True, 1.0)]
 
 
 def test_a_drafters_fixed_cost_is_measured_apart_from_its_per_token_cost() -> None:
