@@ -62,11 +62,25 @@ class Settings:
     max_tokens: int
     concurrency: tuple[int, ...]
     seed: int = 0
+    classes: tuple[str, ...] = ()  # task/temperature names; empty: every task at both
+
+    @property
+    def cells(self) -> list[tuple[str, float]]:
+        every = [(task, t) for task in TASKS for t in TEMPERATURES]
+        if not self.classes:
+            return every
+        unknown = set(self.classes) - {class_name(*cell) for cell in every}
+        if unknown:
+            raise ValueError(f"unknown classes {sorted(unknown)}; expected task/t0 or "
+                             f"task/t0.8 with a task of {', '.join(TASKS)}")
+        return [cell for cell in every if class_name(*cell) in self.classes]
 
     def describe(self, model: str, pools: list[str]) -> str:
-        return (f"model {model}; {len(TASKS) * len(TEMPERATURES) * self.per_cell} held-out "
-                f"prompts per configuration and concurrency ({self.per_cell} per task x "
-                f"temperature 0 / 0.8), max_tokens {self.max_tokens}, warm-up "
+        which = (f"{self.per_cell} per task x temperature 0 / 0.8" if not self.classes
+                 else f"{self.per_cell} per class of {', '.join(self.classes)}")
+        return (f"model {model}; {len(self.cells) * self.per_cell} held-out "
+                f"prompts per configuration and concurrency ({which}), seed {self.seed}, "
+                f"max_tokens {self.max_tokens}, warm-up "
                 f"{self.warmup} requests at c={max(self.concurrency)}, concurrency {','.join(map(str, self.concurrency))}, "
                 f"{len(pools)} pools, 1 torch thread per worker")
 
@@ -83,7 +97,7 @@ def workload(model: str, settings: Settings, seed: int, count: int | None = None
              exclude: frozenset[str] = frozenset()) -> list[tuple[str, dict]]:
     """(class, chat body) in a fixed random order: `per_cell` prompts per class, or `count`
     items spread evenly over the classes, none of whose texts is in `exclude`."""
-    cells = [(task, t) for task in TASKS for t in TEMPERATURES]
+    cells = settings.cells
     per_cell = settings.per_cell if count is None else -(-count // len(cells))
     items: list[tuple[str, dict]] = []
     for task, temperature in cells:
@@ -350,7 +364,13 @@ def main(args: argparse.Namespace) -> int:
                         warmup=args.warmup if args.warmup is not None else (6 if args.quick else 18),
                         max_tokens=args.max_tokens or 48,
                         concurrency=tuple(int(c) for c in (args.concurrency or "1,4").split(",")),
-                        seed=args.seed)
+                        seed=args.seed,
+                        classes=tuple(c for c in (args.classes or "").split(",") if c))
+    try:
+        _ = settings.cells  # a mistyped class fails here, before the stack starts
+    except ValueError as exc:
+        print(f"bench live: {exc}", file=sys.stderr)
+        return 2
     try:
         result, table = run(settings, args.model, args.methods,
                             Path(args.workdir) if args.workdir else None)

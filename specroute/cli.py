@@ -245,6 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="soak: faults to inject, comma-separated: worker, redis, or none")
     bench.add_argument("--per-cell", type=int, default=None,
                        help="live: prompts per task x temperature (default 1)")
+    bench.add_argument("--classes", default=None,
+                       help="live: the workload's classes, comma-separated task/temperature "
+                       "(e.g. edit/t0,edit/t0.8; default every task at T 0 and 0.8)")
     bench.add_argument("--warmup", type=int, default=None,
                        help="live: warm-up requests of the warm gateway (default 18; --quick 6)")
     bench.add_argument("--max-tokens", type=int, default=48,

@@ -60,6 +60,18 @@ def test_picks_checked_as_served_against_plain_on_the_same_prompts() -> None:
     assert v["as_served"] == {"checked": 2, "violations": 1, "slow": ["chat/t0 on p-plain (0.80x)"]}
 
 
+def test_a_stated_mix_draws_only_its_classes() -> None:
+    settings = Settings(per_cell=3, warmup=0, max_tokens=8, concurrency=(1,),
+                        classes=("edit/t0", "chat/t0.8"))
+    items = workload("m", settings, seed=1)
+    assert sorted(cls for cls, _ in items) == ["chat/t0.8"] * 3 + ["edit/t0"] * 3
+    assert {body["temperature"] for cls, body in items if cls == "edit/t0"} == {0.0}
+    assert "edit/t0, chat/t0.8" in settings.describe("m", ["p"])
+    with pytest.raises(ValueError, match="unknown classes"):
+        _ = Settings(per_cell=1, warmup=0, max_tokens=8, concurrency=(1,),
+                     classes=("edit/t0.5",)).cells
+
+
 def test_every_item_goes_to_every_configuration_in_rotating_blocks() -> None:
     settings = Settings(per_cell=2, warmup=0, max_tokens=8, concurrency=(1,))
     items = workload("m", settings, seed=0)
