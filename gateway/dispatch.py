@@ -259,9 +259,10 @@ def record(gateway: Gateway, *, request: GenerationRequest, profile: RequestProf
     and span never delay the answer. Without a running loop (tests), at once.
 
     `load` is the pool's outstanding requests at dispatch, this one excluded. A
-    non-streaming answer arrives whole, so its TTFT is estimated as one verify step's
-    share of the end-to-end time: the policy's step-cost model (decode time / steps after
-    the first) then still learns from it, with prefill spread over the steps."""
+    non-streaming answer arrives whole: its TTFT is the end-to-end time less the decode
+    time the worker reported (`SpecStats.decode_s`), else one verify step's share of the
+    end-to-end time, prefill then spread over the steps (which reads a request of few
+    steps — high acceptance — as slow steps)."""
     report = functools.partial(
         _report, gateway, time.perf_counter(), request=request, profile=profile,
         tenant=tenant, decision=decision, load=load, timer=timer, usage=usage, spec=spec,
@@ -286,6 +287,9 @@ def _report(gateway: Gateway, end: float, *, request: GenerationRequest,
         ttft = (timer.first_token or end) - timer.start
         itl = (end - timer.first_token) / (tokens - 1) if tokens > 1 and timer.first_token \
             else 0.0
+    elif spec.decode_s is not None and tokens > 1:
+        ttft = max(e2e - spec.decode_s, 0.0)
+        itl = (e2e - ttft) / (tokens - 1)
     else:
         ttft = e2e / max(steps or tokens, 1)
         itl = (e2e - ttft) / (tokens - 1) if tokens > 1 else 0.0

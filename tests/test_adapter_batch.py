@@ -12,16 +12,18 @@ from gateway.adapters.sglang import spec_from_meta
 
 DETAILS = {"spec_verify_ct": 4, "spec_accept_length": 2.5, "spec_accept_rate": 0.5,
            "spec_num_correct_drafts": 6, "spec_num_proposed_drafts": 12}
-BATCH = {"requests": 2.5, "draft_tokens": 6.0, "steps": 3}
+BATCH = {"requests": 2.5, "draft_tokens": 6.0, "steps": 3, "decode_s": 0.4}
 
 
 def test_meta_info_batch_with_and_without_counters() -> None:
     spec = spec_from_meta({**DETAILS, "specroute_batch": BATCH})
     assert (spec.verify_steps, spec.batch, spec.batch_draft_tokens) == (4, 2.5, 6.0)
     plain = spec_from_meta({"completion_tokens": 3, "specroute_batch": BATCH})
-    assert (plain.verify_steps, plain.batch, plain.batch_draft_tokens) == (0, 2.5, 6.0)
+    assert (plain.verify_steps, plain.batch, plain.batch_draft_tokens, plain.decode_s) == (
+        0, 2.5, 6.0, 0.4)
     sglang = spec_from_meta(DETAILS)  # SGLang itself says nothing of its batch
     assert sglang.batch is None and sglang.batch_draft_tokens is None
+    assert sglang.decode_s is None
 
 
 def test_sglext_batch_alone_or_beside_details() -> None:
@@ -37,10 +39,11 @@ def test_sglext_batch_alone_or_beside_details() -> None:
 @pytest.mark.parametrize("value", [None, "2", -1, -0.5, True, float("inf"), float("nan"),
                                    [2], {"n": 2}])
 def test_odd_values_are_ignored(value: object) -> None:
-    odd = {"requests": value, "draft_tokens": value, "steps": 3}
+    odd = {"requests": value, "draft_tokens": value, "steps": 3, "decode_s": value}
     for spec in (spec_from_meta({"specroute_batch": odd}),
                  spec_from_body({"sglext": {"specroute_batch": odd}})):
         assert spec is not None and spec.batch is None and spec.batch_draft_tokens is None
+        assert spec.decode_s is None
     mixed = spec_from_meta({"specroute_batch": {"requests": 1, "draft_tokens": value}})
     assert mixed.batch == 1.0 and mixed.batch_draft_tokens is None
     assert spec_from_meta({"specroute_batch": value}).batch is None
@@ -56,8 +59,8 @@ def test_a_stream_merges_counters_and_batch_from_different_chunks() -> None:
     for chunk in ({"choices": []}, {"sglext": {"spec_tokens_details": DETAILS}},
                   {"sglext": {"specroute_batch": BATCH}}, {"usage": {}}):
         spec = merge_spec(spec_from_body(chunk), spec)
-    assert (spec.verify_steps, spec.accept_length, spec.batch, spec.batch_draft_tokens) \
-        == (4, 2.5, 2.5, 6.0)
+    assert (spec.verify_steps, spec.accept_length, spec.batch, spec.batch_draft_tokens,
+            spec.decode_s) == (4, 2.5, 2.5, 6.0, 0.4)
     spec = SpecStats()  # the other order
     for chunk in ({"sglext": {"specroute_batch": BATCH}},
                   {"sglext": {"spec_tokens_details": DETAILS}}):

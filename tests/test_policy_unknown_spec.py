@@ -75,3 +75,28 @@ def test_dispatch_records_unknown_steps_as_none(k: int, spec: SpecStats,
                     timer=dispatch.Timer(), usage=Usage(5, 9), spec=spec, ok=True)
     (entry,) = records
     assert entry.verify_steps == steps
+
+
+@pytest.mark.parametrize(("decode_s", "ttft_s"), [
+    (1.6, 0.4),  # the worker said its decode steps took 1.6 s of the 2 s: prefill 0.4 s
+    (None, 2.0 / 3),  # no report: one verify step's share of the whole (3 steps)
+])
+def test_a_whole_answer_splits_its_time_by_the_workers_decode_time(
+        decode_s: float | None, ttft_s: float) -> None:
+    """Not streamed, the gateway sees only the end: with the worker's decode time the
+    record's TTFT is the rest, so a request of 3 steps (n-gram on an edit: 19 tokens)
+    does not read its prefill as two very slow steps (what made n-gram look 4x slower at
+    a batch of 1 than of 4 on the live edit mix)."""
+    records: list[RequestRecord] = []
+    request = parse_request({"model": "m", "prompt": "x", "temperature": 0}, "completions")
+    timer = dispatch.Timer()
+    timer.start -= 2.0  # the answer took 2 s
+    dispatch.record(_gateway(records), request=request, profile=minimal_profile(request, "t"),
+                    tenant=DEFAULT_TENANT, decision=Decision("p", "ngram", 8, "test"), load=0,
+                    timer=timer, usage=Usage(5, 19),
+                    spec=SpecStats(verify_steps=3, accept_length=19 / 3, decode_s=decode_s),
+                    ok=True)
+    (entry,) = records
+    assert entry.e2e_s == pytest.approx(2.0, abs=0.05)
+    assert entry.ttft_s == pytest.approx(ttft_s, abs=0.05)
+    assert entry.ttft_s + entry.itl_s * 18 == pytest.approx(entry.e2e_s)

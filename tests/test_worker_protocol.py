@@ -4,6 +4,7 @@ without a model."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -23,6 +24,7 @@ class Stats:
     batch_steps: int = 3
     mean_batch: float | None = 2.5
     mean_batch_draft_tokens: float | None = 4.0
+    first_token_at: float | None = 0.5
 
 
 @dataclass
@@ -191,18 +193,24 @@ def test_meta_info_adds_latency_and_spec_fields_only_at_the_end() -> None:
 
 
 def test_every_final_meta_info_says_its_batch_and_samples_merge_by_steps() -> None:
-    plain = responses.meta_info("r", Out([1], "a", True, "length"), Stats(), 0.0, False)
+    started = time.perf_counter()
+    stats = Stats(first_token_at=started + 0.25)
+    plain = responses.meta_info("r", Out([1], "a", True, "length"), stats, started, False)
+    decode = plain[responses.BATCH_KEY].pop("decode_s")
     assert plain[responses.BATCH_KEY] == {"requests": 2.5, "draft_tokens": 4.0, "steps": 3}
+    # from the first token to the end: the whole less the 0.25 s before the first token
+    assert decode == pytest.approx(plain["e2e_latency"] - 0.25, abs=1e-3)
     running = responses.meta_info("r", Out([1], "a", False, None), Stats(), 0.0, False)
     assert responses.BATCH_KEY not in running
     first_only = Stats(batch_steps=0, mean_batch=None, mean_batch_draft_tokens=None)
-    assert responses.batch_fields(first_only) == {  # type: ignore[arg-type]
-        "requests": None, "draft_tokens": None, "steps": 0}
-    merged = responses.merge_batch([{"requests": 2.0, "draft_tokens": 3.0, "steps": 1},
-                                    {"requests": 1.0, "draft_tokens": 0.0, "steps": 3},
-                                    {"requests": None, "draft_tokens": None, "steps": 0}])
-    assert merged == {"requests": 5 / 4, "draft_tokens": 3 / 4, "steps": 4}
-    assert responses.merge_batch([responses.batch_fields(first_only)])[  # type: ignore[arg-type]
+    assert responses.batch_fields(first_only, 2.0) == {  # type: ignore[arg-type]
+        "requests": None, "draft_tokens": None, "steps": 0, "decode_s": 1.5}
+    merged = responses.merge_batch([
+        {"requests": 2.0, "draft_tokens": 3.0, "steps": 1, "decode_s": 0.5},
+        {"requests": 1.0, "draft_tokens": 0.0, "steps": 3, "decode_s": 0.75},
+        {"requests": None, "draft_tokens": None, "steps": 0, "decode_s": None}])
+    assert merged == {"requests": 5 / 4, "draft_tokens": 3 / 4, "steps": 4, "decode_s": 0.75}
+    assert responses.merge_batch([responses.batch_fields(first_only, 2.0)])[  # type: ignore[arg-type]
         "requests"] is None
 
 

@@ -124,19 +124,23 @@ def test_every_answer_says_its_batch(worker: str) -> None:
     request at a time here, so its batch is itself alone."""
     plain = httpx.post(f"{worker}/generate", json={"text": "a b a b", "sampling_params": greedy(
         8, custom_params={"num_speculative_tokens": 0})}, timeout=30).json()["meta_info"]
+    decode = plain["specroute_batch"].pop("decode_s")
     assert plain["specroute_batch"] == {"requests": 1.0, "draft_tokens": 0.0, "steps": 7}
+    assert 0.0 < decode < plain["e2e_latency"]  # the 7 steps after the first token
     r = httpx.post(f"{worker}/generate", json={"text": "a b a b a b a b", "stream": True,
                                                "sampling_params": greedy(12)}, timeout=30)
     chunks = [json.loads(e) for e in sse_events(r.text)[:-1]]
     assert all("specroute_batch" not in c["meta_info"] for c in chunks[:-1])
     meta = chunks[-1]["meta_info"]
     batch, steps = meta["specroute_batch"], meta["spec_verify_ct"] - 1  # less the prefill
+    assert 0.0 < batch.pop("decode_s") < meta["e2e_latency"]
     assert batch == {"requests": 1.0, "steps": steps,
                      "draft_tokens": pytest.approx(meta["spec_num_proposed_drafts"] / steps)}
     chat = httpx.post(f"{worker}/v1/chat/completions", json={
         "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
         "temperature": 0, "ignore_eos": True, "custom_params": {"method": "plain"}},
         timeout=30).json()
+    assert chat["sglext"]["specroute_batch"].pop("decode_s") > 0.0
     assert chat["sglext"] == {"specroute_batch": {"requests": 1.0, "draft_tokens": 0.0,
                                                   "steps": 3}}
     r = httpx.post(f"{worker}/v1/completions", json={

@@ -25,6 +25,8 @@ class SpecStats:
     batch, batch_draft_tokens: the embedded worker's `specroute_batch` (plain requests
     too): mean requests in the worker's batch over this request's decode steps, and mean
     draft tokens verified per step across that batch; None = not reported.
+    decode_s: its seconds from the first token to the end, in the worker (`specroute_batch`
+    too); None = not reported.
     """
 
     verify_steps: int = 0
@@ -34,6 +36,7 @@ class SpecStats:
     proposed_drafts: int = 0
     batch: float | None = None
     batch_draft_tokens: float | None = None
+    decode_s: float | None = None
 
     @property
     def has_counters(self) -> bool:
@@ -60,6 +63,7 @@ def read_batch(spec: SpecStats, holder: object) -> SpecStats:
     if isinstance(batch, dict):
         spec.batch = _mean(batch.get("requests"))
         spec.batch_draft_tokens = _mean(batch.get("draft_tokens"))
+        spec.decode_s = _mean(batch.get("decode_s"))
     return spec
 
 
@@ -75,6 +79,7 @@ def merge_spec(new: SpecStats | None, old: SpecStats) -> SpecStats:
     merged.batch = new.batch if new.batch is not None else old.batch
     merged.batch_draft_tokens = new.batch_draft_tokens \
         if new.batch_draft_tokens is not None else old.batch_draft_tokens
+    merged.decode_s = new.decode_s if new.decode_s is not None else old.decode_s
     return merged
 
 

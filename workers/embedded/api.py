@@ -89,7 +89,8 @@ class GenerationStats:
     adds the draft tokens the forward verified, summed over its sequences: the tree nodes
     each drafter proposed after pruning to k and to the room left (what the target scored;
     n-gram may propose fewer than k), 0 for plain decoding and prefill chunks, lookahead's
-    auxiliary branch not counted.
+    auxiliary branch not counted. `first_token_at` dates the end of prefill, so the answer
+    can say how long the decode steps took (`decode_s` in `specroute_batch`).
     """
 
     prompt_tokens: int = 0
@@ -100,6 +101,7 @@ class GenerationStats:
     batch_steps: int = 0
     batch_requests: int = 0
     batch_draft_tokens: int = 0
+    first_token_at: float | None = None  # time.perf_counter() when the first token came
 
     def add_batch_step(self, requests: int, draft_tokens: int) -> None:
         """Count one decode step that shared a forward with `requests` sequences (this one

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -358,6 +359,7 @@ class Generation:
         )
         self._prefilled = []
         self.stats.verify_steps += 1
+        self.stats.first_token_at = time.perf_counter()
         return [first], last.unsqueeze(0)
 
     def _accept(self, out: ForwardOutput) -> tuple[list[int], torch.Tensor]:

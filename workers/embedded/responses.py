@@ -61,29 +61,36 @@ def meta_info(rid: str, output: StepOutput, stats: GenerationStats, started: flo
         info["e2e_latency"] = time.perf_counter() - started
         if speculative:
             info.update(spec_fields(stats))
-        info[BATCH_KEY] = batch_fields(stats)
+        info[BATCH_KEY] = batch_fields(stats, time.perf_counter())
     return info
 
 
 BATCH_KEY = "specroute_batch"  # ours, not SGLang's: in meta_info and in sglext
 
 
-def batch_fields(stats: GenerationStats) -> dict[str, Any]:
+def batch_fields(stats: GenerationStats, now: float) -> dict[str, Any]:
     """What this request's batch looked like over its decode steps (every request, plain
     too; `GenerationStats` says what is counted): mean sequences per forward, mean draft
-    tokens verified per forward across the batch, and the steps counted (0: a request
-    that ended at its first token; the means are then null)."""
+    tokens verified per forward across the batch, the steps counted (0: a request that
+    ended at its first token; the means are then null), and `decode_s`, the seconds from
+    its first token to `now` (its end): what its decode steps took, prefill and queueing
+    not included — a client that does not stream cannot tell them apart, and with few
+    steps (high acceptance) a share of the whole would read prefill as slow steps."""
+    decode = now - stats.first_token_at if stats.first_token_at is not None else None
     return {"requests": stats.mean_batch, "draft_tokens": stats.mean_batch_draft_tokens,
-            "steps": stats.batch_steps}
+            "steps": stats.batch_steps, "decode_s": decode}
 
 
 def merge_batch(fields: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """`batch_fields` of n samples as one: means weighted by their steps."""
+    """`batch_fields` of n samples as one: means weighted by their steps; `decode_s` the
+    longest (the samples decode side by side)."""
     steps = sum(f["steps"] for f in fields)
+    decodes = [f["decode_s"] for f in fields if f.get("decode_s") is not None]
+    decode = max(decodes) if decodes else None
     if not steps:
-        return {"requests": None, "draft_tokens": None, "steps": 0}
+        return {"requests": None, "draft_tokens": None, "steps": 0, "decode_s": decode}
     return {key: sum(f[key] * f["steps"] for f in fields if f["steps"]) / steps
-            for key in ("requests", "draft_tokens")} | {"steps": steps}
+            for key in ("requests", "draft_tokens")} | {"steps": steps, "decode_s": decode}
 
 
 def spec_tokens_details(info: dict[str, Any]) -> dict[str, Any] | None:
