@@ -49,6 +49,17 @@ def test_odd_values_are_ignored(value: object) -> None:
     assert spec_from_meta({"specroute_batch": value}).batch is None
 
 
+def test_sglangs_own_latencies_give_the_decode_time() -> None:
+    """SGLang with --enable-metrics: e2e_latency less first_token_latency; the embedded
+    worker's own decode_s wins; without both, or in the wrong order, nothing."""
+    assert spec_from_meta({"e2e_latency": 2.0, "first_token_latency": 0.5}).decode_s == 1.5
+    assert spec_from_meta({"e2e_latency": 2.0, "first_token_latency": 0.5,
+                           "specroute_batch": BATCH}).decode_s == 0.4
+    for meta in ({"e2e_latency": 2.0}, {"e2e_latency": 0.5, "first_token_latency": 2.0},
+                 {"e2e_latency": "2", "first_token_latency": 0.5}):
+        assert spec_from_meta(meta).decode_s is None
+
+
 def test_zero_is_a_value() -> None:
     spec = spec_from_meta({"specroute_batch": {"requests": 1, "draft_tokens": 0}})
     assert (spec.batch, spec.batch_draft_tokens) == (1.0, 0.0)

@@ -48,7 +48,7 @@ class SpecStats:
 BATCH_KEY = "specroute_batch"
 
 
-def _mean(value: object) -> float | None:
+def non_negative(value: object) -> float | None:
     """A non-negative finite number as float; anything else (a worker's odd body) None."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
@@ -61,9 +61,9 @@ def read_batch(spec: SpecStats, holder: object) -> SpecStats:
     has them; values that are not non-negative numbers are ignored (None)."""
     batch = holder.get(BATCH_KEY) if isinstance(holder, dict) else None
     if isinstance(batch, dict):
-        spec.batch = _mean(batch.get("requests"))
-        spec.batch_draft_tokens = _mean(batch.get("draft_tokens"))
-        spec.decode_s = _mean(batch.get("decode_s"))
+        spec.batch = non_negative(batch.get("requests"))
+        spec.batch_draft_tokens = non_negative(batch.get("draft_tokens"))
+        spec.decode_s = non_negative(batch.get("decode_s"))
     return spec
 
 

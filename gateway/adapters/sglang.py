@@ -32,6 +32,7 @@ from gateway.adapters.base import (
     StreamItem,
     Usage,
     finish_reason_of,
+    non_negative,
     read_batch,
 )
 from gateway.adapters.openai import OpenAIAdapter
@@ -42,15 +43,25 @@ from policies.prior import Measured, MeasuredError, WorkerPrior
 
 
 def spec_from_meta(meta: dict) -> SpecStats:
-    """Read SGLang's `meta_info` spec counters (present only with speculation on) and the
-    embedded worker's `specroute_batch` (every finished request)."""
-    return read_batch(SpecStats(
+    """Read SGLang's `meta_info` spec counters (present only with speculation on), the
+    embedded worker's `specroute_batch` (every finished request), and the decode time:
+    the embedded worker's `decode_s`, else SGLang's `e2e_latency` less its
+    `first_token_latency` (sglang 0.5.23 adds the latter with `--enable-metrics`:
+    managers/tokenizer_manager.py ~L2753-2770, observability/req_time_stats.py
+    `convert_to_output_meta_info` ~L507-533)."""
+    spec = read_batch(SpecStats(
         verify_steps=int(meta.get("spec_verify_ct") or 0),
         accept_length=float(meta.get("spec_accept_length") or 0.0),
         accept_rate=meta.get("spec_accept_rate"),
         correct_drafts=int(meta.get("spec_num_correct_drafts") or 0),
         proposed_drafts=int(meta.get("spec_num_proposed_drafts") or 0),
     ), meta)
+    if spec.decode_s is None:
+        e2e = non_negative(meta.get("e2e_latency"))
+        first = non_negative(meta.get("first_token_latency"))
+        if e2e is not None and first is not None and e2e >= first:
+            spec.decode_s = e2e - first
+    return spec
 
 
 def prior_from_server_info(pool: PoolConfig, body: dict) -> WorkerPrior | None:
