@@ -27,7 +27,7 @@ from policies.types import RequestRecord
 
 DECAY_TAU_S = 300.0  # default decay time constant; the gateway's policy.decay_tau_s
 ERA_TAUS = 8.0
-FIELDS = ("n", "known", "steps", "tokens", "decode_s", "load", "batch_dk", "wbatch", "wbatched")
+FIELDS = ("n", "known", "steps", "tokens", "decode_s", "load", "batch_dk")
 RECENT_FRACTION = 0.2  # the recent view decays 5x faster, to notice drift (prefix "f")
 RECENT_PREFIX = "f"
 LOAD_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 48, 64, 96, 128)
@@ -81,8 +81,6 @@ class ContextStats:
     # sum over `known` requests of (their batch's draft tokens per request - own k): 0, the
     # request's own k, where the worker did not say (and in sums written before the field)
     batch_dk: float = 0.0
-    wbatch: float = 0.0  # sum of the batch sizes workers reported, over `wbatched` requests
-    wbatched: float = 0.0
     recent: ContextStats | None = None  # the same sums with the short time constant
 
     @property
@@ -136,14 +134,12 @@ def record_values(rec: RequestRecord) -> dict[str, float]:
     counts the request itself (the batch it joined), as `Policy.decide` does. A request
     without reported verify steps adds only to the traffic sums (`n`, `load`)."""
     load = (rec.load + 1) / max(rec.workers, 1)
-    reported = ({"wbatch": rec.batch, "wbatched": 1.0}
-                if rec.batch is not None and rec.batch >= 1.0 else {})
     if not steps_known(rec):
-        return {"n": 1.0, "load": load, **reported}
+        return {"n": 1.0, "load": load}
     return {"n": 1.0, "known": 1.0, "steps": float(rec.verify_steps or 0),
             "tokens": float(rec.output_tokens),
             "decode_s": max(rec.e2e_s - rec.ttft_s, 0.0), "load": load,
-            "batch_dk": batch_dk(rec), **reported}
+            "batch_dk": batch_dk(rec)}
 
 
 def era_of(t: float, tau: float) -> int:
