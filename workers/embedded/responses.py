@@ -58,10 +58,11 @@ def meta_info(rid: str, output: StepOutput, stats: GenerationStats, started: flo
         "cached_tokens": 0,
     }
     if output.finished:
-        info["e2e_latency"] = time.perf_counter() - started
+        now = time.perf_counter()  # one end for both, so decode_s <= e2e_latency
+        info["e2e_latency"] = now - started
         if speculative:
             info.update(spec_fields(stats))
-        info[BATCH_KEY] = batch_fields(stats, time.perf_counter())
+        info[BATCH_KEY] = batch_fields(stats, now)
     return info
 
 
