@@ -2,7 +2,7 @@
 held-out set, and what classification and the routing decision cost per request.
 
 Accuracy: every prompt of `tests/data/classifier_heldout.jsonl` (hand-written, never
-read by `gateway.classifier.training`) as the user message of a chat request; the
+read by `bench.training.classifier`) as the user message of a chat request; the
 confusion matrix has the true class as rows. Cost: a 4 KB chat prompt that no rule
 decides (rules scan, then the text model: the slowest path), then `PoolRouter.route`
 with the learned policy over two pools, timed per call on this thread's CPU clock
@@ -20,9 +20,9 @@ from pathlib import Path
 
 from gateway.classifier.classify import classify, load_classifier
 from gateway.config import parse_config
-from gateway.learned import build_routing_policy
 from gateway.pools import build_pools
-from gateway.routing import PoolRouter
+from gateway.routing.policy import build_routing_policy
+from gateway.routing.router import PoolRouter
 from gateway.schemas import GenerationRequest, parse_request
 from policies.types import TASKS
 

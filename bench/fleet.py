@@ -1,5 +1,5 @@
 """`specroute bench policy --fleet`: the fleet planner's fixed-k fleet in the simulator
-(policies/sim/planned.py) against the best single fixed configuration, SGLang's adaptive
+(bench/sim/planned.py) against the best single fixed configuration, SGLang's adaptive
 EAGLE pool and the static split, per phase, with the targets met or missed.
 
 Rows: `planner` starts as the static split and moves workers as the planner asks;
@@ -15,11 +15,11 @@ import argparse
 import json
 import time
 
-from policies.policy import PolicyConfig
-from policies.sim.evaluation import FIXED_KS
-from policies.sim.planned import PLANNED, PLANNER_ROWS, SGLANG_RELAUNCH_S, compare
-from policies.sim.simulator import SimConfig, default_phases
-from policies.sim.world import World
+from bench.sim.evaluation import FIXED_KS
+from bench.sim.planned import PLANNED, PLANNER_ROWS, SGLANG_RELAUNCH_S, compare
+from bench.sim.simulator import SimConfig, default_phases
+from bench.sim.world import World
+from policies.decision import PolicyConfig
 
 QUICK_SCALE = 0.1
 QUICK_FIXED_KS = (2, 3, 4, 6)

@@ -26,7 +26,7 @@ import aiohttp
 import yaml
 
 from bench import peers
-from specroute.procs import free_port, wait_http
+from workers.processes import free_port, wait_http
 
 CONCURRENCY = 32
 BODY = {"model": "bench", "messages": [{"role": "user", "content": "hello"}],

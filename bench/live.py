@@ -49,7 +49,7 @@ import yaml
 from bench.live_report import COLD, WARM, Record, class_name, render, summarize
 from bench.workload import TASKS, prompts
 from policies.telemetry import STREAM_KEY
-from specroute.procs import Child, free_port, spawn, start_redis, wait_child, wait_http
+from workers.processes import Child, free_port, spawn, start_redis, wait_child, wait_http
 
 TEMPERATURES = (0.0, 0.8)
 REQUEST_TIMEOUT_S = 600.0

@@ -72,7 +72,7 @@ PEERS: dict[str, Peer] = {
 
 
 def _free_port() -> int:
-    from specroute.procs import free_port
+    from workers.processes import free_port
 
     return free_port()
 

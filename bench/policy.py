@@ -1,6 +1,6 @@
 """`specroute bench policy`: the learned policy against baselines in the fleet simulator.
 
-Runs every fleet scenario (policies/sim/scenarios.py: the deployable ones first, the
+Runs every fleet scenario (bench/sim/scenarios.py: the deployable ones first, the
 primary `sglang-pools` leading; the undeployable `sglang-shared` last) on the same arrivals and prints, per scenario, a table (mean tokens/s,
 p50/p99 latency, SLO attainment, tokens/s per phase) and the headline ratios. With --json,
 one JSON object last: the primary scenario's headline keys at the top level and every
@@ -18,11 +18,11 @@ import time
 
 import numpy as np
 
-from policies.policy import PolicyConfig
-from policies.sim.evaluation import FIXED_KS, Evaluation, PolicyResult, evaluate
-from policies.sim.scenarios import PRIMARY, SCENARIOS
-from policies.sim.simulator import Outcome, SimConfig, default_phases
-from policies.sim.world import World
+from bench.sim.evaluation import FIXED_KS, Evaluation, PolicyResult, evaluate
+from bench.sim.scenarios import PRIMARY, SCENARIOS
+from bench.sim.simulator import Outcome, SimConfig, default_phases
+from bench.sim.world import World
+from policies.decision import PolicyConfig
 
 QUICK_SCALE = 0.1
 QUICK_FIXED_KS = (1, 2, 4, 8)

@@ -1,5 +1,5 @@
 """`python -m bench.sim_calibration`: the figures the policy simulator takes from this
-repository's own engine and classifier (policies/sim/calibration.py stores the results).
+repository's own engine and classifier (bench/sim/calibration.py stores the results).
 
 1. Per-prompt acceptance spread. The embedded engine (bundled model, one thread) decodes
    bench/workload.py prompts per (task, temperature) with several methods at fixed k and
@@ -11,7 +11,7 @@ repository's own engine and classifier (policies/sim/calibration.py stores the r
    the correlation between methods of the per-prompt logit(a) (same prompt, same
    temperature), and the conditional acceptance per draft position (positional decay).
 2. Classifier confusion: `gateway.classifier.classify` on the classifier's held-out
-   labelled split (gateway/classifier/training/data.py, `build_dataset("test")`) and on
+   labelled split (bench/training/classifier/data.py, `build_dataset("test")`) and on
    bench/workload.py prompts; rows = true task, columns = predicted task.
 
 Prints one JSON object last.
@@ -152,8 +152,8 @@ def saturation(records: list[dict], ks: tuple[int, ...]) -> dict:
 
 
 def confusion() -> dict:
+    from bench.training.classifier.data import build_dataset
     from gateway.classifier.classify import classify
-    from gateway.classifier.training.data import build_dataset
     from gateway.schemas import parse_request
 
     def matrix(pairs: list[tuple[str, str]]) -> dict:

@@ -19,7 +19,7 @@ per second of the run.
   it is full the newcomer is refused, whoever it is.
 - on (the default): earliest deadline first with priority, reserved slots for the top
   priority, lower priorities shed before a higher one misses, and a full queue sheds its
-  lowest priority (gateway/admission.py).
+  lowest priority (gateway/routing/admission.py).
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ RUN_KEYS: dict[str, str] = {}  # a fresh key per tenant for this run; configs ho
 
 def key_of(tenant: str) -> str:
     if tenant not in RUN_KEYS:
-        from gateway.keys import new_key
+        from gateway.tenants.keys import new_key
 
         RUN_KEYS[tenant] = new_key()
     return RUN_KEYS[tenant]

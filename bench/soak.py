@@ -209,7 +209,7 @@ def idle_figures(url: str, pid: int, worker_ports: set[int]) -> dict:
 def main(args: argparse.Namespace) -> int:
     import yaml
 
-    from specroute.procs import Child, free_port, spawn, start_redis, wait_child
+    from workers.processes import Child, free_port, spawn, start_redis, wait_child
 
     minutes_arg = 0.5 if args.quick and args.minutes is None else (args.minutes or 5.0)
     seconds = minutes_arg * 60

@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 
 import yaml
 
+from policies.decision import PolicyConfig
 from policies.fleet import ENGINES
-from policies.policy import PolicyConfig
 
 
 class ConfigError(ValueError):
@@ -82,7 +82,7 @@ class TenantConfig:
     api_key_sha256: tuple[str, ...] = ()
     slo_ttft_ms: float = 2000.0
     slo_tpot_ms: float = 200.0
-    priority: int = 0  # higher is served first under overload (gateway/admission.py)
+    priority: int = 0  # higher is served first under overload (gateway/routing/admission.py)
     rate_limit_rpm: int = 0  # requests per minute, all replicas together; 0 = unlimited
     rate_limit_tpm: int = 0  # prompt + completion tokens per minute; 0 = unlimited
     max_tokens: int = 0  # cap on a request's max_tokens (and its default); 0 = no cap
@@ -92,14 +92,14 @@ class TenantConfig:
 
 @dataclass(frozen=True, slots=True)
 class LimitsConfig:
-    """Tenants' rate limits (gateway/limits.py): counted in Redis when `redis_url` is set."""
+    """Tenants' rate limits (gateway/tenants/limits.py): counted in Redis when `redis_url` is set."""
 
     on_redis_error: str = "open"  # "open": count per process; "closed": refuse with 503
 
 
 @dataclass(frozen=True, slots=True)
 class AdmissionConfig:
-    """Per-pool admission and the tenants' SLOs in routing (gateway/admission.py,
+    """Per-pool admission and the tenants' SLOs in routing (gateway/routing/admission.py,
     policies/slo.py)."""
 
     max_inflight_per_worker: int = 0  # requests a worker runs at once; 0 = no queueing

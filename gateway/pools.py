@@ -1,13 +1,13 @@
 """Worker pools at run time: who may take a request now, and which one should.
 
 A worker takes new requests only when all three agree:
-- health (`gateway.health`): active probes; `unhealthy_after` failures in a row take it
+- health (`gateway.upstream.health`): active probes; `unhealthy_after` failures in a row take it
   out, `healthy_after` successes in a row bring it back (the first answer decides for a
   worker never probed yet, so a fresh gateway is ready at once);
 - its circuit breaker: request failures in a row open it for a cooldown, after which
   one trial request is let through (half-open); that request's outcome closes or
   re-opens it (the classic breaker of Nygard, "Release It!", 2007);
-- the registry's drain flag (`gateway.discovery`): a worker about to be relaunched
+- the registry's drain flag (`gateway.upstream.discovery`): a worker about to be relaunched
   finishes what it has but gets nothing new.
 
 Within a pool the least-loaded eligible worker wins; with more than two eligible,

@@ -42,7 +42,7 @@ class GenerationRequest:
     user: str | None = None
     n: int = 1
     logprobs: bool = False  # logprobs asked for (chat: logprobs true; completions: an int)
-    native: dict | None = None  # an SGLang /generate body (gateway.native), sent as it is
+    native: dict | None = None  # an SGLang /generate body (gateway.http.sglang_routes), sent as it is
 
     @property
     def needs_constrained(self) -> bool:

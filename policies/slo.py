@@ -3,7 +3,7 @@ tenant's latency targets, and under load, which one leaves headroom to higher pr
 
 Inputs, per option (a pool at the k the policy would run there, or a speculative pool
 run plain): the policy's predicted tokens/s and accept length (`Policy.predict`), the
-predicted queue wait (gateway/admission.py), whether the pool is busy, and how much
+predicted queue wait (gateway/routing/admission.py), whether the pool is busy, and how much
 higher-priority work it holds. Targets: the tenant's `slo_ttft_ms`, `slo_tpot_ms`.
 
 - predicted TPOT = 1000 / tokens per second; predicted TTFT = the queue wait (prefill is

@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 # folder; an environment that already has a torch keeps it.
 python -c 'import torch' 2>/dev/null || python -m pip install --quiet 'torch==2.13.0'
 python -m pip install --quiet -e '.[embedded,test]'
-python -m ruff check gateway policies workers specroute
+# the offline distribution (benchmarks, simulator, training) that the tests also cover
+python -m pip install --quiet --no-deps -e ./bench
+python -m ruff check gateway policies workers specroute bench tests
 python -m mypy gateway policies workers specroute
 python -m pytest -q -p no:cacheprovider "$@"

@@ -24,7 +24,7 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _gateway(args: argparse.Namespace) -> int:
-    from gateway.serve import serve
+    from gateway.http.serve import serve
 
     return serve(config_path=args.config, host=args.host, port=args.port, policy=args.policy,
                  workers=args.workers)
@@ -46,7 +46,7 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 def _supervise(args: argparse.Namespace) -> int:
-    from workers.supervisor import supervise
+    from workers.fleet.supervisor import supervise
 
     return supervise(
         config_path=args.config,
@@ -61,7 +61,7 @@ def _supervise(args: argparse.Namespace) -> int:
 
 def _keys(args: argparse.Namespace) -> int:
     from gateway.config import ConfigError
-    from gateway.keys import add_key
+    from gateway.tenants.keys import add_key
 
     settings = {name: value for name, value in (
         ("slo_ttft_ms", args.slo_ttft_ms), ("slo_tpot_ms", args.slo_tpot_ms),
@@ -78,7 +78,7 @@ def _keys(args: argparse.Namespace) -> int:
 
 
 def _fleet_controller(args: argparse.Namespace) -> int:
-    from workers.k8s_controller import run_controller
+    from workers.fleet.k8s_controller import run_controller
 
     return run_controller(config_path=args.config, model=args.model, namespace=args.namespace,
                           redis_url=args.redis_url, min_workers=args.min_workers,

@@ -36,7 +36,7 @@ from policies.fleet import (
     drafter_dir_for,
     resolve_model,
 )
-from specroute.procs import Child, Restarts, free_port, spawn, start_redis, wait_child
+from workers.processes import Child, Restarts, free_port, spawn, start_redis, wait_child
 
 BASE_METHODS = ("plain", "ngram", "lookahead")
 GIVE_UP_AFTER = 6  # deaths in a row (each within Restarts.stable_s of its start)
@@ -121,7 +121,7 @@ def heal(children: list[Child], work: Path, restarts: Restarts,
 def run_stack(host: str = "127.0.0.1", port: int = 8000, methods: str | None = None,
               model_dir: str | None = None, redis_url: str | None = None,
               workdir: str = ".specroute") -> int:
-    from gateway.auth import is_loopback_host
+    from gateway.tenants.auth import is_loopback_host
 
     if not is_loopback_host(host):  # the generated config has no tenants: it would be open
         print(f"specroute up: refusing to serve {host} with no tenants; `specroute up` is "

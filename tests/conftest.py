@@ -142,3 +142,12 @@ def smollm2_engine():
     torch.set_num_threads(1)
     yield Engine(ensure_smollm2(), dtype=torch.float32)
     torch.set_num_threads(before)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test under tests/e2e/ starts processes: mark it `slow`, so that
+    `pytest -m "not slow"` is the quick loop and the README's command still runs all."""
+    e2e = ROOT / "tests" / "e2e"
+    for item in items:
+        if e2e in Path(item.path).parents:
+            item.add_marker(pytest.mark.slow)

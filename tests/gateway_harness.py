@@ -14,7 +14,7 @@ GATEWAY_MAIN = """
 import logging
 import sys
 import uvicorn
-from gateway.app import create_app
+from gateway.http.app import create_app
 from gateway.config import load_config
 logging.basicConfig(level="INFO", format="%(levelname)s %(name)s: %(message)s")
 uvicorn.run(create_app(load_config(sys.argv[1]), policy=sys.argv[3]), host="127.0.0.1",

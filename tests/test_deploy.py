@@ -19,8 +19,8 @@ import yaml
 
 from gateway.config import PoolConfig, parse_config
 from policies.fleet import FleetPool, load_pool
-from tests.test_sglang_launch import SGLANG_0_5_23_ALGORITHMS, SGLANG_0_5_23_FLAGS
-from workers.supervisor import advertised_url, command_builder
+from tests.workers.test_sglang_launch import SGLANG_0_5_23_ALGORITHMS, SGLANG_0_5_23_FLAGS
+from workers.fleet.supervisor import advertised_url, command_builder
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "deploy/config.example.yaml"
@@ -187,8 +187,8 @@ def test_grafana_dashboard_is_provisioned_and_queries_real_series() -> None:
 
     from prometheus_client import CollectorRegistry
 
-    from gateway.observability import HttpMetrics, PrometheusRecorder
-    from gateway.tenant_metrics import TenantMetrics
+    from gateway.telemetry.prometheus import HttpMetrics, PrometheusRecorder
+    from gateway.telemetry.tenant_metrics import TenantMetrics
 
     registry = CollectorRegistry()
     PrometheusRecorder(registry)

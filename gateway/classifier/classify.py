@@ -21,7 +21,7 @@ in `reasons`):
    stack trace, or >= 3 code-looking lines; or an explicit "write a function/script/
    query/regex", "show me the code", the same ask in another language, or a how-to
    question about a programming tool -> `code`.
-5. otherwise the linear text model (`gateway.classifier.model`) picks the class; a
+5. otherwise the linear text model (`gateway.classifier.scorer`) picks the class; a
    `structured` pick with no output format named falls to the likelier of the others.
 
 Structured beats code because a requested output format is the strongest signal about
@@ -40,7 +40,7 @@ from itertools import islice
 from pathlib import Path
 
 from gateway.classifier.grounded import edit_evidence
-from gateway.classifier.model import LinearTextModel
+from gateway.classifier.scorer import LinearTextModel
 from gateway.schemas import GenerationRequest, content_text
 from policies.types import RequestProfile, Task
 

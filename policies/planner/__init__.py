@@ -3,7 +3,7 @@
 from, read from the learned policy's state and telemetry). docs/FLEET.md."""
 
 from policies.planner.inputs import demand_from_snapshot, state_speed
-from policies.planner.model import (
+from policies.planner.plan import (
     ClassDemand,
     FleetPlan,
     FleetValue,

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from policies.aggregates import ContextKey, ContextStats
 from policies.cost import StepCost
 from policies.learner import PolicyState
-from policies.planner.model import DEFAULT_OUTPUT_TOKENS, ClassDemand, PoolSlot, Speed
+from policies.planner.plan import DEFAULT_OUTPUT_TOKENS, ClassDemand, PoolSlot, Speed
 from policies.types import TASKS
 
 

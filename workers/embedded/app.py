@@ -11,10 +11,10 @@ from fastapi import FastAPI
 
 from workers.embedded import routes
 from workers.embedded.api import GenerationEngine
+from workers.embedded.context import WorkerConfig, WorkerState
 from workers.embedded.errors import WorkerError
 from workers.embedded.scheduler import Scheduler
-from workers.embedded.state import WorkerConfig, WorkerState
-from workers.tracing import tracer_provider
+from workers.tracer_provider import tracer_provider
 
 
 def create_app(engine: GenerationEngine, config: WorkerConfig,
@@ -26,7 +26,7 @@ def create_app(engine: GenerationEngine, config: WorkerConfig,
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         scheduler = Scheduler(engine, config.max_running, config.max_queue)
         scheduler.start()
-        provider = tracer_provider("specroute-worker")  # OTEL_* variables (workers/tracing.py)
+        provider = tracer_provider("specroute-worker")  # OTEL_* variables (workers/tracer_provider.py)
         app.state.tracer = provider.get_tracer("specroute.worker") if provider.listening \
             else None
         app.state.worker = WorkerState(engine, scheduler, config, time.time())

@@ -11,7 +11,7 @@ Two details decide whether the result is the model that was trained:
   its interleaved-pair RoPE (rotate (x0, x1), (x2, x3), ...) equals the Hugging Face
   "rotate half" RoPE (rotate (x_i, x_{i+hs/2})). Per head the stored row 2i is original
   row i and row 2i+1 is original row i + hs/2; `unpermute_qk` puts them back, so model.py's
-  rotate-half RoPE is correct (tests/test_smollm2_model.py proves the equivalence).
+  rotate-half RoPE is correct (tests/workers/test_smollm2_model.py proves the equivalence).
 - the pre-tokenizer: GGUF names it (`tokenizer.ggml.pre`), the regexes live in llama.cpp
   (src/llama-vocab.cpp). `smollm` (shared with starcoder, refact, command-r) first isolates
   every digit (`\\p{N}`), then applies the GPT-2 byte-level pattern.

@@ -11,12 +11,14 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from workers.embedded import info, requests, responses, tools
+from workers.embedded import introspection as info
+from workers.embedded import parsing as requests
+from workers.embedded import responses, tools
+from workers.embedded.admitted import Admitted, Chunks, Run, Tail, admit, finish_all, sse_stream
+from workers.embedded.context import WorkerState
 from workers.embedded.errors import WorkerError
-from workers.embedded.run import Admitted, Chunks, Run, Tail, admit, finish_all, sse_stream
 from workers.embedded.scheduler import StepEvent
-from workers.embedded.state import WorkerState
-from workers.embedded.tracing import WorkerTrace
+from workers.embedded.spans import WorkerTrace
 
 log = logging.getLogger("specroute.worker")
 

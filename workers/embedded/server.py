@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from workers.embedded.app import create_app
-from workers.embedded.state import WorkerConfig
+from workers.embedded.context import WorkerConfig
 
 
 def serve_worker(method: str, host: str, port: int, model_dir: str | None,
@@ -45,8 +45,8 @@ def serve_worker(method: str, host: str, port: int, model_dir: str | None,
                           served_model_name=Path(model_path).name or model_path)
     on_start = on_stop = None
     if redis_url is not None:
-        from workers.embedded.info import load_measured
-        from workers.registry import Registration, new_worker_info
+        from workers.embedded.introspection import load_measured
+        from workers.fleet.registry import Registration, new_worker_info
 
         # Behind NAT or in a container the bind address is not what peers dial.
         url = os.environ.get("SPECROUTE_ADVERTISE_URL") or f"http://{host}:{port}"

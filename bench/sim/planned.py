@@ -1,0 +1,232 @@
+"""The deployable fixed-k fleet with the fleet planner (policies/planner/) in the loop.
+
+Workers move between fixed (method, k) pools: the fleet starts as the static split of
+`sglang-pools` (what the operator configured: with no traffic measured the planner keeps
+it), and every `plan_interval_s` the planner re-plans from what the learned policy knows
+(its `PolicyState` and telemetry snapshot, the same ones the gateway's planner reads).
+One worker moves at a time, as the supervisors do: it takes no new requests, finishes
+those it has (drain), is down for the relaunch time, then serves in its new pool; only
+then may the next one move. Requests are routed by the learned policy over the pools
+that have workers.
+
+Relaunch time: SGLang's measured start-up, `SGLANG_RELAUNCH_S` (docs/FLEET.md gives the
+figure's sources).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from bench.sim.baselines import Learned, SimPool
+from bench.sim.scenarios import SGLANG_CURVES, SGLANG_POOLS, Scenario
+from bench.sim.simulator import Fleet, Worker
+from policies.planner import (
+    FleetPlan,
+    PlannerConfig,
+    PoolSlot,
+    demand_from_snapshot,
+    next_move,
+    plan,
+    settle,
+    state_speed,
+)
+from policies.types import PoolView
+
+# SGLang start-up before a relaunched server serves again (load weights, capture CUDA
+# graphs, start the HTTP server): 1-2 minutes in sglang issue #509; its midpoint.
+SGLANG_RELAUNCH_S = 90.0
+
+# The static split's pools, plus EAGLE-3 at the other k of the fixed baselines' grid
+# (bench/sim/evaluation.py FIXED_KS), with no workers to begin with: the planner may
+# fill any of them (all in one pool, plain only, or a split), so every single fixed
+# EAGLE-3 configuration the baselines run is a fleet it can reach.
+_EXTRA = tuple((f"eagle3-k{k}", "eagle3", k) for k in (1, 2, 4, 6, 8))
+PLANNED_FLEET = SGLANG_POOLS.fleet + tuple(
+    SimPool(name, "sglang", method, k, False, 0, 12, SGLANG_CURVES[method], group=name)
+    for name, method, k in _EXTRA)
+PLANNED = Scenario("sglang-planned", PLANNED_FLEET, SGLANG_CURVES, SGLANG_POOLS.rules,
+                   "eagle3", relaunch_s=SGLANG_RELAUNCH_S,
+                   notes="SGLang fixed-k pools, workers moved between them by the fleet "
+                         "planner (starts as the static split; one relaunch at a time)")
+
+
+@dataclass
+class Move:
+    worker: Worker
+    src: str
+    dst: str
+    ready_at: float
+
+
+@dataclass
+class MovableFleet(Fleet):
+    """A `Fleet` whose workers change pool: a moving worker is in no pool's list (takes
+    no new requests) but still finishes what it runs, then joins its new pool."""
+
+    moving: Move | None = None
+    done_moves: list = field(default_factory=list)  # (time, src, dst)
+
+    def views(self) -> list[PoolView]:
+        return [PoolView(s.name, s.engine, s.method, self.k[s.name], s.per_request_k,
+                         len(self.workers[s.name]),
+                         sum(w.batch for w in self.workers[s.name]), s.max_k)
+                for s in self.specs]
+
+    def least_worker(self, pool: str) -> tuple[int, Worker]:
+        workers = self.workers[pool]
+        i = min(range(len(workers)), key=lambda j: workers[j].batch)
+        return i, workers[i]
+
+    def counts(self) -> dict[str, int]:
+        """Workers per pool, the one moving counted where it is going."""
+        out = {s.name: len(self.workers[s.name]) for s in self.specs}
+        if self.moving is not None:
+            out[self.moving.dst] += 1
+        return out
+
+    def start_move(self, src: str, dst: str, now: float, relaunch_s: float) -> None:
+        workers = self.workers[src]
+        worker = min(workers, key=lambda w: w.batch)  # the quickest to drain
+        workers.remove(worker)
+        worker.advance(now)
+        drain = max(((r.finish_v - worker.v) * worker.step_s for r in worker.running),
+                    default=0.0)
+        self.moving = Move(worker, src, dst, now + max(drain, 0.0) + relaunch_s)
+
+    def advance(self, now: float) -> None:
+        super().advance(now)
+        move = self.moving
+        if move is not None and now >= move.ready_at:
+            move.worker.advance(now)
+            self.workers[move.dst].append(move.worker)
+            self.done_moves.append((move.ready_at, move.src, move.dst))
+            self.moving = None
+
+
+@dataclass
+class Planned(Learned):
+    """The learned policy routes; the planner moves workers (one at a time)."""
+
+    planner: PlannerConfig = field(default_factory=PlannerConfig)
+    plan_interval_s: float = 10.0
+    launch_at_plan: bool = False  # start in the planner's cold plan, not the static split
+    moves: bool = True  # False: the fleet stays as launched (what relaunches are worth)
+    plans: list = field(default_factory=list)  # (time, FleetPlan) when the desire changed
+    _fleet: MovableFleet | None = None
+    _desired: dict | None = None
+    _last: FleetPlan | None = None
+    _next_plan: float = 0.0
+
+    def make_fleet(self, base_step_s: float, co_batching: bool) -> MovableFleet:
+        """The configured split; with `launch_at_plan`, the split the planner wants before
+        any traffic (the workers' priors, an even class mix), launched so: no relaunch."""
+        specs = self.fleet
+        if self.launch_at_plan:
+            assert self.policy is not None
+            self.policy.refit()  # the workers' priors into the state
+            cold = self.desired_fleet({s.name: s.workers for s in specs},
+                                      replace(self.planner, relaunch_s=0.0))
+            specs = tuple(replace(s, workers=cold.desired[s.name]) for s in specs)
+            self.plans.append((0.0, cold))
+        self._fleet = MovableFleet(specs, base_step_s, co_batching)
+        return self._fleet
+
+    def tick(self, now, pools):
+        super().tick(now, pools)  # refits; relaunch=False: pools keep their k
+        fleet = self._fleet
+        if fleet is None or now < self._next_plan:
+            return {}
+        self._next_plan = now + self.plan_interval_s
+        current = fleet.counts()
+        desired = settle(self.desired_fleet(current), self._last, now,
+                         self.planner.dwell_s if self.planner.dwell_s is not None
+                         else self.relaunch_s)
+        self._last = desired
+        if desired.desired != self._desired:
+            self._desired = desired.desired
+            self.plans.append((now, desired))
+        if self.moves and fleet.moving is None and self._desired is not None:
+            serving = {s.name: len(fleet.workers[s.name]) for s in self.fleet}
+            move = next_move(serving, self._desired)
+            if move is not None:
+                fleet.start_move(*move, now, self.relaunch_s)
+        return {}
+
+    def desired_fleet(self, current: dict[str, int], config: PlannerConfig | None = None
+                      ) -> FleetPlan:
+        assert self.policy is not None
+        slots = {s.name: PoolSlot(s.name, s.method, 0 if s.method == "plain" else s.k)
+                 for s in self.fleet}
+        demand = demand_from_snapshot(self.store.snapshot(), self.model, self.tau_s)
+        return plan(self.model, current, slots, demand,
+                    state_speed(self.policy.state, self.model, slots), config or self.planner,
+                    self._desired, self.policy.state.measured_k)
+
+
+def planned_router(name: str, scenario: Scenario, policy_config, priors: dict, slo_s: float,
+                   relaunch_s: float = SGLANG_RELAUNCH_S, launch_at_plan: bool = False,
+                   moves: bool = True) -> Planned:
+    return Planned(name, scenario.fleet, policy_config, relaunch=False,
+                   relaunch_s=relaunch_s, worker_priors=priors,
+                   planner=PlannerConfig(relaunch_s=relaunch_s, slo_s_per_token=slo_s),
+                   launch_at_plan=launch_at_plan, moves=moves)
+
+
+# the planner rows: name -> (launched at the cold plan, moves workers)
+PLANNER_ROWS = {"planner": (False, True), "planner-launched": (True, True),
+                "planner-launched-frozen": (True, False)}
+
+
+
+@dataclass(frozen=True, slots=True)
+class FleetComparison:
+    """Per phase and overall: the planner's fleet against each baseline."""
+
+    results: dict  # router name -> PolicyResult
+    best_fixed: str
+    moves: dict  # planner row -> [(time, src, dst)]
+    plans: dict  # planner row -> [(time, FleetPlan)]
+    phases: tuple[str, ...]
+    phase_starts: tuple[float, ...]  # first arrival of each phase (s)
+
+    def phase_of(self, t: float) -> int:
+        return max((i for i, start in enumerate(self.phase_starts) if t >= start), default=0)
+
+    def ratio(self, baseline: str, ours_name: str = "planner"
+              ) -> tuple[float, tuple[float, ...]]:
+        ours, other = self.results[ours_name], self.results[baseline]
+        return (ours.mean_tokens_per_s / other.mean_tokens_per_s,
+                tuple(a / b if b > 0 else 0.0 for a, b in
+                      zip(ours.phase_tokens_per_s, other.phase_tokens_per_s, strict=True)))
+
+
+def compare(config, policy_config, fixed_ks: tuple[int, ...],
+            relaunch_s: float = SGLANG_RELAUNCH_S) -> FleetComparison:
+    """The planner's fleet, the static split (learned routing, per-pool k relaunches),
+    SGLang's adaptive EAGLE pool and every single fixed configuration, on one workload."""
+    from bench.sim.evaluation import routers, summarize, worker_priors
+    from bench.sim.simulator import simulate, workload
+
+    requests = workload(config)
+    n = len(config.phases)
+    made = routers(config, policy_config, fixed_ks, SGLANG_POOLS)
+    wanted = {"static-split": made["adaptive"], "sglang-ema": made["sglang-ema"],
+              **{name: f for name, f in made.items() if name.startswith("fixed:")}}
+    results = {}
+    for name, factory in wanted.items():
+        router = factory()
+        router.name = name
+        results[name] = summarize(name, simulate(router, config, requests), n)
+    priors = worker_priors(PLANNED, config.world, config.model)
+    moves, plans = {}, {}
+    for name, (launched, moving) in PLANNER_ROWS.items():
+        planner = planned_router(name, PLANNED, policy_config, priors, config.slo_itl_s,
+                                 relaunch_s, launched, moving)
+        results[name] = summarize(name, simulate(planner, config, requests), n)
+        assert planner._fleet is not None
+        moves[name], plans[name] = planner._fleet.done_moves, planner.plans
+    fixed = [r for name, r in results.items() if name.startswith("fixed:")]
+    best = max(fixed, key=lambda r: r.mean_tokens_per_s).name
+    starts = tuple(min(r.arrival_s for r in requests if r.phase == i) for i in range(n))
+    return FleetComparison(results, best, moves, plans, tuple(p.name for p in config.phases),
+                           starts)

@@ -1,0 +1,205 @@
+"""The text model behind `gateway.classifier.classify`: one featurizer, one linear scorer.
+
+Training (`bench.training.classifier.train`, scikit-learn) calls `features()`; inference
+(here) computes the same set of known features without building their strings, so the
+two cannot drift apart (a test compares the scores with sklearn's). The shipped model is
+a vocabulary plus a weight matrix in a `.npz` file (no pickle); at load the weights
+become one Python list per class, so scoring a prompt is a dict lookup per feature and a
+C-speed sum per class: no array per request (docs/CLASSIFIER.md, "Latency").
+
+Features are binary: lowercased words (ASCII punctuation turned into spaces, then split
+on whitespace), their bigrams, and punctuation/layout markers found by substring tests
+(indented lines, `;`/`{` at end of line, ` = `, `()`, `=>`, brackets, ...). Rows are
+L2-normalised (1/sqrt(number of known features)), matching sklearn's
+`CountVectorizer(binary=True)` + `normalize()` used in training. Only a bounded window
+of the text is read: the first `HEAD_CHARS` and the last `TAIL_CHARS` characters.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+HEAD_CHARS = 512
+TAIL_CHARS = 192
+FORMAT_VERSION = 4
+
+# Words: the lowercased text with ASCII punctuation turned into spaces, split on
+# whitespace (`str.translate` + `str.split`: ~6x faster than a tokenizing regex, which
+# was half of a 4 KB prompt's classification). Punctuation that tells code from prose
+# becomes presence markers instead (substring tests), so the words stay clean.
+_PUNCT_TO_SPACE = str.maketrans(dict.fromkeys("!\"#$%&'()*+,-./:;<=>?@[\\]^`{|}~", " "))
+# (name, needles): present when any needle occurs. Single characters are looked up in
+# the text's character set; longer needles are searched only when their first
+# character occurs at all, so prose pays a set build and a few lookups.
+_MARKS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("<indent>", ("\n    ", "\n\t")),
+    ("<semi_eol>", (";\n",)),
+    ("<brace_eol>", ("{\n", ":\n", "(\n")),
+    ("<assign>", (" = ",)),
+    ("<call>", ("()", "):")),
+    ("<arrow>", ("=>", "->")),
+    ("<compare>", ("==", "!=", "<=", ">=")),
+    ("<scope>", ("::",)),
+    ("<tag>", ("</", "/>")),
+    ("<paren>", ("(",)),
+    ("<brace>", ("{", "}")),
+    ("<bracket>", ("[", "]")),
+    ("<semi>", (";",)),
+    ("<backtick>", ("`",)),
+    ("<dollar>", ("$",)),
+    ("<hash>", ("#",)),
+    ("<underscore>", ("_",)),
+    ("<question>", ("?",)),
+    ("<exclaim>", ("!",)),
+    ("<colon>", (":",)),
+    ("<quote>", ('"', "'")),
+    ("<newline>", ("\n",)),
+)
+
+
+_CHAR_NEEDLES = tuple((n, name) for name, needles in _MARKS for n in needles if len(n) == 1)
+_LONG_NEEDLES = tuple((n, name) for name, needles in _MARKS for n in needles if len(n) > 1)
+
+
+def window(text: str) -> str:
+    """The part of the text the model reads: head and tail of long prompts."""
+    if len(text) <= HEAD_CHARS + TAIL_CHARS:
+        return text
+    return text[:HEAD_CHARS] + "\n" + text[-TAIL_CHARS:]
+
+
+def words(text: str) -> list[str]:
+    """Lowercased words of an already windowed text."""
+    return text.lower().translate(_PUNCT_TO_SPACE).split()
+
+
+def marks(text: str) -> list[str]:
+    """Names of the punctuation and layout markers present in an already windowed text."""
+    chars = set(text)
+    found = [name for char, name in _CHAR_NEEDLES if char in chars]
+    found += [name for needle, name in _LONG_NEEDLES if needle[0] in chars and needle in text]
+    return list(dict.fromkeys(found))
+
+
+def features(text: str) -> list[str]:
+    """Feature strings of `text` (with repeats); the only featurizer, train and serve."""
+    text = window(text)
+    tokens = words(text)
+    out = tokens + list(map(" ".join, zip(tokens, tokens[1:], strict=False)))
+    out.extend(marks(text))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    label: str
+    probability: float
+    top_features: tuple[str, ...]  # known features that pushed hardest towards `label`
+    probabilities: tuple[float, ...] = ()  # every class's, in the model's class order
+
+
+@dataclass(frozen=True)
+class LinearTextModel:
+    """Multinomial logistic regression over binary, L2-normalised `features()`."""
+
+    classes: tuple[str, ...]
+    names: tuple[str, ...]  # feature strings; row i of `weights` belongs to names[i]
+    weights: np.ndarray  # (V, C) float32
+    bias: np.ndarray  # (C,) float32
+    vocabulary: dict[str, int] = field(init=False, repr=False)  # name -> row, for lookup
+    # The scorer's precomputed form (plain Python, so scoring a prompt allocates no
+    # arrays): unigram and shape name -> row, (token, token) -> row for bigrams (no
+    # joined string per pair), and one list of floats per class (column of `weights`).
+    _unigrams: dict[str, int] = field(init=False, repr=False)
+    _bigrams: dict[tuple[str, str], int] = field(init=False, repr=False)
+    _columns: tuple[list[float], ...] = field(init=False, repr=False)
+    _bias: tuple[float, ...] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.weights.shape != (len(self.names), len(self.classes)):
+            raise ValueError("weights must be (len(names), len(classes))")
+        if self.bias.shape != (len(self.classes),):
+            raise ValueError("bias must be (len(classes),)")
+        vocabulary = {n: i for i, n in enumerate(self.names)}
+        unigrams = {n: i for n, i in vocabulary.items() if " " not in n}
+        bigrams = {tuple(n.split(" ")): i for n, i in vocabulary.items() if " " in n}
+        object.__setattr__(self, "vocabulary", vocabulary)
+        object.__setattr__(self, "_unigrams", unigrams)
+        object.__setattr__(self, "_bigrams", bigrams)
+        object.__setattr__(self, "_columns", tuple(self.weights.T.astype(float).tolist()))
+        object.__setattr__(self, "_bias", tuple(self.bias.astype(float).tolist()))
+
+    def known_rows(self, text: str) -> set[int]:
+        """Rows of the distinct known features of `text`: the same set as looking up
+        every `features(text)` string in `vocabulary`, without building bigram strings."""
+        text = window(text)
+        tokens = words(text)
+        rows = set(map(self._unigrams.get, tokens))
+        rows.update(map(self._bigrams.get, zip(tokens, tokens[1:], strict=False)))
+        rows.update(map(self._unigrams.get, marks(text)))
+        rows.discard(None)  # type: ignore[arg-type]
+        return rows  # type: ignore[return-value]
+
+    def predict(self, text: str, explain: int = 3) -> Prediction:
+        """Most likely class, its probability and the features that argued for it.
+
+        Sums each class's weights over the known rows (`map` over a list: C-speed, no
+        array per request), scales by 1/sqrt(n), adds the bias, softmax."""
+        rows = self.known_rows(text)
+        if rows:
+            scale = 1.0 / math.sqrt(len(rows))
+            logits = [sum(map(col.__getitem__, rows)) * scale + b
+                      for col, b in zip(self._columns, self._bias, strict=True)]
+        else:
+            logits = list(self._bias)
+        top_logit = max(logits)
+        scores = [math.exp(x - top_logit) for x in logits]
+        best = scores.index(1.0) if 1.0 in scores else scores.index(max(scores))
+        top: tuple[str, ...] = ()
+        if explain and rows:
+            column = self._columns[best]
+            strongest = sorted(rows, key=column.__getitem__, reverse=True)[:explain]
+            top = tuple(self.names[i] for i in strongest)
+        total = sum(scores)
+        return Prediction(self.classes[best], scores[best] / total, top,
+                          tuple(score / total for score in scores))
+
+    def save(self, path: Path) -> None:
+        """Write the model as a compressed `.npz` of plain arrays (loadable without pickle)."""
+        np.savez_compressed(
+            path,
+            format_version=np.array([FORMAT_VERSION, HEAD_CHARS, TAIL_CHARS], dtype=np.int64),
+            classes=_blob(self.classes),
+            vocabulary=_blob(self.names),
+            weights=self.weights.astype(np.float32),
+            bias=self.bias.astype(np.float32),
+        )
+
+    @classmethod
+    def load(cls, path: Path) -> LinearTextModel:
+        """Read a model written by `save`; refuses files from another featurizer version."""
+        with np.load(path, allow_pickle=False) as data:
+            version = tuple(int(v) for v in data["format_version"])
+            if version != (FORMAT_VERSION, HEAD_CHARS, TAIL_CHARS):
+                raise ValueError(f"{path}: featurizer version {version} does not match this code")
+            classes = tuple(_unblob(data["classes"]))
+            names = tuple(_unblob(data["vocabulary"]))
+            weights = np.ascontiguousarray(data["weights"], dtype=np.float32)
+            bias = np.asarray(data["bias"], dtype=np.float32)
+        return cls(classes, names, weights, bias)
+
+
+def _blob(strings: tuple[str, ...]) -> np.ndarray:
+    """Strings as one NUL-separated UTF-8 byte array."""
+    if any("\0" in item for item in strings):
+        raise ValueError("feature or class names must not contain NUL")
+    return np.frombuffer("\0".join(strings).encode("utf-8"), dtype=np.uint8)
+
+
+def _unblob(array: np.ndarray) -> list[str]:
+    text = array.tobytes().decode("utf-8")
+    return text.split("\0") if text else []

@@ -1,2 +1,0 @@
-"""Offline: the labelled set (data, vocab, snippets) and the scikit-learn fit (train)
-that write `gateway/classifier/assets/`. `python -m gateway.classifier.training.train`."""

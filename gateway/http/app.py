@@ -1,0 +1,432 @@
+"""The gateway ASGI application: routes, lifespan, and the error handler.
+
+`create_app(config)` builds a Starlette app. The lifespan owns the long-lived
+resources: ONE `aiohttp.ClientSession` (pooled keep-alive connections, explicit
+timeouts) shared by every upstream call, the health monitor, the Redis worker
+discovery (when `redis_url` is set), the classifier model, the tracer provider and the
+routing policy (`gateway.routing.policy`: the learned policy and its telemetry store by
+default). The token routes are raw ASGI (`gateway.http.endpoints`); the rest are plain
+Starlette routes, where speed does not matter.
+
+Faults: a `GatewayError` becomes its OpenAI-shaped answer where it is raised; anything
+else is a bug, answered by `GatewayApp` (fast routes) or the `Exception` handler
+(Starlette routes) with a 500 `internal_error` carrying a request id, under which the
+traceback is logged: frames and the exception's type only, since an exception's message
+may quote the request (its prompt, its key).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+import orjson
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    ProcessCollector,
+    generate_latest,
+)
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.config import GatewayConfig
+from gateway.errors import (
+    AuthenticationFailed,
+    GatewayError,
+    ModelNotFound,
+    error_body,
+    error_response,
+    internal_error,
+    shutting_down,
+)
+from gateway.http.endpoints import ExplainEndpoint, TokenEndpoint
+from gateway.http.openapi import openapi_document
+from gateway.http.sglang_routes import GenerateEndpoint, health_generate, model_info, server_info
+from gateway.pools import build_pools
+from gateway.routing.fleet_plan import FleetPlanning
+from gateway.routing.policy import LearnedRoutingPolicy, RoutingPolicy, build_routing_policy
+from gateway.routing.router import Classify, Decide, PoolRouter, minimal_profile
+from gateway.routing.slo import slo_layer
+from gateway.telemetry.loop_lag import LoopLagProbe
+from gateway.telemetry.prometheus import (
+    FanoutRecorder,
+    HttpMetrics,
+    PrometheusRecorder,
+    Recorder,
+)
+from gateway.telemetry.spans import make_tracer
+from gateway.telemetry.tenant_metrics import TenantMetrics
+from gateway.tenants.auth import Authenticator, TenantReloader, is_admin
+from gateway.tenants.limits import Limits
+from gateway.upstream.adapters import make_adapters
+from gateway.upstream.dispatch import Gateway
+from gateway.upstream.health import HealthMonitor
+from gateway.upstream.worker_priors import WorkerPriors
+from policies.planner import PlannerConfig
+
+log = logging.getLogger("specroute.gateway")
+access_log = logging.getLogger("specroute.access")
+
+
+def json_response(body: object, status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+def _gateway(request: Request) -> Gateway:
+    return request.app.state.gateway
+
+
+def model_card(name: str, created: int) -> dict:
+    return {"id": name, "object": "model", "created": created, "owned_by": "specroute"}
+
+
+async def list_models(request: Request) -> Response:
+    gateway = _gateway(request)
+    tenant = gateway.auth.tenant(request.headers.get("authorization"))
+    request.scope["specroute.tenant"] = tenant.name
+    created = request.app.state.started
+    models = [m for m in gateway.config.models if not tenant.models or m in tenant.models]
+    return json_response({"object": "list", "data": [model_card(m, created) for m in models]})
+
+
+async def get_model(request: Request) -> Response:
+    gateway = _gateway(request)
+    tenant = gateway.auth.tenant(request.headers.get("authorization"))
+    request.scope["specroute.tenant"] = tenant.name
+    name = request.path_params["model"]
+    if name not in gateway.config.models or (tenant.models and name not in tenant.models):
+        raise ModelNotFound(f"The model '{name}' does not exist", param="model",
+                            code="model_not_found")
+    return json_response(model_card(name, request.app.state.started))
+
+
+async def health(request: Request) -> Response:
+    return json_response({"status": "ok"})
+
+
+async def ready(request: Request) -> Response:
+    """200 only when every configured model has at least one healthy worker; models,
+    pools and worker URLs only for an admin (`is_admin`)."""
+    gateway = _gateway(request)
+    models: dict[str, int] = dict.fromkeys(gateway.config.models, 0)
+    for pool in gateway.pools.values():
+        models[pool.config.model] += pool.healthy_workers
+    is_ready = all(models.values())
+    status = 200 if is_ready else 503
+    if not is_admin(request):
+        return json_response({"ready": is_ready}, status)
+    now = time.monotonic()
+    pools = {p.name: {"healthy_workers": p.healthy_workers, "workers": len(p.workers),
+                      "outstanding": p.outstanding,
+                      "worker_states": [w.state(now) for w in p.workers]}
+             for p in gateway.pools.values()}
+    return json_response({"ready": is_ready, "models": models, "pools": pools}, status)
+
+
+async def metrics(request: Request) -> Response:
+    """Open unless an admin key is configured (a Prometheus in the same network scrapes
+    it without one); then only for that key."""
+    if _gateway(request).config.server.admin_api_key_sha256 is not None \
+            and not is_admin(request):
+        raise AuthenticationFailed("/metrics needs the admin key: send 'Authorization: "
+                                   "Bearer <admin key>'", code="invalid_api_key")
+    request.app.http_metrics.update(_gateway(request).pools)
+    return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def fleet_planning(config: GatewayConfig, pools: dict, routing: RoutingPolicy
+                   ) -> FleetPlanning | None:
+    """The fleet planner loop (gateway/routing/fleet_plan.py): with Redis and the learned policy
+    only; relaunch cost, payback horizon and hysteresis are the policy's, and it plans
+    every 10 refits."""
+    if not config.redis_url or not isinstance(routing, LearnedRoutingPolicy):
+        return None
+    policy = config.policy
+    planner = PlannerConfig(relaunch_s=policy.relaunch_cost_s,
+                            horizon_s=policy.relaunch_payback_s, hysteresis=policy.hysteresis)
+    return FleetPlanning(pools, routing.policy, routing.store, config.redis_url, planner,
+                         interval_s=10 * policy.refit_interval_s)
+
+
+async def routing_fleet(request: Request) -> Response:
+    """The fleet planner's current vs desired workers per pool, predicted gain and reason,
+    per model (planned now if it has not planned yet); admin only (`is_admin`)."""
+    if not is_admin(request):
+        raise AuthenticationFailed("/v1/routing/fleet needs the admin key: send "
+                                   "'Authorization: Bearer <admin key>'", code="invalid_api_key")
+    planning: FleetPlanning | None = request.app.state.planning
+    if planning is None:
+        return json_response({"planner": "off (it needs redis_url and the learned policy)",
+                              "models": {}})
+    if planning.planned_at is None:
+        await asyncio.to_thread(planning.plan_all)
+    return json_response({"planner": "on", **planning.report()})
+
+
+async def openapi_json(request: Request) -> Response:
+    """The gateway's OpenAPI document (`gateway.http.openapi`), for clients and fuzzers."""
+    return Response(request.app.state.openapi, media_type="application/json")
+
+
+async def gateway_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, GatewayError)
+    return error_response(exc)
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404/405 in OpenAI shape."""
+    assert isinstance(exc, HTTPException)
+    error = GatewayError(str(exc.detail), status=exc.status_code,
+                         code="not_found" if exc.status_code == 404 else "method_not_allowed")
+    error.type = "invalid_request_error"
+    return error_response(error)
+
+
+def log_fault(scope: Scope, exc: BaseException) -> GatewayError:
+    """`errors.internal_error` for this request, marked on the scope as answered."""
+    error = internal_error(exc, f"{scope.get('method')} {scope.get('path')}")
+    scope["specroute.request_id"] = error.request_id
+    return error
+
+
+async def internal_fault(request: Request, exc: Exception) -> Response:
+    """Starlette's `ServerErrorMiddleware` hands unhandled exceptions here (then
+    re-raises; `GatewayApp` takes it from there without logging it twice)."""
+    return error_response(log_fault(request.scope, exc))
+
+
+class SentWatch:
+    """Wraps `send`, remembering how far the response got, so a fault is answered in
+    the shape the client can still receive."""
+
+    __slots__ = ("send", "start", "done")
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.start: Message | None = None
+        self.done = False
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.start = message
+        elif not message.get("more_body", False):
+            self.done = True
+        await self.send(message)
+
+    @property
+    def streaming(self) -> bool:
+        return self.start is not None and any(
+            name == b"content-type" and value.startswith(b"text/event-stream")
+            for name, value in self.start["headers"])
+
+    async def fault(self, error: GatewayError) -> None:
+        """Before the head: a 500 with `x-request-id`. Mid-stream: an SSE error event and
+        the end of the body. After the end: nothing left to say."""
+        if self.start is None:
+            body = error_body(error)
+            await self({"type": "http.response.start", "status": error.status,
+                             "headers": [(b"content-type", b"application/json"),
+                                         (b"content-length", str(len(body)).encode()),
+                                         (b"x-request-id", str(error.request_id).encode())]})
+            await self({"type": "http.response.body", "body": body})
+        elif not self.done:
+            event = b"data: " + error_body(error) + b"\n\ndata: [DONE]\n\n"
+            await self({"type": "http.response.body",
+                             "body": event if self.streaming else b""})
+
+
+def load_default_classifier() -> Classify:
+    """`gateway.classifier.classify.classify` with its model loaded; the minimal profile (logged
+    once) when the classifier or its model cannot load. Blocking: call it in a thread."""
+    try:
+        from gateway.classifier.classify import classify, load_classifier
+
+        load_classifier()
+    except Exception as exc:  # noqa: BLE001 - any failure to load means: use the fallback
+        log.warning("request classifier unavailable (%s: %s); using the minimal profile",
+                    type(exc).__name__, exc)
+        return minimal_profile
+    return classify
+
+
+class GatewayApp(Starlette):
+    """Starlette with a front door for the token routes: a `POST` to one of them goes
+    straight to its raw ASGI endpoint, skipping the middleware stack and the route
+    table (each endpoint turns every `GatewayError` into a response itself). Everything
+    else, including a wrong method on a token route (405), is plain Starlette. Any other
+    exception, from either, is a bug: logged and answered here (`log_fault`)."""
+
+    def __init__(self, *, fast_routes: dict[str, ASGIApp],
+                 http_metrics: HttpMetrics | None = None, access_log: bool = False,
+                 **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.fast_routes = fast_routes
+        self.http_metrics = http_metrics or HttpMetrics(CollectorRegistry())
+        self.access_log = access_log
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        watch = SentWatch(send)
+        started = time.perf_counter()
+        endpoint = self.fast_routes.get(scope["path"]) if scope["method"] == "POST" else None
+        try:
+            if endpoint is not None:
+                scope["app"] = self
+                await endpoint(scope, receive, watch)
+            else:
+                await super().__call__(scope, receive, watch)
+        except Exception as exc:  # noqa: BLE001 - the last line: a bug, never a bare 500
+            if "specroute.request_id" not in scope:  # else answered by `internal_fault`
+                await watch.fault(log_fault(scope, exc))
+        except asyncio.CancelledError:
+            # uvicorn cancels what still runs when the shutdown drain ends; the client is
+            # told (a 503, or an error event) and the task ends here, without a traceback
+            log.warning("%s %s cut by the shutdown (server.drain_timeout_s)",
+                        scope["method"], scope["path"][:100])
+            await watch.fault(shutting_down())
+        finally:
+            self.observe(scope, watch, endpoint is not None, time.perf_counter() - started)
+
+    def observe(self, scope: Scope, watch: SentWatch, fast: bool, seconds: float) -> None:
+        """Count the answer by route template and status; the access log line. Never
+        the key, the prompt or the query string."""
+        status = watch.start["status"] if watch.start is not None else 499
+        route = scope["path"] if fast else getattr(scope.get("route"), "path", "other")
+        self.http_metrics.observe(route, status, seconds)
+        if self.access_log:
+            access_log.info("%s %s %d %.1fms tenant=%s", scope["method"], route, status,
+                            seconds * 1000, scope.get("specroute.tenant", "-"))
+
+
+def create_app(config: GatewayConfig, *, policy: str = "learned",
+               decide: Decide | None = None, classify: Classify | None = None,
+               recorder: Recorder | None = None,
+               config_path: str | None = None) -> GatewayApp:
+    """Build the app. `policy` names the routing policy (`gateway.routing.policy.POLICY_NAMES`);
+    a `decide` function replaces it (a fixed rule that learns nothing). `classify=None`
+    means `gateway.classifier.classify`, loaded in the lifespan; `recorder` replaces the Prometheus
+    recorder (the policy is fed either way). With `config_path`, tenants reload when
+    that file changes or on SIGHUP (`gateway.tenants.auth.TenantReloader`)."""
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)  # process_resident_memory_bytes, CPU seconds, fds
+    recorder = recorder or PrometheusRecorder(registry)
+    tenant_metrics = TenantMetrics(registry)
+    server = config.server
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        timeout = aiohttp.ClientTimeout(total=server.total_timeout_s,
+                                        connect=server.connect_timeout_s,
+                                        sock_read=server.read_timeout_s)
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+        provider, tracer = make_tracer(server.otel_exporter)
+        chosen = classify if classify is not None else await asyncio.to_thread(
+            load_default_classifier)
+        routing = (RoutingPolicy(decide, "custom") if decide
+                   else build_routing_policy(policy, config))
+        app.state.routing = routing
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector,
+                                         auto_decompress=False) as session:
+            pools = build_pools(config)
+            monitor = HealthMonitor(pools, session, server)
+            priors = WorkerPriors(pools, session, routing.set_worker_prior,
+                                  server.health_interval_s)
+            app.state.priors = priors
+            app.state.session = session  # gateway.http.sglang_routes's /server_info asks the workers
+            discovery = None
+            if config.redis_url:
+                from gateway.upstream.discovery import RegistryDiscovery
+
+                discovery = RegistryDiscovery(pools, config.redis_url,
+                                              server.discovery_interval_s,
+                                              on_new=monitor.probe,
+                                              on_entry=priors.from_registry)
+            admission, slo = slo_layer(config, pools, routing.decide, routing.predict,
+                                       lambda name: app.state.gateway.auth.named(name),
+                                       tenant_metrics)
+            app.state.gateway = Gateway(
+                config=config, pools=pools,
+                router=PoolRouter(pools, decide=slo.decide, classify=chosen,
+                                  predict=slo.predict),
+                auth=Authenticator(config.tenants, config.auth),
+                limits=Limits(config.redis_url, config.limits.on_redis_error,
+                              on_limited=tenant_metrics.limited),
+                admission=admission,
+                adapters=make_adapters(session), recorder=FanoutRecorder(recorder, routing, tenant_metrics),
+                tracer=tracer, provider=provider)
+            reloader = None
+            if config_path is not None:
+                def install(auth: Authenticator) -> None:
+                    app.state.gateway.auth = auth
+
+                reloader = TenantReloader(config_path, install,
+                                          app.state.gateway.auth.required)
+                reloader.start()
+            app.state.reloader = reloader
+            planning = app.state.planning = fleet_planning(config, pools, routing)
+            routing.start()
+            app.state.loop_lag.start()
+            await monitor.start()
+            await priors.start()
+            if discovery is not None:
+                await discovery.start()
+            if planning is not None:
+                await planning.start()
+            # Startup leaves ~60k long-lived objects (classifier, policy, libraries); a
+            # full collection walks them all (~40 ms here). Frozen, they are never scanned.
+            gc.freeze()
+            try:
+                yield
+            finally:
+                if planning is not None:
+                    await planning.stop()
+                if discovery is not None:
+                    await discovery.stop()
+                await priors.stop()
+                await monitor.stop()
+                if reloader is not None:
+                    await reloader.stop()
+                await app.state.gateway.limits.close()
+                await app.state.loop_lag.stop()
+                await asyncio.to_thread(routing.stop)  # joins threads, flushes telemetry
+                provider.shutdown()
+
+    fast_routes: dict[str, ASGIApp] = {"/v1/chat/completions": TokenEndpoint("chat"),
+                                       "/v1/completions": TokenEndpoint("completions"),
+                                       "/v1/routing/explain": ExplainEndpoint(),
+                                       "/generate": GenerateEndpoint()}
+    routes = [
+        *(Route(path, endpoint, methods=["POST"]) for path, endpoint in fast_routes.items()),
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", get_model, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/ready", ready, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/v1/routing/fleet", routing_fleet, methods=["GET"]),
+        *(Route(path, server_info, methods=["GET"])
+          for path in ("/server_info", "/get_server_info")),
+        *(Route(path, model_info, methods=["GET"]) for path in ("/model_info", "/get_model_info")),
+        Route("/health_generate", health_generate, methods=["GET"]),
+        Route("/openapi.json", openapi_json, methods=["GET"]),
+    ]
+    app = GatewayApp(fast_routes=fast_routes, http_metrics=HttpMetrics(registry),
+                     access_log=server.access_log, routes=routes, lifespan=lifespan,
+                     exception_handlers={GatewayError: gateway_error, HTTPException: http_error,
+                                         Exception: internal_fault})
+    app.state.registry = registry
+    app.state.openapi = orjson.dumps(openapi_document(config.models))
+    app.state.loop_lag = LoopLagProbe(registry)
+    app.state.started = int(time.time())
+    return app

@@ -1,0 +1,217 @@
+"""SGLang's native HTTP surface on the gateway, so SGLang-native clients (its benchmark's
+default `sglang` backend, `sglang.RuntimeEndpoint`) point at specroute unchanged.
+
+- `POST /generate`: SGLang's request (`text` | `input_ids`, `sampling_params`, `stream`,
+  `rid`, `return_logprob`, ...), classified, routed, dispatched and recorded like a
+  completion, but answered in SGLang's shape: the worker's own `/generate` body
+  (`text`, `output_ids`, `meta_info` with the spec fields), chunks cumulative when
+  streaming, ending `data: [DONE]`. Only pools that speak `/generate` (engine `sglang`
+  or `embedded`) take it. There is no `model` field in SGLang's request: an optional
+  `model` names one, else the gateway's only model (400 when it serves several).
+- `GET /server_info` (and `/get_server_info`): the gateway's pools with each live
+  worker's own `/server_info` internal state; `internal_states[0]` is the aggregate,
+  whose `avg_spec_accept_length` is the mean over the workers that report one (what
+  SGLang's benchmark prints as the accept length).
+- `GET /model_info` (`/get_model_info`), `GET /health_generate`.
+
+Field names from the sglang==0.5.23 wheel: `managers/io_struct.py` GenerateReqInput,
+`entrypoints/http_server.py` (server_info, model_info, health_generate).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import aiohttp
+import orjson
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.types import Send
+
+from gateway.errors import InvalidRequest, NoHealthyWorker
+from gateway.http.endpoints import Admitted, TokenEndpoint, send_error
+from gateway.http.responses import DONE, ChunkWriter
+from gateway.pools import Pool
+from gateway.schemas import GenerationRequest, check_logit_bias
+from gateway.tenants.auth import is_admin
+from gateway.upstream import dispatch
+from gateway.upstream.adapters.base import Delta, Final, GenerationResult
+from policies.types import Decision
+
+NATIVE_ENGINES = frozenset({"sglang", "embedded"})
+GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")
+
+
+def _bad(param: str, message: str) -> InvalidRequest:
+    return InvalidRequest(message, param=param, code="invalid_value")
+
+
+def parse_generate(body: object, models: list[str]) -> GenerationRequest:
+    """An SGLang `/generate` body as a completions request that keeps the native body."""
+    if not isinstance(body, dict):
+        raise _bad("body", "the request body must be a JSON object")
+    model = body.get("model")
+    if model is None:
+        if len(models) != 1:
+            raise _bad("model", "this gateway serves several models; name one in 'model'")
+        model = models[0]
+    if not isinstance(model, str):
+        raise _bad("model", "'model' must be a string")
+    text, ids = body.get("text"), body.get("input_ids")
+    if (text is None) == (ids is None):
+        raise _bad("text", "give exactly one of 'text' and 'input_ids'")
+    if text is not None and not (isinstance(text, str) and text):
+        raise _bad("text", "'text' must be a non-empty string (one prompt per request)")
+    if ids is not None and not (isinstance(ids, list) and ids and all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in ids)):
+        raise _bad("input_ids", "'input_ids' must be a non-empty list of token ids")
+    params = body.get("sampling_params") or {}
+    if not isinstance(params, dict):
+        raise _bad("sampling_params", "'sampling_params' must be an object")
+    check_logit_bias(params, "sampling_params.logit_bias")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise _bad("stream", "'stream' must be a boolean")
+    schema = params.get("json_schema")
+    fmt = None
+    if any(params.get(f) is not None for f in GRAMMAR_FIELDS):
+        # the router's constrained_decoding requirement reads response_format
+        fmt = {"type": "json_schema", "json_schema": {"schema": schema}}
+    return GenerationRequest(
+        endpoint="completions", model=model, body=body, prompt=text if text is not None
+        else ids, max_tokens=_int(params, "max_new_tokens"), temperature=_float(
+            params, "temperature", 1.0), top_p=_float(params, "top_p"), stream=stream,
+        seed=_int(params, "sampling_seed"), response_format=fmt, native=body)
+
+
+def _int(params: dict, name: str) -> int | None:
+    value = params.get(name)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise _bad(f"sampling_params.{name}", f"'sampling_params.{name}' must be an integer")
+    return value
+
+
+def _float(params: dict, name: str, default: float | None = None) -> float | None:
+    value = params.get(name, default)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+        raise _bad(f"sampling_params.{name}", f"'sampling_params.{name}' must be a number")
+    return None if value is None else float(value)
+
+
+def _sse(obj: object) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+class NativeWriter(ChunkWriter):
+    """SSE of a native stream: the worker's own chunks, then `data: [DONE]`."""
+
+    def delta(self, item: Delta) -> bytes:
+        return _sse(item.native) if item.native is not None else b""
+
+    def final(self, item: Final) -> bytes:
+        return DONE
+
+    def error(self, body: dict) -> bytes:
+        return _sse(body) + DONE  # SGLang's stream error: data: {"error": {...}}
+
+
+class GenerateEndpoint(TokenEndpoint):
+    """`POST /generate`: the token route's steps (authenticate, rate limit, classify, route,
+    admission, dispatch with failover, record, trace), SGLang's body in and out."""
+
+    def __init__(self) -> None:
+        super().__init__("completions", route="generate")
+
+    def parse(self, gateway: dispatch.Gateway, body: object) -> GenerationRequest:
+        return parse_generate(body, sorted({p.config.model for p in gateway.pools.values()}))
+
+    def render(self, request: GenerationRequest, result: GenerationResult,
+               decision: Decision) -> bytes:
+        return orjson.dumps(result.native or {})
+
+    def writer(self, request: GenerationRequest, decision: Decision) -> ChunkWriter:
+        return NativeWriter(request, decision)
+
+    async def complete(self, gateway: dispatch.Gateway, send: Send, timer: dispatch.Timer,
+                       job: Admitted) -> None:
+        if (native := await _native(send, job)) is not None:
+            await super().complete(gateway, send, timer, native)
+
+    async def stream(self, gateway: dispatch.Gateway, send: Send, timer: dispatch.Timer,
+                     job: Admitted) -> None:
+        if (native := await _native(send, job)) is not None:
+            await super().stream(gateway, send, timer, native)
+
+
+async def _native(send: Send, job: Admitted) -> Admitted | None:
+    """The job on the pools that speak `/generate`; a 400 when none serves the model."""
+    pools = [p for p in job.pools if p.config.engine in NATIVE_ENGINES]
+    if pools:
+        return dataclasses.replace(job, pools=pools)
+    await send_error(send, InvalidRequest(
+        f"POST /generate needs a pool of engine sglang or embedded serving "
+        f"{job.request.model!r}", param="model", code="unsupported_capability"))
+    return None
+
+
+async def _worker_info(session: aiohttp.ClientSession, pool: Pool, url: str) -> dict | None:
+    try:
+        async with session.get(url + "/server_info",
+                               timeout=aiohttp.ClientTimeout(total=5)) as resp:
+            if resp.status != 200:
+                return None
+            return await resp.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+
+
+async def server_info(request: Request) -> Response:
+    gateway: dispatch.Gateway = request.app.state.gateway
+    session: aiohttp.ClientSession = request.app.state.session
+    targets = [(pool, worker.url) for pool in gateway.pools.values()
+               for worker in pool.workers if worker.healthy
+               and pool.config.engine in NATIVE_ENGINES]
+    infos = await asyncio.gather(*(_worker_info(session, p, u) for p, u in targets))
+    states = []
+    admin = is_admin(request)  # worker addresses are operator detail, as on /ready
+    for (pool, url), info in zip(targets, infos, strict=True):
+        if info is None:
+            continue
+        state = dict((info.get("internal_states") or [{}])[0])
+        state.update({"pool": pool.name, "method": pool.config.method, "k": pool.config.k})
+        if admin:
+            state["worker"] = url
+        states.append(state)
+    lengths = [s["avg_spec_accept_length"] for s in states
+               if isinstance(s.get("avg_spec_accept_length"), int | float)]
+    aggregate: dict = {"pool": None, "num_running_reqs": sum(
+        s.get("num_running_reqs", 0) for s in states)}
+    if lengths:
+        aggregate["avg_spec_accept_length"] = sum(lengths) / len(lengths)
+    models = sorted({p.config.model for p in gateway.pools.values()})
+    return JSONResponse({
+        "model_path": models[0] if len(models) == 1 else None, "served_model_names": models,
+        "version": "specroute", "speculative_algorithm": "SPECROUTE",
+        "internal_states": [aggregate, *states],
+        "pools": [{"name": p.name, "engine": p.config.engine, "method": p.config.method,
+                   "k": p.config.k, "healthy_workers": p.healthy_workers}
+                  for p in gateway.pools.values()]})
+
+
+async def model_info(request: Request) -> Response:
+    gateway: dispatch.Gateway = request.app.state.gateway
+    models = sorted({p.config.model for p in gateway.pools.values()})
+    return JSONResponse({"model_path": models[0] if len(models) == 1 else None,
+                         "tokenizer_path": None, "is_generation": True,
+                         "served_model_names": models, "weight_version": "default"})
+
+
+async def health_generate(request: Request) -> Response:
+    """200 when some pool that can generate has a healthy worker (SGLang's route runs a
+    one-token generation; the gateway's health monitor already probes every worker)."""
+    gateway: dispatch.Gateway = request.app.state.gateway
+    if any(pool.healthy_workers for pool in gateway.pools.values()):
+        return Response(status_code=200)
+    error = NoHealthyWorker("no healthy worker", code="no_healthy_worker")
+    return JSONResponse(error.body(), status_code=error.status)

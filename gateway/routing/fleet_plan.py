@@ -1,0 +1,139 @@
+"""The gateway's fleet planner loop: every `interval_s`, per served model, plan the
+workers per pool from what the learned policy knows (policies/planner/) and publish the
+plan in Redis (`policies.fleet.desired_fleet_key`) for the supervisors or the Kubernetes
+controller to follow; `GET /v1/routing/fleet` shows the latest plans.
+
+The current fleet is the workers each pool has (configured and registered, draining
+ones included), with the worker that a supervisor is moving (`fleet_move_key`) counted
+in the pool it is moving to. The plan published before is the planner's `previous`
+(hysteresis), so gateway replicas, which read the same telemetry, converge on one plan.
+Planning runs in a thread; Redis failing only skips the publication.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+import redis
+
+from gateway.periodic import Periodic
+from gateway.pools import Pool
+from policies.decision import Policy
+from policies.fleet import desired_fleet_key, fleet_move_key
+from policies.planner import (
+    FleetPlan,
+    PlannerConfig,
+    PoolSlot,
+    demand_from_snapshot,
+    plan,
+    settle,
+    state_speed,
+)
+from policies.telemetry import Telemetry
+
+log = logging.getLogger("specroute.gateway")
+
+
+def current_fleet(pools: list[Pool], moving: dict | None) -> dict[str, int]:
+    """Workers per pool, the moving worker counted where it goes."""
+    counts = {p.name: len(p.workers) for p in pools}
+    dst, src, url = (str(moving.get(key)) for key in ("dst", "src", "url")) if moving \
+        else ("", "", "")
+    if dst in counts:
+        if any(w.url == url for p in pools if p.name == src for w in p.workers):
+            counts[src] -= 1  # still registered where it was (draining)
+        counts[dst] += 1
+    return counts
+
+
+class FleetPlanning:
+    def __init__(self, pools: dict[str, Pool], policy: Policy, store: Telemetry,
+                 redis_url: str, config: PlannerConfig, interval_s: float = 10.0) -> None:
+        self.pools = pools
+        self.policy = policy
+        self.store = store
+        self.config = config
+        self.client = redis.Redis.from_url(redis_url, socket_timeout=1.0,
+                                           socket_connect_timeout=1.0)
+        self.plans: dict[str, FleetPlan] = {}
+        self.planned_at: float | None = None
+        self.published: dict[str, bool] = {}
+        self._loop = Periodic("specroute-fleet-planner", self.tick, interval_s)
+
+    async def start(self) -> None:
+        self._loop.start(wait_first=True)
+
+    async def stop(self) -> None:
+        await self._loop.stop()
+        self.client.close()
+
+    async def tick(self) -> None:
+        try:
+            await asyncio.to_thread(self.plan_all)
+        except Exception:  # noqa: BLE001 - a failed plan must not end the loop
+            log.exception("fleet planning failed")
+
+    def plan_all(self) -> dict[str, FleetPlan]:
+        """Plan and publish every model's fleet (blocking: Redis and the search)."""
+        snapshot = self.store.snapshot()
+        state = self.policy.state
+        by_model: dict[str, list[Pool]] = {}
+        for pool in self.pools.values():
+            by_model.setdefault(pool.config.model, []).append(pool)
+        for model, pools in sorted(by_model.items()):
+            previous, moving = self._read(model)
+            slots = {p.name: PoolSlot(p.name, p.config.method,
+                                      0 if p.config.method == "plain" else p.config.k)
+                     for p in pools}
+            wished = plan(model, current_fleet(pools, moving), slots,
+                          demand_from_snapshot(snapshot, model, self.store.tau_s),
+                          state_speed(state, model, slots), self.config,
+                          previous.desired if previous is not None else None,
+                          state.measured_k)
+            dwell = self.config.dwell_s if self.config.dwell_s is not None \
+                else self.config.relaunch_s
+            result = settle(wished, previous, time.time(), dwell)
+            self.plans[model] = result
+            self.published[model] = self._publish(model, result)
+        self.planned_at = time.time()
+        return self.plans
+
+    def _read(self, model: str) -> tuple[FleetPlan | None, dict | None]:
+        try:
+            raw_plan, raw_move = self.client.mget([desired_fleet_key(model),
+                                                   fleet_move_key(model)])
+        except redis.RedisError as exc:
+            log.warning("fleet planner cannot read Redis: %s", exc)
+            return self.plans.get(model), None
+        previous = None
+        try:
+            previous = FleetPlan.from_json(raw_plan) if raw_plan else None
+            moving = json.loads(raw_move) if raw_move else None
+        except (ValueError, TypeError):
+            return None, None
+        return previous, moving if isinstance(moving, dict) else None
+
+    def _publish(self, model: str, result: FleetPlan) -> bool:
+        try:
+            self.client.set(desired_fleet_key(model), result.to_json())
+        except redis.RedisError as exc:
+            log.warning("fleet planner cannot publish for %s: %s", model, exc)
+            return False
+        return True
+
+    def report(self) -> dict:
+        """What `GET /v1/routing/fleet` answers."""
+        return {"planned_at": self.planned_at, "relaunch_s": self.config.relaunch_s,
+                "horizon_s": self.config.horizon_s,
+                "models": {model: {"current": p.current, "desired": p.desired,
+                                   "predicted_gain": round(p.gain, 4), "moves": p.moves,
+                                   "reason": p.reason,
+                                   "current_tokens_per_s": round(p.current_tokens_per_s, 2),
+                                   "desired_tokens_per_s": round(p.desired_tokens_per_s, 2),
+                                   "class_shares": p.shares, "wish": p.wish,
+                                   "adopted": p.adopted,
+                                   "published": self.published.get(model, False)}
+                           for model, p in sorted(self.plans.items())}}

@@ -1,0 +1,118 @@
+"""The SLO hook between the router and the routing policy: tenants' targets steer the pick.
+
+`SloHook.decide` / `.predict` wrap the policy's own (`gateway.routing.policy.RoutingPolicy`):
+the policy decides as always, then `policies.slo.choose` checks its pick against the
+tenant's `slo_ttft_ms` / `slo_tpot_ms` with the pools' state from admission (busy, queue
+wait, higher-priority work) and may move the request: to the fastest option that meets
+the SLO when the pick misses, or, under load with higher-priority work in flight, to the
+option that meets at the least fleet cost (plain, or a pool without latency work). The
+verdict is appended to the decision's reason, so `/v1/routing/explain`, the response's
+`specroute.reason` and the trace's `specroute.decision_reason` show it (except a live
+pick that meets with no pool busy, the common case, which keeps the policy's reason:
+explain still says why it stands).
+
+Per-pool options come from the policy's side-effect-free `predict` on one pool at a time
+(and, for a speculative pool taking k per request, on that pool run plain); they are
+only built when the pick misses or some pool is busy. A policy without predictions
+(`static`, `first`: predicted tokens/s 0) and `admission.slo_aware: false` pass through.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from gateway.config import GatewayConfig, TenantConfig
+from gateway.pools import Pool
+from gateway.routing.admission import Admission, PoolState
+from gateway.routing.router import Decide
+from gateway.telemetry.tenant_metrics import TenantMetrics
+from policies.slo import SloOption, SloTarget, choose
+from policies.types import Decision, PoolView, RequestProfile
+
+
+class SloHook:
+    def __init__(self, decide: Decide, predict: Decide, tenant: Callable[[str], TenantConfig],
+                 admission: Admission, enabled: bool = True,
+                 metrics: TenantMetrics | None = None) -> None:
+        self.policy_decide = decide
+        self.policy_predict = predict
+        self.tenant = tenant
+        self.admission = admission
+        self.enabled = enabled
+        self.metrics = metrics
+
+    def decide(self, profile: RequestProfile, pools: list[PoolView]) -> Decision:
+        decision, kind = self._apply(self.policy_decide(profile, pools), profile, pools,
+                                     explain=False)
+        if self.metrics is not None:
+            self.metrics.decided(kind)
+        return decision
+
+    def predict(self, profile: RequestProfile, pools: list[PoolView]) -> Decision:
+        return self._apply(self.policy_predict(profile, pools), profile, pools,
+                           explain=True)[0]
+
+    def _apply(self, decision: Decision, profile: RequestProfile, pools: list[PoolView],
+               explain: bool) -> tuple[Decision, str]:
+        if not self.enabled or decision.predicted_tokens_per_s <= 0:
+            return decision, "policy"
+        tenant = self.tenant(profile.tenant)
+        tpot_ms = 1000.0 / decision.predicted_tokens_per_s
+        if tpot_ms <= tenant.slo_tpot_ms and not any(
+                self.admission.busy(p.name) for p in pools):
+            # the common case, kept cheap (~3 us): a live decision keeps the policy's
+            # reason as it is; explain says why it stands
+            if not explain:
+                return decision, "slo_kept"
+            return replace(decision, reason=f"{decision.reason}; slo {tenant.name}: meets "
+                           f"(tpot {tpot_ms:.0f} ms <= {tenant.slo_tpot_ms:.0f} ms), no "
+                           f"pool busy"), "slo_kept"
+        target = SloTarget(tenant.name, tenant.slo_ttft_ms, tenant.slo_tpot_ms,
+                           tenant.priority)
+        states = {p.name: self.admission.pool_state(p.name, tenant) for p in pools}
+        pick = option(decision.pool, decision.method, decision.k,
+                      decision.predicted_tokens_per_s, decision.predicted_accept_length,
+                      states.get(decision.pool))
+        choice = choose(pick, self._options(profile, pools, states), target)
+        reason = f"{decision.reason}; {choice.reason}"
+        if not choice.changed:
+            return replace(decision, reason=reason), f"slo_{choice.kind}"
+        chosen = choice.option
+        fallbacks = tuple(dict.fromkeys(
+            n for n in (decision.pool, *decision.fallbacks) if n != chosen.pool))
+        return replace(decision, pool=chosen.pool, method=chosen.method, k=chosen.k,
+                       reason=reason, predicted_accept_length=chosen.accept_length,
+                       predicted_tokens_per_s=chosen.tokens_per_s,
+                       fallbacks=fallbacks), f"slo_{choice.kind}"
+
+    def _options(self, profile: RequestProfile, pools: list[PoolView],
+                 states: dict[str, PoolState]) -> list[SloOption]:
+        out = []
+        for view in pools:
+            if view.healthy_workers <= 0:
+                continue
+            variants = [view]
+            if view.per_request_k and view.method != "plain" and view.k > 0:
+                variants.append(replace(view, k=0, per_request_k=False, max_k=0))
+            for variant in variants:
+                d = self.policy_predict(profile, [variant])
+                out.append(option(view.name, d.method, d.k, d.predicted_tokens_per_s,
+                                  d.predicted_accept_length, states.get(view.name)))
+        return out
+
+
+def option(pool: str, method: str, k: int, tokens_per_s: float, accept_length: float,
+           state: PoolState | None) -> SloOption:
+    state = state or PoolState(False, 0.0, 0)
+    return SloOption(pool, method, k, tokens_per_s, accept_length, state.wait_s * 1000,
+                     state.busy, state.higher_priority)
+
+
+def slo_layer(config: GatewayConfig, pools: dict[str, Pool], decide: Decide, predict: Decide,
+              tenant: Callable[[str], TenantConfig], metrics: TenantMetrics
+              ) -> tuple[Admission, SloHook]:
+    """Admission for `pools` and the SLO hook around the policy's decide / predict."""
+    admission = Admission(config.admission, pools, metrics)
+    hook = SloHook(decide, predict, tenant, admission, config.admission.slo_aware, metrics)
+    return admission, hook

@@ -1,0 +1,181 @@
+"""SGLang adapter (also the embedded engine, which speaks the same surface).
+
+Completions go to SGLang's native `POST /generate`: the fastest path, and its
+`meta_info` carries the per-request speculation counters. Chat goes to the worker's
+own `POST /v1/chat/completions` with `return_spec_tokens_details: true`: the worker
+applies the model's chat template server-side, so the gateway never has to know a
+model's template, and SGLang returns the same counters under
+`sglext.spec_tokens_details` (checked in the sglang 0.5.23 source:
+`entrypoints/openai/serving_chat.py`, `protocol.py:SglExt`).
+
+Streaming `/generate` text is CUMULATIVE by default and becomes per-chunk deltas
+only when the server runs with `--incremental-streaming-output`
+(`tokenizer_manager.py`); `output_ids` follows the same mode, while
+`meta_info.completion_tokens` is always the running total. So a chunk is cumulative
+exactly when `len(output_ids) == completion_tokens`; the adapter emits only new text
+either way.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import aiohttp
+import orjson
+
+from gateway.config import PoolConfig
+from gateway.schemas import GenerationRequest
+from gateway.upstream.adapters.base import (
+    Delta,
+    Final,
+    GenerationResult,
+    SpecStats,
+    StreamItem,
+    Usage,
+    finish_reason_of,
+    non_negative,
+    read_batch,
+)
+from gateway.upstream.adapters.openai import OpenAIAdapter
+from gateway.upstream.adapters.wire import post, post_json, sse_data
+from policies.prior import Measured, MeasuredError, WorkerPrior
+
+
+def spec_from_meta(meta: dict) -> SpecStats:
+    """Read SGLang's `meta_info` spec counters (present only with speculation on), the
+    embedded worker's `specroute_batch` (every finished request), and the decode time:
+    the embedded worker's `decode_s`, else SGLang's `e2e_latency` less its
+    `first_token_latency` (sglang 0.5.23 adds the latter with `--enable-metrics`:
+    managers/tokenizer_manager.py ~L2753-2770, observability/req_time_stats.py
+    `convert_to_output_meta_info` ~L507-533)."""
+    spec = read_batch(SpecStats(
+        verify_steps=int(meta.get("spec_verify_ct") or 0),
+        accept_length=float(meta.get("spec_accept_length") or 0.0),
+        accept_rate=meta.get("spec_accept_rate"),
+        correct_drafts=int(meta.get("spec_num_correct_drafts") or 0),
+        proposed_drafts=int(meta.get("spec_num_proposed_drafts") or 0),
+    ), meta)
+    if spec.decode_s is None:
+        e2e = non_negative(meta.get("e2e_latency"))
+        first = non_negative(meta.get("first_token_latency"))
+        if e2e is not None and first is not None and e2e >= first:
+            spec.decode_s = e2e - first
+    return spec
+
+
+def prior_from_server_info(pool: PoolConfig, body: dict) -> WorkerPrior | None:
+    """What a worker's `/server_info` says it measured about itself, for the pool's
+    method: the embedded worker's `specroute_measured` (its measured.json), else SGLang's
+    `internal_states[].avg_spec_accept_length` at `speculative_num_steps` (one value for
+    every request class); None when it says neither."""
+    measured = body.get("specroute_measured")
+    if isinstance(measured, dict):
+        try:
+            prior = WorkerPrior.from_measured(pool.model, pool.method,
+                                              Measured.from_dict(measured))
+        except MeasuredError:
+            prior = None
+        if prior is not None and prior.acceptance:
+            return prior
+    k = body.get("speculative_num_steps") or pool.k
+    for state in body.get("internal_states") or ():
+        average = state.get("avg_spec_accept_length") if isinstance(state, dict) else None
+        if isinstance(average, int | float) and average > 1.0 and isinstance(k, int) and k > 0:
+            return WorkerPrior.from_server_average(pool.model, pool.method, float(average), k)
+    return None
+
+
+def usage_from_meta(meta: dict) -> Usage:
+    return Usage(prompt_tokens=int(meta.get("prompt_tokens") or 0),
+                 completion_tokens=int(meta.get("completion_tokens") or 0))
+
+
+# OpenAI body fields that SGLang's SamplingParams takes under the same name and meaning.
+SAMPLING_PASS_THROUGH = ("presence_penalty", "frequency_penalty", "logit_bias",
+                         "json_schema", "regex", "ebnf")
+
+
+def sampling_params(request: GenerationRequest, pool: PoolConfig, k: int) -> dict:
+    params: dict = {}
+    if request.max_tokens is not None:
+        params["max_new_tokens"] = request.max_tokens
+    for name in ("temperature", "top_p", "stop"):
+        value = getattr(request, name)
+        if value is not None:
+            params[name] = value
+    if request.seed is not None:
+        params["sampling_seed"] = request.seed
+    for name in SAMPLING_PASS_THROUGH:
+        if request.body.get(name) is not None:
+            params[name] = request.body[name]
+    if request.response_format is not None:
+        schema = request.json_schema
+        if schema is not None:
+            params["json_schema"] = orjson.dumps(schema).decode()
+        elif request.response_format.get("type") == "json_object":
+            params["json_schema"] = '{"type": "object"}'  # what SGLang's own route sends
+    if pool.capabilities.per_request_k:
+        params["custom_params"] = {"num_speculative_tokens": k}
+    return params
+
+
+class SGLangAdapter:
+    def __init__(self, session: aiohttp.ClientSession) -> None:
+        self.session = session
+        self.chat = OpenAIAdapter(session, extra={"return_spec_tokens_details": True})
+
+    def payload(self, request: GenerationRequest, pool: PoolConfig, k: int,
+                stream: bool) -> dict:
+        if request.native is not None:  # SGLang's own body: only k and stream are ours
+            body = {key: v for key, v in request.native.items() if key != "model"}
+            params = dict(body.get("sampling_params") or {})
+            if pool.capabilities.per_request_k:
+                params["custom_params"] = {**(params.get("custom_params") or {}),
+                                           "num_speculative_tokens": k}
+            return {**body, "sampling_params": params, "stream": stream}
+        prompt_key = "input_ids" if isinstance(request.prompt, list) else "text"
+        return {prompt_key: request.prompt, "stream": stream, "rid": uuid.uuid4().hex,
+                "sampling_params": sampling_params(request, pool, k)}
+
+    @staticmethod
+    def _openai_route(request: GenerationRequest) -> bool:
+        """Chat, and completions that need n > 1 or logprobs, go to SGLang's OpenAI routes
+        (`/generate` takes one sample and answers logprobs in its own shape)."""
+        return request.native is None and (request.endpoint == "chat" or request.n > 1
+                                           or request.logprobs)
+
+    async def generate(self, worker: str, request: GenerationRequest, pool: PoolConfig,
+                       k: int) -> GenerationResult:
+        if self._openai_route(request):
+            return await self.chat.generate(worker, request, pool, k)
+        body = await post_json(self.session, worker, "/generate",
+                               self.payload(request, pool, k, stream=False))
+        meta = body.get("meta_info") or {}
+        return GenerationResult(text=body.get("text") or "",
+                                finish_reason=finish_reason_of(meta.get("finish_reason")),
+                                usage=usage_from_meta(meta), spec=spec_from_meta(meta),
+                                native=body if request.native is not None else None)
+
+    async def stream(self, worker: str, request: GenerationRequest, pool: PoolConfig,
+                     k: int) -> AsyncIterator[StreamItem]:
+        if self._openai_route(request):
+            async for item in self.chat.stream(worker, request, pool, k):
+                yield item
+            return
+        sent = 0
+        meta: dict = {}
+        payload = self.payload(request, pool, k, stream=True)
+        async with post(self.session, worker, "/generate", payload) as resp:
+            async for chunk in sse_data(worker, resp):
+                meta = chunk.get("meta_info") or meta
+                text = chunk.get("text") or ""
+                cumulative = len(chunk.get("output_ids") or ()) == meta.get("completion_tokens")
+                if cumulative:
+                    text, sent = text[sent:], len(text)
+                if request.native is not None:
+                    yield Delta(text=text, native=chunk)
+                elif text:
+                    yield Delta(text=text)
+        finish = finish_reason_of(meta.get("finish_reason"))
+        yield Final(usage=usage_from_meta(meta), spec=spec_from_meta(meta), finish_reason=finish)

@@ -1,0 +1,64 @@
+"""The simulator's movable fleet (bench/sim/planned.py): a moving worker takes no new
+requests but finishes those it has, is down for the relaunch, then serves in its new
+pool; and a short planner run moves at most one worker at a time."""
+
+from __future__ import annotations
+
+from bench.sim.baselines import SimPool
+from bench.sim.evaluation import worker_priors
+from bench.sim.planned import PLANNED, MovableFleet, planned_router
+from bench.sim.simulator import Running, SimConfig, default_phases, simulate, workload
+from bench.sim.world import World
+from policies.decision import PolicyConfig
+from policies.types import RequestRecord
+
+SPECS = (SimPool("a", "sglang", "eagle3", 3, False, 2, group="a"),
+         SimPool("b", "sglang", "eagle3", 5, False, 0, group="b"))
+
+
+def running(index: int, steps: float) -> Running:
+    record = RequestRecord(model="m", pool="a", method="eagle3", k=3, task="code",
+                           temperature_bucket="t0", prompt_tokens=1, output_tokens=10,
+                           verify_steps=5, accept_length=2.0, load=0, ttft_s=0.0, itl_s=0.0,
+                           e2e_s=0.0)
+    return Running(steps, index, "a", 0.0, 0.0, record, "sglang-eagle3", 3, 0.0)
+
+
+def test_a_moving_worker_drains_is_down_then_joins() -> None:
+    fleet = MovableFleet(SPECS)
+    busy, idle = fleet.workers["a"]
+    busy.add(running(0, 100.0))
+    fleet.start_move("a", "b", now=0.0, relaunch_s=60.0)
+    assert fleet.moving is not None and fleet.moving.worker is idle  # the quickest to drain
+    views = {v.name: v.healthy_workers for v in fleet.views()}
+    assert views == {"a": 1, "b": 0} and fleet.counts() == {"a": 1, "b": 1}
+    fleet.advance(59.0)
+    assert fleet.workers["b"] == []
+    fleet.advance(60.0)
+    assert fleet.workers["b"] == [idle] and fleet.moving is None
+    assert fleet.done_moves == [(60.0, "a", "b")]
+
+
+def test_drain_time_counts_before_the_relaunch() -> None:
+    fleet = MovableFleet(SPECS)
+    first, second = fleet.workers["a"]
+    first.add(running(0, 100.0))
+    second.add(running(1, 200.0))
+    fleet.start_move("a", "b", now=0.0, relaunch_s=60.0)
+    assert fleet.moving is not None and fleet.moving.ready_at > 60.0
+
+
+def test_planner_run_moves_one_worker_at_a_time() -> None:
+    config = SimConfig(default_phases(0.08), seed=0, world=World())
+    router = planned_router("planner", PLANNED, PolicyConfig(seed=0),
+                            worker_priors(PLANNED, config.world, config.model),
+                            config.slo_itl_s, relaunch_s=2.0)
+    outcomes = simulate(router, config, workload(config))
+    assert all(o is not None for o in outcomes)
+    assert router._fleet is not None
+    moves = router._fleet.done_moves
+    assert router.plans and "no traffic measured" in router.plans[0][1].reason
+    ends = [t for t, _, _ in moves]
+    assert ends == sorted(ends) and len(set(ends)) == len(ends)
+    assert sum(len(ws) for ws in router._fleet.workers.values()) + (
+        router._fleet.moving is not None) == 12

@@ -1,0 +1,48 @@
+"""The headline ratios of a small seeded simulator run, pinned per scenario.
+
+A change to the world, the baselines or the policy that moves a ratio fails here; rerun
+`python -m tests.bench.test_policy_sim_regression` and update EXPECTED with the reason in the
+commit message. Small scale (420 requests, fixed k 2 and 4), so the figures are not the
+report's (docs/POLICY.md has the full run), only a tripwire for it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.sim.evaluation import evaluate
+from bench.sim.scenarios import SCENARIOS
+from bench.sim.simulator import SimConfig, default_phases
+from bench.sim.world import World
+from policies.decision import PolicyConfig
+
+SCALE = 0.04
+FIXED_KS = (2, 4)
+KEYS = ("adaptive_vs_oracle", "adaptive_vs_best_fixed", "adaptive_vs_sglang_ema",
+        "flat_prior_vs_oracle")
+TOLERANCE = 0.02
+EXPECTED: dict[tuple[str, int], dict[str, float]] = {
+    ("sglang-pools", 0): {"adaptive_vs_oracle": 0.844, "adaptive_vs_best_fixed": 0.673,
+                          "adaptive_vs_sglang_ema": 0.693, "flat_prior_vs_oracle": 0.892},
+    ("embedded", 0): {"adaptive_vs_oracle": 0.934, "adaptive_vs_best_fixed": 1.005,
+                      "adaptive_vs_sglang_ema": 1.219, "flat_prior_vs_oracle": 0.742},
+}
+
+
+def headline(scenario: str, seed: int) -> dict[str, float]:
+    config = SimConfig(default_phases(SCALE), seed=seed, world=World())
+    summary = evaluate(config, PolicyConfig(seed=seed), FIXED_KS, SCENARIOS[scenario]).summary
+    return {key: round(float(summary[key]), 3) for key in KEYS}
+
+
+@pytest.mark.parametrize(("scenario", "seed"), sorted(EXPECTED))
+def test_headline_ratios_are_pinned(scenario: str, seed: int) -> None:
+    got = headline(scenario, seed)
+    print(scenario, seed, got)
+    for key, value in EXPECTED[(scenario, seed)].items():
+        assert abs(got[key] - value) <= TOLERANCE, (key, got[key], value)
+
+
+if __name__ == "__main__":
+    for name in ("sglang-pools", "embedded"):
+        print(f"    ({name!r}, 0): {headline(name, 0)},")

@@ -1,0 +1,43 @@
+"""`Policy.predict` is the pure ranking `decide` builds on: explain uses it, so asking
+why a request would go somewhere never moves counters, the RNG, exploration or cold-start
+tries."""
+
+from __future__ import annotations
+
+from gateway.config import parse_config
+from gateway.pools import build_pools
+from gateway.routing.router import Pin, PoolRouter, minimal_profile
+from gateway.schemas import parse_request
+from policies.types import Decision, PoolView, RequestProfile
+from tests.policies.test_policy_decide import PROFILE, pools, trained
+
+
+def test_predict_moves_nothing_that_decide_reads() -> None:
+    asked, untouched = trained(explore=1.0), trained(explore=1.0)
+    greedy = trained(explore=0.0).decide(PROFILE, pools())
+    for _ in range(50):
+        predicted = asked.predict(PROFILE, pools())
+        assert predicted == greedy and not predicted.explored
+    assert asked.explored_fraction == untouched.explored_fraction
+    for _ in range(20):  # same RNG draws, same caps, same cold-start tries
+        assert asked.decide(PROFILE, pools()) == untouched.decide(PROFILE, pools())
+
+
+def test_explain_routes_with_predict_never_decide() -> None:
+    config = parse_config({"pools": [{"name": "a", "engine": "sglang", "model": "m",
+                                      "method": "eagle", "k": 3, "workers": ["http://a:1"]}]})
+    built = build_pools(config)
+    built["a"].workers[0].healthy = True
+
+    def decide(_: RequestProfile, views: list[PoolView]) -> Decision:
+        raise AssertionError("explain ran decide")
+
+    def predict(_: RequestProfile, views: list[PoolView]) -> Decision:
+        return Decision(pool="a", method="eagle", k=3, reason="predicted")
+
+    router = PoolRouter(built, decide=decide, predict=predict)
+    request = parse_request({"model": "m", "prompt": "x"}, "completions")
+    profile = minimal_profile(request, "t")
+    decision, _ = router.route_assessed(router.assess(request, profile), profile, Pin(),
+                                        explain=True)
+    assert decision.reason == "predicted"

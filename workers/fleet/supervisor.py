@@ -1,0 +1,424 @@
+"""Run one pool's inference server and relaunch it when the policy wants another k.
+
+SGLang and vLLM fix the speculation depth at launch, so a per-pool change of k means a
+restart. The policy publishes the pool's wish in Redis (`specroute:pool:{pool}:desired_k`,
+a decimal string); the supervisor applies it when it is worth it:
+
+    desired k read -> equal to current k, or last launch < min interval ago? keep
+                   -> raise drain flag -> wait for in-flight requests (or a grace time)
+                   -> stop the server -> launch with the new k -> wait for /health
+                   -> re-register with the new k -> clear drain flag
+
+A server that exits on its own is restarted with exponential backoff. `Supervisor` does
+one unit of work per `poll_once()` call, so tests drive it without sleeping loops;
+`supervise()` is the blocking loop behind `specroute supervise`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import httpx
+import redis
+
+from policies.fleet import FleetConfigError, FleetPool, desired_k_key, load_pool
+from workers.fleet.registry import Registration, new_worker_info
+from workers.fleet.sglang_launch import SGLangLaunch, build_sglang_args, extra_args_from_mapping
+from workers.fleet.vllm_launch import VLLMLaunch, build_vllm_args
+
+if TYPE_CHECKING:
+    from workers.fleet.member import FleetMember
+
+logger = logging.getLogger(__name__)
+
+CommandBuilder = Callable[[int, int], list[str]]  # (port, k) -> argv
+
+
+class SupervisorError(RuntimeError):
+    """The config is unusable, or the server could not be launched or never became healthy."""
+
+
+_BUILDER_SET = {"model_path", "method", "k", "port", "served_model_name", "python", "vllm",
+                "extra_args"}  # filled in by the supervisor, not by `launch:`
+
+
+def launch_options(pool: FleetPool, builder: type) -> dict[str, Any]:
+    """Split the pool's `launch:` into `builder`'s own fields and pass-through flags.
+
+    Fields of SGLangLaunch (topk, num_draft_tokens, draft_model_path, tp_size,
+    mem_fraction_static, max_running_requests, host) or VLLMLaunch are used as such, any
+    other key becomes a flag (`context_length: 8192`).
+    """
+    own = {f.name for f in fields(builder)} - _BUILDER_SET
+    known = {key: value for key, value in pool.launch.items() if key in own}
+    rest = {key: value for key, value in pool.launch.items() if key not in own}
+    return {**known, "extra_args": extra_args_from_mapping(rest)}
+
+
+def advertised_url(pool: FleetPool, port: int | None, override: str | None) -> tuple[str, int]:
+    """(URL gateways use, port the server listens on): the override, else the pool's
+    worker URL with that port, else the first worker URL, else 127.0.0.1."""
+    if override:
+        return override.rstrip("/"), port or urlsplit(override).port or 30000
+    for url in pool.workers:
+        if port is None or urlsplit(url).port == port:
+            return url.rstrip("/"), urlsplit(url).port or 80
+    return f"http://127.0.0.1:{port or 30000}", port or 30000
+
+
+@dataclass(frozen=True, slots=True)
+class SupervisorSettings:
+    url: str  # the server's base URL as gateways reach it (registered under this)
+    port: int
+    min_relaunch_interval_s: float = 30.0
+    health_timeout_s: float = 900.0  # SGLang loads weights and captures CUDA graphs first
+    drain_notice_s: float = 3.0  # > gateway discovery_interval_s (2 s): it sees the flag
+    drain_timeout_s: float = 120.0
+    drain_grace_s: float = 10.0  # wait used when the server does not report its load
+    poll_interval_s: float = 1.0
+    restart_backoff_s: float = 1.0
+    restart_backoff_max_s: float = 60.0
+    registration_ttl_s: float = 10.0
+    stop_timeout_s: float = 30.0
+    log_path: Path | None = None  # child stdout/stderr; None = inherit
+
+
+_LOAD_LINE = re.compile(r"^(?:sglang[:_](?:num_running_reqs|num_queue_reqs)|"
+                        r"vllm[:_](?:num_requests_running|num_requests_waiting))"
+                        r"(\{[^}]*\})?\s+(\S+)", re.MULTILINE)
+
+
+def in_flight_requests(base_url: str, client: httpx.Client) -> int | None:
+    """Running + queued requests, from /metrics (SGLang: sglang:num_running_reqs +
+    sglang:num_queue_reqs, needs --enable-metrics; vLLM: vllm:num_requests_running +
+    vllm:num_requests_waiting) or /server_info; None if unknown."""
+    try:
+        resp = client.get(f"{base_url}/metrics")
+        if resp.status_code == 200:
+            values = [float(m.group(2)) for m in _LOAD_LINE.finditer(resp.text)]
+            if values:
+                return int(sum(values))
+        resp = client.get(f"{base_url}/server_info")
+        if resp.status_code == 200:
+            info = resp.json()
+            states = [info, *(info.get("internal_states") or [])]
+            counts = [s.get(name) for s in states if isinstance(s, dict)
+                      for name in ("num_running_reqs", "num_queue_reqs", "num_waiting_reqs")]
+            known = [int(c) for c in counts if isinstance(c, int | float)]
+            if known:
+                return sum(known)
+    except (httpx.HTTPError, ValueError):
+        return None
+    return None
+
+
+class Supervisor:
+    """Owns one server process and its registration for one pool."""
+
+    def __init__(self, pool: FleetPool, redis_url: str, build_command: CommandBuilder,
+                 settings: SupervisorSettings, stopping: threading.Event | None = None) -> None:
+        self.pool = pool
+        self.settings = settings
+        self.redis_url = redis_url
+        self._redis = redis.Redis.from_url(redis_url, socket_timeout=5.0)
+        self._http = httpx.Client(timeout=httpx.Timeout(2.0))
+        self._build_command = build_command
+        self._stopping = stopping or threading.Event()
+        self.process: subprocess.Popen[bytes] | None = None
+        self.registration: Registration | None = None
+        self.k = pool.k
+        self.launches = 0
+        self._launched_at = 0.0
+        self._backoff = settings.restart_backoff_s
+        self._restart_at: float | None = None
+        self._rejected_k: int | None = None  # a k that failed to come up: not retried
+
+    # -- process ---------------------------------------------------------------------
+    def _spawn(self, k: int) -> None:
+        argv = self._build_command(self.settings.port, k)
+        logger.info("pool %s: launching k=%d: %s", self.pool.name, k, shlex.join(argv))
+        out = open(self.settings.log_path, "ab") if self.settings.log_path else None  # noqa: SIM115
+        try:
+            # own session: SGLang forks scheduler/detokenizer children; we stop the group
+            self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT if out
+                                            else None, start_new_session=True)
+        except OSError as exc:
+            raise SupervisorError(f"cannot start {argv[0]!r}: {exc}") from exc
+        finally:
+            if out is not None:
+                out.close()
+        self.launches += 1
+        self._launched_at = time.monotonic()
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.settings.health_timeout_s
+        while time.monotonic() < deadline and not self._stopping.is_set():
+            if self.process is None or self.process.poll() is not None:
+                code = None if self.process is None else self.process.returncode
+                raise SupervisorError(f"server exited with {code} before it was healthy")
+            try:
+                if self._http.get(f"{self.settings.url}/health").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            self._stopping.wait(0.2)
+        raise SupervisorError(f"{self.settings.url}/health not ready in "
+                              f"{self.settings.health_timeout_s:.0f}s")
+
+    def _terminate(self) -> None:
+        proc, self.process = self.process, None
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(self.settings.stop_timeout_s)
+        except subprocess.TimeoutExpired:
+            logger.warning("pool %s: server ignored SIGTERM, killing", self.pool.name)
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        except ProcessLookupError:
+            proc.wait()
+
+    def _launch(self, k: int) -> None:
+        """Start the server with `k`, wait for /health, announce it."""
+        self._spawn(k)
+        try:
+            self._wait_healthy()
+        except SupervisorError:
+            self._terminate()
+            raise
+        self.k = k
+        assert self.process is not None
+        if self.registration is None:
+            info = new_worker_info(url=self.settings.url, pool=self.pool.name,
+                                   engine=self.pool.engine, method=self.pool.method, k=k,
+                                   model=self.pool.model, pid=self.process.pid)
+            self.registration = Registration(self.redis_url, info,
+                                             self.settings.registration_ttl_s).start()
+        else:
+            self.registration.update(k=k, pid=self.process.pid, started_at=time.time())
+        logger.info("pool %s: serving at %s with k=%d", self.pool.name, self.settings.url, k)
+
+    # -- public ----------------------------------------------------------------------
+    def start(self) -> None:
+        """First launch, with the desired k when the policy has already published one."""
+        desired = self.desired_k()
+        self.k = desired if desired is not None else self.pool.k
+        try:
+            self._launch(self.k)
+        except SupervisorError as exc:  # poll_once restarts it with backoff
+            logger.error("pool %s: first launch failed: %s", self.pool.name, exc)
+
+    def desired_k(self) -> int | None:
+        try:
+            raw = self._redis.get(desired_k_key(self.pool.name))
+        except redis.RedisError as exc:
+            logger.warning("pool %s: cannot read desired k: %s", self.pool.name, exc)
+            return None
+        if raw is None:
+            return None
+        try:
+            value = int(raw)
+        except ValueError:
+            logger.warning("pool %s: ignoring desired k %r", self.pool.name, raw)
+            return None
+        return value if value >= 0 else None
+
+    def poll_once(self) -> str:
+        """One supervision step; returns what it did (for logs and tests):
+        'restarted', 'backoff', 'relaunched', 'held', 'failed', or 'idle'."""
+        if self.process is None or self.process.poll() is not None:
+            return self._restart_crashed()
+        desired = self.desired_k()
+        if desired is None or desired == self.k or desired == self._rejected_k:
+            return "idle"
+        since = time.monotonic() - self._launched_at
+        if since < self.settings.min_relaunch_interval_s:
+            return "held"
+        return self.relaunch(desired)
+
+    def relaunch(self, k: int) -> str:
+        """Drain, stop, start with `k`; on failure go back to the previous k."""
+        previous = self.k
+        logger.info("pool %s: relaunching k %d -> %d", self.pool.name, previous, k)
+        self._set_draining(True)
+        self._wait_drained()
+        self._terminate()
+        try:
+            self._launch(k)
+            outcome = "relaunched"
+        except SupervisorError as exc:
+            logger.error("pool %s: k=%d did not come up (%s); back to k=%d",
+                         self.pool.name, k, exc, previous)
+            self._rejected_k = k
+            outcome = "failed"
+            try:
+                self._launch(previous)
+            except SupervisorError as again:  # poll_once restarts it with backoff
+                logger.error("pool %s: k=%d failed too: %s", self.pool.name, previous, again)
+                return outcome
+        self._set_draining(False)
+        return outcome
+
+    def assign(self, pool: FleetPool, build_command: CommandBuilder) -> None:
+        """Serve as `pool` from the next launch on (before `start`: the desired fleet's)."""
+        self.pool, self._build_command, self.k = pool, build_command, pool.k
+
+    def move_to(self, pool: FleetPool, build_command: CommandBuilder) -> str:
+        """Change pool (another method and k): drain, stop, deregister from the old pool,
+        launch as `pool`, register there. A launch that fails rolls back to the old
+        pool, method and k. Returns 'moved' or 'failed'."""
+        old = (self.pool, self._build_command, self.k)
+        logger.info("pool %s: moving to pool %s (%s k=%d)", self.pool.name, pool.name,
+                    pool.method, pool.k)
+        self._set_draining(True)
+        self._wait_drained()
+        self._terminate()
+        if self.registration is not None:
+            self.registration.stop()
+            self.registration = None
+        self.pool, self._build_command = pool, build_command
+        try:
+            self._launch(pool.k)
+            return "moved"
+        except SupervisorError as exc:
+            logger.error("pool %s did not come up (%s); back to pool %s", pool.name, exc,
+                         old[0].name)
+            self.pool, self._build_command = old[0], old[1]
+            try:
+                self._launch(old[2])
+            except SupervisorError as again:  # poll_once restarts it with backoff
+                logger.error("pool %s failed too: %s", old[0].name, again)
+            return "failed"
+
+    def _restart_crashed(self) -> str:
+        now = time.monotonic()
+        if self._restart_at is None:
+            code = None if self.process is None else self.process.returncode
+            logger.warning("pool %s: server exited (%s); restart in %.1fs",
+                           self.pool.name, code, self._backoff)
+            self._restart_at = now + self._backoff
+            self._set_draining(True)
+        if now < self._restart_at:
+            return "backoff"
+        self._restart_at = None
+        try:
+            self._launch(self.k)
+        except SupervisorError as exc:
+            logger.error("pool %s: restart failed: %s", self.pool.name, exc)
+            self._backoff = min(self._backoff * 2, self.settings.restart_backoff_max_s)
+            return "backoff"
+        self._backoff = self.settings.restart_backoff_s
+        self._set_draining(False)
+        return "restarted"
+
+    def _set_draining(self, draining: bool) -> None:
+        if self.registration is None:
+            return
+        try:
+            self.registration.set_draining(draining)
+        except redis.RedisError as exc:
+            logger.warning("pool %s: cannot set drain flag: %s", self.pool.name, exc)
+
+    def _wait_drained(self, stopping: threading.Event | None = None) -> None:
+        stopping = stopping or self._stopping
+        stopping.wait(self.settings.drain_notice_s)
+        deadline = time.monotonic() + self.settings.drain_timeout_s
+        while time.monotonic() < deadline and not stopping.is_set():
+            busy = in_flight_requests(self.settings.url, self._http)
+            if busy is None:
+                stopping.wait(min(self.settings.drain_grace_s,
+                                  max(deadline - time.monotonic(), 0)))
+                return
+            if busy == 0:
+                return
+            stopping.wait(0.2)
+        logger.warning("pool %s: drain timed out; stopping with requests in flight",
+                       self.pool.name)
+
+    def stop(self, drain: bool = False) -> None:
+        """Deregister, stop the server, close clients; with `drain`, first let requests in
+        flight finish (SIGTERM: Kubernetes scaling the pool down, or a stop by hand)."""
+        if drain and self.process is not None and self.process.poll() is None:
+            self._set_draining(True)
+            self._wait_drained(threading.Event())  # not cut short: stopping is what this is
+        if self.registration is not None:
+            self.registration.stop()
+            self.registration = None
+        self._terminate()
+        self._http.close()
+        self._redis.close()
+
+
+def command_builder(pool: FleetPool, template: str | None) -> CommandBuilder:
+    """The template (`{port}`, `{k}`, `{method}`, `{model}`, `{python}` filled in) or,
+    by default, the SGLang (or, for engine vllm, vLLM) launch built from the pool."""
+    if template is not None:
+        def from_template(port: int, k: int) -> list[str]:
+            return shlex.split(template.format(port=port, k=k, method=pool.method,
+                                               model=pool.model_path or pool.model,
+                                               python=sys.executable))
+        return from_template
+
+    if pool.engine == "vllm":
+        def vllm(port: int, k: int) -> list[str]:
+            return build_vllm_args(VLLMLaunch(
+                model_path=pool.model_path or pool.model, method=pool.method, k=k, port=port,
+                served_model_name=pool.model, **launch_options(pool, VLLMLaunch)))
+        return vllm
+
+    def sglang(port: int, k: int) -> list[str]:
+        return build_sglang_args(SGLangLaunch(
+            model_path=pool.model_path or pool.model, method=pool.method, k=k, port=port,
+            served_model_name=pool.model, python=sys.executable,
+            **launch_options(pool, SGLangLaunch)))
+    return sglang
+
+
+def supervise(config_path: str, pool: str, command_template: str | None, port: int | None,
+              redis_url: str | None, follow_fleet: bool = False, min_workers: int = 1) -> int:
+    """Blocking loop of `specroute supervise`; returns 0 after SIGINT/SIGTERM. With
+    `follow_fleet` the worker changes pool as the fleet planner wants
+    (workers/fleet/member.py); `pool` is where it starts without a desired fleet."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        spec, config_redis = load_pool(config_path, pool)
+    except FleetConfigError as exc:
+        raise SupervisorError(str(exc)) from exc
+    url = redis_url or os.environ.get("REDIS_URL") or config_redis
+    if url is None:
+        raise SupervisorError("no Redis: pass --redis-url, set REDIS_URL or redis_url in config")
+    advertised, listen_port = advertised_url(
+        spec, port, os.environ.get("SPECROUTE_ADVERTISE_URL"))
+    settings = SupervisorSettings(url=advertised, port=listen_port)
+    stopping = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopping.set())
+    one = Supervisor(spec, url, command_builder(spec, command_template), settings, stopping)
+    sup: Supervisor | FleetMember = one
+    if follow_fleet:
+        from workers.fleet.member import FleetMember, MemberSettings, model_pools
+
+        sup = FleetMember(one, model_pools(config_path, spec.model),
+                          lambda p: command_builder(p, command_template),
+                          MemberSettings(min_workers=min_workers))
+    try:
+        sup.start()
+        while not stopping.wait(settings.poll_interval_s):
+            sup.poll_once()
+    finally:
+        sup.stop(drain=True)
+    return 0
