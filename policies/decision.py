@@ -6,12 +6,9 @@ gateway offers (E from arXiv 2211.17192; `a` and step time from the learner's la
 per (pool, context, load) until the next refit — so it stays in the tens of microseconds.
 
 On a per-request-k pool that the request should speculate on (its own best k > 0), the
-k >= 1 is then chosen by the batch gain, not by the request's own tokens/s: what the
-worker's whole batch emits per second with this request at k, less with it at k = 0 (SmartSpec, arXiv 2406.14066, chooses k by goodput the same way). A
-request's own step time hardly feels its own k on a busy worker, but every request
-batched with it pays for its drafts; pools are still ranked by the request's own
-tokens/s at its own best k, so pools whose cost fits saw different batch-mates compare
-on one footing.
+k >= 1 is then chosen by the batch gain (`policies.options.batch_gain`, SmartSpec's
+goodput, arXiv 2406.14066), not by the request's own tokens/s, which hardly feels its own
+k on a busy worker; pools are still ranked by the request's own tokens/s at its best k.
 
 Around the greedy choice:
 - hysteresis: keep the fleet's incumbent (pool, k) for this context unless a challenger
@@ -35,31 +32,33 @@ Around the greedy choice:
 - bounded exploration: with probability `explore_rate` (hard cap `explore_cap` of all
   requests) try the option with the highest optimistic (UCB, as in BanditSpec
   arXiv 2505.15141) tokens/s if it beats the greedy pick;
-- for fixed-k pools, publish the k that maximises tokens/s over the pool's traffic mix
-  (`specroute:pool:{pool}:desired_k`), for the worker supervisor to apply. A change is a
-  relaunch that takes the pool out of service, so it is asked for only when it pays:
-  predicted gain above max(`desired_k_gain`, `relaunch_cost_s / relaunch_payback_s`),
-  acceptance measured (not prior) for the contexts scored, the same wish held for
-  `relaunch_cost_s` of refits (a mix that lasts less than an outage is not worth one),
-  one pool at a time and none while another is out of service.
+- for fixed-k pools, the k to relaunch them with: `policies.desired_k`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import random
 import threading
 from dataclasses import dataclass
 
 from policies.acceptance import A_MAX, acceptance_std
 from policies.aggregates import DECAY_TAU_S
-from policies.cost import StepCost
+from policies.desired_k import DesiredK
 from policies.learner import Learner, LearnerConfig, PolicyState
+from policies.options import (
+    LOAD_SLOTS,
+    Option,
+    batch_gain,
+    candidate_ks,
+    make_option,
+    quantize_load,
+    trusted_top_k,
+)
 from policies.prior import WorkerPrior, merge
 from policies.telemetry import Telemetry
-from policies.types import TASKS, Decision, PoolView, RequestProfile, RequestRecord
+from policies.types import Decision, PoolView, RequestProfile, RequestRecord
 
 log = logging.getLogger(__name__)
 
@@ -96,89 +95,6 @@ class PolicyConfig:
     learner: LearnerConfig = LearnerConfig()
 
 
-@dataclass(frozen=True, slots=True)
-class Option:
-    pool: PoolView  # identity fields only; live counters may be stale (options are cached)
-    k: int
-    accept: float  # per-token acceptance used
-    samples: float  # requests behind `accept`
-    accept_length: float
-    tokens_per_s: float
-    plain_tokens_per_s: float  # this pool at k = 0 (for the speedup line)
-    # what pools are ranked by: the request's own tokens/s at the pool's best k for it
-    # (equal to tokens_per_s unless the batch gain chose a smaller k, see `batch_gain`)
-    pool_score: float = 0.0
-
-    @property
-    def is_plain(self) -> bool:
-        return self.k == 0
-
-
-def make_option(state: PolicyState, pool: PoolView, k: int, a: float, samples: float,
-                load: float) -> Option:
-    """One (pool, k) at acceptance `a` and per-worker `load`, predicted (tree drafters'
-    accept length capped at their depth, policies/acceptance.py). The step cost's `k` is
-    the batch's draft tokens per request (policies/cost.py): at k >= 1 the whole batch is
-    taken at this k (every request of a context gets the same answer), at k = 0 the
-    batch-mates at what the pool's traffic drafts (`mates_draft`)."""
-    cost = state.cost(pool.name)
-    e = state.accept_length(a, pool.method, k) if k > 0 else 1.0
-    plain_step = cost.step_s(mates_draft(state, pool, load), load)
-    tps = e / (cost.step_s(k, load) if k > 0 else plain_step)
-    return Option(pool, k, a, samples, e, tps, 1.0 / plain_step, tps)
-
-
-def mates_draft(state: PolicyState, pool: PoolView, load: float) -> float:
-    """The batch's draft tokens per request for a request that does not speculate on this
-    pool: its batch-mates draft what the pool's traffic drafts (telemetry), so plain
-    decoding on a speculative pool's busy worker is slower than on the plain pool's — a
-    step costs what the whole batch drafts (other gateways' traffic, other classes)."""
-    if load <= 1.0:
-        return 0.0
-    return state.pool_draft_k.get(pool.name, 0.0) * (load - 1.0) / load
-
-
-def batch_gain(option: Option, cost: StepCost, load: float, others_length: float) -> float:
-    """Tokens/s the request's worker emits with this option, less what it would emit with
-    the request at k = 0 (SmartSpec's goodput view, arXiv 2406.14066). With `load`
-    requests in the batch (this one included) the others emit `others_length` tokens per
-    step each; the cost model's per-token term is what one more draft token adds to the
-    step, which every request in the batch pays. A request's own tokens/s hardly feels
-    its own k on a busy worker, so maximising it picks large k that slow the whole batch
-    (docs/POLICY.md, co-batching)."""
-    rest = max(load - 1.0, 0.0) * others_length
-    return ((rest + option.accept_length) / cost.step_s(option.k, load)
-            - (rest + 1.0) / cost.step_s(0, load))
-
-
-# Per-worker loads are memoised on a geometric grid (~7% apart) up to 512 per worker.
-LOAD_SLOTS = tuple(1.07 ** i for i in range(93))
-
-
-def quantize_load(load: float) -> int:
-    """Index of the grid point nearest `load` (>= 1: the request itself is in the batch)."""
-    if load <= 1.0:
-        return 0
-    return min(int(math.log(load) / math.log(1.07) + 0.5), len(LOAD_SLOTS) - 1)
-
-
-def candidate_ks(pool: PoolView, top: int | None = None) -> range | tuple[int, ...]:
-    """The k's a pool can run: one on fixed-k pools, 0..max_k (or ..`top`) otherwise."""
-    if pool.method == "plain":
-        return (0,)
-    if not pool.per_request_k:
-        return (pool.k,)
-    return range(0, min(pool.max_k, top if top is not None else pool.max_k) + 1)
-
-
-def trusted_top_k(pool: PoolView, state: PolicyState, margin: int | None) -> int | None:
-    """The largest k worth predicting on a per-request-k pool: `margin` above the largest
-    k measured there, or above its configured k (the operator's default) before any."""
-    if margin is None:
-        return None
-    return max(state.measured_k.get(pool.name, 0), pool.k) + margin
-
-
 class Policy:
     def __init__(self, store: Telemetry, config: PolicyConfig | None = None) -> None:
         self.store = store
@@ -196,7 +112,7 @@ class Policy:
         self._explored = 0
         self._cold = 0  # cold-start tries (not under explore_cap: bounded per pool/context)
         self._cold_tries: dict[tuple[str, str, str, str], int] = {}
-        self._wishes: dict[str, tuple[int, int]] = {}  # pool -> (wished k, refits held)
+        self.desired_k = DesiredK(self.config)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -447,63 +363,9 @@ class Policy:
             {pool: m.draft_cost for pool, m in measured.items() if m.draft_cost is not None},
             {pool: m.step_curve for pool, m in measured.items() if m.step_curve})
         self._current = (state, {})
-        self._publish_desired_k(state, pools)
+        self.desired_k.publish(self.store, state, pools,
+                               lambda pool: self._load(state, pool))
         return state
-
-    def _publish_desired_k(self, state: PolicyState, pools: dict[str, PoolView]) -> None:
-        """Ask for at most one relaunch: the fixed-k pool with the largest predicted gain;
-        every other pool (one without measured acceptance too) is told to keep its k.
-        Nothing while a pool is out of service (relaunching): its published k must stand
-        until it is back."""
-        fixed = [p for p in pools.values()
-                 if not p.per_request_k and p.method != "plain"]
-        if any(p.healthy_workers <= 0 for p in fixed):
-            return
-        wishes, held = {}, {}
-        for pool in fixed:
-            scores = self._k_scores(pool, state)
-            if scores:
-                best = max(scores, key=lambda k: (scores[k], -k))
-                wishes[pool.name] = (best, scores[best] / max(scores[pool.k], 1e-12))
-                if wishes[pool.name][1] > 1 + self.relaunch_gain:
-                    k, n = self._wishes.get(pool.name, (best, 0))
-                    held[pool.name] = (best, n + 1 if k == best else 1)
-        self._wishes = held
-        dwell = self.config.relaunch_cost_s / self.config.refit_interval_s
-        change = max((n for n in held if held[n][1] >= dwell),
-                     key=lambda n: wishes[n][1], default=None)
-        for pool in fixed:
-            k = wishes[pool.name][0] if pool.name == change else pool.k
-            self.store.publish_desired_k(pool.name, k)
-
-    @property
-    def relaunch_gain(self) -> float:
-        """Fractional tokens/s gain a fixed pool's new k must promise to be relaunched."""
-        cfg = self.config
-        return max(cfg.desired_k_gain, cfg.relaunch_cost_s / cfg.relaunch_payback_s)
-
-    def _k_scores(self, pool: PoolView, state: PolicyState) -> dict[int, float]:
-        """Predicted tokens/s of the pool's traffic mix at each k, at its current load;
-        only contexts whose acceptance rests on `relaunch_min_samples` requests count."""
-        if pool.healthy_workers <= 0:
-            return {}
-        mix = {key[1:]: n for key, n in state.traffic.items() if key[0] == pool.name}
-        if not mix:
-            for key, n in state.traffic.items():
-                mix[key[1:]] = mix.get(key[1:], 0.0) + n
-        measured = []
-        for (model, task, bucket), n in mix.items():
-            if task not in TASKS:
-                continue
-            a, samples = state.accept(model, pool.method, task, bucket)
-            if samples >= self.config.relaunch_min_samples:
-                measured.append((n, a))
-        if not measured:
-            return {}
-        cost = state.cost(pool.name)
-        load = self._load(state, pool)
-        return {k: sum(n * state.accept_length(a, pool.method, k) for n, a in measured)
-                / cost.step_s(k, load) for k in range(0, max(pool.max_k, pool.k) + 1)}
 
     def start(self) -> Policy:
         """Refit every `refit_interval_s` in a daemon thread, never on the event loop."""

@@ -46,7 +46,7 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 def _supervise(args: argparse.Namespace) -> int:
-    from workers.fleet.supervisor import supervise
+    from workers.fleet.service import supervise
 
     return supervise(
         config_path=args.config,

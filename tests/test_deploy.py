@@ -20,7 +20,8 @@ import yaml
 from gateway.config import PoolConfig, parse_config
 from policies.fleet import FleetPool, load_pool
 from tests.workers.test_sglang_launch import SGLANG_0_5_23_ALGORITHMS, SGLANG_0_5_23_FLAGS
-from workers.fleet.supervisor import advertised_url, command_builder
+from workers.fleet.launch import command_builder
+from workers.fleet.supervisor import advertised_url
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "deploy/config.example.yaml"

@@ -27,34 +27,36 @@ from collections.abc import AsyncIterator
 import aiohttp
 import orjson
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
     CollectorRegistry,
     ProcessCollector,
-    generate_latest,
 )
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.config import GatewayConfig
 from gateway.errors import (
-    AuthenticationFailed,
     GatewayError,
-    ModelNotFound,
-    error_body,
-    error_response,
-    internal_error,
     shutting_down,
 )
 from gateway.http.endpoints import ExplainEndpoint, TokenEndpoint
+from gateway.http.faults import SentWatch, gateway_error, http_error, internal_fault, log_fault
 from gateway.http.openapi import openapi_document
+from gateway.http.routes import (
+    get_model,
+    health,
+    list_models,
+    metrics,
+    openapi_json,
+    ready,
+    routing_fleet,
+)
+from gateway.http.services import Gateway
 from gateway.http.sglang_routes import GenerateEndpoint, health_generate, model_info, server_info
 from gateway.pools import build_pools
-from gateway.routing.fleet_plan import FleetPlanning
-from gateway.routing.policy import LearnedRoutingPolicy, RoutingPolicy, build_routing_policy
+from gateway.routing.fleet_plan import fleet_planning
+from gateway.routing.policy import RoutingPolicy, build_routing_policy
 from gateway.routing.router import Classify, Decide, PoolRouter, minimal_profile
 from gateway.routing.slo import slo_layer
 from gateway.telemetry.loop_lag import LoopLagProbe
@@ -64,185 +66,18 @@ from gateway.telemetry.prometheus import (
     PrometheusRecorder,
     Recorder,
 )
+from gateway.telemetry.record import Reporter
 from gateway.telemetry.spans import make_tracer
 from gateway.telemetry.tenant_metrics import TenantMetrics
-from gateway.tenants.auth import Authenticator, TenantReloader, is_admin
+from gateway.tenants.auth import Authenticator, TenantReloader
 from gateway.tenants.limits import Limits
 from gateway.upstream.adapters import make_adapters
-from gateway.upstream.dispatch import Gateway
+from gateway.upstream.dispatch import Dispatcher
 from gateway.upstream.health import HealthMonitor
 from gateway.upstream.worker_priors import WorkerPriors
-from policies.planner import PlannerConfig
 
 log = logging.getLogger("specroute.gateway")
 access_log = logging.getLogger("specroute.access")
-
-
-def json_response(body: object, status: int = 200) -> Response:
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
-
-
-def _gateway(request: Request) -> Gateway:
-    return request.app.state.gateway
-
-
-def model_card(name: str, created: int) -> dict:
-    return {"id": name, "object": "model", "created": created, "owned_by": "specroute"}
-
-
-async def list_models(request: Request) -> Response:
-    gateway = _gateway(request)
-    tenant = gateway.auth.tenant(request.headers.get("authorization"))
-    request.scope["specroute.tenant"] = tenant.name
-    created = request.app.state.started
-    models = [m for m in gateway.config.models if not tenant.models or m in tenant.models]
-    return json_response({"object": "list", "data": [model_card(m, created) for m in models]})
-
-
-async def get_model(request: Request) -> Response:
-    gateway = _gateway(request)
-    tenant = gateway.auth.tenant(request.headers.get("authorization"))
-    request.scope["specroute.tenant"] = tenant.name
-    name = request.path_params["model"]
-    if name not in gateway.config.models or (tenant.models and name not in tenant.models):
-        raise ModelNotFound(f"The model '{name}' does not exist", param="model",
-                            code="model_not_found")
-    return json_response(model_card(name, request.app.state.started))
-
-
-async def health(request: Request) -> Response:
-    return json_response({"status": "ok"})
-
-
-async def ready(request: Request) -> Response:
-    """200 only when every configured model has at least one healthy worker; models,
-    pools and worker URLs only for an admin (`is_admin`)."""
-    gateway = _gateway(request)
-    models: dict[str, int] = dict.fromkeys(gateway.config.models, 0)
-    for pool in gateway.pools.values():
-        models[pool.config.model] += pool.healthy_workers
-    is_ready = all(models.values())
-    status = 200 if is_ready else 503
-    if not is_admin(request):
-        return json_response({"ready": is_ready}, status)
-    now = time.monotonic()
-    pools = {p.name: {"healthy_workers": p.healthy_workers, "workers": len(p.workers),
-                      "outstanding": p.outstanding,
-                      "worker_states": [w.state(now) for w in p.workers]}
-             for p in gateway.pools.values()}
-    return json_response({"ready": is_ready, "models": models, "pools": pools}, status)
-
-
-async def metrics(request: Request) -> Response:
-    """Open unless an admin key is configured (a Prometheus in the same network scrapes
-    it without one); then only for that key."""
-    if _gateway(request).config.server.admin_api_key_sha256 is not None \
-            and not is_admin(request):
-        raise AuthenticationFailed("/metrics needs the admin key: send 'Authorization: "
-                                   "Bearer <admin key>'", code="invalid_api_key")
-    request.app.http_metrics.update(_gateway(request).pools)
-    return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)
-
-
-def fleet_planning(config: GatewayConfig, pools: dict, routing: RoutingPolicy
-                   ) -> FleetPlanning | None:
-    """The fleet planner loop (gateway/routing/fleet_plan.py): with Redis and the learned policy
-    only; relaunch cost, payback horizon and hysteresis are the policy's, and it plans
-    every 10 refits."""
-    if not config.redis_url or not isinstance(routing, LearnedRoutingPolicy):
-        return None
-    policy = config.policy
-    planner = PlannerConfig(relaunch_s=policy.relaunch_cost_s,
-                            horizon_s=policy.relaunch_payback_s, hysteresis=policy.hysteresis)
-    return FleetPlanning(pools, routing.policy, routing.store, config.redis_url, planner,
-                         interval_s=10 * policy.refit_interval_s)
-
-
-async def routing_fleet(request: Request) -> Response:
-    """The fleet planner's current vs desired workers per pool, predicted gain and reason,
-    per model (planned now if it has not planned yet); admin only (`is_admin`)."""
-    if not is_admin(request):
-        raise AuthenticationFailed("/v1/routing/fleet needs the admin key: send "
-                                   "'Authorization: Bearer <admin key>'", code="invalid_api_key")
-    planning: FleetPlanning | None = request.app.state.planning
-    if planning is None:
-        return json_response({"planner": "off (it needs redis_url and the learned policy)",
-                              "models": {}})
-    if planning.planned_at is None:
-        await asyncio.to_thread(planning.plan_all)
-    return json_response({"planner": "on", **planning.report()})
-
-
-async def openapi_json(request: Request) -> Response:
-    """The gateway's OpenAPI document (`gateway.http.openapi`), for clients and fuzzers."""
-    return Response(request.app.state.openapi, media_type="application/json")
-
-
-async def gateway_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, GatewayError)
-    return error_response(exc)
-
-
-async def http_error(request: Request, exc: Exception) -> Response:
-    """Starlette's own 404/405 in OpenAI shape."""
-    assert isinstance(exc, HTTPException)
-    error = GatewayError(str(exc.detail), status=exc.status_code,
-                         code="not_found" if exc.status_code == 404 else "method_not_allowed")
-    error.type = "invalid_request_error"
-    return error_response(error)
-
-
-def log_fault(scope: Scope, exc: BaseException) -> GatewayError:
-    """`errors.internal_error` for this request, marked on the scope as answered."""
-    error = internal_error(exc, f"{scope.get('method')} {scope.get('path')}")
-    scope["specroute.request_id"] = error.request_id
-    return error
-
-
-async def internal_fault(request: Request, exc: Exception) -> Response:
-    """Starlette's `ServerErrorMiddleware` hands unhandled exceptions here (then
-    re-raises; `GatewayApp` takes it from there without logging it twice)."""
-    return error_response(log_fault(request.scope, exc))
-
-
-class SentWatch:
-    """Wraps `send`, remembering how far the response got, so a fault is answered in
-    the shape the client can still receive."""
-
-    __slots__ = ("send", "start", "done")
-
-    def __init__(self, send: Send) -> None:
-        self.send = send
-        self.start: Message | None = None
-        self.done = False
-
-    async def __call__(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
-            self.start = message
-        elif not message.get("more_body", False):
-            self.done = True
-        await self.send(message)
-
-    @property
-    def streaming(self) -> bool:
-        return self.start is not None and any(
-            name == b"content-type" and value.startswith(b"text/event-stream")
-            for name, value in self.start["headers"])
-
-    async def fault(self, error: GatewayError) -> None:
-        """Before the head: a 500 with `x-request-id`. Mid-stream: an SSE error event and
-        the end of the body. After the end: nothing left to say."""
-        if self.start is None:
-            body = error_body(error)
-            await self({"type": "http.response.start", "status": error.status,
-                             "headers": [(b"content-type", b"application/json"),
-                                         (b"content-length", str(len(body)).encode()),
-                                         (b"x-request-id", str(error.request_id).encode())]})
-            await self({"type": "http.response.body", "body": body})
-        elif not self.done:
-            event = b"data: " + error_body(error) + b"\n\ndata: [DONE]\n\n"
-            await self({"type": "http.response.body",
-                             "body": event if self.streaming else b""})
 
 
 def load_default_classifier() -> Classify:
@@ -356,15 +191,17 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
             admission, slo = slo_layer(config, pools, routing.decide, routing.predict,
                                        lambda name: app.state.gateway.auth.named(name),
                                        tenant_metrics)
+            limits = Limits(config.redis_url, config.limits.on_redis_error,
+                            on_limited=tenant_metrics.limited)
             app.state.gateway = Gateway(
                 config=config, pools=pools,
                 router=PoolRouter(pools, decide=slo.decide, classify=chosen,
                                   predict=slo.predict),
                 auth=Authenticator(config.tenants, config.auth),
-                limits=Limits(config.redis_url, config.limits.on_redis_error,
-                              on_limited=tenant_metrics.limited),
-                admission=admission,
-                adapters=make_adapters(session), recorder=FanoutRecorder(recorder, routing, tenant_metrics),
+                limits=limits, admission=admission,
+                dispatcher=Dispatcher(make_adapters(session), server),
+                reporter=Reporter(FanoutRecorder(recorder, routing, tenant_metrics), pools,
+                                  limits.spend, tracer, provider),
                 tracer=tracer, provider=provider)
             reloader = None
             if config_path is not None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import orjson
 from starlette.types import Receive, Scope, Send
@@ -36,13 +36,15 @@ from gateway.errors import (
     shutting_down,
 )
 from gateway.http.responses import ChunkWriter, headers_for, response_body
+from gateway.http.services import Gateway
 from gateway.pools import Pool
 from gateway.routing.router import Pin
 from gateway.schemas import Endpoint, GenerationRequest, parse_request
+from gateway.telemetry.record import Outcome, Timer
 from gateway.telemetry.spans import NO_TRACE, Trace, request_attributes, start_request
 from gateway.tenants.auth import authorize
-from gateway.upstream import dispatch
-from gateway.upstream.adapters.base import Final, GenerationResult, SpecStats, StreamItem, Usage
+from gateway.upstream.adapters.base import Final, GenerationResult, StreamItem
+from gateway.upstream.dispatch import Lease, warning_headers
 from policies.types import Decision, RequestProfile
 
 log = logging.getLogger("specroute.gateway")
@@ -132,7 +134,7 @@ def _headers(scope: Scope) -> dict[bytes, bytes]:
                         b"x-specroute-pool", b"x-specroute-k", b"x-specroute-benchmark")}
 
 
-async def read_request(gateway: dispatch.Gateway, scope: Scope, receive: Receive,
+async def read_request(gateway: Gateway, scope: Scope, receive: Receive,
                        trace: Trace = NO_TRACE) -> tuple[TenantConfig, dict, Pin]:
     """Authenticate, check the media type, read the body (size- and time-capped), rate
     limit, parse JSON, read pins."""
@@ -202,7 +204,7 @@ class TokenEndpoint:
         self.endpoint = endpoint
         self.route = route or endpoint  # the span's name (gateway.http.sglang_routes: "generate")
 
-    def parse(self, gateway: dispatch.Gateway, body: object) -> GenerationRequest:
+    def parse(self, gateway: Gateway, body: object) -> GenerationRequest:
         return parse_request(body, self.endpoint)
 
     def render(self, request: GenerationRequest, result: GenerationResult,
@@ -213,8 +215,8 @@ class TokenEndpoint:
         return ChunkWriter(request, decision)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        gateway: dispatch.Gateway = scope["app"].state.gateway
-        timer = dispatch.Timer()
+        gateway: Gateway = scope["app"].state.gateway
+        timer = Timer()
         trace = start_request(gateway.tracer, gateway.provider, scope["headers"],
                               self.route)
         try:
@@ -255,43 +257,39 @@ class TokenEndpoint:
             if ticket is not None:
                 gateway.admission.leave(ticket)  # type: ignore[union-attr]
 
-    async def complete(self, gateway: dispatch.Gateway, send: Send, timer: dispatch.Timer,
+    async def complete(self, gateway: Gateway, send: Send, timer: Timer,
                        job: Admitted) -> None:
-        usage, spec, ok, load, workers, decision = Usage(), SpecStats(), False, 0, 1, job.decision
-        result = None
+        outcome = Outcome(job.request, job.profile, job.tenant, job.decision, timer)
         try:
-            lease, result = await dispatch.generate(gateway, job.request, job.decision,
-                                                    job.pools, job.trace)
+            lease, result = await gateway.dispatcher.generate(job.request, job.decision,
+                                                              job.pools, job.trace)
             timer.token()
-            decision, load, workers = lease.decision, lease.load, lease.workers
-            usage, spec, ok = result.usage, result.spec, True
-            await send_once(send, 200, self.render(job.request, result, decision),
-                            headers_for(decision) + dispatch.warning_headers(job.request,
-                                                                             lease.pool))
+            outcome = replace(outcome, decision=lease.decision, load=lease.load,
+                              workers=lease.workers, usage=result.usage, spec=result.spec,
+                              ok=True, finish_reason=result.finish_reason)
+            await send_once(send, 200, self.render(job.request, result, lease.decision),
+                            headers_for(lease.decision) + warning_headers(job.request,
+                                                                          lease.pool))
         except GatewayError as exc:
             job.trace.set("http.response.status_code", exc.status)
             await send_error(send, exc)
         finally:
-            dispatch.record(gateway, request=job.request, profile=job.profile, tenant=job.tenant,
-                            decision=decision, load=load, timer=timer, usage=usage,
-                            spec=spec, ok=ok, workers=workers, trace=job.trace,
-                            finish_reason=result.finish_reason if result is not None else None)
+            gateway.reporter.record(outcome, job.trace)
 
-    async def stream(self, gateway: dispatch.Gateway, send: Send, timer: dispatch.Timer,
+    async def stream(self, gateway: Gateway, send: Send, timer: Timer,
                      job: Admitted) -> None:
+        outcome = Outcome(job.request, job.profile, job.tenant, job.decision, timer)
         try:
-            lease, first, items = await dispatch.open_stream(gateway, job.request, job.decision,
-                                                             job.pools, job.trace)
+            lease, first, items = await gateway.dispatcher.open_stream(
+                job.request, job.decision, job.pools, job.trace)
         except GatewayError as exc:
             job.trace.set("http.response.status_code", exc.status)
             await send_error(send, exc)
-            dispatch.record(gateway, request=job.request, profile=job.profile, tenant=job.tenant,
-                            decision=job.decision, load=0, timer=timer, usage=Usage(),
-                            spec=SpecStats(), ok=False, trace=job.trace)
+            gateway.reporter.record(outcome, job.trace)
             return
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*SSE, *headers_for(lease.decision),
-                                *dispatch.warning_headers(job.request, lease.pool)]})
+                                *warning_headers(job.request, lease.pool)]})
         final: Final | None = None
         try:
             final = await self.relay(send, self.writer(job.request, lease.decision), first,
@@ -300,16 +298,16 @@ class TokenEndpoint:
             lease.release()
             await items.aclose()  # type: ignore[attr-defined]  # closes the upstream
             await send({"type": "http.response.body", "body": b"", "more_body": False})
-            dispatch.record(gateway, request=job.request, profile=job.profile, tenant=job.tenant,
-                            decision=lease.decision, load=lease.load, timer=timer,
-                            usage=final.usage if final else Usage(),
-                            spec=final.spec if final else SpecStats(), ok=final is not None,
-                            workers=lease.workers, trace=job.trace,
-                            finish_reason=final.finish_reason if final else None)
+            outcome = replace(outcome, decision=lease.decision, load=lease.load,
+                              workers=lease.workers)
+            if final is not None:
+                outcome = replace(outcome, usage=final.usage, spec=final.spec, ok=True,
+                                  finish_reason=final.finish_reason)
+            gateway.reporter.record(outcome, job.trace)
 
     async def relay(self, send: Send, writer: ChunkWriter, item: StreamItem,
-                    items: AsyncIterator[StreamItem], timer: dispatch.Timer,
-                    lease: dispatch.Lease) -> Final | None:
+                    items: AsyncIterator[StreamItem], timer: Timer,
+                    lease: Lease) -> Final | None:
         """Forward items as SSE until the `Final` one; None if the stream broke off."""
         try:
             while not isinstance(item, Final):
@@ -344,7 +342,7 @@ class ExplainEndpoint:
     eligibility for a chat or completions body, without generating anything."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        gateway: dispatch.Gateway = scope["app"].state.gateway
+        gateway: Gateway = scope["app"].state.gateway
         try:
             tenant, body, pin = await read_request(gateway, scope, receive)
             endpoint: Endpoint = "chat" if isinstance(body, dict) and "messages" in body \
@@ -361,7 +359,7 @@ class ExplainEndpoint:
         except GatewayError as exc:
             await send_error(send, exc)
             return
-        warnings = dispatch.warning_headers(request, pools[0])
+        warnings = warning_headers(request, pools[0])
         answer = {"endpoint": endpoint, "profile": profile.to_dict(),
                   "tenant": {"name": tenant.name, "priority": tenant.priority,
                              "slo_ttft_ms": tenant.slo_ttft_ms,

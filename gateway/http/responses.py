@@ -15,14 +15,8 @@ import uuid
 import orjson
 
 from gateway.schemas import GenerationRequest
-from gateway.upstream.adapters.base import (
-    Delta,
-    Final,
-    GenerationResult,
-    SpecStats,
-    Usage,
-    finish_reason_of,
-)
+from gateway.telemetry.worker_stats import SpecStats, Usage
+from gateway.upstream.adapters.base import Delta, Final, GenerationResult, finish_reason_of
 from policies.types import Decision
 
 DONE = b"data: [DONE]\n\n"

@@ -32,10 +32,11 @@ from starlette.types import Send
 from gateway.errors import InvalidRequest, NoHealthyWorker
 from gateway.http.endpoints import Admitted, TokenEndpoint, send_error
 from gateway.http.responses import DONE, ChunkWriter
+from gateway.http.services import Gateway
 from gateway.pools import Pool
 from gateway.schemas import GenerationRequest, check_logit_bias
+from gateway.telemetry.record import Timer
 from gateway.tenants.auth import is_admin
-from gateway.upstream import dispatch
 from gateway.upstream.adapters.base import Delta, Final, GenerationResult
 from policies.types import Decision
 
@@ -123,7 +124,7 @@ class GenerateEndpoint(TokenEndpoint):
     def __init__(self) -> None:
         super().__init__("completions", route="generate")
 
-    def parse(self, gateway: dispatch.Gateway, body: object) -> GenerationRequest:
+    def parse(self, gateway: Gateway, body: object) -> GenerationRequest:
         return parse_generate(body, sorted({p.config.model for p in gateway.pools.values()}))
 
     def render(self, request: GenerationRequest, result: GenerationResult,
@@ -133,12 +134,12 @@ class GenerateEndpoint(TokenEndpoint):
     def writer(self, request: GenerationRequest, decision: Decision) -> ChunkWriter:
         return NativeWriter(request, decision)
 
-    async def complete(self, gateway: dispatch.Gateway, send: Send, timer: dispatch.Timer,
+    async def complete(self, gateway: Gateway, send: Send, timer: Timer,
                        job: Admitted) -> None:
         if (native := await _native(send, job)) is not None:
             await super().complete(gateway, send, timer, native)
 
-    async def stream(self, gateway: dispatch.Gateway, send: Send, timer: dispatch.Timer,
+    async def stream(self, gateway: Gateway, send: Send, timer: Timer,
                      job: Admitted) -> None:
         if (native := await _native(send, job)) is not None:
             await super().stream(gateway, send, timer, native)
@@ -167,7 +168,7 @@ async def _worker_info(session: aiohttp.ClientSession, pool: Pool, url: str) -> 
 
 
 async def server_info(request: Request) -> Response:
-    gateway: dispatch.Gateway = request.app.state.gateway
+    gateway: Gateway = request.app.state.gateway
     session: aiohttp.ClientSession = request.app.state.session
     targets = [(pool, worker.url) for pool in gateway.pools.values()
                for worker in pool.workers if worker.healthy
@@ -200,7 +201,7 @@ async def server_info(request: Request) -> Response:
 
 
 async def model_info(request: Request) -> Response:
-    gateway: dispatch.Gateway = request.app.state.gateway
+    gateway: Gateway = request.app.state.gateway
     models = sorted({p.config.model for p in gateway.pools.values()})
     return JSONResponse({"model_path": models[0] if len(models) == 1 else None,
                          "tokenizer_path": None, "is_generation": True,
@@ -210,7 +211,7 @@ async def model_info(request: Request) -> Response:
 async def health_generate(request: Request) -> Response:
     """200 when some pool that can generate has a healthy worker (SGLang's route runs a
     one-token generation; the gateway's health monitor already probes every worker)."""
-    gateway: dispatch.Gateway = request.app.state.gateway
+    gateway: Gateway = request.app.state.gateway
     if any(pool.healthy_workers for pool in gateway.pools.values()):
         return Response(status_code=200)
     error = NoHealthyWorker("no healthy worker", code="no_healthy_worker")

@@ -19,8 +19,10 @@ import time
 
 import redis
 
+from gateway.config import GatewayConfig
 from gateway.periodic import Periodic
 from gateway.pools import Pool
+from gateway.routing.policy import LearnedRoutingPolicy, RoutingPolicy
 from policies.decision import Policy
 from policies.fleet import desired_fleet_key, fleet_move_key
 from policies.planner import (
@@ -137,3 +139,17 @@ class FleetPlanning:
                                    "adopted": p.adopted,
                                    "published": self.published.get(model, False)}
                            for model, p in sorted(self.plans.items())}}
+
+
+def fleet_planning(config: GatewayConfig, pools: dict, routing: RoutingPolicy
+                   ) -> FleetPlanning | None:
+    """The fleet planner loop (`FleetPlanning` above): with Redis and the learned policy
+    only; relaunch cost, payback horizon and hysteresis are the policy's, and it plans
+    every 10 refits."""
+    if not config.redis_url or not isinstance(routing, LearnedRoutingPolicy):
+        return None
+    policy = config.policy
+    planner = PlannerConfig(relaunch_s=policy.relaunch_cost_s,
+                            horizon_s=policy.relaunch_payback_s, hysteresis=policy.hysteresis)
+    return FleetPlanning(pools, routing.policy, routing.store, config.redis_url, planner,
+                         interval_s=10 * policy.refit_interval_s)

@@ -37,8 +37,9 @@ def registered(client, model: str) -> dict[str, list[str]]:
 
 @pytest.fixture
 def members(redis_url: str, tmp_path: Path):
+    from workers.fleet.launch import command_builder
     from workers.fleet.member import FleetMember, MemberSettings
-    from workers.fleet.supervisor import Supervisor, SupervisorSettings, command_builder
+    from workers.fleet.supervisor import Supervisor, SupervisorSettings
 
     pools = {name: FleetPool(name=name, engine="sglang", method="eagle", k=k, model="m")
              for name, k in (("a", 2), ("b", 5), ("bad", FAILING_K))}

@@ -73,7 +73,8 @@ def pid_gone(pid: int, timeout: float = 10.0) -> bool:
 def make_supervisor(redis_url: str, tmp_path: Path):
     from policies.fleet import FleetPool
     from tests.conftest import free_port
-    from workers.fleet.supervisor import Supervisor, SupervisorSettings, command_builder
+    from workers.fleet.launch import command_builder
+    from workers.fleet.supervisor import Supervisor, SupervisorSettings
 
     made = []
 
@@ -203,8 +204,9 @@ def test_relaunches_a_real_embedded_worker_on_a_k_change(redis_url: str, tmp_pat
 
     from policies.fleet import FleetPool, desired_k_key
     from tests.conftest import free_port
+    from workers.fleet.launch import command_builder
     from workers.fleet.registry import list_workers
-    from workers.fleet.supervisor import Supervisor, SupervisorSettings, command_builder
+    from workers.fleet.supervisor import Supervisor, SupervisorSettings
 
     port = free_port()
     pool = FleetPool(name="ngram", engine="embedded", method="ngram", k=2, model="tiny",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.upstream.adapters.base import SpecStats, merge_spec
+from gateway.telemetry.worker_stats import SpecStats, merge_spec
 from gateway.upstream.adapters.openai import spec_from_body
 from gateway.upstream.adapters.sglang import spec_from_meta
 

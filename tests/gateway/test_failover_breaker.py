@@ -16,7 +16,6 @@ from gateway.config import ServerConfig, parse_config
 from gateway.errors import UpstreamUnavailable
 from gateway.pools import BreakerState, CircuitBreaker, Worker, build_pools
 from gateway.schemas import parse_request
-from gateway.upstream import dispatch
 from gateway.upstream.health import HealthMonitor, apply_probe
 from tests.gateway.test_gateway_dispatch import make_gateway, pool
 
@@ -95,7 +94,7 @@ async def test_failing_worker_is_skipped_once_its_breaker_opens(
         for _ in range(4):
             decision, pools = gateway.router.route(request, gateway.router.classify(
                 request, "t"))
-            lease, result = await dispatch.generate(gateway, request, decision, pools)
+            lease, result = await gateway.dispatcher.generate(request, decision, pools)
             assert lease.worker.url == good_url and result.text == "x y"
         assert failing_cfg.generate_calls == 3  # the 4th request skipped it: breaker open
         breaker = gateway.pools["p"].workers[0].breaker
@@ -114,6 +113,6 @@ async def test_all_attempts_fail_with_the_last_error(session: aiohttp.ClientSess
         decision, pools = gateway.router.route(request, gateway.router.classify(
             request, "t"))
         with pytest.raises(UpstreamUnavailable, match="answered 500"):
-            await dispatch.generate(gateway, request, decision, pools)
+            await gateway.dispatcher.generate(request, decision, pools)
     finally:
         await bad.close()

@@ -24,17 +24,19 @@ from gateway.errors import (
     RateLimited,
     UpstreamUnavailable,
 )
+from gateway.http.services import Gateway
 from gateway.pools import BreakerState, build_pools
 from gateway.routing.router import PoolRouter, minimal_profile
 from gateway.schemas import parse_request
 from gateway.telemetry.prometheus import PrometheusRecorder
+from gateway.telemetry.record import Outcome, Reporter, Timer
 from gateway.telemetry.spans import make_tracer
 from gateway.tenants.auth import DEFAULT_TENANT, Authenticator
 from gateway.tenants.limits import Limits
-from gateway.upstream import dispatch
 from gateway.upstream.adapters import make_adapters
 from gateway.upstream.adapters.base import Delta, Final
 from gateway.upstream.adapters.wire import upstream_message
+from gateway.upstream.dispatch import Dispatcher
 
 
 async def serve(app: web.Application) -> TestServer:
@@ -62,7 +64,7 @@ async def stubs() -> AsyncIterator[dict[str, str]]:
 
 
 def make_gateway(session: aiohttp.ClientSession, pools: list[dict],
-                 max_attempts: int = 2) -> dispatch.Gateway:
+                 max_attempts: int = 2) -> Gateway:
     from prometheus_client import CollectorRegistry
 
     config = parse_config({"pools": pools, "server": {"max_attempts": max_attempts}})
@@ -70,11 +72,14 @@ def make_gateway(session: aiohttp.ClientSession, pools: list[dict],
     for pool in built.values():
         for worker in pool.workers:
             worker.healthy = True  # as if the last health probe had answered
-    return dispatch.Gateway(config=config, pools=built, router=PoolRouter(built),
-                            auth=Authenticator(()), limits=Limits(),
-                            adapters=make_adapters(session),
-                            recorder=PrometheusRecorder(CollectorRegistry()),
-                            tracer=make_tracer("none")[1])
+    tracer = make_tracer("none")[1]
+    limits = Limits()
+    return Gateway(config=config, pools=built, router=PoolRouter(built),
+                   auth=Authenticator(()), limits=limits,
+                   dispatcher=Dispatcher(make_adapters(session), config.server),
+                   reporter=Reporter(PrometheusRecorder(CollectorRegistry()), built,
+                                     limits.spend, tracer),
+                   tracer=tracer)
 
 
 def pool(name: str, workers: list[str], engine: str = "sglang", **caps: object) -> dict:
@@ -82,10 +87,10 @@ def pool(name: str, workers: list[str], engine: str = "sglang", **caps: object) 
             "workers": workers, "capabilities": caps}
 
 
-async def collect(gateway: dispatch.Gateway, body: dict, endpoint: str = "completions"):
+async def collect(gateway: Gateway, body: dict, endpoint: str = "completions"):
     request = parse_request(body, endpoint)  # type: ignore[arg-type]
     decision, pools = gateway.router.route(request, minimal_profile(request, "t"))
-    lease, first, items = await dispatch.open_stream(gateway, request, decision, pools)
+    lease, first, items = await gateway.dispatcher.open_stream(request, decision, pools)
     out = [first] + [item async for item in items]
     lease.release()
     return lease, out
@@ -137,7 +142,7 @@ async def test_failover_to_fallback_pool_updates_decision(
     request = parse_request(body, "completions")
     decision, pools = gateway.router.route(request, minimal_profile(request, "t"))
     assert decision.pool == "a" and decision.fallbacks == ("b",)
-    lease, result = await dispatch.generate(gateway, request, decision, pools)
+    lease, result = await gateway.dispatcher.generate(request, decision, pools)
     assert lease.decision.pool == "b" and "failover" in lease.decision.reason
     assert result.text == "x y"
 
@@ -151,7 +156,7 @@ async def test_all_workers_failing_gives_upstream_error(
         request = parse_request({"model": "m", "prompt": "x"}, "completions")
         decision, pools = gateway.router.route(request, minimal_profile(request, "t"))
         with pytest.raises(UpstreamUnavailable, match="500") as info:
-            await dispatch.generate(gateway, request, decision, pools)
+            await gateway.dispatcher.generate(request, decision, pools)
         assert info.value.status == 502
     finally:
         await failing.close()
@@ -278,7 +283,7 @@ def test_record_feeds_recorder_and_one_span() -> None:
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from gateway.upstream.adapters.base import SpecStats, Usage
+    from gateway.telemetry.worker_stats import SpecStats, Usage
     from policies.types import Decision
 
     records = []
@@ -291,14 +296,12 @@ def test_record_feeds_recorder_and_one_span() -> None:
     spans = InMemorySpanExporter()
     provider.add_span_processor(SimpleSpanProcessor(spans))
     config = parse_config({"pools": [pool("p", ["http://a:1"])]})
-    gateway = dispatch.Gateway(config=config, pools={}, router=PoolRouter({}),
-                               auth=Authenticator(()), limits=Limits(), adapters={},
-                               recorder=ListRecorder(), tracer=tracer)
+    assert config.pools  # the pool the decision names
+    reporter = Reporter(ListRecorder(), {}, Limits().spend, tracer)
     request = parse_request({"model": "m", "prompt": "x", "temperature": 0}, "completions")
-    dispatch.record(gateway, request=request,
-                    profile=minimal_profile(request, "acme"),
-                    tenant=DEFAULT_TENANT, decision=Decision("p", "eagle", 3, "test"), load=2,
-                    timer=dispatch.Timer(), usage=Usage(5, 9), spec=SpecStats(3, 3.0), ok=True)
+    reporter.record(Outcome(request, minimal_profile(request, "acme"), DEFAULT_TENANT,
+                            Decision("p", "eagle", 3, "test"), Timer(), load=2,
+                            usage=Usage(5, 9), spec=SpecStats(3, 3.0), ok=True))
     (entry,) = records
     assert (entry.pool, entry.k, entry.output_tokens, entry.verify_steps) == ("p", 3, 9, 3)
     assert entry.temperature_bucket == "t0" and entry.load == 2 and entry.slo_met

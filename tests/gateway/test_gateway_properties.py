@@ -35,11 +35,12 @@ from gateway.http.endpoints import TokenEndpoint, check_media_type, content_leng
 from gateway.http.responses import ChunkWriter
 from gateway.routing.router import MAX_PINNED_K, Pin, parse_pinned_k
 from gateway.schemas import ROLES, GenerationRequest, parse_request
+from gateway.telemetry.record import Timer
+from gateway.telemetry.worker_stats import SpecStats, Usage
 from gateway.tenants.auth import Authenticator
 from gateway.tenants.limits import Limits
-from gateway.upstream.adapters.base import Delta, Final, SpecStats, StreamItem, Usage
+from gateway.upstream.adapters.base import Delta, Final, StreamItem
 from gateway.upstream.adapters.wire import sse_data
-from gateway.upstream.dispatch import Timer
 from policies.types import Decision
 
 load_classifier()

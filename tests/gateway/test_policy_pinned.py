@@ -17,13 +17,13 @@ from gateway.errors import InvalidRequest
 from gateway.pools import build_pools
 from gateway.routing.router import Pin, PoolRouter, minimal_profile
 from gateway.schemas import parse_request
+from gateway.telemetry.record import Outcome, Timer
+from gateway.telemetry.worker_stats import SpecStats, Usage
 from gateway.tenants.auth import DEFAULT_TENANT
-from gateway.upstream import dispatch
-from gateway.upstream.adapters.base import SpecStats, Usage
 from policies.learner import Learner
 from policies.telemetry import LocalTelemetry
 from policies.types import Decision, RequestRecord
-from tests.gateway.test_policy_unknown_spec import _gateway
+from tests.gateway.test_policy_unknown_spec import _reporter
 from tests.policies.test_policy_decide import PROFILE, trained
 
 
@@ -68,10 +68,10 @@ def test_pinned_k_is_the_k_the_reason_states() -> None:
 def test_pinned_records_are_marked_and_do_not_teach() -> None:
     records: list[RequestRecord] = []
     request = parse_request({"model": "m", "prompt": "x", "temperature": 0}, "completions")
-    dispatch.record(_gateway(records), request=request,
-                    profile=minimal_profile(request, "t"), tenant=DEFAULT_TENANT,
-                    decision=Decision("p", "eagle", 3, "pinned", pinned=True), load=0,
-                    timer=dispatch.Timer(), usage=Usage(5, 9), spec=SpecStats(3, 3.0), ok=True)
+    _reporter(records).record(Outcome(
+        request, minimal_profile(request, "t"), DEFAULT_TENANT,
+        Decision("p", "eagle", 3, "pinned", pinned=True), Timer(), usage=Usage(5, 9),
+        spec=SpecStats(3, 3.0), ok=True))
     (entry,) = records
     assert entry.pinned
     store = LocalTelemetry(tau_s=1e6, clock=lambda: 1.0)

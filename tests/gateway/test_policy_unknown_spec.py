@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.config import parse_config
 from gateway.routing.router import minimal_profile
 from gateway.schemas import parse_request
+from gateway.telemetry.record import Outcome, Reporter, Timer
 from gateway.telemetry.spans import make_tracer
-from gateway.tenants.auth import DEFAULT_TENANT, Authenticator
+from gateway.telemetry.worker_stats import SpecStats, Usage
+from gateway.tenants.auth import DEFAULT_TENANT
 from gateway.tenants.limits import Limits
-from gateway.upstream import dispatch
-from gateway.upstream.adapters.base import SpecStats, Usage
 from policies.acceptance import expected_accept_length
 from policies.learner import Learner
 from policies.telemetry import LocalTelemetry
@@ -46,17 +45,13 @@ def test_records_without_counters_do_not_move_acceptance(unknown: int | None) ->
     assert stats.step_s == pytest.approx(1.98 / (steps - 1), rel=1e-6)  # cost not diluted
 
 
-def _gateway(records: list) -> dispatch.Gateway:
+def _reporter(records: list) -> Reporter:
     class ListRecorder:
         def record(self, record) -> None:
             records.append(record)
 
     _, tracer = make_tracer("none")
-    config = parse_config({"pools": [{"name": "p", "engine": "openai", "model": "m",
-                                      "workers": ["http://a:1"]}]})
-    return dispatch.Gateway(config=config, pools={}, router=None,  # type: ignore[arg-type]  # record needs none
-                            auth=Authenticator(()), limits=Limits(), adapters={},
-                            recorder=ListRecorder(), tracer=tracer)
+    return Reporter(ListRecorder(), {}, Limits().spend, tracer)
 
 
 @pytest.mark.parametrize(("k", "spec", "steps"), [
@@ -68,11 +63,10 @@ def _gateway(records: list) -> dispatch.Gateway:
 def test_dispatch_records_unknown_steps_as_none(k: int, spec: SpecStats,
                                                 steps: int | None) -> None:
     records: list[RequestRecord] = []
-    gateway = _gateway(records)
     request = parse_request({"model": "m", "prompt": "x", "temperature": 0}, "completions")
-    dispatch.record(gateway, request=request, profile=minimal_profile(request, "t"),
-                    tenant=DEFAULT_TENANT, decision=Decision("p", "eagle", k, "test"), load=0,
-                    timer=dispatch.Timer(), usage=Usage(5, 9), spec=spec, ok=True)
+    _reporter(records).record(Outcome(
+        request, minimal_profile(request, "t"), DEFAULT_TENANT,
+        Decision("p", "eagle", k, "test"), Timer(), usage=Usage(5, 9), spec=spec, ok=True))
     (entry,) = records
     assert entry.verify_steps == steps
 
@@ -89,13 +83,12 @@ def test_a_whole_answer_splits_its_time_by_the_workers_decode_time(
     a batch of 1 than of 4 on the live edit mix)."""
     records: list[RequestRecord] = []
     request = parse_request({"model": "m", "prompt": "x", "temperature": 0}, "completions")
-    timer = dispatch.Timer()
+    timer = Timer()
     timer.start -= 2.0  # the answer took 2 s
-    dispatch.record(_gateway(records), request=request, profile=minimal_profile(request, "t"),
-                    tenant=DEFAULT_TENANT, decision=Decision("p", "ngram", 8, "test"), load=0,
-                    timer=timer, usage=Usage(5, 19),
-                    spec=SpecStats(verify_steps=3, accept_length=19 / 3, decode_s=decode_s),
-                    ok=True)
+    _reporter(records).record(Outcome(
+        request, minimal_profile(request, "t"), DEFAULT_TENANT,
+        Decision("p", "ngram", 8, "test"), timer, usage=Usage(5, 19),
+        spec=SpecStats(verify_steps=3, accept_length=19 / 3, decode_s=decode_s), ok=True))
     (entry,) = records
     assert entry.e2e_s == pytest.approx(2.0, abs=0.05)
     assert entry.ttft_s == pytest.approx(ttft_s, abs=0.05)

@@ -181,7 +181,7 @@ def test_plain_decoding_on_a_drafting_pool_pays_for_its_batch_mates() -> None:
     tokens each (what that pool's telemetry says): at 4 per worker it is predicted slower
     than the same request on the plain pool, so `no speculation` goes to the plain pool."""
     from policies.cost import StepCost
-    from policies.decision import make_option
+    from policies.options import make_option
 
     cost = StepCost((1.0, 64.0), (0.02, 0.02), (0.005, 0.005))
     state = PolicyState(costs={"eagle": cost, "plain": cost}, pool_draft_k={"eagle": 4.0})

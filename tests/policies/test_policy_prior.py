@@ -9,7 +9,8 @@ import json
 import pytest
 
 from policies.acceptance import expected_accept_length
-from policies.decision import Policy, PolicyConfig, make_option
+from policies.decision import Policy, PolicyConfig
+from policies.options import make_option
 from policies.prior import Measured, MeasuredError, WorkerPrior
 from policies.telemetry import LocalTelemetry
 from policies.types import TASKS, PoolView, RequestProfile, RequestRecord

@@ -32,6 +32,7 @@ from workers.embedded.api import (
 )
 from workers.embedded.detokenize import TextStream
 from workers.embedded.grammar import GrammarCompiler, GrammarProcessor
+from workers.embedded.limits import check_params
 from workers.embedded.model import ForwardOutput, LlamaForCausalLM, SequenceInput, load_model
 from workers.embedded.speculative import DecodeState, Draft, Sampler
 from workers.embedded.speculative.methods import Method, builtin_methods, load_methods
@@ -40,14 +41,12 @@ from workers.embedded.speculative.sampling import token_logprobs
 from workers.embedded.speculative.verify import VerifyStep
 from workers.embedded.tokenizer import TextTokenizer
 
-MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 # Prompt tokens prefilled per engine step: a long prompt is prefilled over several steps,
 # each sharing its forward with the other requests' decode steps, so a 6,000-token prompt
 # does not stall them for its whole prefill (chunked prefill: Sarathi, arXiv 2308.16369;
 # SGLang --chunked-prefill-size, vLLM --enable-chunked-prefill). 512 keeps a step of
 # SmolLM2 on this CPU around a second.
 PREFILL_CHUNK = 512
-MAX_PENALTY = 2.0  # OpenAI's and SGLang's range for presence and frequency penalties
 
 __all__ = [
     "BUNDLED_MODEL_DIR",
@@ -217,37 +216,8 @@ class Engine:
         return k
 
     def _check_params(self, input_ids: list[int], params: SamplingParams) -> None:
-        vocab = self.model.config.vocab_size
-        if not input_ids:
-            raise EngineInputError("the prompt is empty")
-        if len(input_ids) >= self.max_context:  # SGLang's wording (tokenizer_manager.py)
-            raise EngineInputError(
-                f"The input ({len(input_ids)} tokens) is longer than the model's "
-                f"context length ({self.max_context} tokens)."
-            )
-        if any(not 0 <= t < vocab for t in input_ids):
-            raise EngineInputError(f"prompt token ids must be in 0..{vocab - 1}")
-        if params.max_new_tokens is not None and params.max_new_tokens < 1:
-            raise EngineInputError("max_new_tokens must be at least 1")
-        if params.temperature < 0:
-            raise EngineInputError("temperature must be >= 0")
-        if not 0 < params.top_p <= 1:
-            raise EngineInputError("top_p must be in (0, 1]")
-        if params.top_k < 0:
-            raise EngineInputError("top_k must be >= 0 (0 = off)")
-        if any(not s for s in params.stop):
-            raise EngineInputError("stop strings must be non-empty")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if not -MAX_PENALTY <= getattr(params, name) <= MAX_PENALTY:
-                raise EngineInputError(f"{name} must be in [-2, 2]")
-        if any(not 0 <= t < vocab for t in params.logit_bias):
-            raise EngineInputError(f"logit_bias keys must be token ids in 0..{vocab - 1}")
-        if params.top_logprobs is not None and not 0 <= params.top_logprobs <= MAX_TOP_LOGPROBS:
-            raise EngineInputError(f"top_logprobs must be in 0..{MAX_TOP_LOGPROBS}")
+        check_params(input_ids, params, self.model.config.vocab_size, self.max_context)
         if params.constraint is not None:
-            if params.ignore_eos:
-                raise EngineInputError("ignore_eos cannot be combined with a grammar "
-                                       "(json_schema, regex, ebnf): the grammar ends the output")
             self.grammars.compile(params.constraint)  # EngineInputError if invalid
 
 

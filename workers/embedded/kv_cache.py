@@ -5,12 +5,18 @@ Legend: nl layers, B batch, nkv key/value heads, T new tokens, hs head size.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from workers.embedded.model import ModelConfig
+
+class CacheShape(Protocol):
+    """What the cache reads of a model's config (`model.ModelConfig` is one)."""
+
+    num_hidden_layers: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
 
 
 class KVCache:
@@ -30,7 +36,7 @@ class KVCache:
 
     def __init__(
         self,
-        config: ModelConfig,
+        config: CacheShape,
         batch_size: int = 1,
         max_length: int | None = None,
         dtype: torch.dtype = torch.float32,

@@ -37,8 +37,9 @@ from policies.fleet import (
     load_pool,
 )
 from policies.planner import FleetPlan, next_move
+from workers.fleet.launch import CommandBuilder
 from workers.fleet.registry import list_workers
-from workers.fleet.supervisor import CommandBuilder, Supervisor
+from workers.fleet.supervisor import Supervisor
 
 logger = logging.getLogger(__name__)
 

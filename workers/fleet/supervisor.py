@@ -11,7 +11,7 @@ a decimal string); the supervisor applies it when it is worth it:
 
 A server that exits on its own is restarted with exponential backoff. `Supervisor` does
 one unit of work per `poll_once()` call, so tests drive it without sleeping loops;
-`supervise()` is the blocking loop behind `specroute supervise`.
+`workers.fleet.service.supervise()` is the blocking loop behind `specroute supervise`.
 """
 
 from __future__ import annotations
@@ -22,50 +22,25 @@ import re
 import shlex
 import signal
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httpx
 import redis
 
-from policies.fleet import FleetConfigError, FleetPool, desired_k_key, load_pool
+from policies.fleet import FleetPool, desired_k_key
+from workers.fleet.launch import CommandBuilder
 from workers.fleet.registry import Registration, new_worker_info
-from workers.fleet.sglang_launch import SGLangLaunch, build_sglang_args, extra_args_from_mapping
-from workers.fleet.vllm_launch import VLLMLaunch, build_vllm_args
-
-if TYPE_CHECKING:
-    from workers.fleet.member import FleetMember
 
 logger = logging.getLogger(__name__)
 
-CommandBuilder = Callable[[int, int], list[str]]  # (port, k) -> argv
 
 
 class SupervisorError(RuntimeError):
     """The config is unusable, or the server could not be launched or never became healthy."""
-
-
-_BUILDER_SET = {"model_path", "method", "k", "port", "served_model_name", "python", "vllm",
-                "extra_args"}  # filled in by the supervisor, not by `launch:`
-
-
-def launch_options(pool: FleetPool, builder: type) -> dict[str, Any]:
-    """Split the pool's `launch:` into `builder`'s own fields and pass-through flags.
-
-    Fields of SGLangLaunch (topk, num_draft_tokens, draft_model_path, tp_size,
-    mem_fraction_static, max_running_requests, host) or VLLMLaunch are used as such, any
-    other key becomes a flag (`context_length: 8192`).
-    """
-    own = {f.name for f in fields(builder)} - _BUILDER_SET
-    known = {key: value for key, value in pool.launch.items() if key in own}
-    rest = {key: value for key, value in pool.launch.items() if key not in own}
-    return {**known, "extra_args": extra_args_from_mapping(rest)}
 
 
 def advertised_url(pool: FleetPool, port: int | None, override: str | None) -> tuple[str, int]:
@@ -361,64 +336,3 @@ class Supervisor:
         self._terminate()
         self._http.close()
         self._redis.close()
-
-
-def command_builder(pool: FleetPool, template: str | None) -> CommandBuilder:
-    """The template (`{port}`, `{k}`, `{method}`, `{model}`, `{python}` filled in) or,
-    by default, the SGLang (or, for engine vllm, vLLM) launch built from the pool."""
-    if template is not None:
-        def from_template(port: int, k: int) -> list[str]:
-            return shlex.split(template.format(port=port, k=k, method=pool.method,
-                                               model=pool.model_path or pool.model,
-                                               python=sys.executable))
-        return from_template
-
-    if pool.engine == "vllm":
-        def vllm(port: int, k: int) -> list[str]:
-            return build_vllm_args(VLLMLaunch(
-                model_path=pool.model_path or pool.model, method=pool.method, k=k, port=port,
-                served_model_name=pool.model, **launch_options(pool, VLLMLaunch)))
-        return vllm
-
-    def sglang(port: int, k: int) -> list[str]:
-        return build_sglang_args(SGLangLaunch(
-            model_path=pool.model_path or pool.model, method=pool.method, k=k, port=port,
-            served_model_name=pool.model, python=sys.executable,
-            **launch_options(pool, SGLangLaunch)))
-    return sglang
-
-
-def supervise(config_path: str, pool: str, command_template: str | None, port: int | None,
-              redis_url: str | None, follow_fleet: bool = False, min_workers: int = 1) -> int:
-    """Blocking loop of `specroute supervise`; returns 0 after SIGINT/SIGTERM. With
-    `follow_fleet` the worker changes pool as the fleet planner wants
-    (workers/fleet/member.py); `pool` is where it starts without a desired fleet."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    try:
-        spec, config_redis = load_pool(config_path, pool)
-    except FleetConfigError as exc:
-        raise SupervisorError(str(exc)) from exc
-    url = redis_url or os.environ.get("REDIS_URL") or config_redis
-    if url is None:
-        raise SupervisorError("no Redis: pass --redis-url, set REDIS_URL or redis_url in config")
-    advertised, listen_port = advertised_url(
-        spec, port, os.environ.get("SPECROUTE_ADVERTISE_URL"))
-    settings = SupervisorSettings(url=advertised, port=listen_port)
-    stopping = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stopping.set())
-    one = Supervisor(spec, url, command_builder(spec, command_template), settings, stopping)
-    sup: Supervisor | FleetMember = one
-    if follow_fleet:
-        from workers.fleet.member import FleetMember, MemberSettings, model_pools
-
-        sup = FleetMember(one, model_pools(config_path, spec.model),
-                          lambda p: command_builder(p, command_template),
-                          MemberSettings(min_workers=min_workers))
-    try:
-        sup.start()
-        while not stopping.wait(settings.poll_interval_s):
-            sup.poll_once()
-    finally:
-        sup.stop(drain=True)
-    return 0

@@ -21,17 +21,13 @@ import aiohttp
 
 from gateway.config import PoolConfig
 from gateway.schemas import GenerationRequest
+from gateway.telemetry.worker_stats import BATCH_KEY, SpecStats, Usage, merge_spec, read_batch
 from gateway.upstream.adapters.base import (
-    BATCH_KEY,
     Delta,
     Final,
     GenerationResult,
-    SpecStats,
     StreamItem,
-    Usage,
     finish_reason_of,
-    merge_spec,
-    read_batch,
 )
 from gateway.upstream.adapters.wire import post, post_json, sse_data
 

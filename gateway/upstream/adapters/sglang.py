@@ -26,16 +26,13 @@ import orjson
 
 from gateway.config import PoolConfig
 from gateway.schemas import GenerationRequest
+from gateway.telemetry.worker_stats import SpecStats, Usage, non_negative, read_batch
 from gateway.upstream.adapters.base import (
     Delta,
     Final,
     GenerationResult,
-    SpecStats,
     StreamItem,
-    Usage,
     finish_reason_of,
-    non_negative,
-    read_batch,
 )
 from gateway.upstream.adapters.openai import OpenAIAdapter
 from gateway.upstream.adapters.wire import post, post_json, sse_data

@@ -1,0 +1,83 @@
+"""What a worker reports about one request: its token usage and speculation counters.
+
+The adapters parse a worker's reply into these (defensively: a field that is not a
+non-negative number reads as not reported); the request record and the responses read
+them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class SpecStats:
+    """Per-request speculation outcome as the worker reported it.
+
+    accept_length: tokens emitted per verify step, bonus token included (SGLang
+    `spec_accept_length`, vLLM `mean_acceptance_length`); 0.0 = not reported.
+    batch, batch_draft_tokens: the embedded worker's `specroute_batch` (plain requests
+    too): mean requests in the worker's batch over this request's decode steps, and mean
+    draft tokens verified per step across that batch; None = not reported.
+    decode_s: its seconds from the first token to the end, in the worker (`specroute_batch`
+    too); None = not reported.
+    """
+
+    verify_steps: int = 0
+    accept_length: float = 0.0
+    accept_rate: float | None = None
+    correct_drafts: int = 0
+    proposed_drafts: int = 0
+    batch: float | None = None
+    batch_draft_tokens: float | None = None
+    decode_s: float | None = None
+
+    @property
+    def has_counters(self) -> bool:
+        """Whether any speculation counter was reported (the batch fields aside)."""
+        return bool(self.verify_steps or self.accept_length or self.accept_rate is not None
+                    or self.correct_drafts or self.proposed_drafts)
+
+
+BATCH_KEY = "specroute_batch"
+
+
+def non_negative(value: object) -> float | None:
+    """A non-negative finite number as float; anything else (a worker's odd body) None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if 0.0 <= number < float("inf") else None
+
+
+def read_batch(spec: SpecStats, holder: object) -> SpecStats:
+    """`spec` with the batch fields of `holder[BATCH_KEY]` (meta_info or sglext) when it
+    has them; values that are not non-negative numbers are ignored (None)."""
+    batch = holder.get(BATCH_KEY) if isinstance(holder, dict) else None
+    if isinstance(batch, dict):
+        spec.batch = non_negative(batch.get("requests"))
+        spec.batch_draft_tokens = non_negative(batch.get("draft_tokens"))
+        spec.decode_s = non_negative(batch.get("decode_s"))
+    return spec
+
+
+def merge_spec(new: SpecStats | None, old: SpecStats) -> SpecStats:
+    """A stream's stats after a chunk that said `new`: counters from the chunk that has
+    them, batch fields from the chunk that has them, so that a chunk carrying only one
+    kind does not wipe the other."""
+    if new is None:
+        return old
+    merged = new if new.has_counters else SpecStats(
+        old.verify_steps, old.accept_length, old.accept_rate, old.correct_drafts,
+        old.proposed_drafts)
+    merged.batch = new.batch if new.batch is not None else old.batch
+    merged.batch_draft_tokens = new.batch_draft_tokens \
+        if new.batch_draft_tokens is not None else old.batch_draft_tokens
+    merged.decode_s = new.decode_s if new.decode_s is not None else old.decode_s
+    return merged
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0

@@ -1,0 +1,98 @@
+"""The k each fixed-k pool should be relaunched with, published for its supervisor.
+
+SGLang and vLLM fix k at launch, so the policy cannot choose it per request there; it
+publishes, per pool, the k that maximises predicted tokens/s over the pool's traffic mix
+(`specroute:pool:{pool}:desired_k`), and `workers.fleet.supervisor` relaunches the server
+when it changes. A relaunch takes the pool out of service, so a change is asked for only
+when it pays: predicted gain above max(`desired_k_gain`, `relaunch_cost_s /
+relaunch_payback_s`), acceptance measured (not prior) for the contexts scored, the same
+wish held for `relaunch_cost_s` of refits (a mix that lasts less than an outage is not
+worth one), one pool at a time and none while another is out of service.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from policies.learner import PolicyState
+from policies.telemetry import Telemetry
+from policies.types import TASKS, PoolView
+
+
+class RelaunchTerms(Protocol):
+    """What the publisher reads of `policies.decision.PolicyConfig`, which owns them."""
+
+    @property
+    def desired_k_gain(self) -> float: ...
+    @property
+    def relaunch_cost_s(self) -> float: ...
+    @property
+    def relaunch_payback_s(self) -> float: ...
+    @property
+    def relaunch_min_samples(self) -> float: ...
+    @property
+    def refit_interval_s(self) -> float: ...
+
+
+class DesiredK:
+    """Held wishes between refits; `publish` runs once per refit, off the request path."""
+
+    def __init__(self, config: RelaunchTerms) -> None:
+        self.config = config
+        self._wishes: dict[str, tuple[int, int]] = {}  # pool -> (wished k, refits held)
+
+    @property
+    def relaunch_gain(self) -> float:
+        """Fractional tokens/s gain a fixed pool's new k must promise to be relaunched."""
+        cfg = self.config
+        return max(cfg.desired_k_gain, cfg.relaunch_cost_s / cfg.relaunch_payback_s)
+
+    def publish(self, store: Telemetry, state: PolicyState, pools: dict[str, PoolView],
+                load: Callable[[PoolView], float]) -> None:
+        """Ask for at most one relaunch: the fixed-k pool with the largest predicted gain;
+        every other pool (one without measured acceptance too) is told to keep its k.
+        Nothing while a pool is out of service (relaunching): its published k must stand
+        until it is back. `load(pool)`: requests per worker a request there would join."""
+        fixed = [p for p in pools.values()
+                 if not p.per_request_k and p.method != "plain"]
+        if any(p.healthy_workers <= 0 for p in fixed):
+            return
+        wishes, held = {}, {}
+        for pool in fixed:
+            scores = self.k_scores(pool, state, load(pool))
+            if scores:
+                best = max(scores, key=lambda k: (scores[k], -k))
+                wishes[pool.name] = (best, scores[best] / max(scores[pool.k], 1e-12))
+                if wishes[pool.name][1] > 1 + self.relaunch_gain:
+                    k, n = self._wishes.get(pool.name, (best, 0))
+                    held[pool.name] = (best, n + 1 if k == best else 1)
+        self._wishes = held
+        dwell = self.config.relaunch_cost_s / self.config.refit_interval_s
+        change = max((n for n in held if held[n][1] >= dwell),
+                     key=lambda n: wishes[n][1], default=None)
+        for pool in fixed:
+            k = wishes[pool.name][0] if pool.name == change else pool.k
+            store.publish_desired_k(pool.name, k)
+
+    def k_scores(self, pool: PoolView, state: PolicyState, load: float) -> dict[int, float]:
+        """Predicted tokens/s of the pool's traffic mix at each k, at `load`; only
+        contexts whose acceptance rests on `relaunch_min_samples` requests count."""
+        if pool.healthy_workers <= 0:
+            return {}
+        mix = {key[1:]: n for key, n in state.traffic.items() if key[0] == pool.name}
+        if not mix:
+            for key, n in state.traffic.items():
+                mix[key[1:]] = mix.get(key[1:], 0.0) + n
+        measured = []
+        for (model, task, bucket), n in mix.items():
+            if task not in TASKS:
+                continue
+            a, samples = state.accept(model, pool.method, task, bucket)
+            if samples >= self.config.relaunch_min_samples:
+                measured.append((n, a))
+        if not measured:
+            return {}
+        cost = state.cost(pool.name)
+        return {k: sum(n * state.accept_length(a, pool.method, k) for n, a in measured)
+                / cost.step_s(k, load) for k in range(0, max(pool.max_k, pool.k) + 1)}

@@ -1,0 +1,98 @@
+"""One (pool, k) the policy may choose, predicted: tokens/s, accept length, and the grid
+of loads and k's it is evaluated on (`policies.decision` ranks them).
+
+E(a, k) from arXiv 2211.17192 (`policies.acceptance`); step time from the learner's
+fitted `StepCost` (`policies.cost`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from policies.cost import StepCost
+from policies.learner import PolicyState
+from policies.types import PoolView
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    pool: PoolView  # identity fields only; live counters may be stale (options are cached)
+    k: int
+    accept: float  # per-token acceptance used
+    samples: float  # requests behind `accept`
+    accept_length: float
+    tokens_per_s: float
+    plain_tokens_per_s: float  # this pool at k = 0 (for the speedup line)
+    # what pools are ranked by: the request's own tokens/s at the pool's best k for it
+    # (equal to tokens_per_s unless the batch gain chose a smaller k, see `batch_gain`)
+    pool_score: float = 0.0
+
+    @property
+    def is_plain(self) -> bool:
+        return self.k == 0
+
+
+def make_option(state: PolicyState, pool: PoolView, k: int, a: float, samples: float,
+                load: float) -> Option:
+    """One (pool, k) at acceptance `a` and per-worker `load`, predicted (tree drafters'
+    accept length capped at their depth, policies/acceptance.py). The step cost's `k` is
+    the batch's draft tokens per request (policies/cost.py): at k >= 1 the whole batch is
+    taken at this k (every request of a context gets the same answer), at k = 0 the
+    batch-mates at what the pool's traffic drafts (`mates_draft`)."""
+    cost = state.cost(pool.name)
+    e = state.accept_length(a, pool.method, k) if k > 0 else 1.0
+    plain_step = cost.step_s(mates_draft(state, pool, load), load)
+    tps = e / (cost.step_s(k, load) if k > 0 else plain_step)
+    return Option(pool, k, a, samples, e, tps, 1.0 / plain_step, tps)
+
+
+def mates_draft(state: PolicyState, pool: PoolView, load: float) -> float:
+    """The batch's draft tokens per request for a request that does not speculate on this
+    pool: its batch-mates draft what the pool's traffic drafts (telemetry), so plain
+    decoding on a speculative pool's busy worker is slower than on the plain pool's — a
+    step costs what the whole batch drafts (other gateways' traffic, other classes)."""
+    if load <= 1.0:
+        return 0.0
+    return state.pool_draft_k.get(pool.name, 0.0) * (load - 1.0) / load
+
+
+def batch_gain(option: Option, cost: StepCost, load: float, others_length: float) -> float:
+    """Tokens/s the request's worker emits with this option, less what it would emit with
+    the request at k = 0 (SmartSpec's goodput view, arXiv 2406.14066). With `load`
+    requests in the batch (this one included) the others emit `others_length` tokens per
+    step each; the cost model's per-token term is what one more draft token adds to the
+    step, which every request in the batch pays. A request's own tokens/s hardly feels
+    its own k on a busy worker, so maximising it picks large k that slow the whole batch
+    (docs/POLICY.md, co-batching)."""
+    rest = max(load - 1.0, 0.0) * others_length
+    return ((rest + option.accept_length) / cost.step_s(option.k, load)
+            - (rest + 1.0) / cost.step_s(0, load))
+
+
+# Per-worker loads are memoised on a geometric grid (~7% apart) up to 512 per worker.
+LOAD_SLOTS = tuple(1.07 ** i for i in range(93))
+
+
+def quantize_load(load: float) -> int:
+    """Index of the grid point nearest `load` (>= 1: the request itself is in the batch)."""
+    if load <= 1.0:
+        return 0
+    return min(int(math.log(load) / math.log(1.07) + 0.5), len(LOAD_SLOTS) - 1)
+
+
+def candidate_ks(pool: PoolView, top: int | None = None) -> range | tuple[int, ...]:
+    """The k's a pool can run: one on fixed-k pools, 0..max_k (or ..`top`) otherwise."""
+    if pool.method == "plain":
+        return (0,)
+    if not pool.per_request_k:
+        return (pool.k,)
+    return range(0, min(pool.max_k, top if top is not None else pool.max_k) + 1)
+
+
+def trusted_top_k(pool: PoolView, state: PolicyState, margin: int | None) -> int | None:
+    """The largest k worth predicting on a per-request-k pool: `margin` above the largest
+    k measured there, or above its configured k (the operator's default) before any."""
+    if margin is None:
+        return None
+    return max(state.measured_k.get(pool.name, 0), pool.k) + margin
