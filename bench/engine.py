@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.workload import TASKS, Prompt, prompts
-from policies.fleet import ModelChoice, default_k, resolve_model
+from policies.fleet import ModelChoice, resolve_model
+from policies.methods import default_k
 
 TEMPERATURES = (0.0, 0.8)
 SCHEMA_TASK = "schema"  # structured prompts under a JSON schema; not a policy class

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import yaml
 
 from policies.decision import PolicyConfig
-from policies.fleet import ENGINES
+from policies.fleet import ENGINES, FleetPool
 
 
 class ConfigError(ValueError):
@@ -64,16 +64,12 @@ class Capabilities:
 
 
 @dataclass(frozen=True, slots=True)
-class PoolConfig:
-    name: str
-    engine: str
-    model: str
-    workers: tuple[str, ...]
-    method: str = "plain"
-    k: int = 0
+class PoolConfig(FleetPool):
+    """A pool as the gateway reads it: the fleet's shared keys (`policies.fleet.FleetPool`:
+    name, engine, model, method, k, workers, model_path and launch, the last two read by
+    `specroute supervise` only) and what its workers can do."""
+
     capabilities: Capabilities = field(default_factory=Capabilities)
-    model_path: str | None = None  # read by `specroute supervise` only
-    launch: dict = field(default_factory=dict)  # SGLang launch options, supervisor only
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,9 +27,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from policies.methods import TREE_DEPTH
+
 A_MAX = 0.995  # keeps E(a, k) finite-slope and the inverse well defined
 TEMPERATURE_BUCKETS = ("t0", "tlow", "thigh")
-TREE_DEPTH = {"eagle2": 5, "medusa": 4, "lookahead": 3}  # most draft tokens one step accepts
 
 
 def draft_depth(method: str, k: int, depths: Mapping[str, int] | None = None) -> int:

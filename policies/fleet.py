@@ -6,12 +6,13 @@ must agree on, in one place.
 - the Redis key through which the policy asks a fixed-k pool for another k
   (`desired_k_key`), and those of the fleet planner's desired fleet and of the one worker
   moving between pools (`desired_fleet_key`, `fleet_move_key`);
-- the k each method runs with when the config names none (`DEFAULT_K`);
+- the key of the worker's batch report in its replies (`WORKER_BATCH_KEY`);
 - the models `specroute up` serves: their names, the bundled model's folder, and where
   the repository ships weights (drafters, measured figures) for a model (`weights_dir`).
 
 It lives in policies/ because every side may import policies/ (gateway -> policies,
-workers -> policies for this module only) while policies/ imports neither. It needs
+workers -> policies) while policies/ imports neither. Method facts (default k, engine
+names) live in `policies.methods`. It needs
 PyYAML and nothing else from outside the standard library: the supervisor imports it
 inside the SGLang image.
 """
@@ -19,7 +20,7 @@ inside the SGLang image.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +28,13 @@ import yaml
 
 ENGINES = ("sglang", "vllm", "openai", "embedded")
 
-# k per method where a config names none (`specroute up` writes these into its pools):
-# draft tokens (tree nodes) per verify step; 0 = plain decoding.
-DEFAULT_K: Mapping[str, int] = {"plain": 0, "ngram": 6, "lookahead": 6, "medusa": 4,
-                                "eagle": 5, "eagle2": 8, "draft": 4}
-FALLBACK_K = 4  # a method missing from DEFAULT_K
 
 # A served model's name is its folder's name (the worker serves it under that name).
 WEIGHTS_DIR = Path(__file__).resolve().parent.parent / "workers" / "embedded" / "weights"
+# The embedded worker's report on its batch, in meta_info and in sglext (ours, not
+# SGLang's): mean requests per forward, draft tokens per forward, decode seconds.
+WORKER_BATCH_KEY = "specroute_batch"
+
 BUNDLED_MODEL_NAME = "specroute-tiny"  # the project's 5.5 M test model, in the repository
 BUNDLED_MODEL_DIR = WEIGHTS_DIR / BUNDLED_MODEL_NAME
 # SmolLM2-135M-Instruct, fetched and converted into a cache on first use
@@ -93,10 +93,6 @@ def resolve_model(spec: str | None) -> ModelChoice:
     return ModelChoice(folder.name, folder)
 
 
-def default_k(method: str) -> int:
-    return DEFAULT_K.get(method, FALLBACK_K)
-
-
 def desired_k_key(pool: str) -> str:
     """Redis string (decimal): the k the policy wants on fixed-k pool `pool`; written by
     the policy's telemetry store, read by the supervisor."""
@@ -122,20 +118,24 @@ class FleetConfigError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class FleetPool:
-    """The keys of one `pools:` entry that every side reads. The gateway's `PoolConfig`
-    has these fields and more (capabilities); the supervisor ignores the rest.
+    """The keys of one `pools:` entry that every side reads, and their defaults (the one
+    home of both). The gateway's `PoolConfig` extends it (capabilities); the supervisor
+    ignores the rest.
 
     `launch` holds engine options for the supervisor's launch command (SGLang or vLLM).
     """
 
     name: str
     engine: str
-    method: str
-    k: int
     model: str
-    model_path: str | None = None
+    method: str = "plain"
+    k: int = 0
+    model_path: str | None = None  # the weights a supervisor launches; default: `model`
     workers: tuple[str, ...] = ()
     launch: Mapping[str, Any] = field(default_factory=dict)
+
+
+POOL_DEFAULTS = {f.name: f.default for f in fields(FleetPool)}
 
 
 def load_pool(config_path: str, pool: str) -> tuple[FleetPool, str | None]:
@@ -150,8 +150,9 @@ def load_pool(config_path: str, pool: str) -> tuple[FleetPool, str | None]:
         if isinstance(entry, dict) and entry.get("name") == pool:
             try:
                 spec = FleetPool(
-                    name=pool, engine=str(entry.get("engine", "sglang")),
-                    method=str(entry.get("method", "plain")), k=int(entry.get("k", 0)),
+                    name=pool, engine=str(entry["engine"]),
+                    method=str(entry.get("method", POOL_DEFAULTS["method"])),
+                    k=int(entry.get("k", POOL_DEFAULTS["k"])),
                     model=str(entry["model"]), model_path=entry.get("model_path"),
                     workers=tuple(entry.get("workers") or ()),
                     launch=dict(entry.get("launch") or {}))

@@ -24,7 +24,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from policies.acceptance import (
-    TREE_DEPTH,
     blend,
     invert_method_accept_length,
     method_accept_length,
@@ -40,6 +39,7 @@ from policies.cost import (
     fit_step_cost,
     generic_trend,
 )
+from policies.methods import TREE_DEPTH
 from policies.prior import AcceptKey, CurvePoint
 
 

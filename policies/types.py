@@ -55,7 +55,7 @@ class RequestProfile:
 class PoolView:
     name: str
     engine: str  # "sglang" | "vllm" | "openai" | "embedded"
-    method: str  # "plain", "ngram", "lookahead", "medusa", "eagle", "eagle2", "eagle3", "draft"
+    method: str  # a policies.methods.Method value (or a custom engine name)
     k: int  # configured speculative tokens; 0 = plain
     per_request_k: bool
     healthy_workers: int

@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from policies.rules import POLICY_NAMES  # light: no numpy, no gateway
+
 
 def _up(args: argparse.Namespace) -> int:
     from specroute.stack import run_stack
@@ -132,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     gw.add_argument("--port", type=int, default=None, help="override the config's listen port")
     gw.add_argument(
         "--policy",
-        choices=["learned", "static", "first"],
+        choices=POLICY_NAMES,
         default="learned",
         help="routing policy: learned (default; learns from telemetry), static "
         "(class -> method rules) or first (first pool with a healthy worker)",

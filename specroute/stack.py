@@ -32,10 +32,10 @@ from policies.fleet import (
     DRAFTER_FOLDERS,
     ModelChoice,
     ModelNotFound,
-    default_k,
     drafter_dir_for,
     resolve_model,
 )
+from policies.methods import default_k
 from workers.processes import Child, Restarts, free_port, spawn, start_redis, wait_child
 
 BASE_METHODS = ("plain", "ngram", "lookahead")

@@ -174,7 +174,7 @@ REJECT_GROWTH: dict[str, float] = {
     "draft": 0.797, "eagle3": 0.785}
 # Tree drafters spend k on tree nodes; accept length stops at the tree's depth (the
 # paper's draft depth, PAPER_K).
-TREE_DEPTH = {m: PAPER_K[m] for m in ("eagle2", "medusa", "lookahead")}
+PAPER_TREE_DEPTH = {m: PAPER_K[m] for m in ("eagle2", "medusa", "lookahead")}
 # gateway.classifier.classify on bench/workload.py prompts (200 per class, seed 7): rows
 # true task, columns the label. The classifier's own held-out split is near-perfect
 # (code 0.998, structured 1.0, chat 0.9915 correct, 2,000 each); the bench prompts are

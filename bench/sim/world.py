@@ -37,9 +37,9 @@ from bench.sim.calibration import (
     CLASSIFIER_CONFUSION,
     FAMILY_CORRELATION,
     PAPER_K,
+    PAPER_TREE_DEPTH,
     PROMPT_LOGIT_STD,
     REJECT_GROWTH,
-    TREE_DEPTH,
     true_accept,
 )
 
@@ -69,8 +69,8 @@ class World:
 
     def depth(self, method: str, k: int) -> int:
         """Draft tokens that can be accepted in one step with k drafted (tree nodes)."""
-        if self.tree_saturation and method in TREE_DEPTH:
-            return min(k, TREE_DEPTH[method])
+        if self.tree_saturation and method in PAPER_TREE_DEPTH:
+            return min(k, PAPER_TREE_DEPTH[method])
         return k
 
     def spread(self, method: str) -> float:

@@ -35,6 +35,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.classifier.minimal import minimal_profile
 from gateway.config import GatewayConfig
 from gateway.errors import (
     GatewayError,
@@ -57,7 +58,7 @@ from gateway.http.sglang_routes import GenerateEndpoint, health_generate, model_
 from gateway.pools import build_pools
 from gateway.routing.fleet_plan import fleet_planning
 from gateway.routing.policy import RoutingPolicy, build_routing_policy
-from gateway.routing.router import Classify, Decide, PoolRouter, minimal_profile
+from gateway.routing.router import Classify, Decide, PoolRouter
 from gateway.routing.slo import slo_layer
 from gateway.telemetry.loop_lag import LoopLagProbe
 from gateway.telemetry.prometheus import (
@@ -149,7 +150,7 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
                decide: Decide | None = None, classify: Classify | None = None,
                recorder: Recorder | None = None,
                config_path: str | None = None) -> GatewayApp:
-    """Build the app. `policy` names the routing policy (`gateway.routing.policy.POLICY_NAMES`);
+    """Build the app. `policy` names the routing policy (`policies.rules.POLICY_NAMES`);
     a `decide` function replaces it (a fixed rule that learns nothing). `classify=None`
     means `gateway.classifier.classify`, loaded in the lifespan; `recorder` replaces the Prometheus
     recorder (the policy is fed either way). With `config_path`, tenants reload when

@@ -16,13 +16,12 @@ thread first, then the store, which flushes what Redis will take within ~2 s).
 from __future__ import annotations
 
 from gateway.config import GatewayConfig
-from gateway.routing.router import Decide, first_healthy, static_rules
+from gateway.routing.router import Decide
 from policies.decision import Policy
 from policies.prior import WorkerPrior
+from policies.rules import POLICY_NAMES, first_healthy, static_rules
 from policies.telemetry import LocalTelemetry, Telemetry, TelemetryConfig, TelemetryStore
 from policies.types import RequestRecord
-
-POLICY_NAMES = ("learned", "static", "first")
 
 
 class RoutingPolicy:

@@ -3,8 +3,8 @@
 The `PoolRouter` owns the facts (which pools serve the model, which can do constrained
 decoding or tools, which fit the prompt, which have an available worker); the choice
 among the remaining pools is a pluggable `decide(profile, pools) -> Decision` from
-`policies/`. Built in: `first_healthy` (config order) and `static_rules` (task and
-temperature → method; a hand-written stand-in until the learned policy takes over).
+`policies/` (the learned `policies.decision.Policy`, or `policies.rules`); a policy that
+finds no pool with a healthy worker raises ValueError, answered 503 here.
 A `Pin` from the `x-specroute-pool` / `x-specroute-k` headers overrides the policy
 for benchmarks and debugging; capability checks still apply.
 """
@@ -17,9 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
+from gateway.classifier.minimal import minimal_profile
 from gateway.errors import InvalidRequest, ModelNotFound, NoHealthyWorker, traceback_text
 from gateway.pools import Pool
 from gateway.schemas import GenerationRequest
+from policies.rules import first_healthy
 from policies.types import Decision, PoolView, RequestProfile
 
 log = logging.getLogger("specroute.gateway")
@@ -28,73 +30,6 @@ Classify = Callable[[GenerationRequest, str], RequestProfile]
 MAX_PINNED_K = 16
 JSON_OBJECT_PREFERENCE = ("lacks constrained_decoding, preferred for response_format "
                           "json_object")
-
-
-def minimal_profile(request: GenerationRequest, tenant: str) -> RequestProfile:
-    """Fallback classifier (task from response_format/tools only), same signature as
-    `gateway.classifier.classify.classify`; used only when that one cannot load its model."""
-    fmt_type = request.response_format["type"] if request.response_format else None
-    return RequestProfile(
-        task="structured" if fmt_type in ("json_object", "json_schema")
-        or request.needs_tools else "chat",
-        temperature=1.0 if request.temperature is None else request.temperature,
-        top_p=1.0 if request.top_p is None else request.top_p,
-        prompt_tokens=request.prompt_tokens_estimate,
-        max_tokens=request.max_tokens or 0,
-        stream=request.stream,
-        tenant=tenant,
-        model=request.model,
-        needs_constrained=request.needs_constrained,  # json_object is only a preference
-        needs_tools=request.needs_tools,
-        reasons=("minimal_profile",),
-    )
-
-
-def first_healthy(profile: RequestProfile, pools: list[PoolView]) -> Decision:
-    """Default policy: the first pool (config order) that has a healthy worker."""
-    for view in pools:
-        if view.healthy_workers > 0:
-            rest = tuple(p.name for p in pools if p.name != view.name and p.healthy_workers)
-            return Decision(pool=view.name, method=view.method, k=view.k,
-                            reason="first pool with a healthy worker", fallbacks=rest)
-    raise NoHealthyWorker(f"no healthy worker serves model {profile.model!r}",
-                          code="no_healthy_worker")
-
-
-# method preference per request class for `static_rules`, best first. Input-grounded
-# code suits prompt-lookup/lookahead drafting; JSON's fixed keys and punctuation suit
-# lookahead's n-gram pool and tree drafts; free chat needs a learned drafter (EAGLE,
-# arXiv 2401.15077); at high temperature acceptance collapses, so plain decoding wins.
-STATIC_PREFERENCES: dict[str, tuple[str, ...]] = {
-    "code": ("ngram", "lookahead", "eagle2", "eagle3", "eagle", "medusa", "draft"),
-    "structured": ("lookahead", "ngram", "eagle2", "eagle3", "medusa", "eagle", "draft"),
-    "chat": ("eagle3", "eagle2", "eagle", "medusa", "draft", "lookahead", "ngram"),
-    "edit": ("ngram", "lookahead", "eagle3", "eagle2", "eagle", "medusa", "draft"),
-    "thigh": ("plain",),
-}
-
-
-def static_rules(profile: RequestProfile, pools: list[PoolView]) -> Decision:
-    """Hand-written class → method rules: code and edits → n-gram, structured →
-    lookahead, chat → EAGLE, temperature > 0.7 → plain; plain pools are always the last fallback."""
-    key = "thigh" if profile.temperature_bucket == "thigh" else profile.task
-    preference = STATIC_PREFERENCES[key]
-
-    def rank(view: PoolView) -> tuple[int, float]:
-        plain = view.method == "plain" or view.k == 0
-        order = preference.index(view.method) if view.method in preference else (
-            len(preference) + (1 if plain else 0))
-        return order, view.outstanding / max(1, view.healthy_workers)
-
-    ranked = sorted((v for v in pools if v.healthy_workers > 0), key=rank)
-    if not ranked:
-        raise NoHealthyWorker(f"no healthy worker serves model {profile.model!r}",
-                              code="no_healthy_worker")
-    best = ranked[0]
-    reason = (f"static rule: {key} -> {best.method}" if best.method in preference
-              else f"static rule: no {'/'.join(preference[:2])} pool for {key}")
-    return Decision(pool=best.name, method=best.method, k=best.k, reason=reason,
-                    fallbacks=tuple(v.name for v in ranked[1:]))
 
 
 @dataclass(frozen=True, slots=True)

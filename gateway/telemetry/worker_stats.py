@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from policies.fleet import WORKER_BATCH_KEY
+
 
 @dataclass(slots=True)
 class SpecStats:
@@ -39,7 +41,7 @@ class SpecStats:
                     or self.correct_drafts or self.proposed_drafts)
 
 
-BATCH_KEY = "specroute_batch"
+BATCH_KEY = WORKER_BATCH_KEY
 
 
 def non_negative(value: object) -> float | None:

@@ -14,7 +14,7 @@ from bench.sim.baselines import (
     Learned,
     SimRequest,
 )
-from bench.sim.calibration import PAPER_K, PROMPT_LOGIT_STD, TREE_DEPTH, true_accept
+from bench.sim.calibration import PAPER_K, PAPER_TREE_DEPTH, PROMPT_LOGIT_STD, true_accept
 from bench.sim.scenarios import EMBEDDED
 from bench.sim.simulator import Phase, Running, SimConfig, Worker, simulate, workload
 from bench.sim.world import World, positional_length
@@ -33,7 +33,7 @@ def test_the_class_value_reproduces_the_paper_tau_at_the_paper_depth() -> None:
 
 
 def test_tree_drafters_saturate_at_their_depth_chains_do_not() -> None:
-    depth = TREE_DEPTH["eagle2"]
+    depth = PAPER_TREE_DEPTH["eagle2"]
     at_depth = WORLD.expected_accept_length("eagle2", "code", "t0", depth)
     assert WORLD.expected_accept_length("eagle2", "code", "t0", 12) == at_depth
     assert (WORLD.expected_accept_length("eagle", "code", "t0", 8)

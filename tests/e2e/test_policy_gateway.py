@@ -204,10 +204,11 @@ def test_logs_are_clean(stack: dict) -> None:
 
 
 def test_a_policy_without_a_pool_answers_503() -> None:
+    from gateway.classifier.minimal import minimal_profile
     from gateway.config import parse_config
     from gateway.errors import NoHealthyWorker
     from gateway.pools import build_pools
-    from gateway.routing.router import PoolRouter, minimal_profile
+    from gateway.routing.router import PoolRouter
     from gateway.schemas import parse_request
 
     def no_pool(profile: object, pools: object) -> None:
@@ -223,16 +224,13 @@ def test_a_policy_without_a_pool_answers_503() -> None:
 
 
 def test_json_object_prefers_constrained_pools_and_strips_elsewhere() -> None:
+    from gateway.classifier.minimal import minimal_profile
     from gateway.config import parse_config
     from gateway.pools import build_pools
-    from gateway.routing.router import (
-        JSON_OBJECT_PREFERENCE,
-        PoolRouter,
-        first_healthy,
-        minimal_profile,
-    )
+    from gateway.routing.router import JSON_OBJECT_PREFERENCE, PoolRouter
     from gateway.schemas import parse_request
     from gateway.upstream.dispatch import for_pool, warning_headers
+    from policies.rules import first_healthy
 
     config = parse_config({"pools": [pool("free", "eagle", "http://a:1"),
                                      pool("json", "eagle", "http://b:1",

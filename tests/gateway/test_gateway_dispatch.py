@@ -15,6 +15,7 @@ from conftest import free_port
 from openai_stub import VLLMStub
 from sglang_stub import StubConfig, StubServer
 
+from gateway.classifier.minimal import minimal_profile
 from gateway.config import hash_api_key, parse_config
 from gateway.errors import (
     AuthenticationFailed,
@@ -26,7 +27,7 @@ from gateway.errors import (
 )
 from gateway.http.services import Gateway
 from gateway.pools import BreakerState, build_pools
-from gateway.routing.router import PoolRouter, minimal_profile
+from gateway.routing.router import PoolRouter
 from gateway.schemas import parse_request
 from gateway.telemetry.prometheus import PrometheusRecorder
 from gateway.telemetry.record import Outcome, Reporter, Timer

@@ -12,10 +12,11 @@ import re
 
 import pytest
 
+from gateway.classifier.minimal import minimal_profile
 from gateway.config import parse_config
 from gateway.errors import InvalidRequest
 from gateway.pools import build_pools
-from gateway.routing.router import Pin, PoolRouter, minimal_profile
+from gateway.routing.router import Pin, PoolRouter
 from gateway.schemas import parse_request
 from gateway.telemetry.record import Outcome, Timer
 from gateway.telemetry.worker_stats import SpecStats, Usage

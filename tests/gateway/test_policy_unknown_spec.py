@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.routing.router import minimal_profile
+from gateway.classifier.minimal import minimal_profile
 from gateway.schemas import parse_request
 from gateway.telemetry.record import Outcome, Reporter, Timer
 from gateway.telemetry.spans import make_tracer

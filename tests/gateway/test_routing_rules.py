@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.classifier.minimal import minimal_profile
 from gateway.config import parse_config
 from gateway.errors import InvalidRequest
 from gateway.pools import build_pools
-from gateway.routing.router import Pin, PoolRouter, minimal_profile, static_rules
+from gateway.routing.router import Pin, PoolRouter
 from gateway.schemas import GenerationRequest, parse_request
+from policies.rules import static_rules
 from policies.types import Decision, PoolView, RequestProfile
 
 

@@ -8,7 +8,6 @@ import pytest
 from bench.sim.simulator import sample_steps
 from policies.acceptance import (
     A_MAX,
-    TREE_DEPTH,
     draft_depth,
     expected_accept_length,
     invert_accept_length,
@@ -17,6 +16,7 @@ from policies.acceptance import (
 from policies.cost import StepSample, fit_step_cost, generic_trend
 from policies.decision import Policy
 from policies.learner import Learner, PolicyState
+from policies.methods import TREE_DEPTH
 from policies.telemetry import LocalTelemetry
 from policies.types import PoolView, RequestRecord
 

@@ -4,9 +4,10 @@ tries."""
 
 from __future__ import annotations
 
+from gateway.classifier.minimal import minimal_profile
 from gateway.config import parse_config
 from gateway.pools import build_pools
-from gateway.routing.router import Pin, PoolRouter, minimal_profile
+from gateway.routing.router import Pin, PoolRouter
 from gateway.schemas import parse_request
 from policies.types import Decision, PoolView, RequestProfile
 from tests.policies.test_policy_decide import PROFILE, pools, trained

@@ -175,7 +175,8 @@ def test_predictions_match_the_shipped_measurement_after_a_few_requests() -> Non
 def test_shipped_smollm2_prior_sends_greedy_edits_to_ngram() -> None:
     """What SmolLM2's workers measured (n-gram 2.05x plain on greedy edits, accept length
     4.6) routes an edit to n-gram from the first request, before any telemetry."""
-    from policies.fleet import DEFAULT_K, weights_dir
+    from policies.fleet import weights_dir
+    from policies.methods import DEFAULT_K
 
     doc = Measured.from_dict(json.loads(
         (weights_dir("smollm2-135m-instruct") / "measured.json").read_text()))

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from policies.fleet import weights_dir
+from policies.methods import SGLANG_ALGORITHM
 from policies.prior import MEASURED_FILE, Measured, MeasuredError
 from workers.embedded.context import WorkerState
 
@@ -19,11 +20,14 @@ log = logging.getLogger(__name__)
 
 VERSION = "specroute-embedded"
 
-# The embedded method behind SGLang's `speculative_algorithm` name (spec.py lists
-# EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM, ...); SGLang has no Medusa or lookahead.
-SGLANG_ALGORITHM = {"plain": None, "ngram": "NGRAM", "eagle": "EAGLE", "eagle2": "EAGLE",
-                    "draft": "STANDALONE",
-                    "medusa": "MEDUSA", "lookahead": "LOOKAHEAD"}
+
+def speculative_algorithm(method: str) -> str | None:
+    """SGLang's `speculative_algorithm` name for the worker's method (policies.methods);
+    SGLang has no Medusa or lookahead, which report their own names upper-cased."""
+    if method == "plain":
+        return None
+    return SGLANG_ALGORITHM.get(method) or method.upper()
+
 
 
 @functools.cache
@@ -61,7 +65,7 @@ def server_info(state: WorkerState) -> dict[str, Any]:
         "context_length": state.engine.max_context,
         "max_running_requests": scheduler.max_running,
         "max_queued_requests": scheduler.max_queue,
-        "speculative_algorithm": SGLANG_ALGORITHM.get(config.method, config.method.upper())
+        "speculative_algorithm": speculative_algorithm(config.method)
         if speculative else None,
         "speculative_num_steps": k if speculative else None,
         "speculative_eagle_topk": 1 if speculative else None,

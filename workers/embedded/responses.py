@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from policies.fleet import WORKER_BATCH_KEY
 from workers.embedded.api import GenerationStats, StepOutput, TokenLogprob
 
 TokenText = Callable[[int], str]  # a token id's text
@@ -66,7 +67,7 @@ def meta_info(rid: str, output: StepOutput, stats: GenerationStats, started: flo
     return info
 
 
-BATCH_KEY = "specroute_batch"  # ours, not SGLang's: in meta_info and in sglext
+BATCH_KEY = WORKER_BATCH_KEY  # ours, not SGLang's: in meta_info and in sglext
 
 
 def batch_fields(stats: GenerationStats, now: float) -> dict[str, Any]:

@@ -38,18 +38,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from policies.methods import SGLANG_ALGORITHM
+
 SGLANG_VERSION = "0.5.23"
 
-# specroute method name -> SGLang --speculative-algorithm value. The builtin names are
-# the SpeculativeAlgorithm enum members (sglang/srt/speculative/spec_info.py:32-47).
-METHOD_TO_ALGORITHM: dict[str, str | None] = {
-    "plain": None,
-    "eagle": "EAGLE",
-    "eagle2": "EAGLE",
-    "eagle3": "EAGLE3",
-    "ngram": "NGRAM",
-    "draft": "STANDALONE",
-}
+# specroute method name -> SGLang --speculative-algorithm value (policies.methods: the
+# SpeculativeAlgorithm enum members, sglang/srt/speculative/spec_info.py:32-47).
+METHOD_TO_ALGORITHM = SGLANG_ALGORITHM
 DEFAULT_TREE_TOPK = 4  # SGLang's own auto choice for Llama: (steps 5, topk 4, tokens 8)
 
 

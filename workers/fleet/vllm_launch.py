@@ -22,15 +22,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from policies.methods import VLLM_METHOD
+
 VLLM_VERSION = "0.33.0"
 
-METHOD_TO_VLLM: dict[str, str | None] = {
-    "plain": None,
-    "eagle": "eagle",
-    "eagle3": "eagle3",
-    "ngram": "ngram",
-    "draft": "draft_model",
-}
+METHOD_TO_VLLM = VLLM_METHOD  # policies.methods
 
 
 class VLLMLaunchError(ValueError):

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from policies.methods import TREE_DEPTH
 from workers.embedded.drafter_models import EagleHead
 from workers.embedded.model import LlamaForCausalLM
 from workers.embedded.speculative.draft import ROOT, DecodeState, Draft
@@ -34,7 +35,7 @@ from workers.embedded.speculative.eagle import EagleSync
 @dataclass(frozen=True)
 class EagleTreeConfig:
     topk: int = 4  # children per expanded node, and frontier width
-    depth: int = 5  # most draft depths; a request's k also caps it
+    depth: int = TREE_DEPTH["eagle2"]  # most draft depths (policies.methods); k caps it too
 
 
 class EagleTreeDrafter:

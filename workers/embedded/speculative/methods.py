@@ -16,7 +16,8 @@ from typing import TypeVar
 
 import torch
 
-from policies.fleet import DEFAULT_K, drafter_dir_for
+from policies.fleet import drafter_dir_for
+from policies.methods import DEFAULT_K
 from workers.embedded.drafter_models import EagleHead, MedusaHeads, load_drafter
 from workers.embedded.model import LlamaForCausalLM, load_model
 from workers.embedded.speculative.draft import Drafter
