@@ -71,6 +71,11 @@ class PoolConfig(FleetPool):
 
     capabilities: Capabilities = field(default_factory=Capabilities)
 
+    def run_k(self, k: int) -> int:
+        """The k a request decided at `k` runs with here: its own on a per-request-k pool,
+        the k the server was launched with elsewhere (SGLang and vLLM fix it)."""
+        return k if self.capabilities.per_request_k else self.k
+
 
 @dataclass(frozen=True, slots=True)
 class TenantConfig:

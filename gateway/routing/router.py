@@ -275,8 +275,8 @@ class PoolRouter:
     @staticmethod
     def _with_k(decision: Decision, pool: Pool, pin: Pin) -> Decision:
         if not pool.config.capabilities.per_request_k:  # k is fixed at launch
-            return decision if decision.k == pool.config.k else replace(decision,
-                                                                        k=pool.config.k)
+            k = pool.config.run_k(decision.k)
+            return decision if decision.k == k else replace(decision, k=k)
         if pin.k is None:
             return decision
         if decision.k == pin.k:

@@ -179,8 +179,8 @@ class Dispatcher:
         attempts = 0
         for pool in pools:
             if pool.name != decision.pool:
-                k = decision.k if pool.config.capabilities.per_request_k else pool.config.k
-                decision = replace(decision, pool=pool.name, method=pool.config.method, k=k,
+                decision = replace(decision, pool=pool.name, method=pool.config.method,
+                                   k=pool.config.run_k(decision.k),
                                    reason=f"{decision.reason}; failover to {pool.name}")
             while attempts < self.server.max_attempts:
                 worker = pool.pick(tried)

@@ -60,6 +60,14 @@ class Adapter(Protocol):
                k: int) -> AsyncIterator[StreamItem]: ...
 
 
+def with_k(custom_params: dict | None, pool: PoolConfig, k: int) -> dict | None:
+    """The request's `custom_params` carrying its k (`num_speculative_tokens`, the
+    embedded engine's per-request field) on a per-request-k pool; as they were elsewhere."""
+    if not pool.capabilities.per_request_k:
+        return custom_params
+    return {**(custom_params or {}), "num_speculative_tokens": k}
+
+
 def finish_reason_of(value: object) -> str:
     """SGLang reports `{"type": "stop"|"length"|"abort", ...}`; OpenAI a plain string."""
     if isinstance(value, dict):

@@ -28,6 +28,7 @@ from gateway.upstream.adapters.base import (
     GenerationResult,
     StreamItem,
     finish_reason_of,
+    with_k,
 )
 from gateway.upstream.adapters.wire import post, post_json, sse_data
 
@@ -92,8 +93,7 @@ class OpenAIAdapter:
         else:
             body.pop("stream_options", None)
         if pool.capabilities.per_request_k:
-            body["custom_params"] = {**(body.get("custom_params") or {}),
-                                     "num_speculative_tokens": k}
+            body["custom_params"] = with_k(body.get("custom_params"), pool, k)
         return body
 
     async def generate(self, worker: str, request: GenerationRequest, pool: PoolConfig,
