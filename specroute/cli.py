@@ -87,24 +87,92 @@ def _fleet_controller(args: argparse.Namespace) -> int:
                           interval_s=args.interval)
 
 
+# Each bench's own options (`specroute bench NAME --help` lists only its own): the flag's
+# type and default once here, its help per bench below.
+BENCH_OPTIONS: dict[str, dict] = {
+    "--seed": {"type": int, "default": 0},
+    "--rounds": {"type": int, "default": None},
+    "--steps": {"type": int, "default": None},
+    "--prompts": {"type": int, "default": None},
+    "--per-cell": {"type": int, "default": None},
+    "--warmup": {"type": int, "default": None},
+    "--max-tokens": {"type": int, "default": 48},
+    "--duration": {"type": float, "default": None},
+    "--minutes": {"type": float, "default": None},
+    "--model": {"default": None},
+    "--methods": {"default": None},
+    "--concurrency": {"default": None},
+    "--classes": {"default": None},
+    "--workdir": {"default": None},
+    "--records": {"default": None},
+    "--plot": {"default": None},
+    "--peers": {"default": "sglang-router,litellm"},
+    "--gateway-workers": {"default": "1"},
+    "--faults": {"default": "worker,redis"},
+    "--write-costs": {"default": None, "metavar": "PATH"},
+    "--write-measured": {"default": None, "metavar": "PATH"},
+    "--fleet": {"action": "store_true"},
+    "--throughput": {"action": "store_true"},
+}
+MODEL_HELP = "smollm2 (default), tiny, or a model folder"
+BENCHES: dict[str, tuple[str, dict[str, str]]] = {
+    "gateway": ("the gateway's own overhead beside other gateways, side by side", {
+        "--rounds": "interleaved rounds (default 3; --quick 1)",
+        "--peers": "other gateways measured beside specroute, installed on first use "
+                   "(default: sglang-router,litellm; 'none' for none)",
+        "--gateway-workers": "specroute process counts to measure, e.g. 1,2 (default 1)"}),
+    "engine": ("the embedded engine: every method against plain decoding", {
+        "--model": MODEL_HELP, "--methods": "methods to compare (default: every method)",
+        "--prompts": "prompts per class and round (default 2; --quick 1)",
+        "--rounds": "interleaved rounds (default 3; --quick 1)", "--seed": "prompt seed",
+        "--max-tokens": "tokens per request (--quick: 16)",
+        "--write-measured": "write accept length, tokens/s and speedup per (method, class, "
+                            "T) as JSON, the policy's prior for the worker"}),
+    "policy": ("the learned policy in the simulator against its baselines", {
+        "--seed": "the simulation's seed", "--plot": "write a PNG of tokens/s over time",
+        "--fleet": "the fleet planner's fixed-k fleet against its baselines"}),
+    "batching": ("step cost per (method, k, batch) of the embedded engine", {
+        "--model": MODEL_HELP, "--methods": "methods to compare (default: every method)",
+        "--rounds": "rounds (default 2; --quick 1)", "--seed": "prompt seed",
+        "--steps": "decode steps timed per setting and round (default 24; --quick 4)",
+        "--write-costs": "replace the costs list (seconds per decode step by method, k, "
+                         "batch) of the measured.json at PATH",
+        "--throughput": "also aggregate tokens/s at concurrency 1, 2, 4",
+        "--max-tokens": "tokens per request of --throughput"}),
+    "slo": ("tenants' SLOs under overload, with and without the SLO layer", {
+        "--duration": "seconds of load per mode (default 30; --quick 8)", "--seed": "seed"}),
+    "soak": ("the whole stack under load for minutes, faults injected", {
+        "--concurrency": "clients (default 64)",
+        "--minutes": "how long the load runs (default 5; --quick 0.5)",
+        "--faults": "faults to inject, comma-separated: worker, redis, or none"}),
+    "classifier": ("the request classifier on its held-out prompts", {}),
+    "live": ("the adaptive gateway against pinned pools on a real stack", {
+        "--model": MODEL_HELP, "--methods": "the pools (default: every method)",
+        "--concurrency": "comma-separated requests in flight, measured in turn "
+                         "(default 1,4)",
+        "--per-cell": "prompts per task x temperature (default 1)",
+        "--classes": "the workload's classes, comma-separated task/temperature (e.g. "
+                     "edit/t0,edit/t0.8; default every task at T 0 and 0.8)",
+        "--warmup": "warm-up requests of the warm gateway (default 18; --quick 6)",
+        "--max-tokens": "tokens per request", "--seed": "prompt seed",
+        "--workdir": "keep the stack's logs here",
+        "--records": "write every request's record and the summary to this JSON file"}),
+}
+
+
 def _bench(args: argparse.Namespace) -> int:
-    if args.target == "gateway":
-        from bench.gateway import main as bench_main
-    elif args.target == "engine":
-        from bench.engine import main as bench_main
-    elif args.target == "policy":
-        from bench.policy import main as bench_main
-    elif args.target == "batching":
-        from bench.batching import main as bench_main
-    elif args.target == "slo":
-        from bench.slo import main as bench_main
-    elif args.target == "soak":
-        from bench.soak import main as bench_main
-    elif args.target == "classifier":
-        from bench.classifier import main as bench_main
-    else:
-        from bench.live import main as bench_main
-    return bench_main(args)
+    """Run bench `args.target` from the offline distribution (bench/, `specroute-bench`)."""
+    import importlib
+
+    try:
+        module = importlib.import_module(f"bench.{args.target}")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("bench", f"bench.{args.target}"):
+            raise
+        print("specroute bench needs the offline distribution: pip install -e ./bench "
+              "(from a clone of the repository)", file=sys.stderr)
+        return 2
+    return module.main(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -199,65 +267,16 @@ def build_parser() -> argparse.ArgumentParser:
     fc.add_argument("--interval", type=float, default=10.0, help="seconds between checks")
     fc.set_defaults(func=_fleet_controller)
 
-    bench = sub.add_parser("bench", help="benchmarks; each prints a table")
-    bench.add_argument("target", choices=["gateway", "engine", "policy", "live", "batching",
-                                          "slo", "soak", "classifier"])
-    bench.add_argument("--json", action="store_true", help="print one JSON object last")
-    bench.add_argument("--quick", action="store_true", help="a short run (for smoke tests)")
-    bench.add_argument("--plot", default=None, help="policy: write a PNG of tokens/s over time")
-    bench.add_argument("--fleet", action="store_true",
-                       help="policy: the fleet planner's fixed-k fleet against its baselines")
-    bench.add_argument("--url", default=None, help="gateway: an already running gateway")
-    bench.add_argument("--seed", type=int, default=0)
-    bench.add_argument("--duration", type=float, default=None,
-                       help="slo: seconds of load per mode (default 30; --quick 8)")
-    bench.add_argument("--rounds", type=int, default=None,
-                       help="engine, gateway: interleaved rounds (default 3; --quick 1); "
-                       "batching: default 2")
-    bench.add_argument("--steps", type=int, default=None,
-                       help="batching: decode steps timed per setting and round "
-                       "(default 24; --quick 4)")
-    bench.add_argument("--write-costs", default=None, metavar="PATH",
-                       help="batching: replace the costs list (seconds per decode step by "
-                       "method, k, batch) of the measured.json at PATH")
-    bench.add_argument("--throughput", action="store_true",
-                       help="batching: also aggregate tokens/s at concurrency 1, 2, 4")
-    bench.add_argument("--peers", default="sglang-router,litellm",
-                       help="gateway: other gateways measured beside specroute, installed "
-                       "on first use (default: sglang-router,litellm; 'none' for none)")
-    bench.add_argument("--gateway-workers", default="1",
-                       help="gateway: specroute process counts to measure, e.g. 1,2 "
-                       "(default 1)")
-    bench.add_argument("--prompts", type=int, default=None,
-                       help="engine: prompts per class and round (default 2; --quick 1)")
-    bench.add_argument("--write-measured", default=None, metavar="PATH",
-                       help="engine: write accept length, tokens/s and speedup per "
-                       "(method, class, T) as JSON, the policy's prior for the worker")
-    bench.add_argument("--model", default=None,
-                       help="engine, live, batching: smollm2 (default), tiny, or a model folder")
-    bench.add_argument("--methods", default=None,
-                       help="engine, batching: methods to compare; live: the pools (default: "
-                       "every method)")
-    bench.add_argument("--concurrency", default=None,
-                       help="live: comma-separated requests in flight, measured in turn "
-                       "(default 1,4); soak: clients (default 64)")
-    bench.add_argument("--minutes", type=float, default=None,
-                       help="soak: how long the load runs (default 5; --quick 0.5)")
-    bench.add_argument("--faults", default="worker,redis",
-                       help="soak: faults to inject, comma-separated: worker, redis, or none")
-    bench.add_argument("--per-cell", type=int, default=None,
-                       help="live: prompts per task x temperature (default 1)")
-    bench.add_argument("--classes", default=None,
-                       help="live: the workload's classes, comma-separated task/temperature "
-                       "(e.g. edit/t0,edit/t0.8; default every task at T 0 and 0.8)")
-    bench.add_argument("--warmup", type=int, default=None,
-                       help="live: warm-up requests of the warm gateway (default 18; --quick 6)")
-    bench.add_argument("--max-tokens", type=int, default=48,
-                       help="engine, live: tokens per request (engine --quick: 16)")
-    bench.add_argument("--workdir", default=None, help="live: keep the stack's logs here")
-    bench.add_argument("--records", default=None,
-                       help="live: write every request's record and the summary to this JSON file")
-    bench.set_defaults(func=_bench)
+    bench = sub.add_parser("bench", help="benchmarks; each prints a table (specroute-bench, "
+                           "bench/)")
+    targets = bench.add_subparsers(dest="target", required=True, metavar="BENCH")
+    for name, (summary, options) in BENCHES.items():
+        one = targets.add_parser(name, help=summary, description=summary)
+        one.add_argument("--json", action="store_true", help="print one JSON object last")
+        one.add_argument("--quick", action="store_true", help="a short run (for smoke tests)")
+        for flag, help_text in options.items():
+            one.add_argument(flag, help=help_text, **BENCH_OPTIONS[flag])
+        one.set_defaults(func=_bench)
     return parser
 
 
