@@ -14,7 +14,7 @@ import pytest
 from conftest import free_port, start_process, stop_process, wait_http
 
 from policies.fleet import BUNDLED_MODEL_DIR
-from workers.embedded import parsing as requests
+from workers.embedded import parsing
 from workers.embedded.chat_template import ChatTemplate, render_chat
 from workers.embedded.fetch_model import ensure_smollm2
 from workers.embedded.tokenizer import TextTokenizer
@@ -135,14 +135,14 @@ def test_special_token_text_stays_text_in_the_bundled_format(tiny: TextTokenizer
 
 def test_the_chat_route_sends_ids_and_stops_on_both_end_tokens(smollm2: TextTokenizer) -> None:
     body = {"messages": [{"role": "user", "content": INJECTION}], "temperature": 0}
-    req = requests.with_stop_ids(requests.parse_chat(body, smollm2.encode_chat),
+    req = parsing.with_stop_ids(parsing.parse_chat(body, smollm2.encode_chat),
                                  smollm2.stop_ids)
     assert req.text is None and req.input_ids == smollm2.encode_chat(body["messages"])
     assert req.sampling.stop_token_ids == [2, 0]
-    own = requests.with_stop_ids(requests.parse_chat({**body, "stop_token_ids": [7, 0]},
+    own = parsing.with_stop_ids(parsing.parse_chat({**body, "stop_token_ids": [7, 0]},
                                                      smollm2.encode_chat), smollm2.stop_ids)
     assert own.sampling.stop_token_ids == [7, 0, 2]
-    raw = requests.with_stop_ids(requests.parse_chat({**body, "ignore_eos": True},
+    raw = parsing.with_stop_ids(parsing.parse_chat({**body, "ignore_eos": True},
                                                      smollm2.encode_chat), smollm2.stop_ids)
     assert raw.sampling.stop_token_ids == []
 

@@ -9,9 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from workers.embedded import introspection as info
-from workers.embedded import parsing as requests
-from workers.embedded import responses, tools
+from workers.embedded import introspection, parsing, responses, tools
 from workers.embedded.api import Constraint
 from workers.embedded.errors import BadRequest
 
@@ -39,7 +37,7 @@ class Out:
 
 
 def test_generate_body_maps_sglang_names_to_the_engine() -> None:
-    req = requests.parse_generate({
+    req = parsing.parse_generate({
         "text": "hi", "stream": True, "rid": "r1",
         "sampling_params": {"max_new_tokens": 9, "temperature": 0, "top_p": 0.5, "top_k": -1,
                             "stop": "\n", "stop_token_ids": [2], "ignore_eos": True,
@@ -54,12 +52,12 @@ def test_generate_body_maps_sglang_names_to_the_engine() -> None:
 
 
 def test_sglang_defaults_apply_when_fields_are_missing() -> None:
-    req = requests.parse_generate({"input_ids": [5, 6]})
+    req = parsing.parse_generate({"input_ids": [5, 6]})
     assert req.input_ids == [5, 6] and req.sampling.max_new_tokens == 128
     assert req.sampling.temperature == 1.0  # SGLang's default, not greedy
-    assert requests.parse_chat({"messages": [{"role": "user", "content": "x"}]},
+    assert parsing.parse_chat({"messages": [{"role": "user", "content": "x"}]},
                                lambda m: [5]).sampling.max_new_tokens is None
-    assert requests.parse_completion({"prompt": "x"}).sampling.max_new_tokens == 16
+    assert parsing.parse_completion({"prompt": "x"}).sampling.max_new_tokens == 16
 
 
 @pytest.mark.parametrize("body, message", [
@@ -89,47 +87,47 @@ def test_sglang_defaults_apply_when_fields_are_missing() -> None:
 ])
 def test_bad_generate_bodies_are_400_with_a_message(body: dict, message: str) -> None:
     with pytest.raises(BadRequest, match=message.replace("(", r"\(").replace("+", r"\+")):
-        requests.parse_generate(body)
+        parsing.parse_generate(body)
 
 
 def test_malformed_json_and_non_objects_are_bad_requests() -> None:
     with pytest.raises(BadRequest, match="malformed JSON"):
-        requests.parse_json(b"{nope")
+        parsing.parse_json(b"{nope")
     with pytest.raises(BadRequest, match="JSON object"):
-        requests.parse_json(b"[1, 2]")
+        parsing.parse_json(b"[1, 2]")
 
 
 def test_generate_constraints_penalties_and_logprobs_reach_the_engine() -> None:
-    req = requests.parse_generate({
+    req = parsing.parse_generate({
         "text": "a", "return_logprob": True, "top_logprobs_num": 2,
         "sampling_params": {"regex": "[0-9]+", "presence_penalty": 0.5,
                             "frequency_penalty": -0.5, "logit_bias": {"7": -100}}})
     s = req.sampling
     assert s.constraint == Constraint("regex", "[0-9]+") and s.top_logprobs == 2
     assert (s.presence_penalty, s.frequency_penalty, s.logit_bias) == (0.5, -0.5, {7: -100.0})
-    assert requests.parse_generate({"text": "a", "top_logprobs_num": 2}).sampling.top_logprobs \
+    assert parsing.parse_generate({"text": "a", "top_logprobs_num": 2}).sampling.top_logprobs \
         is None  # without return_logprob
 
 
 def test_openai_response_format_logprobs_and_n() -> None:
     chat = {"messages": [{"role": "user", "content": "x"}]}
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
-    req = requests.parse_chat({**chat, "n": 3, "logprobs": True, "top_logprobs": 4,
+    req = parsing.parse_chat({**chat, "n": 3, "logprobs": True, "top_logprobs": 4,
                                "response_format": {"type": "json_schema", "json_schema": {
                                    "name": "x", "schema": schema, "strict": True}}},
                               lambda m: [5])
     assert req.n == 3 and req.sampling.top_logprobs == 4
     assert req.sampling.constraint == Constraint("json_schema", json.dumps(schema,
                                                                            separators=(",", ":")))
-    req = requests.parse_chat({**chat, "response_format": {"type": "json_object"}}, lambda m: [5])
-    assert req.sampling.constraint == Constraint("json_schema", requests.JSON_OBJECT)
-    assert requests.parse_completion({"prompt": "x", "logprobs": 2}).sampling.top_logprobs == 2
+    req = parsing.parse_chat({**chat, "response_format": {"type": "json_object"}}, lambda m: [5])
+    assert req.sampling.constraint == Constraint("json_schema", parsing.JSON_OBJECT)
+    assert parsing.parse_completion({"prompt": "x", "logprobs": 2}).sampling.top_logprobs == 2
     with pytest.raises(BadRequest, match="n must be in"):
-        requests.parse_chat({**chat, "n": 0}, lambda m: [5])
+        parsing.parse_chat({**chat, "n": 0}, lambda m: [5])
     with pytest.raises(BadRequest, match="top_logprobs needs logprobs"):
-        requests.parse_chat({**chat, "top_logprobs": 2}, lambda m: [5])
+        parsing.parse_chat({**chat, "top_logprobs": 2}, lambda m: [5])
     with pytest.raises(BadRequest, match="either response_format"):
-        requests.parse_chat({**chat, "response_format": {"type": "json_object"}, "regex": "a"},
+        parsing.parse_chat({**chat, "response_format": {"type": "json_object"}, "regex": "a"},
                             lambda m: [5])
 
 
@@ -146,7 +144,7 @@ def test_tools_become_a_prompt_and_a_grammar() -> None:
                               "function": {"name": "f", "arguments": '{"x": 1}'}}]},
                          {"role": "tool", "tool_call_id": "c1", "content": "2"}],
             "tools": [TOOL]}
-    req = requests.parse_chat({**chat, "tool_choice": "required"},
+    req = parsing.parse_chat({**chat, "tool_choice": "required"},
                               lambda m: seen.append(m) or [5])
     assert req.tool_mode == "forced" and req.sampling.constraint is not None
     assert req.sampling.constraint.kind == "lark" and "start: call" in req.sampling.constraint.text
@@ -154,9 +152,9 @@ def test_tools_become_a_prompt_and_a_grammar() -> None:
     assert system["content"].startswith("Be brief.") and '"name": "f"' in system["content"]
     assert assistant["content"] == '<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>'
     assert result == {"role": "user", "content": "<tool_response>\n2\n</tool_response>"}
-    auto = requests.parse_chat(chat, lambda m: [5])
+    auto = parsing.parse_chat(chat, lambda m: [5])
     assert auto.tool_mode == "auto" and "free" in auto.sampling.constraint.text  # type: ignore
-    none = requests.parse_chat({**chat, "tool_choice": "none"}, lambda m: [5])
+    none = parsing.parse_chat({**chat, "tool_choice": "none"}, lambda m: [5])
     assert none.tool_mode is None and none.sampling.constraint is None
     assert tools.parse_call('<tool_call>{"name": "f", "arguments": {"x": 3}}</tool_call>')[
         0]["function"] == {"name": "f", "arguments": '{"x": 3}'}  # type: ignore[index]
@@ -175,10 +173,10 @@ def test_tools_become_a_prompt_and_a_grammar() -> None:
 ])
 def test_bad_tools_are_400(extra: dict, message: str) -> None:
     with pytest.raises(BadRequest, match=message):
-        requests.parse_chat({"messages": [{"role": "user", "content": "x"}], **extra},
+        parsing.parse_chat({"messages": [{"role": "user", "content": "x"}], **extra},
                             lambda m: [5])
     with pytest.raises(BadRequest, match="max_tokens must be >= 1"):
-        requests.parse_completion({"prompt": "x", "max_tokens": 0})
+        parsing.parse_completion({"prompt": "x", "max_tokens": 0})
 
 
 def test_meta_info_adds_latency_and_spec_fields_only_at_the_end() -> None:
@@ -237,7 +235,7 @@ def test_key_names_match_sglang_0_5_23() -> None:
     # entrypoints/openai/protocol.py: class ErrorResponse (~L106)
     assert set(responses.error_body("m", 400)) == {"object", "message", "type", "param", "code"}
     # arg_groups/fields/spec.py: speculative_* server args; builtin algorithm names
-    assert {"NGRAM", "EAGLE", "STANDALONE"} <= set(info.SGLANG_ALGORITHM.values())
+    assert {"NGRAM", "EAGLE", "STANDALONE"} <= set(introspection.SGLANG_ALGORITHM.values())
     # sampling/sampling_params.py: SamplingParams (~L140); TOP_K_ALL = 1 << 30
-    assert requests.parse_generate({"text": "a", "sampling_params": {
+    assert parsing.parse_generate({"text": "a", "sampling_params": {
         "sampling_seed": 1, "top_k": 1 << 30}}).sampling.seed == 1

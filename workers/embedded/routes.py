@@ -1,6 +1,6 @@
 """The worker's HTTP routes: SGLang 0.5.23's `/generate`, its OpenAI routes, and the
 introspection routes; each parses (`requests`), admits a `Run`, and shapes the answer
-(`responses`, `info`). docs/WORKER.md lists where each shape comes from."""
+(`responses`, `introspection`). docs/WORKER.md lists where each shape comes from."""
 
 from __future__ import annotations
 
@@ -11,9 +11,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from workers.embedded import introspection as info
-from workers.embedded import parsing as requests
-from workers.embedded import responses, tools
+from workers.embedded import introspection, parsing, responses, tools
 from workers.embedded.admitted import Admitted, Chunks, Run, Tail, admit, finish_all, sse_stream
 from workers.embedded.context import WorkerState
 from workers.embedded.errors import WorkerError
@@ -25,7 +23,7 @@ log = logging.getLogger("specroute.worker")
 # ---------------------------------------------------------------- /generate
 
 
-def _trace(request: Request, req: requests.GenerateRequest, route: str) -> WorkerTrace | None:
+def _trace(request: Request, req: parsing.GenerateRequest, route: str) -> WorkerTrace | None:
     """The request's spans, continuing the caller's traceparent; None when not exported."""
     tracer = request.app.state.tracer
     if tracer is None:
@@ -51,8 +49,8 @@ def _generate_chunk(run: Run, event: StepEvent) -> list[Any]:
 
 async def generate(request: Request) -> Response:
     state: WorkerState = request.app.state.worker
-    req = requests.parse_generate(requests.parse_json(await request.body()))
-    req = requests.with_stop_ids(req, state.engine.tokenizer.stop_ids)
+    req = parsing.parse_generate(parsing.parse_json(await request.body()))
+    req = parsing.with_stop_ids(req, state.engine.tokenizer.stop_ids)
     admitted = await admit(state, req, _trace(request, req, "generate"))
     if req.stream:
         return StreamingResponse(sse_stream(admitted, _generate_chunk, lambda r, e: []),
@@ -202,13 +200,13 @@ def _openai_tail(state: WorkerState, kind: str) -> Tail:
 
 async def _openai_route(request: Request, kind: str) -> Response:
     state: WorkerState = request.app.state.worker
-    body = requests.parse_json(await request.body())
+    body = parsing.parse_json(await request.body())
     tokenizer = state.engine.tokenizer
     if kind == "chat":
-        req = requests.parse_chat(body, tokenizer.encode_chat)
+        req = parsing.parse_chat(body, tokenizer.encode_chat)
     else:
-        req = requests.parse_completion(body)
-    req = requests.with_stop_ids(req, tokenizer.stop_ids)
+        req = parsing.parse_completion(body)
+    req = parsing.with_stop_ids(req, tokenizer.stop_ids)
     admitted = await admit(state, req, _trace(request, req, kind))
     if req.stream:
         return StreamingResponse(
@@ -234,23 +232,24 @@ async def health(request: Request) -> Response:
 
 
 async def get_server_info(request: Request) -> Response:
-    return JSONResponse(info.server_info(request.app.state.worker))
+    return JSONResponse(introspection.server_info(request.app.state.worker))
 
 
 async def get_model_info(request: Request) -> Response:
-    return JSONResponse(info.model_info(request.app.state.worker))
+    return JSONResponse(introspection.model_info(request.app.state.worker))
 
 
 async def list_models(request: Request) -> Response:
-    return JSONResponse({"object": "list", "data": [info.model_card(request.app.state.worker)]})
+    return JSONResponse({"object": "list",
+                         "data": [introspection.model_card(request.app.state.worker)]})
 
 
 async def loads(request: Request) -> Response:
-    return JSONResponse(info.loads(request.app.state.worker))
+    return JSONResponse(introspection.loads(request.app.state.worker))
 
 
 async def metrics(request: Request) -> Response:
-    return Response(info.metrics_text(request.app.state.worker),
+    return Response(introspection.metrics_text(request.app.state.worker),
                     media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
