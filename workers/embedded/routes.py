@@ -1,5 +1,5 @@
 """The worker's HTTP routes: SGLang 0.5.23's `/generate`, its OpenAI routes, and the
-introspection routes; each parses (`requests`), admits a `Run`, and shapes the answer
+introspection routes; each parses (`parsing`), admits a `Run`, and shapes the answer
 (`responses`, `introspection`). docs/WORKER.md lists where each shape comes from."""
 
 from __future__ import annotations
