@@ -59,7 +59,7 @@ def prose_lines(text: str) -> list[tuple[int, str]]:
     """Lines outside fenced blocks, with inline code spans blanked out."""
     inside, _ = fence_spans(text)
     return [(number, INLINE_CODE.sub("``", line))
-            for number, (line, fenced) in enumerate(zip(text.split("\n"), inside), 1)
+            for number, (line, fenced) in enumerate(zip(text.split("\n"), inside, strict=True), 1)
             if not fenced]
 
 
@@ -75,7 +75,7 @@ def anchors(path: Path) -> set[str]:
     seen: dict[str, int] = {}
     found: set[str] = set()
     inside, _ = fence_spans(path.read_text())
-    for line, fenced in zip(path.read_text().split("\n"), inside):
+    for line, fenced in zip(path.read_text().split("\n"), inside, strict=True):
         if fenced:
             continue
         match = re.match(r"^ {0,3}#{1,6}\s+(.*?)\s*#*\s*$", line)
@@ -97,6 +97,17 @@ def relative_links(path: Path) -> list[tuple[int, str]]:
                 continue  # http(s), mailto and other schemes; anchors within the page
             links.append((number, target))
     return links
+
+
+def test_the_checks_see_an_open_fence_and_a_broken_link(tmp_path: Path) -> None:
+    with pytest.raises(AssertionError, match="line 2"):
+        fence_spans("text\n```bash\nspecroute up\n")
+    page = tmp_path / "page.md"
+    page.write_text("[ok](page.md) [gone](missing.md#x) `[code](no.md)` [web](https://a.b)\n"
+                    "```\n[fenced](no.md)\n```\n")
+    assert relative_links(page) == [(1, "page.md"), (1, "missing.md#x")]
+    assert slug("Live: `specroute bench live`") == "live-specroute-bench-live"
+    assert slug("1 → 2 processes") == "1--2-processes"
 
 
 def test_the_files_are_found() -> None:
@@ -154,8 +165,11 @@ def test_readme_starts_with_the_two_commands() -> None:
     assert "specroute up" in joined and "bash scripts/test.sh" in joined, joined
 
 
+OUTSIDE = "/".join(("..", "shared"))  # the folder beside the checkout; spelt so, not named
+
+
 def test_no_markdown_points_outside_the_repository() -> None:
-    offenders = [_rel(path) for path in FILES if "../shared" in path.read_text()]
+    offenders = [_rel(path) for path in FILES if OUTSIDE in path.read_text()]
     assert not offenders, offenders
 
 
