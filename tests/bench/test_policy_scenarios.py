@@ -121,8 +121,8 @@ def test_relaunch_asks_one_pool_at_a_time_and_only_on_evidence() -> None:
 def test_relaunch_needs_a_gain_that_repays_the_outage() -> None:
     cheap = Policy(LocalTelemetry(), PolicyConfig(relaunch_cost_s=6.0))
     dear = Policy(LocalTelemetry(), PolicyConfig(relaunch_cost_s=6000.0))
-    assert cheap.relaunch_gain == PolicyConfig().desired_k_gain
-    assert dear.relaunch_gain == 10.0
+    assert cheap.desired_k.relaunch_gain == PolicyConfig().desired_k_gain
+    assert dear.desired_k.relaunch_gain == 10.0
     store = LocalTelemetry(tau_s=1e6, clock=lambda: 1.0)
     policy = Policy(store, PolicyConfig(explore_rate=0.0, relaunch_cost_s=6000.0))
     policy.decide(PROFILE, _fixed_pools())
