@@ -11,6 +11,17 @@ python -c 'import torch' 2>/dev/null || python -m pip install --quiet 'torch==2.
 python -m pip install --quiet -e '.[embedded,test]'
 # the offline distribution (benchmarks, simulator, training) that the tests also cover
 python -m pip install --quiet --no-deps -e ./bench
+# SGLang's own launch parser, to check every argv the supervisor builds
+# (tests/workers/test_sglang_launch.py): sglang 0.5.23 without its GPU dependencies, only
+# what `sglang.srt.server_args` imports, in a virtualenv of its own (its triton must not
+# sit beside this environment's CPU torch). Built once, reused from the cache.
+SGLANG_VENV="${SPECROUTE_SGLANG_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/specroute/sglang-0.5.23}"
+if ! "$SGLANG_VENV/bin/python" -c 'import sglang.srt.server_args' 2>/dev/null; then
+    python -m venv --system-site-packages "$SGLANG_VENV"
+    "$SGLANG_VENV/bin/python" -m pip install --quiet --no-deps 'sglang==0.5.23' \
+        'triton==3.9.0' 'pybase64==1.5.1' 'pillow==13.0.0' 'msgspec==0.23.0' 'pyzmq==27.3.0'
+fi
+export SPECROUTE_SGLANG_PYTHON="$SGLANG_VENV/bin/python" SPECROUTE_REQUIRE_SGLANG=1
 python -m ruff check gateway policies workers specroute bench tests
 python -m mypy gateway policies workers specroute
 python -m pytest -q -p no:cacheprovider "$@"
