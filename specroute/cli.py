@@ -22,6 +22,7 @@ def _up(args: argparse.Namespace) -> int:
         model_dir=args.model,
         redis_url=args.redis_url,
         workdir=args.workdir,
+        engine=args.engine,
     )
 
 
@@ -194,6 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "tiny (the bundled test model), or a model folder")
     up.add_argument("--redis-url", default=None, help="use this Redis instead of an embedded one")
     up.add_argument("--workdir", default=".specroute", help="where the generated config lives")
+    up.add_argument("--engine", choices=["embedded", "vllm"], default="embedded",
+                    help="embedded workers (default) or vLLM CPU servers (installed into "
+                    "their own virtualenv on first use; pools plain and ngram)")
     up.set_defaults(func=_up)
 
     gw = sub.add_parser("gateway", help="run the gateway alone")

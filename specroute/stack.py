@@ -118,9 +118,56 @@ def heal(children: list[Child], work: Path, restarts: Restarts,
                       file=sys.stderr, flush=True)
 
 
+def start_embedded(children: list[Child], methods: list[str], model: Path, url: str,
+                   host: str, port: int, work: Path, threads: str) -> list[str]:
+    """One embedded worker per method, and the config naming them; waits for each."""
+    pools = []
+    for method in methods:
+        worker_port = free_port()
+        children.append(spawn(f"worker-{method}", [
+            sys.executable, "-m", "specroute.cli", "worker", "--method", method,
+            "--port", str(worker_port), "--model", str(model), "--threads", threads,
+            "--redis-url", url, "--pool", f"embedded-{method}"], work))
+        pools.append((method, worker_port))
+    (work / "config.yaml").write_text(yaml.safe_dump(
+        build_config(pools, host, port, url, model), sort_keys=False))
+    for child, (_, worker_port) in zip(children[-len(pools):], pools, strict=True):
+        wait_child(f"http://127.0.0.1:{worker_port}/health", child, timeout=120)
+    return [f"pool embedded-{method:<10} k={default_k(method):<2} worker "
+            f"http://127.0.0.1:{worker_port}" for method, worker_port in pools]
+
+
+def start_vllm(children: list[Child], methods: list[str], python: Path | None, model: Path,
+               url: str, host: str, port: int, work: Path) -> list[str]:
+    """One supervised vLLM server per pool (`specroute.vllm_stack`); waits for each."""
+    from specroute.vllm_stack import VLLMUnreadyError, server_env, vllm_pools
+
+    assert python is not None
+    pools = vllm_pools(model, python, methods)
+    config = {"server": {"host": host, "port": port}, "redis_url": url, "pools": pools}
+    config_path = work / "config.yaml"
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    ports = []
+    for i, pool in enumerate(pools):
+        server_port = free_port()
+        children.append(spawn(f"supervisor-{pool['name']}", [
+            sys.executable, "-m", "specroute.cli", "supervise", "--config", str(config_path),
+            "--pool", pool["name"], "--port", str(server_port), "--redis-url", url], work,
+            env=server_env(i)))
+        ports.append(server_port)
+    for child, server_port in zip(children[-len(pools):], ports, strict=True):
+        try:
+            wait_child(f"http://127.0.0.1:{server_port}/health", child, timeout=600)
+        except (RuntimeError, TimeoutError) as exc:
+            raise VLLMUnreadyError(f"{child.name}: {exc} (see {child.log})") from exc
+    return [f"pool {pool['name']:<15} k={pool['k']:<2} vLLM server "
+            f"http://127.0.0.1:{server_port} (core {i})"
+            for i, (pool, server_port) in enumerate(zip(pools, ports, strict=True))]
+
+
 def run_stack(host: str = "127.0.0.1", port: int = 8000, methods: str | None = None,
               model_dir: str | None = None, redis_url: str | None = None,
-              workdir: str = ".specroute") -> int:
+              workdir: str = ".specroute", engine: str = "embedded") -> int:
     from gateway.tenants.auth import is_loopback_host
 
     if not is_loopback_host(host):  # the generated config has no tenants: it would be open
@@ -139,6 +186,19 @@ def run_stack(host: str = "127.0.0.1", port: int = 8000, methods: str | None = N
     except KeyboardInterrupt:
         return 130
     chosen = methods.split(",") if methods else available_methods(model)
+    chosen_vllm: list[str] = []
+    vllm_python = None
+    if engine == "vllm":
+        from specroute.vllm_stack import choose_methods
+        from workers.fleet.vllm_env import VLLMUnavailable, ensure_vllm
+
+        try:
+            vllm_python = ensure_vllm(lambda line: print(f"specroute up: {line}", flush=True))
+        except VLLMUnavailable as exc:
+            print(f"specroute up: {exc}", file=sys.stderr)
+            return 2
+        chosen_vllm, why = choose_methods(methods.split(",") if methods else None)
+        print(f"specroute up: {why}", flush=True)
     threads = os.environ.get("SPECROUTE_WORKER_THREADS", "1")
     children: list[Child] = []
 
@@ -164,19 +224,12 @@ def run_stack(host: str = "127.0.0.1", port: int = 8000, methods: str | None = N
         if not url:
             redis_child, url = start_redis(work)
             children.append(redis_child)
-        pools = []
-        for method in chosen:
-            worker_port = free_port()
-            children.append(spawn(f"worker-{method}", [
-                sys.executable, "-m", "specroute.cli", "worker", "--method", method,
-                "--port", str(worker_port), "--model", str(model), "--threads", threads,
-                "--redis-url", url, "--pool", f"embedded-{method}"], work))
-            pools.append((method, worker_port))
+        if engine == "vllm":
+            shown = start_vllm(children, chosen_vllm, vllm_python, model, url, host, port,
+                               work)
+        else:
+            shown = start_embedded(children, chosen, model, url, host, port, work, threads)
         config_path = work / "config.yaml"
-        config_path.write_text(yaml.safe_dump(build_config(pools, host, port, url, model),
-                                              sort_keys=False))
-        for child, (_, worker_port) in zip(children[-len(pools):], pools, strict=True):
-            wait_child(f"http://127.0.0.1:{worker_port}/health", child, timeout=120)
         gateway = spawn("gateway", [sys.executable, "-m", "specroute.cli", "gateway", "--config",
                                      str(config_path), "--policy", "learned"], work)
         children.append(gateway)
@@ -184,9 +237,8 @@ def run_stack(host: str = "127.0.0.1", port: int = 8000, methods: str | None = N
         print(f"specroute is up in {time.monotonic() - started:.1f}s: http://{host}:{port}/v1")
         print(f"  model   {model.name} ({model})")
         print(f"  redis   {url}")
-        for method, worker_port in pools:
-            print(f"  pool embedded-{method:<10} k={default_k(method):<2} "
-                  f"worker http://127.0.0.1:{worker_port}")
+        for line in shown:
+            print(f"  {line}")
         print(f"  config  {config_path}   logs {work}/*.log")
         print("Ctrl-C stops everything.", flush=True)
         return heal(children, work, Restarts())

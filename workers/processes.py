@@ -4,6 +4,7 @@ child that died (`Restarts`: exponential backoff, reset once the child has staye
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import time
@@ -20,6 +21,7 @@ class Child:
     log: Path
     args: list[str] = field(default_factory=list)  # how to start it again
     started: float = field(default_factory=time.monotonic)
+    env: dict[str, str] | None = None  # variables set for it beside the inherited ones
 
 
 def free_port() -> int:
@@ -50,14 +52,17 @@ def wait_child(url: str, child: Child, timeout: float) -> None:
     wait_http(url, timeout, child.proc, child.name, child.log)
 
 
-def spawn(name: str, args: list[str], workdir: Path, append: bool = False) -> Child:
+def spawn(name: str, args: list[str], workdir: Path, append: bool = False,
+          env: dict[str, str] | None = None) -> Child:
     """Start `args` in its own session, stdout and stderr to `<workdir>/<name>.log`
-    (appended to on a restart, so the dead process's last words stay)."""
+    (appended to on a restart, so the dead process's last words stay), with `env` set
+    beside the inherited environment."""
     log = workdir / f"{name}.log"
     handle = open(log, "ab" if append else "wb")  # noqa: SIM115 - the child owns it
-    proc = subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, **env} if env else None)
     handle.close()
-    return Child(name, proc, log, list(args))
+    return Child(name, proc, log, list(args), env=env)
 
 
 @dataclass
@@ -82,7 +87,7 @@ class Restarts:
         return min(self.base_s * 2 ** n, self.max_s)
 
     def restart(self, child: Child, workdir: Path) -> Child:
-        return spawn(child.name, child.args, workdir, append=True)
+        return spawn(child.name, child.args, workdir, append=True, env=child.env)
 
 
 def start_redis(workdir: Path, port: int | None = None) -> tuple[Child, str]:

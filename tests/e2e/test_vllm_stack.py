@@ -1,0 +1,109 @@
+"""`specroute up --engine vllm`: a real vLLM CPU server (n-gram speculation) launched by
+the supervisor, found in Redis by the real gateway, and served to the official `openai`
+client; the engine's own acceptance reaches the policy; a signal stops every process
+the stack started, the vLLM server included.
+
+Needs the vLLM environment that scripts/test.sh builds (`workers.fleet.vllm_env`, named
+in SPECROUTE_VLLM_VENV); skipped elsewhere unless SPECROUTE_REQUIRE_VLLM is set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from conftest import free_port, start_process, stop_process, wait_http
+
+from tests.e2e.test_up import alive, children_of
+
+VENV = os.environ.get("SPECROUTE_VLLM_VENV")
+MODEL = "smollm2-135m-instruct"
+EDIT = ("Repeat this sentence exactly, replacing 'cat' with 'dog': The cat sat on the mat "
+        "and looked at the cat next door, and the cat next door looked back.")
+
+
+def descendants(pid: int) -> set[int]:
+    found, todo = set(), [pid]
+    while todo:
+        for child in children_of(todo.pop()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+@pytest.fixture
+def vllm_venv() -> str:
+    if VENV and (Path(VENV) / "bin" / "python").exists():
+        return VENV
+    if os.environ.get("SPECROUTE_REQUIRE_VLLM"):
+        pytest.fail("SPECROUTE_REQUIRE_VLLM is set but SPECROUTE_VLLM_VENV names no vLLM")
+    pytest.skip("no vLLM environment (scripts/test.sh builds one)")
+
+
+@pytest.mark.timeout(900)
+def test_vllm_stack_serves_records_acceptance_and_stops(tmp_path: Path,
+                                                        vllm_venv: str) -> None:
+    port = free_port()
+    proc = start_process(["-m", "specroute.cli", "up", "--engine", "vllm", "--methods",
+                          "ngram", "--port", str(port), "--workdir", str(tmp_path / "work")],
+                         tmp_path / "up.log", env={"REDIS_URL": "",
+                                                   "SPECROUTE_VLLM_VENV": vllm_venv})
+    pids: set[int] = set()
+    try:
+        wait_http(f"http://127.0.0.1:{port}/ready", 600, proc)
+        pids = descendants(proc.pid)
+        assert len(pids) >= 4  # redis, the supervisor, its vLLM server, the gateway
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
+                               max_retries=0, timeout=120)
+        edit = [{"role": "user", "content": EDIT}]
+        reply = client.chat.completions.create(model=MODEL, messages=edit, max_tokens=48,
+                                               temperature=0)
+        facts = reply.model_extra["specroute"]
+        assert facts["pool"] == "vllm-ngram" and facts["k"] == 4
+        assert reply.choices[0].message.content.strip()  # a 135 M model: its words are its own
+        assert facts["accept_length"] > 1.5  # vLLM's own per-request figure (summary)
+        chunks = list(client.completions.create(
+            model=MODEL, prompt="The capital of France is", max_tokens=12, temperature=0,
+            stream=True, stream_options={"include_usage": True}))
+        assert "".join(c.choices[0].text for c in chunks if c.choices).strip()
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+        streamed = client.chat.completions.create(model=MODEL, messages=edit, max_tokens=24,
+                                                  temperature=0, stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+        schema = {"type": "object", "properties": {"ok": {"type": "boolean"}},
+                  "required": ["ok"], "additionalProperties": False}
+        structured = client.chat.completions.create(  # enforced by vLLM's own grammar
+            model=MODEL, max_tokens=32, temperature=0,
+            messages=[{"role": "user", "content": "Is Paris in France? Answer in JSON."}],
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "ok", "schema": schema}})
+        assert isinstance(json.loads(structured.choices[0].message.content)["ok"], bool)
+        for _ in range(6):  # the policy learns vLLM's acceptance on edits
+            client.chat.completions.create(model=MODEL, messages=edit, max_tokens=48,
+                                           temperature=0)
+        body = {"model": MODEL, "messages": edit, "max_tokens": 48, "temperature": 0}
+        explained = httpx.post(f"http://127.0.0.1:{port}/v1/routing/explain", json=body,
+                               timeout=30).json()
+        assert explained["decision"]["pool"] == "vllm-ngram"
+        assert explained["decision"]["predicted_accept_length"] > 1.5, explained["decision"]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(90) == 0
+        deadline = time.monotonic() + 30  # the supervisor drains, then stops its server
+        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert [pid for pid in pids if alive(pid)] == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        stop_process(proc)

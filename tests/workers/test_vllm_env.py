@@ -1,0 +1,74 @@
+"""vLLM CPU pools of `specroute up --engine vllm`: the environment check, the pools the
+stack writes and the argv its supervisor builds from them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from policies.fleet import FleetPool
+from specroute.vllm_stack import choose_methods, cpu_dtype, server_env, vllm_pools
+from workers.fleet.launch import command_builder
+from workers.fleet.vllm_env import VLLMUnavailable, ensure_vllm, installed_version, usable
+
+
+def test_versions_older_than_0_32_are_refused() -> None:
+    assert usable("0.32.0") and usable("0.33.1rc1") and usable("1.0")
+    assert not usable("0.31.9") and not usable("0.6.3")
+
+
+def test_an_environment_whose_vllm_is_too_old_is_one_clear_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} -c 'print(\"0.6.3\")'\n")
+    python.chmod(0o755)
+    monkeypatch.setenv("SPECROUTE_VLLM_VENV", str(tmp_path / "venv"))
+    assert installed_version(python) == "0.6.3"
+    with pytest.raises(VLLMUnavailable, match="older than 0.32"):
+        ensure_vllm(lambda line: None)
+    done = subprocess.run([sys.executable, "-m", "workers.fleet.vllm_env"],
+                          capture_output=True, text=True, timeout=60, check=False,
+                          env={"SPECROUTE_VLLM_VENV": str(tmp_path / "venv"),
+                               "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "older than 0.32" in done.stderr
+
+
+def test_the_dtype_follows_the_cpu() -> None:
+    assert cpu_dtype("flags\t\t: fpu sse2 avx2 avx512f avx512bw\n") == "bfloat16"
+    assert cpu_dtype("flags\t\t: fpu sse2 avx2\n") == "float32"
+    assert cpu_dtype("") == "float32"
+
+
+def test_one_server_per_core_plain_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("os.cpu_count", lambda: 1)
+    assert choose_methods()[0] == ["plain"]
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    methods, why = choose_methods()
+    assert methods == ["plain", "ngram"] and "8 core(s)" in why
+    assert choose_methods(["ngram", "medusa"])[0] == ["ngram"]  # no vLLM Medusa pool yet
+    assert server_env(1)["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+
+
+def test_the_supervisor_launches_vllm_from_the_stacks_pools(tmp_path: Path) -> None:
+    python = tmp_path / "venv" / "bin" / "python"
+    pools = vllm_pools(tmp_path / "smollm2-135m-instruct", python, ["plain", "ngram"])
+    assert [(p["name"], p["engine"], p["k"], p["workers"]) for p in pools] == [
+        ("vllm-plain", "vllm", 0, []), ("vllm-ngram", "vllm", 4, [])]
+    fleet = [FleetPool(**{key: value for key, value in pool.items() if key != "capabilities"})
+             for pool in pools]
+    plain, ngram = (command_builder(pool, None)(8001, pool.k) for pool in fleet)
+    assert plain[:5] == [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model",
+                         str(tmp_path / "smollm2-135m-instruct")]
+    assert "--speculative-config" not in plain and "--enforce-eager" in plain
+    assert plain[plain.index("--host") + 1] == "127.0.0.1"
+    spec = json.loads(ngram[ngram.index("--speculative-config") + 1])
+    assert spec == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+                    "prompt_lookup_min": 1}
+    assert ngram[ngram.index("--per-request-spec-decode-metrics") + 1] == "summary"
+    assert ngram[ngram.index("--max-model-len") + 1] == "2048"
