@@ -91,14 +91,28 @@ def children_of(pid: int) -> set[int]:
 
 
 def assert_stops_cleanly(proc: subprocess.Popen, pids: set[int] | list[int],
-                         stop_signal: int = signal.SIGTERM) -> None:
-    """`stop_signal` to the stack: it exits 0 and, within 10 s, none of `pids` lives on."""
+                         stop_signal: int = signal.SIGTERM, exit_s: float = 30,
+                         linger_s: float = 10) -> None:
+    """`stop_signal` to the stack: it exits 0 within `exit_s` and, `linger_s` later, none
+    of `pids` lives on."""
     proc.send_signal(stop_signal)
-    assert proc.wait(30) == 0
-    deadline = time.monotonic() + 10
+    assert proc.wait(exit_s) == 0
+    deadline = time.monotonic() + linger_s
     while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [pid for pid in pids if alive(pid)]
+
+
+def kill_stack(proc: subprocess.Popen, pids: set[int]) -> None:
+    """After a test, whatever happened: the stack and every process it started are gone."""
+    if proc.poll() is None:
+        pids |= children_of(proc.pid)
+        proc.kill()
+        proc.wait()
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    stop_process(proc)
 
 
 def alive(pid: int) -> bool:
@@ -146,10 +160,4 @@ def test_up_serves_and_stops_everything(tmp_path: Path, stop_signal: signal.Sign
         assert isinstance(json.loads(raw.parse().choices[0].message.content)["ok"], bool)
         assert_stops_cleanly(proc, pids, stop_signal)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for pid in pids:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
-        stop_process(proc)
+        kill_stack(proc, pids)

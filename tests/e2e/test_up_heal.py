@@ -13,9 +13,15 @@ import time
 from pathlib import Path
 
 import httpx
-from conftest import free_port, start_process, stop_process, wait_http
+from conftest import free_port, start_process, wait_http
 
-from tests.e2e.test_up import MODEL_ARG, alive, assert_stops_cleanly, children_of, needs_model
+from tests.e2e.test_up import (
+    MODEL_ARG,
+    assert_stops_cleanly,
+    children_of,
+    kill_stack,
+    needs_model,
+)
 from workers.processes import Child, Restarts
 
 
@@ -114,14 +120,7 @@ def test_a_killed_worker_is_restarted_while_failover_serves_its_traffic(tmp_path
     finally:
         for client in clients:
             client.stop.set()
-        if proc.poll() is None:
-            pids |= children_of(proc.pid)
-            proc.kill()
-            proc.wait()
-        for pid in pids:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
-        stop_process(proc)
+        kill_stack(proc, pids)
 
 
 

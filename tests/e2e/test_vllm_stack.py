@@ -12,15 +12,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-from conftest import free_port, start_process, stop_process, wait_http
+from conftest import free_port, start_process, wait_http
 
-from tests.e2e.test_up import alive, children_of
+from tests.e2e.test_up import assert_stops_cleanly, children_of, kill_stack
 
 VENV = os.environ.get("SPECROUTE_VLLM_VENV")
 MODEL = "smollm2-135m-instruct"
@@ -93,17 +92,7 @@ def test_vllm_stack_serves_records_acceptance_and_stops(tmp_path: Path,
                                timeout=30).json()
         assert explained["decision"]["pool"] == "vllm-ngram"
         assert explained["decision"]["predicted_accept_length"] > 1.5, explained["decision"]
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(90) == 0
-        deadline = time.monotonic() + 30  # the supervisor drains, then stops its server
-        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert [pid for pid in pids if alive(pid)] == []
+        # the supervisor drains its server, then stops it
+        assert_stops_cleanly(proc, pids, signal.SIGINT, exit_s=90, linger_s=30)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for pid in pids:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
-        stop_process(proc)
+        kill_stack(proc, pids)
