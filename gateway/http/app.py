@@ -74,6 +74,7 @@ from gateway.tenants.auth import Authenticator, TenantReloader
 from gateway.tenants.limits import Limits
 from gateway.upstream.adapters import make_adapters
 from gateway.upstream.dispatch import Dispatcher
+from gateway.upstream.engine_metrics import EngineMetrics
 from gateway.upstream.health import HealthMonitor
 from gateway.upstream.worker_priors import WorkerPriors
 
@@ -180,6 +181,7 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
             priors = WorkerPriors(pools, session, routing.set_worker_prior,
                                   server.health_interval_s)
             app.state.priors = priors
+            engines = EngineMetrics(pools, session, registry, server.health_interval_s)
             app.state.session = session  # gateway.http.sglang_routes's /server_info asks the workers
             discovery = None
             if config.redis_url:
@@ -218,6 +220,7 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
             app.state.loop_lag.start()
             await monitor.start()
             await priors.start()
+            await engines.start()
             if discovery is not None:
                 await discovery.start()
             if planning is not None:
@@ -232,6 +235,7 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
                     await planning.stop()
                 if discovery is not None:
                     await discovery.stop()
+                await engines.stop()
                 await priors.stop()
                 await monitor.stop()
                 if reloader is not None:

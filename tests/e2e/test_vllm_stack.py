@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 
 import httpx
@@ -35,6 +36,19 @@ def descendants(pid: int) -> set[int]:
                 found.add(child)
                 todo.append(child)
     return found
+
+
+def engine_accept_length(port: int, timeout_s: float = 15.0) -> float:
+    """The gateway's `specroute_engine_accept_length{pool="vllm-ngram"}`, once scraped."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        for line in text.splitlines():
+            if line.startswith('specroute_engine_accept_length{pool="vllm-ngram"}'):
+                return float(line.split()[-1])
+        if time.monotonic() > deadline:
+            return 0.0
+        time.sleep(0.5)
 
 
 @pytest.fixture
@@ -92,6 +106,7 @@ def test_vllm_stack_serves_records_acceptance_and_stops(tmp_path: Path,
                                timeout=30).json()
         assert explained["decision"]["pool"] == "vllm-ngram"
         assert explained["decision"]["predicted_accept_length"] > 1.5, explained["decision"]
+        assert engine_accept_length(port) > 1.5  # the server's own /metrics counters
         # the supervisor drains its server, then stops it
         assert_stops_cleanly(proc, pids, signal.SIGINT, exit_s=90, linger_s=30)
     finally:
