@@ -96,6 +96,7 @@ BENCH_OPTIONS: dict[str, dict] = {
     "--steps": {"type": int, "default": None},
     "--prompts": {"type": int, "default": None},
     "--per-cell": {"type": int, "default": None},
+    "--per-class": {"type": int, "default": None},
     "--warmup": {"type": int, "default": None},
     "--max-tokens": {"type": int, "default": 48},
     "--duration": {"type": float, "default": None},
@@ -147,6 +148,14 @@ BENCHES: dict[str, tuple[str, dict[str, str]]] = {
         "--minutes": "how long the load runs (default 5; --quick 0.5)",
         "--faults": "faults to inject, comma-separated: worker, redis, or none"}),
     "classifier": ("the request classifier on its held-out prompts", {}),
+    "vllm": ("real vLLM CPU pools through the gateway: n-gram against plain, and what the "
+             "policy learns of their acceptance", {
+        "--prompts": "prompts per class (default 4; --quick 2)",
+        "--rounds": "rounds over the pinned pools (default 2; --quick 1)",
+        "--per-class": "unpinned requests per class the policy learns from (default 50; "
+                       "--quick 6)",
+        "--max-tokens": "tokens per request", "--seed": "bootstrap seed",
+        "--workdir": "keep the stack's logs here"}),
     "live": ("the adaptive gateway against pinned pools on a real stack", {
         "--model": MODEL_HELP, "--methods": "the pools (default: every method)",
         "--concurrency": "comma-separated requests in flight, measured in turn "

@@ -365,6 +365,7 @@ class ExplainEndpoint:
                              "slo_ttft_ms": tenant.slo_ttft_ms,
                              "slo_tpot_ms": tenant.slo_tpot_ms},
                   "decision": decision.to_dict(), "order": [p.name for p in pools],
+                  "predictions": gateway.router.predictions(assessed, profile, pin),
                   "candidates": [a.to_dict() for a in assessed],
                   "warnings": [value.decode() for _, value in warnings]}
         await send_once(send, 200, orjson.dumps(answer), headers_for(decision) + warnings)

@@ -225,6 +225,23 @@ class PoolRouter:
         """The decision and the pools to try: chosen, fallbacks, then plain pools last."""
         return self.route_assessed(self.assess(request, profile, pin), profile, pin)
 
+    def predictions(self, assessed: list[Assessment], profile: RequestProfile,
+                    pin: Pin) -> dict[str, dict]:
+        """What the policy predicts for this request on each eligible pool on its own (for
+        explain: predict moves no counter), by pool name."""
+        out = {}
+        for a in assessed:
+            if a.excluded is not None:
+                continue
+            try:
+                decision = self.predict(profile, [self._view(a.pool, pin)])
+            except ValueError:
+                continue
+            out[a.pool.name] = {"k": a.pool.config.run_k(decision.k),
+                                "predicted_accept_length": decision.predicted_accept_length,
+                                "predicted_tokens_per_s": decision.predicted_tokens_per_s}
+        return out
+
     def route_assessed(self, assessed: list[Assessment], profile: RequestProfile,
                        pin: Pin, explain: bool = False) -> tuple[Decision, list[Pool]]:
         """As `route`; `explain` asks the policy's side-effect-free `predict`."""

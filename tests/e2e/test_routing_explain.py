@@ -83,6 +83,8 @@ def test_explain_shows_profile_and_decision_without_generating(
     assert by_pool["other"] == {**by_pool["other"], "eligible": False,
                                 "why_not": "serves model 'm2'"}
     assert all(by_pool[m]["eligible"] for m in METHODS)
+    assert set(answer["predictions"]) == set(METHODS)  # each eligible pool on its own
+    assert answer["predictions"][pool]["k"] == answer["decision"]["k"]
     assert calls(stack) == before  # nothing was generated
 
 

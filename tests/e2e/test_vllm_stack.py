@@ -106,6 +106,7 @@ def test_vllm_stack_serves_records_acceptance_and_stops(tmp_path: Path,
                                timeout=30).json()
         assert explained["decision"]["pool"] == "vllm-ngram"
         assert explained["decision"]["predicted_accept_length"] > 1.5, explained["decision"]
+        assert explained["predictions"]["vllm-ngram"]["predicted_accept_length"] > 1.5
         assert engine_accept_length(port) > 1.5  # the server's own /metrics counters
         # the supervisor drains its server, then stops it
         assert_stops_cleanly(proc, pids, signal.SIGINT, exit_s=90, linger_s=30)

@@ -1,0 +1,152 @@
+"""`specroute bench vllm`: real vLLM CPU pools measured through the gateway, side by side.
+
+Starts `specroute up --engine vllm` (plain and n-gram vLLM servers, one core each), then
+on prompts no prior, drafter or classifier was built from (`bench.workload`, seed 11):
+
+1. **Pinned pools**: every class (edit, code, chat; greedy) on every pool, pinned with
+   `x-specroute-pool` and marked as benchmark traffic (it teaches the policy nothing),
+   prompts in the same order for both pools within a round, pools alternating first.
+   Tokens/s per request (end to end, as a client sees it) and vLLM's own accept length;
+   the n-gram / plain ratio per class with a 95% interval (paired bootstrap over prompts).
+2. **Learning**: `--per-class` unpinned requests of each class through the learned
+   policy; then, per class and pool, the policy's predicted accept length
+   (`/v1/routing/explain`'s per-pool predictions) against the mean vLLM reported for
+   that class's requests on that pool.
+
+Targets (real-engines issue): n-gram >= 1.8x plain on edits at c = 1; after 50 requests
+of a class, the prediction within 20% of what the engine reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.workload import prompts
+from workers.processes import free_port, wait_http
+
+TASKS = ("edit", "code", "chat")
+POOLS = ("vllm-plain", "vllm-ngram")
+SEED = 11  # the live and engine benches' priors used seeds 0 and 1
+
+
+def ask(client: httpx.Client, body: dict, pool: str | None) -> dict:
+    headers = {"x-specroute-pool": pool, "x-specroute-benchmark": "1"} if pool else {}
+    started = time.perf_counter()
+    reply = client.post("/v1/chat/completions", json=body, headers=headers)
+    seconds = time.perf_counter() - started
+    reply.raise_for_status()
+    answer = reply.json()
+    facts = answer["specroute"]
+    tokens = answer["usage"]["completion_tokens"]
+    return {"pool": facts["pool"], "tokens": tokens, "seconds": seconds,
+            "tokens_per_s": tokens / seconds, "accept_length": facts["accept_length"]}
+
+
+def paired_ratio(num: list[float], den: list[float], rng: random.Random,
+                 draws: int = 2000) -> tuple[float, float, float]:
+    """mean(num) / mean(den) and a 95% bootstrap interval, resampling prompts in pairs."""
+    pairs = list(zip(num, den, strict=True))
+    ratios = []
+    for _ in range(draws):
+        sample = [rng.choice(pairs) for _ in pairs]
+        ratios.append(statistics.mean(a for a, _ in sample)
+                      / statistics.mean(b for _, b in sample))
+    ratios.sort()
+    return (statistics.mean(num) / statistics.mean(den), ratios[int(0.025 * draws)],
+            ratios[int(0.975 * draws)])
+
+
+def pinned(client: httpx.Client, items: dict[str, list[dict]], rounds: int) -> dict:
+    rows: dict[tuple[str, str], list[dict]] = {}
+    for r in range(rounds):
+        for task, bodies in items.items():
+            for i, body in enumerate(bodies):
+                order = POOLS if (r + i) % 2 == 0 else POOLS[::-1]
+                for pool in order:
+                    rows.setdefault((task, pool), []).append(ask(client, body, pool))
+    return rows
+
+
+def learning(client: httpx.Client, items: dict[str, list[dict]], per_class: int) -> dict:
+    seen: dict[tuple[str, str], list[float]] = {}
+    for task, bodies in items.items():
+        for i in range(per_class):
+            row = ask(client, bodies[i % len(bodies)], None)
+            seen.setdefault((task, row["pool"]), []).append(row["accept_length"])
+    time.sleep(2.5)  # one refit (refit_interval_s 1) after the last record
+    out = {}
+    for task, bodies in items.items():
+        explained = client.post("/v1/routing/explain", json=bodies[0]).json()
+        for pool, prediction in explained["predictions"].items():
+            observed = seen.get((task, pool))
+            out[f"{task}/{pool}"] = {
+                "predicted": round(prediction["predicted_accept_length"], 3),
+                "observed": round(statistics.mean(observed), 3) if observed else None,
+                "requests": len(observed or ()), "chosen": explained["decision"]["pool"]}
+    return out
+
+
+def report(rows: dict, learned: dict, rng: random.Random) -> dict:
+    print("| class | plain tok/s | n-gram tok/s | n-gram / plain [95%] | n-gram accept |")
+    print("|---|---|---|---|---|")
+    summary = {}
+    for task in TASKS:
+        plain, ngram = rows[(task, "vllm-plain")], rows[(task, "vllm-ngram")]
+        ratio, low, high = paired_ratio([r["tokens_per_s"] for r in ngram],
+                                        [r["tokens_per_s"] for r in plain], rng)
+        accept = statistics.mean(r["accept_length"] for r in ngram)
+        print(f"| {task} | {statistics.mean(r['tokens_per_s'] for r in plain):.1f} | "
+              f"{statistics.mean(r['tokens_per_s'] for r in ngram):.1f} | {ratio:.2f} "
+              f"[{low:.2f}-{high:.2f}] | {accept:.2f} |")
+        summary[task] = {"ngram_over_plain": round(ratio, 3), "ci95": [round(low, 3),
+                         round(high, 3)], "ngram_accept_length": round(accept, 3)}
+    print("\n| class/pool | predicted accept | observed (vLLM) | requests | within 20% |")
+    print("|---|---|---|---|---|")
+    for key, row in learned.items():
+        ok = (abs(row["predicted"] - row["observed"]) <= 0.2 * row["observed"]
+              if row["observed"] else None)
+        row["within_20pct"] = ok
+        print(f"| {key} | {row['predicted']} | {row['observed']} | {row['requests']} | "
+              f"{'-' if ok is None else ('met' if ok else 'missed')} |")
+    edit = summary["edit"]["ngram_over_plain"]
+    print(f"\nn-gram / plain on edits at c = 1: {edit:.2f} (target >= 1.8: "
+          f"{'met' if edit >= 1.8 else 'missed'})")
+    return {"pinned": summary, "learning": learned}
+
+
+def main(args: argparse.Namespace) -> int:
+    n = 2 if args.quick else (args.prompts or 4)
+    per_class = 6 if args.quick else (args.per_class or 50)
+    items = {task: [p.chat_body("smollm2-135m-instruct", args.max_tokens, 0.0)
+                    for p in prompts(task, n, SEED)] for task in TASKS}
+    port = free_port()
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="specroute-bench-vllm-"))
+    stack = subprocess.Popen([sys.executable, "-m", "specroute.cli", "up", "--engine", "vllm",
+                              "--port", str(port), "--workdir", str(work)],
+                             stdout=sys.stderr, stderr=sys.stderr)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/ready", 900, stack)
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600) as client:
+            rows = pinned(client, items, args.rounds or (1 if args.quick else 2))
+            learned = learning(client, items, per_class)
+        result = report(rows, learned, random.Random(args.seed))
+    finally:
+        stack.send_signal(signal.SIGINT)
+        try:
+            stack.wait(120)
+        except subprocess.TimeoutExpired:
+            stack.kill()
+    if args.json:
+        print(json.dumps(result))
+    return 0
