@@ -42,7 +42,7 @@ METHODS: Mapping[Method, MethodFacts] = {
     Method.PLAIN: MethodFacts(0),
     Method.NGRAM: MethodFacts(6, sglang_algorithm="NGRAM", vllm_method="ngram"),
     Method.LOOKAHEAD: MethodFacts(6, tree_depth=3),
-    Method.MEDUSA: MethodFacts(4, tree_depth=4),
+    Method.MEDUSA: MethodFacts(4, tree_depth=4, vllm_method="medusa"),
     Method.EAGLE: MethodFacts(5, sglang_algorithm="EAGLE", vllm_method="eagle"),
     Method.EAGLE2: MethodFacts(8, tree_depth=5, sglang_algorithm="EAGLE"),
     Method.EAGLE3: MethodFacts(4, sglang_algorithm="EAGLE3", vllm_method="eagle3",

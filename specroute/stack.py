@@ -140,10 +140,19 @@ def start_embedded(children: list[Child], methods: list[str], model: Path, url: 
 def start_vllm(children: list[Child], methods: list[str], python: Path | None, model: Path,
                url: str, host: str, port: int, work: Path) -> list[str]:
     """One supervised vLLM server per pool (`specroute.vllm_stack`); waits for each."""
-    from specroute.vllm_stack import VLLMUnreadyError, server_env, vllm_pools
+    from specroute.vllm_stack import VLLMUnreadyError, server_env, vllm_medusa, vllm_pools
 
     assert python is not None
-    pools = vllm_pools(model, python, methods)
+    drafters = {}
+    if "medusa" in methods:
+        medusa = vllm_medusa(model)
+        if medusa is None:
+            methods = [m for m in methods if m != "medusa"]
+            print(f"specroute up: {model.name} has no Medusa heads; no vllm-medusa pool",
+                  flush=True)
+        else:
+            drafters["medusa"] = medusa
+    pools = vllm_pools(model, python, methods, drafters)
     config = {"server": {"host": host, "port": port}, "redis_url": url, "pools": pools}
     config_path = work / "config.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))

@@ -6,11 +6,12 @@ layout; vLLM reads it in bf16). Each server is launched, registered in Redis, re
 and relaunched with drain on a new desired `k` by `specroute supervise`, bound to its own
 core (`VLLM_CPU_OMP_THREADS_BIND`); the gateway finds the servers in the registry.
 
-Pools, in the order they get a core: plain, then n-gram (prompt lookup, k 4). A vLLM CPU
-server takes a core and about 4 GB (measured: 2-core machine, SmolLM2 bf16), so the stack
-starts as many as the cores and the available memory allow, at most one per pool. vLLM
-can also run Medusa and EAGLE, but only from checkpoints in its own formats; the
-project's drafters are not exported to them yet, so those pools are not offered here.
+Pools, in the order they get a core: plain, n-gram (prompt lookup, k 4), then Medusa
+(the project's trained heads, exported once into vLLM's format by
+`workers.fleet.vllm_drafters`, k 4 = its heads). A vLLM CPU server takes a core and about
+4 GB (measured: 2-core machine, SmolLM2), so the stack starts as many as the cores and the
+available memory allow, at most one per pool. EAGLE is not offered: vLLM's EAGLE-1 drafts
+the full vocabulary and our head drafts over 8,192 tokens.
 
 Server flags for the CPU (docs/FLEET.md): `--enforce-eager` (30-40 s to start instead
 of 130-150 s recompiling the graph at every start, for 21-25 instead of 30-33 tok/s),
@@ -21,9 +22,13 @@ and `HF_HUB_OFFLINE=1` (no hub at run time).
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
-VLLM_METHODS = {"plain": 0, "ngram": 4}  # pool method -> k, in the order they get cores
+from policies.fleet import drafter_dir_for
+
+VLLM_METHODS = {"plain": 0, "ngram": 4, "medusa": 4}  # method -> k, in the order of cores
 SERVER_MEMORY_GIB = 5.0  # one SmolLM2 server's RSS (~4 GB) and some room
 MAX_MODEL_LEN = 2048
 CPU_LAUNCH = {"enforce_eager": True, "max_model_len": MAX_MODEL_LEN}
@@ -70,15 +75,19 @@ def cpu_dtype(cpuinfo: str | None = None) -> str:
     return "bfloat16" if "avx512f" in flags else "float32"
 
 
-def vllm_pools(model_dir: Path, python: Path, methods: list[str]) -> list[dict]:
-    """The gateway config's pools: one vLLM pool per method, workers from the registry."""
+def vllm_pools(model_dir: Path, python: Path, methods: list[str],
+               drafters: dict[str, Path] | None = None) -> list[dict]:
+    """The gateway config's pools: one vLLM pool per method, workers from the registry;
+    `drafters`: the vLLM-format checkpoint of each drafter method."""
     launch = {"vllm_python": str(python), "host": "127.0.0.1", "dtype": cpu_dtype(),
               **CPU_LAUNCH}
+    drafters = drafters or {}
     return [
         {"name": f"vllm-{method}", "engine": "vllm", "model": model_dir.name,
          "model_path": str(model_dir), "method": method, "k": VLLM_METHODS[method],
          "capabilities": {"constrained_decoding": True, "max_context": MAX_MODEL_LEN},
-         "workers": [], "launch": launch}
+         "workers": [], "launch": {**launch, **(
+             {"draft_model_path": str(drafters[method])} if method in drafters else {})}}
         for method in methods
     ]
 
@@ -88,3 +97,24 @@ def server_env(index: int) -> dict[str, str]:
     it): its own core."""
     cores = os.cpu_count() or 1
     return {**SERVER_ENV, "VLLM_CPU_OMP_THREADS_BIND": str(index % cores)}
+
+
+def vllm_medusa(model_dir: Path) -> Path | None:
+    """The model's Medusa heads in vLLM's format, exported once beside the model (a child
+    process: the export needs torch, this process does not import it); None when the
+    model has no Medusa heads."""
+    drafters = drafter_dir_for(model_dir)
+    source = drafters / "medusa" if drafters is not None else None
+    if source is None or not (source / "config.json").exists():
+        return None
+    out = model_dir.parent / f"{model_dir.name}-vllm-medusa"
+    done_marker = out / "config.json"
+    if done_marker.exists() and done_marker.stat().st_mtime >= \
+            (source / "model.safetensors").stat().st_mtime:
+        return out
+    done = subprocess.run([sys.executable, "-m", "workers.fleet.vllm_drafters", "medusa",
+                           str(source), str(model_dir), str(out)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise VLLMUnreadyError(f"exporting {source} for vLLM failed: {done.stderr.strip()}")
+    return out

@@ -162,11 +162,11 @@ VLLM_0_33_FLAGS = {"--host", "--port", "--tensor-parallel-size", "--served-model
                    "--gpu-memory-utilization", "--speculative-config",
                    "--per-request-spec-decode-metrics"}
 # SpeculativeMethod literal, vllm/config/speculative.py:71-82 (subset we emit)
-VLLM_0_33_METHODS = {"ngram", "draft_model", "eagle", "eagle3"}
+VLLM_0_33_METHODS = {"ngram", "draft_model", "eagle", "eagle3", "medusa"}
 
 
 @pytest.mark.parametrize("method,draft", [("plain", None), ("eagle", "/d"), ("eagle3", "/d"),
-                                          ("ngram", None), ("draft", "/d")])
+                                          ("ngram", None), ("draft", "/d"), ("medusa", "/d")])
 def test_vllm_flags_and_speculative_config(method: str, draft: str | None) -> None:
     import json
 
@@ -192,7 +192,8 @@ def test_vllm_flags_and_speculative_config(method: str, draft: str | None) -> No
 def test_vllm_refuses_what_it_cannot_run() -> None:
     from workers.fleet.vllm_launch import VLLMLaunch, VLLMLaunchError
 
-    for kwargs in ({"method": "eagle2", "k": 3}, {"method": "eagle", "k": 3}):
+    for kwargs in ({"method": "eagle2", "k": 3}, {"method": "eagle", "k": 3},
+                   {"method": "medusa", "k": 3}):  # Medusa needs its heads
         with pytest.raises(VLLMLaunchError):
             VLLMLaunch(model_path="/m", **kwargs)
 

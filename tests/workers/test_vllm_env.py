@@ -50,8 +50,10 @@ def test_one_server_per_core_plain_first(monkeypatch: pytest.MonkeyPatch) -> Non
     assert choose_methods()[0] == ["plain"]
     monkeypatch.setattr("os.cpu_count", lambda: 8)
     methods, why = choose_methods()
-    assert methods == ["plain", "ngram"] and "8 core(s)" in why
-    assert choose_methods(["ngram", "medusa"])[0] == ["ngram"]  # no vLLM Medusa pool yet
+    assert methods == ["plain", "ngram", "medusa"] and "8 core(s)" in why
+    assert choose_methods(["ngram", "eagle"])[0] == ["ngram"]  # no vLLM EAGLE pool
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert choose_methods()[0] == ["plain", "ngram"]
     assert server_env(1)["VLLM_CPU_OMP_THREADS_BIND"] == "1"
 
 
@@ -72,3 +74,35 @@ def test_the_supervisor_launches_vllm_from_the_stacks_pools(tmp_path: Path) -> N
                     "prompt_lookup_min": 1}
     assert ngram[ngram.index("--per-request-spec-decode-metrics") + 1] == "summary"
     assert ngram[ngram.index("--max-model-len") + 1] == "2048"
+
+
+@pytest.mark.parametrize("model", ["smollm2-135m-instruct", "specroute-tiny"])
+def test_medusa_heads_export_into_vllms_format(tmp_path: Path, model: str) -> None:
+    """Names, shapes and config as vllm/model_executor/models/medusa.py loads them; the
+    weights are ours, untouched (a vLLM load with acceptance: tests/e2e)."""
+    from safetensors.torch import load_file
+
+    from policies.fleet import weights_dir
+    from workers.fleet.vllm_drafters import export_medusa
+
+    source = weights_dir(model) / "medusa"
+    ours = load_file(str(source / "model.safetensors"))
+    base = weights_dir("specroute-tiny")  # only read where there is no draft vocabulary
+    out = export_medusa(source, base, tmp_path / "medusa")
+    config = json.loads((out / "config.json").read_text())
+    theirs = load_file(str(out / "model.safetensors"))
+    heads, layers = config["num_heads"], config["num_hidden_layers"]
+    assert (config["model_type"], config["architectures"]) == ("medusa", ["MedusaModel"])
+    assert config["original_lm_head"] and config["medusa_fc_bias"]
+    for h in range(heads):
+        for layer in range(layers):
+            assert theirs[f"blocks.{h}.layers.{layer}.weight"].equal(
+                ours[f"heads.{h}.{layer}.linear.weight"])
+    assert theirs["lm_head.weight"].shape == (config["truncated_vocab_size"],
+                                              config["hidden_size"])
+    if "vocabulary.draft_vocab" in ours:
+        assert theirs["token_map"].tolist() == ours["vocabulary.draft_vocab"].tolist()
+        assert config["truncated_vocab_size"] < config["vocab_size"]
+    else:
+        assert "token_map" not in theirs
+        assert config["truncated_vocab_size"] == config["vocab_size"]

@@ -11,7 +11,8 @@ vllm/config/speculative.py). Read from the 0.33.0 wheel:
 - ngram's window is `prompt_lookup_min`/`prompt_lookup_max` (config/speculative.py:503-507).
 
 Mapping: plain/k=0 -> no spec config; eagle -> "eagle"; eagle3 -> "eagle3"; ngram ->
-"ngram" (lookup window 1..`prompt_lookup_max`, default 4); draft -> "draft_model".
+"ngram" (lookup window 1..`prompt_lookup_max`, default 4); draft -> "draft_model";
+medusa -> "medusa" (its heads in vLLM's format: `workers.fleet.vllm_drafters`).
 eagle2 (a dynamic tree) is not offered: vLLM's eagle proposer drafts a chain here.
 `--per-request-spec-decode-metrics summary` (arg_utils.py:746, 1694) makes each
 response carry its own acceptance figures, which the gateway records.
@@ -58,7 +59,7 @@ class VLLMLaunch:
                                   f"choose one of {', '.join(METHOD_TO_VLLM)}")
         if self.k < 0:
             raise VLLMLaunchError(f"k must be >= 0, got {self.k}")
-        if self.method in ("eagle", "eagle3", "draft") and self.k > 0 \
+        if self.method in ("eagle", "eagle3", "draft", "medusa") and self.k > 0 \
                 and not self.draft_model_path:
             raise VLLMLaunchError(f"method {self.method!r} needs draft_model_path")
 

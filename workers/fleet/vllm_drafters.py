@@ -1,0 +1,89 @@
+"""The project's trained drafters in the checkpoint formats vLLM loads.
+
+Medusa (vLLM 0.32 `vllm/model_executor/models/medusa.py`, `MedusaModel`; config
+`vllm/transformers_utils/configs/medusa.py`): `num_heads` heads of `num_hidden_layers`
+residual blocks `x + SiLU(Linear(x))` (`blocks.{h}.layers.{l}.weight|bias`, bias with
+`medusa_fc_bias`), then an LM head. Ours (`workers/embedded/drafter_models.MedusaHeads`) is
+the same network (`heads.{h}.{l}.linear.*`) over the same input, the target's last
+feature after its final norm. Its draft vocabulary (an (N, C) projection over the N
+token ids in `draft_vocab`) is vLLM's truncated vocabulary: one shared head
+(`original_lm_head: true`, `lm_head.weight`), `truncated_vocab_size: N` and the ids as
+`token_map`, which vLLM scatters back into the full vocabulary. Without a draft
+vocabulary the head is the base model's own LM head (tied to its embeddings in SmolLM2),
+copied from the base's weights.
+
+EAGLE is not exported: vLLM's EAGLE-1 drafts the full vocabulary (a reduced one exists only
+for EAGLE-3), and our head drafts over 8,192 tokens.
+
+The weights are bf16, which numpy cannot hold, so this needs torch: the stack runs it as
+a child process (`python -m workers.fleet.vllm_drafters medusa DRAFTER BASE OUT`), so that
+`specroute up` itself never imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+class ExportError(ValueError):
+    """The drafter folder is not one this exporter knows how to convert."""
+
+
+def export_medusa(drafter_dir: Path, base_dir: Path, out_dir: Path) -> Path:
+    """Write `drafter_dir`'s Medusa heads as a vLLM Medusa checkpoint into `out_dir`."""
+    config = json.loads((drafter_dir / "config.json").read_text())
+    if config.get("drafter") != "medusa":
+        raise ExportError(f"{drafter_dir}: not a Medusa drafter ({config.get('drafter')!r})")
+    tensors = load_file(str(drafter_dir / "model.safetensors"))
+    heads, layers = int(config["num_heads"]), int(config["num_layers"])
+    vocab = int(config.get("vocab_size") or 0)
+    out: dict[str, torch.Tensor] = {}
+    for h in range(heads):
+        for layer in range(layers):
+            for part in ("weight", "bias"):
+                out[f"blocks.{h}.layers.{layer}.{part}"] = \
+                    tensors[f"heads.{h}.{layer}.linear.{part}"].contiguous()
+    draft_vocab = int(config.get("draft_vocab_size") or 0)
+    if draft_vocab:
+        out["lm_head.weight"] = tensors["vocabulary.proj.weight"].contiguous()
+        out["token_map"] = tensors["vocabulary.draft_vocab"].to(torch.int64)
+    else:
+        base = load_file(str(base_dir / "model.safetensors"))
+        name = "lm_head.weight" if "lm_head.weight" in base else "model.embed_tokens.weight"
+        out["lm_head.weight"] = base[name].contiguous()
+        vocab = vocab or out["lm_head.weight"].shape[0]
+    if not vocab:
+        raise ExportError(f"{drafter_dir}: config.json names no vocab_size")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file(out, str(out_dir / "model.safetensors"))
+    (out_dir / "config.json").write_text(json.dumps({
+        "model_type": "medusa", "architectures": ["MedusaModel"],
+        "hidden_size": int(config["hidden_size"]), "vocab_size": vocab,
+        "num_heads": heads, "num_hidden_layers": layers,
+        "truncated_vocab_size": draft_vocab or vocab, "original_lm_head": True,
+        "medusa_fc_bias": True,
+        "torch_dtype": str(out["lm_head.weight"].dtype).removeprefix("torch."),
+        "exported_from": str(drafter_dir)}, indent=2))
+    return out_dir
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 4 or argv[0] != "medusa":
+        print("usage: python -m workers.fleet.vllm_drafters medusa DRAFTER_DIR BASE_DIR OUT_DIR",
+              file=sys.stderr)
+        return 2
+    try:
+        print(export_medusa(Path(argv[1]), Path(argv[2]), Path(argv[3])))
+    except (ExportError, OSError, KeyError) as exc:
+        print(f"vllm_drafters: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
