@@ -1,6 +1,7 @@
 """`specroute bench vllm`: real vLLM CPU pools measured through the gateway, side by side.
 
-Starts `specroute up --engine vllm` (plain and n-gram vLLM servers, one core each), then
+Starts `specroute up --engine vllm --methods M` (default plain,ngram; plain must be one:
+it is the baseline; one core per server, so two pools on a 2-core machine), then
 on prompts no prior, drafter or classifier was built from (`bench.workload`, seed 11):
 
 1. **Pinned pools**: every class (edit, code, chat; greedy) on every pool, pinned with
@@ -13,8 +14,9 @@ on prompts no prior, drafter or classifier was built from (`bench.workload`, see
    (`/v1/routing/explain`'s per-pool predictions) against the mean vLLM reported for
    that class's requests on that pool.
 
-Targets (real-engines issue): n-gram >= 1.8x plain on edits at c = 1; after 50 requests
-of a class, the prediction within 20% of what the engine reported.
+Targets (real-engines issue): n-gram >= 1.8x plain on edits and Medusa >= 1.2x on code,
+at c = 1; after 50 requests of a class, the prediction within 20% of what the engine
+reported.
 """
 
 from __future__ import annotations
@@ -31,12 +33,13 @@ import time
 from pathlib import Path
 
 import httpx
+import yaml
 
 from bench.workload import prompts
 from workers.processes import free_port, wait_http
 
 TASKS = ("edit", "code", "chat")
-POOLS = ("vllm-plain", "vllm-ngram")
+BASELINE = "vllm-plain"
 SEED = 11  # the live and engine benches' priors used seeds 0 and 1
 
 
@@ -67,13 +70,14 @@ def paired_ratio(num: list[float], den: list[float], rng: random.Random,
             ratios[int(0.975 * draws)])
 
 
-def pinned(client: httpx.Client, items: dict[str, list[dict]], rounds: int) -> dict:
+def pinned(client: httpx.Client, items: dict[str, list[dict]], rounds: int,
+           pools: list[str]) -> dict:
     rows: dict[tuple[str, str], list[dict]] = {}
     for r in range(rounds):
         for task, bodies in items.items():
             for i, body in enumerate(bodies):
-                order = POOLS if (r + i) % 2 == 0 else POOLS[::-1]
-                for pool in order:
+                shift = (r + i) % len(pools)  # each pool first in turn
+                for pool in pools[shift:] + pools[:shift]:
                     rows.setdefault((task, pool), []).append(ask(client, body, pool))
     return rows
 
@@ -98,19 +102,22 @@ def learning(client: httpx.Client, items: dict[str, list[dict]], per_class: int)
 
 
 def report(rows: dict, learned: dict, rng: random.Random) -> dict:
-    print("| class | plain tok/s | n-gram tok/s | n-gram / plain [95%] | n-gram accept |")
+    print("| class | pool | tok/s | / plain [95%] | accept length |")
     print("|---|---|---|---|---|")
-    summary = {}
+    summary: dict[str, dict] = {}
+    pools = sorted({pool for _, pool in rows}, key=lambda p: (p != BASELINE, p))
     for task in TASKS:
-        plain, ngram = rows[(task, "vllm-plain")], rows[(task, "vllm-ngram")]
-        ratio, low, high = paired_ratio([r["tokens_per_s"] for r in ngram],
-                                        [r["tokens_per_s"] for r in plain], rng)
-        accept = statistics.mean(r["accept_length"] for r in ngram)
-        print(f"| {task} | {statistics.mean(r['tokens_per_s'] for r in plain):.1f} | "
-              f"{statistics.mean(r['tokens_per_s'] for r in ngram):.1f} | {ratio:.2f} "
-              f"[{low:.2f}-{high:.2f}] | {accept:.2f} |")
-        summary[task] = {"ngram_over_plain": round(ratio, 3), "ci95": [round(low, 3),
-                         round(high, 3)], "ngram_accept_length": round(accept, 3)}
+        plain = [r["tokens_per_s"] for r in rows[(task, BASELINE)]]
+        print(f"| {task} | {BASELINE} | {statistics.mean(plain):.1f} | 1 | 1 |")
+        for pool in pools[1:]:
+            spec = rows[(task, pool)]
+            ratio, low, high = paired_ratio([r["tokens_per_s"] for r in spec], plain, rng)
+            accept = statistics.mean(r["accept_length"] for r in spec)
+            print(f"| {task} | {pool} | {statistics.mean(r['tokens_per_s'] for r in spec):.1f}"
+                  f" | {ratio:.2f} [{low:.2f}-{high:.2f}] | {accept:.2f} |")
+            summary.setdefault(task, {})[pool] = {
+                "over_plain": round(ratio, 3), "ci95": [round(low, 3), round(high, 3)],
+                "accept_length": round(accept, 3)}
     print("\n| class/pool | predicted accept | observed (vLLM) | requests | within 20% |")
     print("|---|---|---|---|---|")
     for key, row in learned.items():
@@ -119,9 +126,12 @@ def report(rows: dict, learned: dict, rng: random.Random) -> dict:
         row["within_20pct"] = ok
         print(f"| {key} | {row['predicted']} | {row['observed']} | {row['requests']} | "
               f"{'-' if ok is None else ('met' if ok else 'missed')} |")
-    edit = summary["edit"]["ngram_over_plain"]
-    print(f"\nn-gram / plain on edits at c = 1: {edit:.2f} (target >= 1.8: "
-          f"{'met' if edit >= 1.8 else 'missed'})")
+    targets = {"vllm-ngram": ("edit", 1.8), "vllm-medusa": ("code", 1.2)}
+    for pool, (task, target) in targets.items():
+        if pool in summary.get(task, {}):
+            ratio = summary[task][pool]["over_plain"]
+            print(f"\n{pool} / plain on {task} at c = 1: {ratio:.2f} (target >= {target}: "
+                  f"{'met' if ratio >= target else 'missed'})")
     return {"pinned": summary, "learning": learned}
 
 
@@ -132,13 +142,18 @@ def main(args: argparse.Namespace) -> int:
                     for p in prompts(task, n, SEED)] for task in TASKS}
     port = free_port()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="specroute-bench-vllm-"))
+    methods = args.methods or "plain,ngram"
     stack = subprocess.Popen([sys.executable, "-m", "specroute.cli", "up", "--engine", "vllm",
-                              "--port", str(port), "--workdir", str(work)],
-                             stdout=sys.stderr, stderr=sys.stderr)
+                              "--methods", methods, "--port", str(port), "--workdir",
+                              str(work)], stdout=sys.stderr, stderr=sys.stderr)
     try:
         wait_http(f"http://127.0.0.1:{port}/ready", 900, stack)
+        config = yaml.safe_load((work / "config.yaml").read_text())
+        pools = [pool["name"] for pool in config["pools"]]
+        if BASELINE not in pools:
+            raise SystemExit(f"bench vllm needs the plain pool beside the others: {pools}")
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600) as client:
-            rows = pinned(client, items, args.rounds or (1 if args.quick else 2))
+            rows = pinned(client, items, args.rounds or (1 if args.quick else 2), pools)
             learned = learning(client, items, per_class)
         result = report(rows, learned, random.Random(args.seed))
     finally:

@@ -150,6 +150,7 @@ BENCHES: dict[str, tuple[str, dict[str, str]]] = {
     "classifier": ("the request classifier on its held-out prompts", {}),
     "vllm": ("real vLLM CPU pools through the gateway: n-gram against plain, and what the "
              "policy learns of their acceptance", {
+        "--methods": "the vLLM pools, plain among them (default plain,ngram)",
         "--prompts": "prompts per class (default 4; --quick 2)",
         "--rounds": "rounds over the pinned pools (default 2; --quick 1)",
         "--per-class": "unpinned requests per class the policy learns from (default 50; "

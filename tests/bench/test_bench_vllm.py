@@ -33,6 +33,6 @@ def test_report_says_met_or_missed(capsys: pytest.CaptureFixture[str]) -> None:
                                    "chosen": "vllm-plain"}}
     result = report(rows, learned, random.Random(0))
     out = capsys.readouterr().out
-    assert result["pinned"]["edit"]["ngram_over_plain"] == pytest.approx(1.9)
-    assert "(target >= 1.8: met)" in out
+    assert result["pinned"]["edit"]["vllm-ngram"]["over_plain"] == pytest.approx(1.9)
+    assert "vllm-ngram / plain on edit at c = 1: 1.90 (target >= 1.8: met)" in out
     assert [learned[k]["within_20pct"] for k in learned] == [True, False, None]
