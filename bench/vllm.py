@@ -91,7 +91,7 @@ def learning(client: httpx.Client, items: dict[str, list[dict]], per_class: int)
     time.sleep(2.5)  # one refit (refit_interval_s 1) after the last record
     out = {}
     for task, bodies in items.items():
-        explained = client.post("/v1/routing/explain", json=bodies[0]).json()
+        explained = explain_all_pools(client, bodies[0])
         for pool, prediction in explained["predictions"].items():
             observed = seen.get((task, pool))
             out[f"{task}/{pool}"] = {
@@ -99,6 +99,18 @@ def learning(client: httpx.Client, items: dict[str, list[dict]], per_class: int)
                 "observed": round(statistics.mean(observed), 3) if observed else None,
                 "requests": len(observed or ()), "chosen": explained["decision"]["pool"]}
     return out
+
+
+def explain_all_pools(client: httpx.Client, body: dict, wait_s: float = 300.0) -> dict:
+    """/v1/routing/explain once every pool is eligible: the policy may have asked a pool
+    for another k (a relaunch, which takes it out of service for a minute)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        explained = client.post("/v1/routing/explain", json=body).json()
+        out_of_service = [c["pool"] for c in explained["candidates"] if not c["eligible"]]
+        if not out_of_service or time.monotonic() > deadline:
+            return explained
+        time.sleep(2.0)
 
 
 def report(rows: dict, learned: dict, rng: random.Random) -> dict:
@@ -137,7 +149,7 @@ def report(rows: dict, learned: dict, rng: random.Random) -> dict:
 
 def main(args: argparse.Namespace) -> int:
     n = 2 if args.quick else (args.prompts or 4)
-    per_class = 6 if args.quick else (args.per_class or 50)
+    per_class = 6 if args.quick else (50 if args.per_class is None else args.per_class)
     items = {task: [p.chat_body("smollm2-135m-instruct", args.max_tokens, 0.0)
                     for p in prompts(task, n, SEED)] for task in TASKS}
     port = free_port()

@@ -54,6 +54,19 @@ def engine_accept_length(port: int, timeout_s: float = 15.0) -> float:
         time.sleep(0.5)
 
 
+def kill_server(stack_pid: int, pool: str) -> set[int]:
+    """SIGKILL the vLLM server (and its engine processes) of `pool`'s supervisor."""
+    for pid in children_of(stack_pid):
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if b"supervise" in command and pool.encode() in command:
+            victims = descendants(pid)
+            for victim in victims:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(victim, signal.SIGKILL)
+            return victims
+    raise AssertionError(f"no supervisor of {pool}")
+
+
 @pytest.fixture
 def vllm_venv() -> str:
     if VENV and (Path(VENV) / "bin" / "python").exists():
@@ -68,14 +81,15 @@ def test_vllm_stack_serves_records_acceptance_and_stops(tmp_path: Path,
                                                         vllm_venv: str) -> None:
     port = free_port()
     proc = start_process(["-m", "specroute.cli", "up", "--engine", "vllm", "--methods",
-                          "ngram", "--port", str(port), "--workdir", str(tmp_path / "work")],
+                          "plain,ngram", "--port", str(port), "--workdir",
+                          str(tmp_path / "work")],
                          tmp_path / "up.log", env={"REDIS_URL": "",
                                                    "SPECROUTE_VLLM_VENV": vllm_venv})
     pids: set[int] = set()
     try:
         wait_http(f"http://127.0.0.1:{port}/ready", 600, proc)
         pids = descendants(proc.pid)
-        assert len(pids) >= 4  # redis, the supervisor, its vLLM server, the gateway
+        assert len(pids) >= 6  # redis, two supervisors, their vLLM servers, the gateway
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
                                max_retries=0, timeout=120)
         edit = [{"role": "user", "content": EDIT}]
@@ -111,7 +125,23 @@ def test_vllm_stack_serves_records_acceptance_and_stops(tmp_path: Path,
         assert explained["decision"]["predicted_accept_length"] > 1.5, explained["decision"]
         assert explained["predictions"]["vllm-ngram"]["predicted_accept_length"] > 1.5
         assert engine_accept_length(port) > 1.5  # the server's own /metrics counters
-        # the supervisor drains its server, then stops it
+        # a vLLM server killed under traffic: its requests go to the other pool before
+        # their first token; its supervisor starts it again and it takes traffic back
+        killed = kill_server(proc.pid, "vllm-ngram")
+        for _ in range(4):
+            reply = client.chat.completions.create(model=MODEL, messages=edit,
+                                                   max_tokens=16, temperature=0)
+            assert reply.model_extra["specroute"]["pool"] == "vllm-plain"
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if reply.model_extra["specroute"]["pool"] == "vllm-ngram":
+                break
+            time.sleep(2)
+            reply = client.chat.completions.create(model=MODEL, messages=edit,
+                                                   max_tokens=16, temperature=0)
+        assert reply.model_extra["specroute"]["pool"] == "vllm-ngram"
+        pids = (pids - killed) | descendants(proc.pid)
+        # the supervisors drain their servers, then stop them
         assert_stops_cleanly(proc, pids, signal.SIGINT, exit_s=90, linger_s=30)
     finally:
         kill_stack(proc, pids)
