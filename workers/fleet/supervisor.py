@@ -150,6 +150,8 @@ class Supervisor:
             except httpx.HTTPError:
                 pass
             self._stopping.wait(0.2)
+        if self._stopping.is_set():  # told to stop while it was starting: not a failure
+            raise SupervisorError(f"stopping before {self.settings.url} was healthy")
         raise SupervisorError(f"{self.settings.url}/health not ready in "
                               f"{self.settings.health_timeout_s:.0f}s")
 
