@@ -41,7 +41,6 @@ class SpecStats:
                     or self.correct_drafts or self.proposed_drafts)
 
 
-BATCH_KEY = WORKER_BATCH_KEY
 
 
 def non_negative(value: object) -> float | None:
@@ -53,9 +52,9 @@ def non_negative(value: object) -> float | None:
 
 
 def read_batch(spec: SpecStats, holder: object) -> SpecStats:
-    """`spec` with the batch fields of `holder[BATCH_KEY]` (meta_info or sglext) when it
+    """`spec` with the batch fields of `holder[WORKER_BATCH_KEY]` (meta_info or sglext) when it
     has them; values that are not non-negative numbers are ignored (None)."""
-    batch = holder.get(BATCH_KEY) if isinstance(holder, dict) else None
+    batch = holder.get(WORKER_BATCH_KEY) if isinstance(holder, dict) else None
     if isinstance(batch, dict):
         spec.batch = non_negative(batch.get("requests"))
         spec.batch_draft_tokens = non_negative(batch.get("draft_tokens"))

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from policies.fleet import WORKER_BATCH_KEY
 from workers.embedded import introspection, parsing, responses, tools
 from workers.embedded.api import Constraint
 from workers.embedded.errors import BadRequest
@@ -196,12 +197,12 @@ def test_every_final_meta_info_says_its_batch_and_samples_merge_by_steps() -> No
     started = time.perf_counter()
     stats = Stats(first_token_at=started + 0.25)
     plain = responses.meta_info("r", Out([1], "a", True, "length"), stats, started, False)
-    decode = plain[responses.BATCH_KEY].pop("decode_s")
-    assert plain[responses.BATCH_KEY] == {"requests": 2.5, "draft_tokens": 4.0, "steps": 3}
+    decode = plain[WORKER_BATCH_KEY].pop("decode_s")
+    assert plain[WORKER_BATCH_KEY] == {"requests": 2.5, "draft_tokens": 4.0, "steps": 3}
     # from the first token to the end: the whole less the 0.25 s before the first token
     assert decode == pytest.approx(plain["e2e_latency"] - 0.25, abs=1e-3)
     running = responses.meta_info("r", Out([1], "a", False, None), Stats(), 0.0, False)
-    assert responses.BATCH_KEY not in running
+    assert WORKER_BATCH_KEY not in running
     first_only = Stats(batch_steps=0, mean_batch=None, mean_batch_draft_tokens=None)
     assert responses.batch_fields(first_only, 2.0) == {  # type: ignore[arg-type]
         "requests": None, "draft_tokens": None, "steps": 0, "decode_s": 1.5}
@@ -223,7 +224,7 @@ def test_key_names_match_sglang_0_5_23() -> None:
                    "reasoning_tokens", "completion_tokens", "cached_tokens", "e2e_latency",
                    "spec_accept_rate", "spec_accept_length", "spec_num_correct_drafts",
                    "spec_num_proposed_drafts", "spec_verify_ct"}
-    assert set(final) == sglang_meta | {responses.BATCH_KEY}  # ours, the one addition
+    assert set(final) == sglang_meta | {WORKER_BATCH_KEY}  # ours, the one addition
     # entrypoints/openai/protocol.py: class SpecTokensDetails (~L456)
     details = responses.spec_tokens_details(final)
     assert details is not None and set(details) == {

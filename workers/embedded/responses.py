@@ -63,11 +63,10 @@ def meta_info(rid: str, output: StepOutput, stats: GenerationStats, started: flo
         info["e2e_latency"] = now - started
         if speculative:
             info.update(spec_fields(stats))
-        info[BATCH_KEY] = batch_fields(stats, now)
+        info[WORKER_BATCH_KEY] = batch_fields(stats, now)
     return info
 
 
-BATCH_KEY = WORKER_BATCH_KEY  # ours, not SGLang's: in meta_info and in sglext
 
 
 def batch_fields(stats: GenerationStats, now: float) -> dict[str, Any]:

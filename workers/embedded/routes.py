@@ -11,6 +11,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from policies.fleet import WORKER_BATCH_KEY
 from workers.embedded import introspection, parsing, responses, tools
 from workers.embedded.admitted import Admitted, Chunks, Run, Tail, admit, finish_all, sse_stream
 from workers.embedded.context import WorkerState
@@ -84,9 +85,9 @@ def _totals(runs: list[Run], events: list[StepEvent]) -> dict[str, Any]:
         total["spec_accept_length"] = total["completion_tokens"] / total["spec_verify_ct"]
         total["spec_accept_rate"] = total["spec_num_correct_drafts"] / proposed \
             if proposed else 0.0
-    if responses.BATCH_KEY in total:
-        total[responses.BATCH_KEY] = responses.merge_batch(
-            [info[responses.BATCH_KEY] for info in infos])
+    if WORKER_BATCH_KEY in total:
+        total[WORKER_BATCH_KEY] = responses.merge_batch(
+            [info[WORKER_BATCH_KEY] for info in infos])
     return total
 
 
@@ -97,8 +98,8 @@ def _sglext(run: Run, info: dict[str, Any]) -> dict[str, Any] | None:
     details = responses.spec_tokens_details(info) if run.req.return_spec_tokens_details else None
     if details is not None:
         ext["spec_tokens_details"] = details
-    if responses.BATCH_KEY in info:
-        ext[responses.BATCH_KEY] = info[responses.BATCH_KEY]
+    if WORKER_BATCH_KEY in info:
+        ext[WORKER_BATCH_KEY] = info[WORKER_BATCH_KEY]
     return ext or None
 
 

@@ -60,11 +60,9 @@ class Adapter(Protocol):
                k: int) -> AsyncIterator[StreamItem]: ...
 
 
-def with_k(custom_params: dict | None, pool: PoolConfig, k: int) -> dict | None:
+def with_k(custom_params: dict | None, k: int) -> dict:
     """The request's `custom_params` carrying its k (`num_speculative_tokens`, the
-    embedded engine's per-request field) on a per-request-k pool; as they were elsewhere."""
-    if not pool.capabilities.per_request_k:
-        return custom_params
+    embedded engine's per-request field); only per-request-k pools get it."""
     return {**(custom_params or {}), "num_speculative_tokens": k}
 
 

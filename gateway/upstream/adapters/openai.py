@@ -21,7 +21,7 @@ import aiohttp
 
 from gateway.config import PoolConfig
 from gateway.schemas import GenerationRequest
-from gateway.telemetry.worker_stats import BATCH_KEY, SpecStats, Usage, merge_spec, read_batch
+from gateway.telemetry.worker_stats import SpecStats, Usage, merge_spec, read_batch
 from gateway.upstream.adapters.base import (
     Delta,
     Final,
@@ -31,6 +31,7 @@ from gateway.upstream.adapters.base import (
     with_k,
 )
 from gateway.upstream.adapters.wire import post, post_json, sse_data
+from policies.fleet import WORKER_BATCH_KEY
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
@@ -53,7 +54,7 @@ def spec_from_body(body: dict) -> SpecStats | None:
                 correct_drafts=int(details.get("spec_num_correct_drafts") or 0),
                 proposed_drafts=int(details.get("spec_num_proposed_drafts") or 0),
             )
-        if isinstance(sglext.get(BATCH_KEY), dict):
+        if isinstance(sglext.get(WORKER_BATCH_KEY), dict):
             found = read_batch(found or SpecStats(), sglext)
         if found is not None:
             return found
@@ -93,7 +94,7 @@ class OpenAIAdapter:
         else:
             body.pop("stream_options", None)
         if pool.capabilities.per_request_k:
-            body["custom_params"] = with_k(body.get("custom_params"), pool, k)
+            body["custom_params"] = with_k(body.get("custom_params"), k)
         return body
 
     async def generate(self, worker: str, request: GenerationRequest, pool: PoolConfig,

@@ -114,7 +114,7 @@ def sampling_params(request: GenerationRequest, pool: PoolConfig, k: int) -> dic
         elif request.response_format.get("type") == "json_object":
             params["json_schema"] = '{"type": "object"}'  # what SGLang's own route sends
     if pool.capabilities.per_request_k:
-        params["custom_params"] = with_k(None, pool, k)
+        params["custom_params"] = with_k(None, k)
     return params
 
 
@@ -129,7 +129,7 @@ class SGLangAdapter:
             body = {key: v for key, v in request.native.items() if key != "model"}
             params = dict(body.get("sampling_params") or {})
             if pool.capabilities.per_request_k:
-                params["custom_params"] = with_k(params.get("custom_params"), pool, k)
+                params["custom_params"] = with_k(params.get("custom_params"), k)
             return {**body, "sampling_params": params, "stream": stream}
         prompt_key = "input_ids" if isinstance(request.prompt, list) else "text"
         return {prompt_key: request.prompt, "stream": stream, "rid": uuid.uuid4().hex,
