@@ -263,6 +263,10 @@ def _source(args: argparse.Namespace, model: str, settings: Settings, methods: l
 
 
 def main(args: argparse.Namespace) -> int:
+    if getattr(args, "compare", None) == "vllm":
+        from bench.engine_compare import main as compare
+
+        return compare(args)
     import torch
 
     choice = resolve_model(args.model)

@@ -114,6 +114,9 @@ BENCH_OPTIONS: dict[str, dict] = {
     "--write-costs": {"default": None, "metavar": "PATH"},
     "--write-measured": {"default": None, "metavar": "PATH"},
     "--fleet": {"action": "store_true"},
+    "--compare": {"default": None, "choices": ["vllm"]},
+    "--mixed": {"type": int, "default": None},
+    "--cores": {"default": "0"},
     "--throughput": {"action": "store_true"},
 }
 MODEL_HELP = "smollm2 (default), tiny, or a model folder"
@@ -129,7 +132,11 @@ BENCHES: dict[str, tuple[str, dict[str, str]]] = {
         "--rounds": "interleaved rounds (default 3; --quick 1)", "--seed": "prompt seed",
         "--max-tokens": "tokens per request (--quick: 16)",
         "--write-measured": "write accept length, tokens/s and speedup per (method, class, "
-                            "T) as JSON, the policy's prior for the worker"}),
+                            "T) as JSON, the policy's prior for the worker",
+        "--compare": "vllm: the same methods, prompts and cores on vLLM CPU, side by side "
+                     "(c = 1 and 4; --prompts per class, default 3)",
+        "--cores": "--compare: the cores each server is bound to, e.g. 0 or 0-1 (default 0)",
+        "--workdir": "--compare: keep the servers' logs here"}),
     "policy": ("the learned policy in the simulator against its baselines", {
         "--seed": "the simulation's seed", "--plot": "write a PNG of tokens/s over time",
         "--fleet": "the fleet planner's fixed-k fleet against its baselines"}),
@@ -155,6 +162,8 @@ BENCHES: dict[str, tuple[str, dict[str, str]]] = {
         "--rounds": "rounds over the pinned pools (default 2; --quick 1)",
         "--per-class": "unpinned requests per class the policy learns from (default 50; "
                        "--quick 6)",
+        "--mixed": "unpinned mixed requests (chat, stream, completions, JSON; default 200; "
+                   "--quick 20)",
         "--max-tokens": "tokens per request", "--seed": "bootstrap seed",
         "--workdir": "keep the stack's logs here"}),
     "live": ("the adaptive gateway against pinned pools on a real stack", {

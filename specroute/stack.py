@@ -140,18 +140,24 @@ def start_embedded(children: list[Child], methods: list[str], model: Path, url: 
 def start_vllm(children: list[Child], methods: list[str], python: Path | None, model: Path,
                url: str, host: str, port: int, work: Path) -> list[str]:
     """One supervised vLLM server per pool (`specroute.vllm_stack`); waits for each."""
-    from specroute.vllm_stack import VLLMUnreadyError, server_env, vllm_medusa, vllm_pools
+    from specroute.vllm_stack import (
+        DRAFTER_METHODS,
+        VLLMUnreadyError,
+        server_env,
+        vllm_drafter,
+        vllm_pools,
+    )
 
     assert python is not None
     drafters = {}
-    if "medusa" in methods:
-        medusa = vllm_medusa(model)
-        if medusa is None:
-            methods = [m for m in methods if m != "medusa"]
-            print(f"specroute up: {model.name} has no Medusa heads; no vllm-medusa pool",
+    for method in [m for m in methods if m in DRAFTER_METHODS]:
+        drafter = vllm_drafter(model, method)
+        if drafter is None:
+            methods = [m for m in methods if m != method]
+            print(f"specroute up: {model.name} has no {method} drafter; no vllm-{method} pool",
                   flush=True)
         else:
-            drafters["medusa"] = medusa
+            drafters[method] = drafter
     pools = vllm_pools(model, python, methods, drafters)
     config = {"server": {"host": host, "port": port}, "redis_url": url, "pools": pools}
     config_path = work / "config.yaml"

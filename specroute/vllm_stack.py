@@ -7,11 +7,11 @@ and relaunched with drain on a new desired `k` by `specroute supervise`, bound t
 core (`VLLM_CPU_OMP_THREADS_BIND`); the gateway finds the servers in the registry.
 
 Pools, in the order they get a core: plain, n-gram (prompt lookup, k 4), then Medusa
-(the project's trained heads, exported once into vLLM's format by
-`workers.fleet.vllm_drafters`, k 4 = its heads). A vLLM CPU server takes a core and about
-4 GB (measured: 2-core machine, SmolLM2), so the stack starts as many as the cores and the
-available memory allow, at most one per pool. EAGLE is not offered: vLLM's EAGLE-1 drafts
-the full vocabulary and our head drafts over 8,192 tokens.
+(the project's trained heads, k 4 = its heads) and EAGLE (the project's head as a vLLM
+EAGLE-1 checkpoint, k 3), both exported once into vLLM's formats by
+`workers.fleet.vllm_drafters`. A vLLM CPU server takes a core and about 4 GB (measured:
+2-core machine, SmolLM2), so the stack starts as many as the cores and the available
+memory allow, at most one per pool (`--methods plain,eagle` picks others).
 
 Server flags for the CPU (docs/FLEET.md): `--enforce-eager` (30-40 s to start instead
 of 130-150 s recompiling the graph at every start, for 21-25 instead of 30-33 tok/s),
@@ -28,7 +28,8 @@ from pathlib import Path
 
 from policies.fleet import drafter_dir_for
 
-VLLM_METHODS = {"plain": 0, "ngram": 4, "medusa": 4}  # method -> k, in the order of cores
+VLLM_METHODS = {"plain": 0, "ngram": 4, "medusa": 4, "eagle": 3}  # method -> k, in the order of cores
+DRAFTER_METHODS = ("medusa", "eagle")  # methods whose checkpoint the stack exports
 SERVER_MEMORY_GIB = 5.0  # one SmolLM2 server's RSS (~4 GB) and some room
 MAX_MODEL_LEN = 2048
 CPU_LAUNCH = {"enforce_eager": True, "max_model_len": MAX_MODEL_LEN}
@@ -99,20 +100,20 @@ def server_env(index: int) -> dict[str, str]:
     return {**SERVER_ENV, "VLLM_CPU_OMP_THREADS_BIND": str(index % cores)}
 
 
-def vllm_medusa(model_dir: Path) -> Path | None:
-    """The model's Medusa heads in vLLM's format, exported once beside the model (a child
-    process: the export needs torch, this process does not import it); None when the
-    model has no Medusa heads."""
+def vllm_drafter(model_dir: Path, method: str) -> Path | None:
+    """The model's `method` drafter (medusa or eagle) in vLLM's format, exported once beside
+    the model (a child process: the export needs torch, this process does not import it);
+    None when the model has no such drafter."""
     drafters = drafter_dir_for(model_dir)
-    source = drafters / "medusa" if drafters is not None else None
+    source = drafters / method if drafters is not None else None
     if source is None or not (source / "config.json").exists():
         return None
-    out = model_dir.parent / f"{model_dir.name}-vllm-medusa"
+    out = model_dir.parent / f"{model_dir.name}-vllm-{method}"
     done_marker = out / "config.json"
     if done_marker.exists() and done_marker.stat().st_mtime >= \
             (source / "model.safetensors").stat().st_mtime:
         return out
-    done = subprocess.run([sys.executable, "-m", "workers.fleet.vllm_drafters", "medusa",
+    done = subprocess.run([sys.executable, "-m", "workers.fleet.vllm_drafters", method,
                            str(source), str(model_dir), str(out)],
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:

