@@ -3,6 +3,7 @@ met / missed verdicts, on known rows (the run itself needs the vLLM stack)."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -36,3 +37,56 @@ def test_report_says_met_or_missed(capsys: pytest.CaptureFixture[str]) -> None:
     assert result["pinned"]["edit"]["vllm-ngram"]["over_plain"] == pytest.approx(1.9)
     assert "vllm-ngram / plain on edit at c = 1: 1.90 (target >= 1.8: met)" in out
     assert [learned[k]["within_20pct"] for k in learned] == [True, False, None]
+
+
+def test_mixed_traffic_counts_every_malformed_or_failed_reply(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Chat, streamed chat, completions and JSON mode in turn; a JSON-mode reply that is a
+    500 and a stream that never ends with [DONE] are errors, the rest are not."""
+    import httpx
+
+    from bench.vllm import mixed
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        if request.url.path == "/v1/completions":
+            return httpx.Response(200, json={"choices": [{"text": "Paris"}]})
+        if body.get("stream"):
+            data = 'data: {"choices": []}\n\ndata: {"choices": []}\n\n'
+            done = "data: [DONE]\n\n" if body["messages"][0]["content"] != "cut" else ""
+            return httpx.Response(200, text=data + done)
+        if body.get("response_format"):
+            return httpx.Response(500, json={"error": {"message": "boom"}})
+        return httpx.Response(200, json={"choices": [{"message": {"content": "hi"}}]})
+
+    item = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+    cut = {**item, "messages": [{"role": "user", "content": "cut"}]}
+    items = {"edit": [item], "code": [cut], "chat": [item]}
+    with httpx.Client(transport=httpx.MockTransport(handler), base_url="http://t") as client:
+        result = mixed(client, items, 12)
+    # kinds cycle chat/stream/completion/json; bodies cycle item/cut/item
+    assert result == {"requests": 12, "errors": 4,
+                      "first_errors": ["stream: 200", "json: 500", "json: 500", "json: 500"]}
+    assert "12 requests, 4 errors (target 0: missed)" in capsys.readouterr().out
+
+
+def test_engine_compare_arithmetic(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.engine_compare import accept_length, core_count
+    from bench.engine_compare import report as compare_report
+
+    assert (core_count("0"), core_count("0-1"), core_count("0,2-3")) == (1, 2, 3)
+    assert accept_length({"metrics": {"speculative_decoding": {
+        "mean_acceptance_length": 2.5}}}) == 2.5  # vLLM, --per-request-spec-decode-metrics
+    assert accept_length({"sglext": {"spec_tokens_details": {"spec_accept_length": 1.5}}}) \
+        == 1.5  # the embedded engine (SGLang's sglext)
+    assert accept_length({"choices": []}) is None
+    cell = {"c1": 10.0, "c4": 20.0, "accept": None}
+    results = {"embedded/plain": {t: cell for t in TASKS},
+               "vllm/plain": {t: {**cell, "c1": 20.0, "c4": 80.0} for t in TASKS},
+               "embedded/ngram": {t: {**cell, "accept": 2.0} for t in TASKS},
+               "vllm/ngram": {t: {**cell, "c1": 40.0, "c4": 80.0, "accept": 3.0} for t in TASKS}}
+    summary = compare_report(results, ["plain", "ngram"])
+    assert summary["embedded_over_vllm"] == {"plain": {"c1": 0.5, "c4": 0.25},
+                                             "ngram": {"c1": 0.25, "c4": 0.25}}
+    assert summary["vllm_speedup_over_plain"]["ngram"] == {t: 2.0 for t in TASKS}
+    assert "| ngram | edit | 10.0 | 40.0 | 0.25 |" in capsys.readouterr().out
