@@ -14,6 +14,9 @@ weights stay below e^ERA_TAUS; fields carry their era ("{era}:{name}") and eras 
 than the previous one (weight < e^-ERA_TAUS) are dropped. The same sums are also kept
 with a 5x shorter time constant (fields "f{era}:{name}"): the learner compares the two
 to notice a drift (a new checkpoint, a new traffic mix) faster than `tau` allows.
+One field is never decayed: "all:known", the requests with reported verify steps the
+context has ever had, which the learner weighs the workers' prior against (a prior is
+what was known before any traffic: the clock must not hand it back its weight).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ ERA_TAUS = 8.0
 FIELDS = ("n", "known", "steps", "tokens", "decode_s", "load", "batch_dk")
 RECENT_FRACTION = 0.2  # the recent view decays 5x faster, to notice drift (prefix "f")
 RECENT_PREFIX = "f"
+LIFETIME_FIELD = "all:known"  # never decayed, never dropped
 LOAD_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 48, 64, 96, 128)
 
 
@@ -82,6 +86,13 @@ class ContextStats:
     # request's own k, where the worker did not say (and in sums written before the field)
     batch_dk: float = 0.0
     recent: ContextStats | None = None  # the same sums with the short time constant
+    # requests with reported steps ever (not decayed; 0 in hashes written before the field)
+    lifetime_known: float = 0.0
+
+    @property
+    def evidence(self) -> float:
+        """Requests behind the acceptance, for weighing the prior: the undecayed count."""
+        return max(self.lifetime_known, self.known)
 
     @property
     def accept_length(self) -> float:
@@ -153,9 +164,13 @@ def _forward(values: dict[str, float], t: float, tau: float, prefix: str) -> dic
 
 
 def forward_increments(values: dict[str, float], t: float, tau: float) -> dict[str, float]:
-    """Field increments ("{era}:{name}", "f{era}:{name}" -> amount) for one contribution."""
-    return {**_forward(values, t, tau, ""),
-            **_forward(values, t, tau * RECENT_FRACTION, RECENT_PREFIX)}
+    """Field increments ("{era}:{name}", "f{era}:{name}", and the undecayed
+    LIFETIME_FIELD -> amount) for one contribution."""
+    out = {**_forward(values, t, tau, ""),
+           **_forward(values, t, tau * RECENT_FRACTION, RECENT_PREFIX)}
+    if values.get("known"):
+        out[LIFETIME_FIELD] = values["known"]
+    return out
 
 
 def stale_fields(t: float, tau: float) -> list[str]:
@@ -186,7 +201,8 @@ def _read(fields: dict[str, float], now: float, tau: float, prefix: str) -> dict
 def read_stats(fields: dict[str, float], now: float, tau: float) -> ContextStats:
     """Decayed sums at `now` from a hash of forward-decayed fields (both views)."""
     recent = ContextStats(**_read(fields, now, tau * RECENT_FRACTION, RECENT_PREFIX))  # type: ignore[arg-type]
-    return ContextStats(**_read(fields, now, tau, ""), recent=recent)
+    return ContextStats(**_read(fields, now, tau, ""), recent=recent,  # type: ignore[arg-type]
+                        lifetime_known=float(fields.get(LIFETIME_FIELD, 0.0)))
 
 
 class LocalAggregates:

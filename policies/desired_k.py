@@ -8,6 +8,17 @@ when it pays: predicted gain above max(`desired_k_gain`, `relaunch_cost_s /
 relaunch_payback_s`), acceptance measured (not prior) for the contexts scored, the same
 wish held for `relaunch_cost_s` of refits (a mix that lasts less than an outage is not
 worth one), one pool at a time and none while another is out of service.
+
+Against flapping (live, vLLM CPU n-gram: 4 -> 11 -> 4 in two minutes, each relaunch 93 s
+out of service), three more rules:
+- the k's scored stop `k_trust_margin` above the largest k the pool has served with
+  telemetry (its current k before any), as on per-request-k pools: E(a, k) and the step
+  cost are extrapolations far from the k's measured, and a fixed-k pool measures one;
+- no wish while the pool's current k rests on fewer than `relaunch_min_samples`
+  requests (just relaunched: what the new k does is not known yet);
+- after a relaunch the pool keeps its k for `relaunch_payback_s` (the horizon the gain
+  was to pay the outage back in): a relaunch that is undone before it has paid back
+  its own outage cost two outages for nothing.
 """
 
 from __future__ import annotations
@@ -33,6 +44,8 @@ class RelaunchTerms(Protocol):
     def relaunch_min_samples(self) -> float: ...
     @property
     def refit_interval_s(self) -> float: ...
+    @property
+    def k_trust_margin(self) -> int | None: ...
 
 
 class DesiredK:
@@ -41,6 +54,8 @@ class DesiredK:
     def __init__(self, config: RelaunchTerms) -> None:
         self.config = config
         self._wishes: dict[str, tuple[int, int]] = {}  # pool -> (wished k, refits held)
+        self._refits = 0
+        self._changed: dict[str, tuple[int, int]] = {}  # pool -> (k asked for, at refit)
 
     @property
     def relaunch_gain(self) -> float:
@@ -58,8 +73,16 @@ class DesiredK:
                  if not p.per_request_k and p.method != "plain"]
         if any(p.healthy_workers <= 0 for p in fixed):
             return
+        self._refits += 1
+        cfg = self.config
+        settle = cfg.relaunch_payback_s / cfg.refit_interval_s
         wishes, held = {}, {}
         for pool in fixed:
+            asked = self._changed.get(pool.name)
+            if asked is not None and self._refits - asked[1] < settle:
+                continue  # relaunched (or asked to be) within the payback horizon
+            if state.pool_k_known.get((pool.name, pool.k), 0.0) < cfg.relaunch_min_samples:
+                continue  # its current k is not measured yet
             scores = self.k_scores(pool, state, load(pool))
             if scores:
                 best = max(scores, key=lambda k: (scores[k], -k))
@@ -68,11 +91,16 @@ class DesiredK:
                     k, n = self._wishes.get(pool.name, (best, 0))
                     held[pool.name] = (best, n + 1 if k == best else 1)
         self._wishes = held
-        dwell = self.config.relaunch_cost_s / self.config.refit_interval_s
+        dwell = cfg.relaunch_cost_s / cfg.refit_interval_s
         change = max((n for n in held if held[n][1] >= dwell),
                      key=lambda n: wishes[n][1], default=None)
+        if change is not None:
+            self._changed[change] = (wishes[change][0], self._refits)
+            self._wishes.pop(change, None)
         for pool in fixed:
-            k = wishes[pool.name][0] if pool.name == change else pool.k
+            asked = self._changed.get(pool.name)
+            # a k asked for stands until the pool runs it (the supervisor drains first)
+            k = asked[0] if asked is not None and self._refits - asked[1] < settle else pool.k
             store.publish_desired_k(pool.name, k)
 
     def k_scores(self, pool: PoolView, state: PolicyState, load: float) -> dict[int, float]:
@@ -94,5 +122,9 @@ class DesiredK:
         if not measured:
             return {}
         cost = state.cost(pool.name)
+        top = max(pool.max_k, pool.k)
+        if self.config.k_trust_margin is not None:
+            top = min(top, max(state.measured_k.get(pool.name, 0), pool.k)
+                      + self.config.k_trust_margin)
         return {k: sum(n * state.accept_length(a, pool.method, k) for n, a in measured)
-                / cost.step_s(k, load) for k in range(0, max(pool.max_k, pool.k) + 1)}
+                / cost.step_s(k, load) for k in range(0, top + 1)}

@@ -6,9 +6,10 @@ requests). Steps:
    mean accept length to a per-token `a` (arXiv 2211.17192) and pool them by verify steps;
    if the fast-decaying view disagrees with the long one beyond noise, trust the fast one
    (a drift: new checkpoint, new traffic);
-2. blend each with its prior by request count: what the pool's workers measured about
-   themselves (policies/prior.py), else a flat `default_accept`, the same for every
-   method;
+2. blend each with its prior by request count — every request the context ever had,
+   not the decayed count (the estimate follows recent traffic; the prior must not win
+   back its weight as time passes): what the pool's workers measured about themselves
+   (policies/prior.py), else a flat `default_accept`, the same for every method;
 3. fit a step-cost curve per pool (policies/cost.py), starting a pool whose workers
    measured their relative draft cost from that;
 4. note the incumbent (pool, k) per (model, task, bucket) — the option carrying most
@@ -80,6 +81,9 @@ class PolicyState:
     cost_measured: frozenset[str] = frozenset()
     # per pool, the draft tokens per request per step of the batches its requests rode
     pool_draft_k: dict[str, float] = field(default_factory=dict)
+    # requests with reported steps per (pool, k), decayed: how well each k a pool ran is
+    # measured (a fixed-k pool's desired k waits for its current k to be measured)
+    pool_k_known: dict[tuple[str, int], float] = field(default_factory=dict)
 
     def accept(self, model: str, method: str, task: str, bucket: str) -> tuple[float, float]:
         """(blended a, request count) for a context; the prior when unseen."""
@@ -114,8 +118,10 @@ class Learner:
         prior = dict(prior or {})
         default = self.config.default_accept
         depths = self._depths(contexts)
+        evidence = self._evidence(contexts)
         acceptance = {
-            key: (blend(a, n, prior.get(key, default), self.config.prior_weight), n)
+            key: (blend(a, evidence.get(key, n), prior.get(key, default),
+                        self.config.prior_weight), n)
             for key, (a, n, _) in self._acceptance(contexts, depths).items()}
         fleet_cost, costs = self._costs(contexts, draft_cost or {}, step_curves or {})
         incumbent, traffic = self._traffic(contexts)
@@ -124,7 +130,21 @@ class Learner:
                            traffic, default, self._measured_k(contexts), depths,
                            self._pool_accept_length(contexts),
                            frozenset(p for p, points in (step_curves or {}).items() if points),
-                           self._pool_draft_k(contexts))
+                           self._pool_draft_k(contexts), self._per_k(contexts))
+
+    @staticmethod
+    def _evidence(contexts: list[tuple[ContextKey, ContextStats]]) -> dict[AcceptKey, float]:
+        """Requests ever behind each acceptance context, undecayed: what the prior is
+        weighed against. The estimate itself follows the decayed sums, but a prior is what
+        was known before any traffic, and a decayed count handed it its weight back: on a
+        slow pool (one request every 6 s, classes in turn) 50 edits had decayed to ~5
+        requests by the time they were read, the flat prior (weight 5) took half the
+        estimate and the policy predicted 2.7 tokens a step for edits vLLM served at 4.5."""
+        out: dict[AcceptKey, float] = defaultdict(float)
+        for ctx, stats in contexts:
+            if ctx.k > 0 and ctx.method != "plain" and stats.steps > 0:
+                out[(ctx.model, ctx.method, ctx.task, ctx.temperature_bucket)] += stats.evidence
+        return dict(out)
 
     def _depths(self, contexts: list[tuple[ContextKey, ContextStats]]) -> dict[str, int]:
         """TREE_DEPTH, raised per method where a context's mean accept length (with
@@ -155,12 +175,16 @@ class Learner:
                 sums[ctx.pool][1] += stats.known
         return {pool: max(total / n, 0.0) for pool, (total, n) in sums.items() if n > 0}
 
-    def _measured_k(self, contexts: list[tuple[ContextKey, ContextStats]]) -> dict[str, int]:
+    @staticmethod
+    def _per_k(contexts: list[tuple[ContextKey, ContextStats]]) -> dict[tuple[str, int], float]:
         per_k: dict[tuple[str, int], float] = defaultdict(float)
         for ctx, stats in contexts:
             per_k[(ctx.pool, ctx.k)] += stats.known
+        return dict(per_k)
+
+    def _measured_k(self, contexts: list[tuple[ContextKey, ContextStats]]) -> dict[str, int]:
         out: dict[str, int] = {}
-        for (pool, k), n in per_k.items():
+        for (pool, k), n in self._per_k(contexts).items():
             if n >= self.config.min_k_requests:
                 out[pool] = max(out.get(pool, 0), k)
         return out

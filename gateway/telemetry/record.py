@@ -69,10 +69,22 @@ def slo_met(tenant: TenantConfig, ttft_s: float, itl_s: float, e2e_s: float, tok
 def verify_steps(spec: SpecStats, k: int, tokens: int) -> int | None:
     """Verify steps behind `tokens`: as reported, or from the reported accept length
     (vLLM reports only its mean), or one per token without speculation; None when a
-    speculative worker reported neither, which the policy must not read as anything."""
+    speculative worker reported neither, which the policy must not read as anything.
+
+    vLLM counts only the steps that drafted: its per-request `num_spec_steps` is the sum
+    of a histogram `observe`d only where the scheduler had draft tokens for the request
+    (vllm 0.32 `v1/core/sched/scheduler.py`, `if scheduled_spec_token_ids`; summed in
+    `v1/metrics/stats.py` `RequestSpecDecodeMetrics.to_dict`). Prompt lookup finds no
+    match on most steps of an open question, so `tokens / num_spec_steps` read 3.5
+    tokens a step for chat that vLLM's own mean put at 1.15. Every step emits its
+    accepted drafts plus one token, so the steps (prefill included, as SGLang's
+    `spec_verify_ct` counts them) are `tokens - accepted drafts`, which is never fewer
+    than a consistent engine's count."""
     if tokens <= 0:
         return 0
     if spec.verify_steps > 0:
+        if spec.correct_drafts > 0 or spec.proposed_drafts > 0:
+            return max(spec.verify_steps, tokens - spec.correct_drafts)
         return spec.verify_steps
     if spec.accept_length > 0:
         return max(round(tokens / spec.accept_length), 1)
