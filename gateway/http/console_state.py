@@ -5,7 +5,8 @@ the routing policy's side-effect-free `predict` for each request class, the rece
 traffic (`gateway.telemetry.recent`), the tenant counters (`TenantMetrics`), the pools
 and their workers, the fleet planner's latest plan, and the registry facts the console
 reads from Redis off the request path (`gateway.http.console.RegistryFacts`). It never
-holds a prompt, an output or a key: none of its sources does.
+holds a prompt, an output or a key: none of its sources does. The decisions stay frozen
+dataclasses, which orjson writes as objects.
 
 Sections: `gateway` (policy, models, sampling), `routing` (a row per model x task x
 temperature bucket: the pool, method and k chosen now, predicted and observed tokens/s,
@@ -246,5 +247,5 @@ def console_state(sources: ConsoleSources) -> dict:
         "pools": pools_section(sources),
         "tenants": tenants_section(sources),
         "fleet": fleet_section(sources),
-        "decisions": [d.to_dict() for d in recent.decisions()],
+        "decisions": recent.decisions(),
     }

@@ -54,7 +54,11 @@ class PoolSample:
     live: bool = False  # the interval still open
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """By hand: `dataclasses.asdict` deep-copies, ~10x slower over full rings."""
+        return {"at": self.at, "seconds": self.seconds, "requests": self.requests,
+                "failed": self.failed, "accept_length": self.accept_length,
+                "tokens_per_s": self.tokens_per_s,
+                "output_tokens_per_s": self.output_tokens_per_s, "live": self.live}
 
 
 @dataclass(slots=True)
@@ -93,10 +97,15 @@ class Tally:
         return self.decode_tokens / self.decode_s if self.decode_s > 0 else None
 
     def sample(self, at: float, seconds: float, live: bool = False) -> PoolSample:
-        return PoolSample(at=at, seconds=seconds, requests=self.requests, failed=self.failed,
-                          accept_length=self.accept_length, tokens_per_s=self.tokens_per_s,
-                          output_tokens_per_s=self.output_tokens / max(seconds, 1e-9),
+        return PoolSample(at=round(at, 3), seconds=round(seconds, 3), requests=self.requests,
+                          failed=self.failed, accept_length=_round(self.accept_length, 4),
+                          tokens_per_s=_round(self.tokens_per_s, 2),
+                          output_tokens_per_s=round(self.output_tokens / max(seconds, 1e-9), 2),
                           live=live)
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,9 +140,6 @@ class RecentDecision:
                    ttft_ms=round(record.ttft_s * 1000, 2), e2e_ms=round(record.e2e_s * 1000, 2),
                    slo_met=record.slo_met)
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 @dataclass(frozen=True, slots=True)
 class TenantLatency:
@@ -147,7 +153,7 @@ class TenantLatency:
     tpot_p99_ms: float | None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return asdict(self)  # flat: no nested dataclass to copy
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -171,19 +177,17 @@ class RecentTraffic:
         self.opened_at = clock()
         self._open: dict[str, Tally] = {}
         self._rings: dict[str, deque[PoolSample]] = {}
-        self._decisions: deque[RecentDecision] = deque(maxlen=self.config.decisions)
-        # (ok, slo met, ttft s, tpot s or None)
-        self._tenants: dict[str, deque[tuple[bool, bool, float, float | None]]] = {}
+        # the records themselves: appending a reference is all `record` pays
+        self._decisions: deque[RequestRecord] = deque(maxlen=self.config.decisions)
+        self._tenants: dict[str, deque[RequestRecord]] = {}
         self._classes: dict[ClassKey, deque[RequestRecord]] = {}
 
     # Recorder
     def record(self, record: RequestRecord) -> None:
         self._open.setdefault(record.pool, Tally()).add(record)
-        self._decisions.append(RecentDecision.of(record))
+        self._decisions.append(record)
         window = self.config.window
-        tpot = record.itl_s if record.ok and record.output_tokens > 1 else None
-        self._tenants.setdefault(record.tenant, deque(maxlen=window)).append(
-            (record.ok, record.slo_met, record.ttft_s, tpot))
+        self._tenants.setdefault(record.tenant, deque(maxlen=window)).append(record)
         if record.ok:
             key = (record.model, record.task, record.temperature_bucket, record.pool)
             self._classes.setdefault(key, deque(maxlen=window)).append(record)
@@ -217,19 +221,19 @@ class RecentTraffic:
 
     def decisions(self) -> list[RecentDecision]:
         """The last requests, newest first."""
-        return list(reversed(self._decisions))
+        return [RecentDecision.of(record) for record in reversed(self._decisions)]
 
     def tenants(self) -> list[str]:
         return sorted(self._tenants)
 
     def tenant_latency(self, tenant: str) -> TenantLatency:
         entries = list(self._tenants.get(tenant, ()))
-        done = [e for e in entries if e[0]]
-        ttft = [e[2] * 1000 for e in done]
-        tpot = [e[3] * 1000 for e in done if e[3] is not None]
+        done = [r for r in entries if r.ok]
+        ttft = [r.ttft_s * 1000 for r in done]
+        tpot = [r.itl_s * 1000 for r in done if r.output_tokens > 1]
         return TenantLatency(
             requests=len(entries),
-            attainment=sum(e[1] for e in entries) / len(entries) if entries else None,
+            attainment=sum(r.slo_met for r in entries) / len(entries) if entries else None,
             ttft_p50_ms=percentile(ttft, 0.5), ttft_p99_ms=percentile(ttft, 0.99),
             tpot_p50_ms=percentile(tpot, 0.5), tpot_p99_ms=percentile(tpot, 0.99))
 

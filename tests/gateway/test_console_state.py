@@ -5,6 +5,7 @@ loopback without a key), the bounded sample ring and what it never holds."""
 from __future__ import annotations
 
 import base64
+from dataclasses import asdict
 
 import pytest
 from starlette.testclient import TestClient
@@ -41,7 +42,7 @@ class Clock:
 def test_samples_are_one_per_interval_bounded_to_the_span_with_a_live_last_point() -> None:
     clock = Clock()
     recent = RecentTraffic(RecentConfig(sample_interval_s=10, span_s=60), clock=clock)
-    for i in range(10):
+    for _ in range(10):
         recent.record(record(tokens=41, steps=10, itl_s=0.02))
         clock.now += 10
         assert recent.due()
@@ -85,7 +86,7 @@ def test_tenant_percentiles_attainment_and_the_last_decisions() -> None:
     assert latency.tpot_p50_ms == pytest.approx(4.9)
     decisions = recent.decisions()
     assert len(decisions) == 5 and decisions[0].ttft_ms == pytest.approx(100.0)
-    assert set(decisions[0].to_dict()) >= {"task", "pool", "k", "accept_length", "e2e_ms"}
+    assert set(asdict(decisions[0])) >= {"task", "pool", "k", "accept_length", "e2e_ms"}
     assert percentile([], 0.5) is None and percentile([3.0], 0.99) == 3.0
 
 

@@ -54,6 +54,10 @@
     return 10 * step;
   }
 
+  function ago(seconds, range) {
+    return range < 300 ? `-${Math.round(seconds)} s` : `-${Math.round(seconds / 60)} min`;
+  }
+
   // series: [{pool, points: [[unix s, value or null]], prior: number or null}]
   function plot(id, series, now, spanS, digits) {
     const root = document.getElementById(id);
@@ -76,7 +80,7 @@
     for (let i = 0; i <= 4; i++) {
       const t = start + (now - start) * i / 4;
       const label = svg("text", {x: x(t), y: H - 8, "text-anchor": "middle", class: "tick"});
-      label.textContent = i === 4 ? "now" : `-${Math.round((now - t) / 60)} min`;
+      label.textContent = i === 4 ? "now" : ago(now - t, now - start);
       nodes.push(label);
     }
     let drawn = 0;
