@@ -126,7 +126,8 @@ class Console:
         if self.client is not None:
             try:
                 self.registry = await asyncio.to_thread(self.read_registry)
-            except (redis.RedisError, OSError, ValueError) as exc:
+            except (redis.RedisError, OSError, ValueError, KeyError, TypeError) as exc:
+                # a tick that raises would end the loop; a malformed entry is a fact to show
                 self.registry = RegistryFacts(
                     self.registry.running_k, self.registry.desired_k, self.registry.moving,
                     self.registry.read_at, f"{type(exc).__name__}: {exc}")

@@ -101,7 +101,9 @@ def config(admin: bool = True):
         "pools": [{"name": "eagle", "engine": "sglang", "method": "eagle", "k": 3, "model": "m",
                    "workers": ["http://127.0.0.1:9"]},
                   {"name": "plain", "engine": "sglang", "method": "plain", "model": "m",
-                   "workers": ["http://127.0.0.1:9"]}]})
+                   "workers": ["http://127.0.0.1:9"]},
+                  {"name": "vllm-ngram", "engine": "vllm", "method": "ngram", "k": 4,
+                   "model": "v", "workers": ["http://127.0.0.1:9"]}]})
 
 
 @pytest.fixture
@@ -127,9 +129,9 @@ def test_the_state_has_every_section_in_shape(client: TestClient) -> None:
     assert response.status_code == 200 and response.headers["cache-control"] == "no-store"
     state = response.json()
     assert set(state) == {"gateway", "routing", "pools", "tenants", "fleet", "decisions"}
-    assert state["gateway"]["policy"] == "learned" and state["gateway"]["models"] == ["m"]
+    assert state["gateway"]["policy"] == "learned" and state["gateway"]["models"] == ["m", "v"]
     assert state["gateway"]["sample_interval_s"] == 10.0
-    assert len(state["routing"]) == 4 * 3  # tasks x temperature buckets
+    assert len(state["routing"]) == 2 * 4 * 3  # models x tasks x temperature buckets
     row = next(r for r in state["routing"] if (r["task"], r["temperature_bucket"]) == ("code", "t0"))
     assert row["pool"] in {"eagle", "plain"} and row["reason"].startswith("code/t0")
     assert row["predicted_tokens_per_s"] > 0 and row["k"] in {0, 3}
@@ -143,8 +145,14 @@ def test_the_state_has_every_section_in_shape(client: TestClient) -> None:
     assert (tenant["slo_ttft_ms"], tenant["slo_tpot_ms"], tenant["rate_limit_rpm"]) == (500, 50, 60)
     assert tenant["requests"] == 4 and tenant["attainment"] == 1.0
     assert tenant["ttft_p50_ms"] == pytest.approx(50.0) and tenant["shed"] == 0
+    vllm = pools["vllm-ngram"]  # a vLLM pool reads the same state: no /server_info prior
+    assert vllm["engine"] == "vllm" and "flat default" in vllm["prior"]["source"]
+    assert vllm["samples"] == []
+    assert {r["pool"] for r in state["routing"] if r["model"] == "v"} == {"vllm-ngram"}
     fleet = state["fleet"][0]
     assert fleet["model"] == "m" and fleet["planner"].startswith("off")
+    vllm_fleet = state["fleet"][1]["pools"][0]
+    assert vllm_fleet["pool"] == "vllm-ngram" and vllm_fleet["desired_k"] in (None, 4)
     by_pool = {p["pool"]: p for p in fleet["pools"]}
     assert by_pool["eagle"]["workers"] == 1 and by_pool["eagle"]["available"] == 1
     assert by_pool["eagle"]["unhealthy"] == [] and by_pool["eagle"]["open_breakers"] == []
@@ -159,7 +167,7 @@ def test_a_worker_down_shows_in_the_fleet_and_the_table(client: TestClient) -> N
     state = admin_get(client, "/v1/console/state").json()
     eagle = next(p for p in state["fleet"][0]["pools"] if p["pool"] == "eagle")
     assert eagle["available"] == 0 and eagle["unhealthy"] == ["http://127.0.0.1:9"]
-    assert {r["pool"] for r in state["routing"]} == {"plain"}
+    assert {r["pool"] for r in state["routing"] if r["model"] == "m"} == {"plain"}
 
 
 def basic(password: str, user: str = "admin") -> dict:
@@ -202,3 +210,39 @@ def test_without_an_admin_key_the_console_is_for_loopback_only() -> None:
         assert refused.status_code == 403 and refused.json()["error"]["code"] == "admin_only"
     with TestClient(app(), base_url="http://127.0.0.1:8000") as local:
         assert local.get("/v1/console/state").status_code == 200
+
+
+def test_the_fleet_shows_what_redis_says_of_workers_relaunches_and_moves(redis_url: str) -> None:
+    import redis
+
+    from policies.fleet import desired_k_key, fleet_move_key
+    from workers.fleet.registry import new_worker_info, pool_workers_key, worker_key
+
+    raw = {"redis_url": redis_url, "server": {"health_interval_s": 3600},
+           "pools": [{"name": "eagle", "engine": "sglang", "method": "eagle", "k": 3,
+                      "model": "m", "workers": []},
+                     {"name": "plain", "engine": "sglang", "method": "plain", "model": "m",
+                      "workers": []}]}
+    client = redis.Redis.from_url(redis_url)
+    for url, k in (("http://127.0.0.1:9", 3), ("http://127.0.0.1:10", 5)):
+        client.sadd(pool_workers_key("eagle"), url)
+        client.set(worker_key("eagle", url),
+                   new_worker_info(url, "eagle", "sglang", "eagle", k, "m", 1).to_json())
+    client.set(desired_k_key("eagle"), 5)
+    client.set(fleet_move_key("m"), '{"url": "http://127.0.0.1:11", "src": "plain", '
+                                    '"dst": "eagle", "since": 1.0}')
+    app = create_app(parse_config(raw), policy="learned", classify=minimal_profile)
+    with TestClient(app, base_url="http://127.0.0.1") as local:
+        console = app.state.console
+        console.registry = console.read_registry()  # what its loop does every 2 s
+        state = local.get("/v1/console/state").json()
+    client.close()
+    fleet = state["fleet"][0]
+    assert fleet["moving"] == {"url": "http://127.0.0.1:11", "src": "plain", "dst": "eagle",
+                               "since": 1.0}
+    eagle = next(p for p in fleet["pools"] if p["pool"] == "eagle")
+    assert eagle["running_k"] == {"http://127.0.0.1:9": 3, "http://127.0.0.1:10": 5}
+    assert eagle["desired_k"] == 5 and eagle["relaunch"] == "k 3,5 -> 5"
+    plain = next(p for p in fleet["pools"] if p["pool"] == "plain")
+    assert plain["relaunch"] is None and plain["desired_k"] is None
+    assert state["gateway"]["registry_error"] is None
