@@ -206,8 +206,8 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
                 auth=Authenticator(config.tenants, config.auth),
                 limits=limits, admission=admission,
                 dispatcher=Dispatcher(make_adapters(session), server),
-                reporter=Reporter(FanoutRecorder(recorder, routing, tenant_metrics, recent), pools,
-                                  limits.spend, tracer, provider),
+                reporter=Reporter(FanoutRecorder(recorder, routing, tenant_metrics, recent),
+                                  pools, limits.spend, tracer, provider),
                 tracer=tracer, provider=provider)
             reloader = None
             if config_path is not None:

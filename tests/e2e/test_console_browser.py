@@ -212,14 +212,22 @@ def test_the_console_updates_live_in_chromium(stack: dict) -> None:
             eagle = next(p for p in state["fleet"][0]["pools"] if p["pool"] == "eagle")
             assert isinstance(eagle["desired_k"], int)  # the policy's wish, read from Redis
             pools = {p["pool"]: p for p in state["pools"]}
-            assert pools["eagle"]["samples"][-1]["accept_length"] == pytest.approx(2.5, rel=0.2)
-            assert pools["embedded-ngram"]["samples"][-1]["accept_length"] >= 1.0
+
+            def accepts(pool: str) -> list[float]:
+                return [s["accept_length"] for s in pools[pool]["samples"]
+                        if s["accept_length"] is not None]
+
+            assert accepts("eagle") and all(a == pytest.approx(2.5, rel=0.2)
+                                            for a in accepts("eagle"))  # what the stub reports
+            assert accepts("embedded-ngram") and min(accepts("embedded-ngram")) >= 1.0
             assert "measured" in pools["embedded-ngram"]["prior"]["source"] or \
                 "server_info" in pools["embedded-ngram"]["prior"]["source"]
 
             # a closed sample, then more traffic: the plots draw lines through time
-            wait_for(lambda: any(not s["live"] for s in admin_state(gateway)["pools"][0]["samples"]),
-                     30, "a closed sample")
+            def closed_sample() -> bool:
+                return any(not s["live"] for s in admin_state(gateway)["pools"][0]["samples"])
+
+            wait_for(closed_sample, 30, "a closed sample")
             send_traffic(gateway, rounds=1)
             wait_for(lambda: page.locator("#plot-accept polyline").count() >= 2, 30,
                      "lines in the accept plot")

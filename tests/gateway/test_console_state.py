@@ -132,7 +132,8 @@ def test_the_state_has_every_section_in_shape(client: TestClient) -> None:
     assert state["gateway"]["policy"] == "learned" and state["gateway"]["models"] == ["m", "v"]
     assert state["gateway"]["sample_interval_s"] == 10.0
     assert len(state["routing"]) == 2 * 4 * 3  # models x tasks x temperature buckets
-    row = next(r for r in state["routing"] if (r["task"], r["temperature_bucket"]) == ("code", "t0"))
+    row = next(r for r in state["routing"]
+               if (r["model"], r["task"], r["temperature_bucket"]) == ("m", "code", "t0"))
     assert row["pool"] in {"eagle", "plain"} and row["reason"].startswith("code/t0")
     assert row["predicted_tokens_per_s"] > 0 and row["k"] in {0, 3}
     pools = {p["pool"]: p for p in state["pools"]}
