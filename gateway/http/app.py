@@ -41,6 +41,7 @@ from gateway.errors import (
     GatewayError,
     shutting_down,
 )
+from gateway.http.console import Console, console_asset, console_page, console_state_json
 from gateway.http.endpoints import ExplainEndpoint, TokenEndpoint
 from gateway.http.faults import SentWatch, gateway_error, http_error, internal_fault, log_fault
 from gateway.http.openapi import openapi_document
@@ -67,6 +68,7 @@ from gateway.telemetry.prometheus import (
     PrometheusRecorder,
     Recorder,
 )
+from gateway.telemetry.recent import RecentTraffic
 from gateway.telemetry.record import Reporter
 from gateway.telemetry.spans import make_tracer
 from gateway.telemetry.tenant_metrics import TenantMetrics
@@ -194,6 +196,7 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
             admission, slo = slo_layer(config, pools, routing.decide, routing.predict,
                                        lambda name: app.state.gateway.auth.named(name),
                                        tenant_metrics)
+            recent = RecentTraffic()  # what the console shows of the last hour
             limits = Limits(config.redis_url, config.limits.on_redis_error,
                             on_limited=tenant_metrics.limited)
             app.state.gateway = Gateway(
@@ -203,8 +206,8 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
                 auth=Authenticator(config.tenants, config.auth),
                 limits=limits, admission=admission,
                 dispatcher=Dispatcher(make_adapters(session), server),
-                reporter=Reporter(FanoutRecorder(recorder, routing, tenant_metrics), pools,
-                                  limits.spend, tracer, provider),
+                reporter=Reporter(FanoutRecorder(recorder, routing, tenant_metrics, recent),
+                                  pools, limits.spend, tracer, provider),
                 tracer=tracer, provider=provider)
             reloader = None
             if config_path is not None:
@@ -216,6 +219,8 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
                 reloader.start()
             app.state.reloader = reloader
             planning = app.state.planning = fleet_planning(config, pools, routing)
+            console = app.state.console = Console(app.state.gateway, routing, planning, recent,
+                                                  tenant_metrics, priors.sources)
             routing.start()
             app.state.loop_lag.start()
             await monitor.start()
@@ -225,12 +230,14 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
                 await discovery.start()
             if planning is not None:
                 await planning.start()
+            await console.start()
             # Startup leaves ~60k long-lived objects (classifier, policy, libraries); a
             # full collection walks them all (~40 ms here). Frozen, they are never scanned.
             gc.freeze()
             try:
                 yield
             finally:
+                await console.stop()
                 if planning is not None:
                     await planning.stop()
                 if discovery is not None:
@@ -257,6 +264,9 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
         Route("/ready", ready, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/v1/routing/fleet", routing_fleet, methods=["GET"]),
+        Route("/console", console_page, methods=["GET"]),
+        Route("/console/{asset}", console_asset, methods=["GET"]),
+        Route("/v1/console/state", console_state_json, methods=["GET"]),
         *(Route(path, server_info, methods=["GET"])
           for path in ("/server_info", "/get_server_info")),
         *(Route(path, model_info, methods=["GET"]) for path in ("/model_info", "/get_model_info")),

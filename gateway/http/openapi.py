@@ -211,6 +211,20 @@ def openapi_document(models: tuple[str, ...] = ()) -> dict:
             "/v1/routing/fleet": {"get": {
                 "summary": "Current and desired fleet per model (admin)",
                 "responses": {"200": _json("The fleet plan"), **_errors("401")}}},
+            "/console": {"get": {
+                "summary": "The operator console page (admin; docs/CONSOLE.md)",
+                "responses": {"200": {"description": "HTML", "content": {"text/html": {
+                    "schema": {"type": "string"}}}}, **_errors("401", "403")}}},
+            "/console/{asset}": {"get": {
+                **public, "summary": "The console's script or style sheet",
+                "parameters": [{"name": "asset", "in": "path", "required": True,
+                                "schema": {"type": "string",
+                                           "enum": ["console.js", "console.css"]}}],
+                "responses": {"200": {"description": "JavaScript or CSS"}, **_errors("404")}}},
+            "/v1/console/state": {"get": {
+                "summary": "What the console draws: routing table, pools, tenants, fleet, "
+                           "decisions (admin)",
+                "responses": {"200": _json("The console's state"), **_errors("401", "403")}}},
             "/generate": {"post": {
                 "summary": "SGLang's native generate (gateway/http/sglang_routes.py): text or input_ids",
                 "parameters": PIN_HEADERS,
