@@ -55,8 +55,8 @@ def core_count(cores: str) -> int:
 def vllm_command(python: Path, model: Path, method: str, k: int, drafter: Path | None,
                  port: int, dtype: str) -> list[str]:
     from policies.fleet import FleetPool
-    from specroute.vllm_stack import CPU_LAUNCH
     from workers.fleet.launch import command_builder
+    from workers.fleet.vllm_cpu import CPU_LAUNCH
 
     launch = {"vllm_python": str(python), "host": "127.0.0.1", "dtype": dtype, **CPU_LAUNCH,
               **({"draft_model_path": str(drafter)} if drafter else {})}
@@ -67,7 +67,7 @@ def vllm_command(python: Path, model: Path, method: str, k: int, drafter: Path |
 
 def start(engine: str, method: str, k: int, model: Path, port: int, work: Path,
           cores: str, threads: int, dtype: str) -> subprocess.Popen:
-    from specroute.vllm_stack import SERVER_ENV, vllm_drafter
+    from workers.fleet.vllm_cpu import SERVER_ENV, vllm_drafter
     from workers.fleet.vllm_env import ensure_vllm
 
     if engine == "vllm":
@@ -158,10 +158,10 @@ def report(results: dict[str, dict[str, dict]], methods: list[str]) -> dict:
 
 def main(args: argparse.Namespace) -> int:
     from policies.fleet import resolve_model
-    from specroute.stack import prepare_model
-    from specroute.vllm_stack import VLLM_METHODS, cpu_dtype
+    from workers.embedded.fetch_model import ensure_smollm2
+    from workers.fleet.vllm_cpu import VLLM_METHODS, cpu_dtype
 
-    model = prepare_model(resolve_model(args.model))
+    model = resolve_model(args.model).folder or ensure_smollm2()
     methods = [m for m in (args.methods.split(",") if args.methods else list(VLLM_METHODS))
                if m in VLLM_METHODS]
     n = args.prompts or (1 if args.quick else 3)

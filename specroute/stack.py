@@ -140,18 +140,16 @@ def start_embedded(children: list[Child], methods: list[str], model: Path, url: 
 def start_vllm(children: list[Child], methods: list[str], python: Path | None, model: Path,
                url: str, host: str, port: int, work: Path) -> list[str]:
     """One supervised vLLM server per pool (`specroute.vllm_stack`); waits for each."""
-    from specroute.vllm_stack import (
-        DRAFTER_METHODS,
-        VLLMUnreadyError,
-        server_env,
-        vllm_drafter,
-        vllm_pools,
-    )
+    from specroute.vllm_stack import VLLMUnreadyError, server_env, vllm_pools
+    from workers.fleet.vllm_cpu import DRAFTER_METHODS, DrafterExportError, vllm_drafter
 
     assert python is not None
     drafters = {}
     for method in [m for m in methods if m in DRAFTER_METHODS]:
-        drafter = vllm_drafter(model, method)
+        try:
+            drafter = vllm_drafter(model, method)
+        except DrafterExportError as exc:
+            raise VLLMUnreadyError(str(exc)) from exc
         if drafter is None:
             methods = [m for m in methods if m != method]
             print(f"specroute up: {model.name} has no {method} drafter; no vllm-{method} pool",

@@ -9,31 +9,26 @@ core (`VLLM_CPU_OMP_THREADS_BIND`); the gateway finds the servers in the registr
 Pools, in the order they get a core: plain, n-gram (prompt lookup, k 4), then Medusa
 (the project's trained heads, k 4 = its heads) and EAGLE (the project's head as a vLLM
 EAGLE-1 checkpoint, k 3), both exported once into vLLM's formats by
-`workers.fleet.vllm_drafters`. A vLLM CPU server takes a core and about 4 GB (measured:
+`workers.fleet.vllm_drafters` (see `workers.fleet.vllm_cpu`). A vLLM CPU server takes a core and about 4 GB (measured:
 2-core machine, SmolLM2), so the stack starts as many as the cores and the available
 memory allow, at most one per pool (`--methods plain,eagle` picks others).
 
-Server flags for the CPU (docs/FLEET.md): `--enforce-eager` (30-40 s to start instead
-of 130-150 s recompiling the graph at every start, for 21-25 instead of 30-33 tok/s),
-`--dtype` by the CPU (`cpu_dtype`), `--max-model-len 2048`; `VLLM_CPU_KVCACHE_SPACE=1` (GiB of KV cache)
-and `HF_HUB_OFFLINE=1` (no hub at run time).
+The flags, environment, dtype and drafter exports: `workers.fleet.vllm_cpu`.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
-from policies.fleet import drafter_dir_for
-
-VLLM_METHODS = {"plain": 0, "ngram": 4, "medusa": 4, "eagle": 3}  # method -> k, in the order of cores
-DRAFTER_METHODS = ("medusa", "eagle")  # methods whose checkpoint the stack exports
-SERVER_MEMORY_GIB = 5.0  # one SmolLM2 server's RSS (~4 GB) and some room
-MAX_MODEL_LEN = 2048
-CPU_LAUNCH = {"enforce_eager": True, "max_model_len": MAX_MODEL_LEN}
-SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+from workers.fleet.vllm_cpu import (
+    CPU_LAUNCH,
+    MAX_MODEL_LEN,
+    SERVER_ENV,
+    SERVER_MEMORY_GIB,
+    VLLM_METHODS,
+    cpu_dtype,
+)
 
 
 class VLLMUnreadyError(RuntimeError):
@@ -62,20 +57,6 @@ def choose_methods(wanted: list[str] | None = None) -> tuple[list[str], str]:
     return methods[:count], reason
 
 
-def cpu_dtype(cpuinfo: str | None = None) -> str:
-    """bfloat16 on a CPU with AVX-512 (21-25 tok/s plain there), else float32: without it
-    bf16 is emulated (SmolLM2 greedy, one core, AMD EPYC without AVX-512: 5.7-6.5 tok/s
-    in bf16, 9.3-10.3 in float32)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            cpuinfo = ""
-    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines()
-                  if line.startswith("flags")), [])
-    return "bfloat16" if "avx512f" in flags else "float32"
-
-
 def vllm_pools(model_dir: Path, python: Path, methods: list[str],
                drafters: dict[str, Path] | None = None) -> list[dict]:
     """The gateway config's pools: one vLLM pool per method, workers from the registry;
@@ -100,22 +81,3 @@ def server_env(index: int) -> dict[str, str]:
     return {**SERVER_ENV, "VLLM_CPU_OMP_THREADS_BIND": str(index % cores)}
 
 
-def vllm_drafter(model_dir: Path, method: str) -> Path | None:
-    """The model's `method` drafter (medusa or eagle) in vLLM's format, exported once beside
-    the model (a child process: the export needs torch, this process does not import it);
-    None when the model has no such drafter."""
-    drafters = drafter_dir_for(model_dir)
-    source = drafters / method if drafters is not None else None
-    if source is None or not (source / "config.json").exists():
-        return None
-    out = model_dir.parent / f"{model_dir.name}-vllm-{method}"
-    done_marker = out / "config.json"
-    if done_marker.exists() and done_marker.stat().st_mtime >= \
-            (source / "model.safetensors").stat().st_mtime:
-        return out
-    done = subprocess.run([sys.executable, "-m", "workers.fleet.vllm_drafters", method,
-                           str(source), str(model_dir), str(out)],
-                          capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise VLLMUnreadyError(f"exporting {source} for vLLM failed: {done.stderr.strip()}")
-    return out

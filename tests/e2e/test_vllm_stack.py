@@ -194,7 +194,7 @@ def test_our_drafters_run_on_vllm_and_are_accepted(tmp_path: Path, vllm_venv: st
     verify step)."""
     from policies.fleet import weights_dir
     from specroute.stack import prepare_model
-    from specroute.vllm_stack import cpu_dtype
+    from workers.fleet.vllm_cpu import cpu_dtype
     from workers.fleet.vllm_drafters import EXPORTERS
 
     model = prepare_model(resolve_model(None))

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from policies.fleet import FleetPool
-from specroute.vllm_stack import choose_methods, cpu_dtype, server_env, vllm_pools
+from specroute.vllm_stack import choose_methods, server_env, vllm_pools
 from workers.fleet.launch import command_builder
+from workers.fleet.vllm_cpu import cpu_dtype
 from workers.fleet.vllm_env import VLLMUnavailable, ensure_vllm, installed_version, usable
 
 
