@@ -2,7 +2,7 @@
 
 The same model folder (SmolLM2-135M-Instruct, Hugging Face layout), the same held-out
 prompts (`bench.workload`, seed 11: no prior, drafter or classifier was built from them),
-the same methods with the same `k` (`specroute.vllm_stack.VLLM_METHODS`; the drafters are
+the same methods with the same `k` (`workers.fleet.vllm_cpu.VLLM_METHODS`; the drafters are
 the project's own, exported for vLLM by `workers.fleet.vllm_drafters`) and the same
 client: each server is an HTTP server on 127.0.0.1 bound to the same cores, started alone
 (one at a time: a vLLM CPU server takes ~4 GB), measured, stopped. Per method the two
