@@ -105,10 +105,12 @@ class Exchange:
         return header_pick(self.pick.endpoints)
 
     async def _request_body(self, message: ext.ProcessingRequest) -> ext.ProcessingResponse:
+        assert self.pick is not None
+        if self.pick.targets:  # placed at the headers (not a generation): pass it on
+            return protocol.go_on("request_body")
         self.body += message.request_body.body
         if not message.request_body.end_of_stream:
             return protocol.go_on("request_body")  # STREAMED chunks: wait for the end
-        assert self.pick is not None
         subset = protocol.subset_hint(message, self.headers)
         pick = await decide(self.services, self.headers, bytes(self.body), subset, self.pick,
                             self.budget)

@@ -55,7 +55,7 @@ class PickerServices:
     registry: CollectorRegistry
     tracer: Tracer
     provider: ListeningTracerProvider | None = None
-    monitor: HealthMonitor | None = None
+    started: bool = False  # the first health round has run (`running`)
     # endpoints named per request: 1 for an ORIGINAL_DST cluster (it takes one ip:port),
     # more for Envoy's override_host policy, which walks the list on retry
     max_endpoints: int = 3
@@ -71,7 +71,7 @@ class PickerServices:
     @property
     def ready(self) -> bool:
         """Readiness: the first health round has run and some worker is available."""
-        return self.monitor is not None and any(
+        return self.started and any(
             pool.healthy_workers for pool in self.pools.values())
 
 
@@ -123,7 +123,7 @@ async def running(services: PickerServices) -> AsyncIterator[PickerServices]:
                                           on_entry=priors.from_registry)
         services.routing.start()
         await monitor.start()
-        services.monitor = monitor
+        services.started = True
         await priors.start()
         await engines.start()
         if discovery is not None:

@@ -25,7 +25,7 @@ import pytest
 import redis
 import yaml
 from conftest import free_port, start_process, stop_process
-from gateway_harness import start_stubs, stats
+from gateway_harness import start_gateway, start_stubs, stats
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.config import hash_api_key
@@ -273,6 +273,33 @@ def test_grpc_health_answers(stack: dict) -> None:
     with pytest.raises(grpc.RpcError) as caught:
         health(stack["picker"], "no-such-service")
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_the_same_decisions_as_the_standalone_gateway(stack: dict) -> None:
+    """One decision path: on the classifier's held-out prompts, the picker behind Envoy
+    routes every request where the standalone gateway's explain says it would."""
+    rows = [json.loads(line) for line in
+            (Path(__file__).parent.parent / "data/classifier_heldout_fresh.jsonl").open()]
+    proc, gateway = start_gateway(stack["tmp"], config(stack["urls"]), policy="static")
+    chosen = []
+    try:
+        for i, row in enumerate(rows):
+            body = {"model": "m", "messages": [{"role": "user", "content": row["text"]}],
+                    "temperature": 1.0 if i % 3 == 0 else 0.0, "max_tokens": 4}
+            explained = httpx.post(gateway + "/v1/routing/explain", json=body, timeout=10,
+                                   headers={"Authorization": f"Bearer {KEY}"}).json()
+            headers, _ = ask_raw(stack, body)
+            assert headers["x-specroute-pool"] == explained["decision"]["pool"], row
+            assert headers["x-specroute-k"] == str(explained["decision"]["k"]), row
+            chosen.append(headers["x-specroute-pool"])
+    finally:
+        stop_process(proc)
+    assert set(chosen) == {"ngram", "lookahead", "plain"}  # every class, every pool
+
+
+def ask_raw(stack: dict, body: dict):
+    raw = client(stack).chat.completions.with_raw_response.create(**body)
+    return raw.headers, raw.parse()
 
 
 def connect_failures(stack: dict) -> int:
