@@ -33,7 +33,7 @@ from gateway.picker.reading import ResponseReader
 from gateway.picker.services import PickerServices
 from gateway.pools import Pool, Worker
 from gateway.telemetry.record import Outcome
-from gateway.telemetry.spans import request_attributes, start_request
+from gateway.telemetry.spans import NO_TRACE, request_attributes, start_request
 
 log = logging.getLogger("specroute.picker")
 
@@ -82,11 +82,12 @@ class Exchange:
                                ) -> ext.ProcessingResponse:
         headers = self.headers = protocol.header_map(message.request_headers)
         route = route_of(headers.get(":path", ""))
-        trace = start_request(self.services.tracer, self.services.provider,
-                              [(k.encode(), v.encode("latin-1", "replace"))
-                               for k, v in headers.items()
-                               if k in ("traceparent", "tracestate")],
-                              route if route not in (None, "generate") else "completions")
+        # a generation's span continues the caller's trace (Envoy forwards traceparent)
+        trace = NO_TRACE if route is None else start_request(
+            self.services.tracer, self.services.provider,
+            [(k.encode(), v.encode("latin-1", "replace")) for k, v in headers.items()
+             if k in ("traceparent", "tracestate")],
+            "completions" if route == "generate" else route)
         try:
             with trace.phase("authenticate"):
                 tenant = self.services.auth.tenant(headers.get("authorization"))

@@ -88,14 +88,14 @@ def make_server(services: PickerServices, address: str) -> tuple[grpc.aio.Server
     return server, port
 
 
-async def serve(services: PickerServices, host: str, port: int,
-                grace_s: float = 5.0) -> None:
+async def serve(services: PickerServices, host: str, port: int, grace_s: float = 5.0,
+                config_path: str | None = None) -> None:
     """Run until SIGTERM or SIGINT; requests in flight get `grace_s` to end."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with running(services):
+    async with running(services, config_path):
         server, bound = make_server(services, f"{host}:{port}")
         await server.start()
         log.info("specroute picker (ext_proc v3 + grpc.health.v1) on %s:%d, pools: %s",
@@ -124,5 +124,6 @@ def run(config_path: str, host: str | None, port: int, policy: str = "learned",
         return 2
     logging.basicConfig(level=config.server.log_level.upper().replace("TRACE", "DEBUG"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(serve(build(config, policy=policy, max_endpoints=max_endpoints), host, port))
+    services = build(config, policy=policy, max_endpoints=max_endpoints)
+    asyncio.run(serve(services, host, port, config_path=config_path))
     return 0

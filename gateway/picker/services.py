@@ -32,7 +32,7 @@ from gateway.telemetry.prometheus import FanoutRecorder, PrometheusRecorder
 from gateway.telemetry.record import Reporter
 from gateway.telemetry.spans import make_tracer
 from gateway.telemetry.tenant_metrics import TenantMetrics
-from gateway.tenants.auth import Authenticator
+from gateway.tenants.auth import Authenticator, TenantReloader
 from gateway.tenants.limits import Limits
 from gateway.upstream.engine_metrics import EngineMetrics
 from gateway.upstream.health import HealthMonitor
@@ -79,32 +79,38 @@ def build(config: GatewayConfig, *, policy: str = "learned", decide: Decide | No
           classify: Classify | None = None, max_endpoints: int | None = None
           ) -> PickerServices:
     """The services, not started (no session, no tasks): `running` starts them; unit
-    tests use them as they are."""
+    tests use them as they are. Blocking (the classifier's model loads here)."""
     registry = CollectorRegistry()
     tenant_metrics = TenantMetrics(registry)
     provider, tracer = make_tracer(config.server.otel_exporter)
     routing = (RoutingPolicy(decide, "custom") if decide
                else build_routing_policy(policy, config))
     pools = build_pools(config)
-    holder: dict[str, Authenticator] = {"auth": Authenticator(config.tenants, config.auth)}
-    admission, slo = slo_layer(config, pools, routing.decide, routing.predict,
-                               lambda name: holder["auth"].named(name), tenant_metrics)
     limits = Limits(config.redis_url, config.limits.on_redis_error,
                     on_limited=tenant_metrics.limited)
     reporter = Reporter(FanoutRecorder(PrometheusRecorder(registry), routing, tenant_metrics),
                         pools, limits.spend, tracer, provider)
+    auth = Authenticator(config.tenants, config.auth)
+    holder: list[PickerServices] = []  # the SLO hook reads the tenants as reloaded
+    admission, slo = slo_layer(config, pools, routing.decide, routing.predict,
+                               lambda name: holder[0].auth.named(name), tenant_metrics)
     router = PoolRouter(pools, decide=slo.decide, classify=classify or load_default_classifier(),
                         predict=slo.predict)
-    return PickerServices(config=config, pools=pools, router=router, auth=holder["auth"],
-                          limits=limits, admission=admission, reporter=reporter,
-                          routing=routing, registry=registry, tracer=tracer,
-                          provider=provider,
-                          max_endpoints=max_endpoints or config.server.max_attempts)
+    services = PickerServices(config=config, pools=pools, router=router, auth=auth,
+                              limits=limits, admission=admission, reporter=reporter,
+                              routing=routing, registry=registry, tracer=tracer,
+                              provider=provider,
+                              max_endpoints=max_endpoints or config.server.max_attempts)
+    holder.append(services)
+    return services
 
 
 @contextlib.asynccontextmanager
-async def running(services: PickerServices) -> AsyncIterator[PickerServices]:
-    """Probe, discover and learn while the picker serves; everything stopped on exit."""
+async def running(services: PickerServices, config_path: str | None = None
+                  ) -> AsyncIterator[PickerServices]:
+    """Probe, discover and learn while the picker serves; with `config_path`, tenants
+    reload when that file changes or on SIGHUP, as the gateway's do. Everything is
+    stopped on exit."""
     config, server = services.config, services.config.server
     timeout = aiohttp.ClientTimeout(total=server.total_timeout_s,
                                     connect=server.connect_timeout_s)
@@ -121,6 +127,13 @@ async def running(services: PickerServices) -> AsyncIterator[PickerServices]:
             discovery = RegistryDiscovery(services.pools, config.redis_url,
                                           server.discovery_interval_s, on_new=monitor.probe,
                                           on_entry=priors.from_registry)
+        reloader = None
+        if config_path is not None:
+            def install(auth: Authenticator) -> None:
+                services.auth = auth
+
+            reloader = TenantReloader(config_path, install, services.auth.required)
+            reloader.start()
         services.routing.start()
         await monitor.start()
         services.started = True
@@ -141,6 +154,8 @@ async def running(services: PickerServices) -> AsyncIterator[PickerServices]:
             await engines.stop()
             await priors.stop()
             await monitor.stop()
+            if reloader is not None:
+                await reloader.stop()
             await services.limits.close()
             await asyncio.to_thread(services.routing.stop)  # flushes telemetry to Redis
             if services.provider is not None:

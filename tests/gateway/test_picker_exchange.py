@@ -110,6 +110,7 @@ async def exchange(channel: grpc.aio.Channel, messages: list[ext.ProcessingReque
         if answers[-1].HasField("immediate_response"):
             break
     await call.done_writing()
+    assert await call.read() == grpc.aio.EOF  # the picker ends the stream when Envoy does
     return answers
 
 
@@ -322,3 +323,39 @@ async def test_a_post_to_another_route_is_placed_at_the_headers_and_its_body_pas
     assert destination(placed)[0][0] in (PLAIN, NGRAM_A, NGRAM_B, LOOK)
     assert passed.HasField("request_body")
     assert not passed.request_body.response.HasField("body_mutation")
+
+
+async def test_the_request_span_continues_the_callers_trace() -> None:
+    """Envoy forwards `traceparent`: the picker's span for the request joins that trace
+    and ends when the served response does (no key on it)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    services = make_services()
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    services.tracer, services.provider = provider.get_tracer("test"), None
+    services.reporter.tracer, services.reporter.provider = services.tracer, None
+    server, port = make_server(services, "127.0.0.1:0")
+    await server.start()
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    done = ext.ProcessingRequest(response_headers=ext.HttpHeaders(
+        headers=base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=":status",
+                                                                 raw_value=b"200")])))
+    body = ext.ProcessingRequest(response_body=ext.HttpBody(
+        body=b'{"choices":[{"message":{"content":"x"}}],"usage":{"completion_tokens":1}}',
+        end_of_stream=True))
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        await exchange(channel, [
+            headers_message(traceparent=f"00-{trace_id}-00f067aa0ba902b7-01"),
+            body_message(chat(CHAT, temperature=1.0)), done, body])
+        await server.stop(1)
+    spans = exporter.get_finished_spans()
+    assert {format(s.context.trace_id, "032x") for s in spans} == {trace_id}
+    [span] = [s for s in spans if s.parent is not None and s.parent.is_remote]
+    assert format(span.context.trace_id, "032x") == trace_id
+    assert span.attributes["specroute.tenant"] == "t"
+    assert KEY not in str(dict(span.attributes))
+    provider.shutdown()
