@@ -55,7 +55,8 @@ def endpoint(url: str) -> str:
     return url.removeprefix("http://")
 
 
-def config(urls: dict[str, str], redis_url: str | None = None) -> dict:
+def config(urls: dict[str, str], redis_url: str | None = None,
+           health_interval_s: float = 0.5) -> dict:
     pools = [
         {"name": "plain", "engine": "sglang", "model": "m", "method": "plain", "k": 0,
          "workers": [urls["plain"]]},
@@ -66,7 +67,7 @@ def config(urls: dict[str, str], redis_url: str | None = None) -> dict:
          "capabilities": {"per_request_k": True, "constrained_decoding": True}},
     ]
     return {"pools": pools, "redis_url": redis_url,
-            "server": {"health_interval_s": 0.5, "unhealthy_after": 2},
+            "server": {"health_interval_s": health_interval_s, "unhealthy_after": 2},
             # one request per worker at a time, one waiting: a third is shed (429)
             "admission": {"max_inflight_per_worker": 1, "max_queue": 1},
             "tenants": [{"name": "t", "api_key_sha256": [hash_api_key(KEY)]},
@@ -302,22 +303,34 @@ def ask_raw(stack: dict, body: dict):
     return raw.headers, raw.parse()
 
 
-def connect_failures(stack: dict) -> int:
-    text = httpx.get(stack["admin"] + "/stats?filter=pods_override_host.upstream_cx_connect_fail$",
+def connect_failures(admin: str) -> int:
+    text = httpx.get(admin + "/stats?filter=pods_override_host.upstream_cx_connect_fail$",
                      timeout=2).text
-    return int(text.strip().rsplit(":", 1)[1]) if ":" in text else 0
+    return int(text.strip().rsplit(":", 1)[1])
 
 
 def test_fallback_when_the_picked_pod_is_killed(stack: dict) -> None:
-    """ngram1 is the pool's first pick while both are idle; killed, the next requests
-    still succeed: Envoy walks the picker's list to ngram2 before the health monitor has
-    noticed (0 lost requests)."""
-    before = connect_failures(stack)
+    """A picker whose health probes will not notice in time (every 60 s): ngram1 is the
+    pool's first pick while both are idle; killed, every request still succeeds (0
+    lost) because Envoy walks the picker's list to ngram2; the picker counts each skip
+    against ngram1's breaker, which opens after 3 (`server.breaker_failures`): from then
+    on it is no longer named, and Envoy stops trying it."""
+    tmp = stack["tmp"]
+    picker, port = start_picker(tmp, "fallback", config(stack["urls"], health_interval_s=60),
+                                "static")
+    stack["procs"].append(picker)
+    envoy, bases, admin = start_envoy(tmp, "envoy-fallback", port, ["override_host"],
+                                      stack["pods"])
+    stack["procs"].append(envoy)
+    fallback = {**stack, "bases": bases}
     stop_process(stack["workers"]["ngram1"])
-    served = [ask(stack, CODE, "override_host", temperature=0)[0]
+    served = [ask(fallback, CODE, "override_host", temperature=0)[0]
               ["x-gateway-destination-endpoint-served"] for _ in range(3)]
     assert served == [endpoint(stack["urls"]["ngram2"])] * 3
-    assert connect_failures(stack) > before  # the dead pod was tried first, then skipped
+    assert connect_failures(admin) == 3  # the dead pod was named first each time
+    after = [ask(fallback, CODE, "override_host", temperature=0)[0]["x-specroute-pool"]
+             for _ in range(2)]
+    assert after == ["ngram", "ngram"] and connect_failures(admin) == 3
 
 
 def test_telemetry_from_served_responses_reaches_redis(stack: dict) -> None:
