@@ -7,8 +7,9 @@ form for one Envoy process:
 
 - `ext_proc` (envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor) over gRPC
   to the picker; request headers SEND, request body BUFFERED (the pick is made on the
-  whole body), response headers SEND, response body STREAMED (tokens pass as they come;
-  the picker reads usage on the way), trailers SKIP; `envoy.lb` accepted as metadata
+  whole body; or FULL_DUPLEX_STREAMED, as GAIE's Envoy Gateway patch sets it, and then
+  trailers SEND), response headers SEND, response body STREAMED (tokens pass as they come;
+  the picker reads usage on the way), response trailers SKIP; `envoy.lb` accepted as metadata
   from the picker; fail closed (`failure_mode_allow: false`).
 - one listener per destinations mode: `original_dst` routes to the one endpoint in the
   header; `override_host` is a STATIC cluster of the given pods with the
@@ -61,7 +62,7 @@ def destination_cluster(mode: str, pods: list[tuple[str, int]]) -> dict:
     raise ValueError(f"unknown destinations mode {mode!r}")
 
 
-def _manager(mode: str, ext_proc: dict, timeout_s: float) -> dict:
+def _manager(mode: str, ext_proc: dict, timeout_s: float, body_mode: str) -> dict:
     cluster = f"pods_{mode}"
     route = {"cluster": cluster, "timeout": f"{timeout_s:g}s",
              "retry_policy": {
@@ -89,7 +90,11 @@ def _manager(mode: str, ext_proc: dict, timeout_s: float) -> dict:
                             "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]}]}]},
         "http_filters": [
             {"name": "envoy.filters.http.ext_proc",
-             "typed_config": {**ext_proc, "grpc_service": grpc}},
+             "typed_config": {**ext_proc, "grpc_service": grpc, "processing_mode": {
+                 **ext_proc["processing_mode"], "request_body_mode": body_mode,
+                 # GAIE's Envoy Gateway patch sends the trailers with a full-duplex body
+                 "request_trailer_mode": "SEND" if body_mode == "FULL_DUPLEX_STREAMED"
+                 else "SKIP"}}},
             {"name": "envoy.filters.http.router",
              "typed_config": {"@type": f"{T}extensions.filters.http.router.v3.Router"}}],
     }
@@ -97,9 +102,11 @@ def _manager(mode: str, ext_proc: dict, timeout_s: float) -> dict:
 
 def bootstrap(picker: tuple[str, int], admin: tuple[str, int],
               listeners: dict[str, tuple[str, int]], pods: list[tuple[str, int]] | None = None,
-              timeout_s: float = 120.0) -> dict:
+              timeout_s: float = 120.0, body_modes: dict[str, str] | None = None) -> dict:
     """The whole bootstrap as a dict (dump it as YAML or JSON for `envoy -c`): one
-    listener per destinations mode (`original_dst`, `override_host`) at its address."""
+    listener per destinations mode (`original_dst`, `override_host`) at its address,
+    each with its request body mode (`body_modes`; default BUFFERED; GAIE's Envoy
+    Gateway patch uses FULL_DUPLEX_STREAMED)."""
     ext_proc = {
         "@type": f"{T}extensions.filters.http.ext_proc.v3.ExternalProcessor",
         "failure_mode_allow": False,
@@ -120,7 +127,9 @@ def bootstrap(picker: tuple[str, int], admin: tuple[str, int],
             "listeners": [{"name": f"inference_{mode}", "address": _address(*address),
                            "filter_chains": [{"filters": [{
                                "name": "envoy.filters.network.http_connection_manager",
-                               "typed_config": _manager(mode, ext_proc, timeout_s)}]}]}
+                               "typed_config": _manager(
+                                   mode, ext_proc, timeout_s,
+                                   (body_modes or {}).get(mode, "BUFFERED"))}]}]}
                           for mode, address in listeners.items()],
             "clusters": [_static("picker", [picker], typed_extension_protocol_options=http2),
                          *(destination_cluster(mode, pods or []) for mode in listeners)],

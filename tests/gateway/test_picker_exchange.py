@@ -359,3 +359,81 @@ async def test_the_request_span_continues_the_callers_trace() -> None:
     assert span.attributes["specroute.tenant"] == "t"
     assert KEY not in str(dict(span.attributes))
     provider.shutdown()
+
+
+async def exchange_all(channel: grpc.aio.Channel, messages: list[ext.ProcessingRequest]
+                       ) -> list[ext.ProcessingResponse]:
+    """Envoy sending without waiting (full duplex): every message, then every answer."""
+    call = ext_grpc.ExternalProcessorStub(channel).Process()
+    for message in messages:
+        await call.write(message)
+    await call.done_writing()
+    return [answer async for answer in call]
+
+
+def first_of(mode: str, without_waiting: bool = False) -> ext.ProcessingRequest:
+    from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
+
+    message = headers_message()
+    message.protocol_config.request_body_mode = ProcessingMode.BodySendMode.Value(mode)
+    message.protocol_config.send_body_without_waiting_for_header_response = without_waiting
+    return message
+
+
+def chunks_of(body: dict, parts: int, end: bool = True) -> list[ext.ProcessingRequest]:
+    raw = orjson.dumps(body)
+    size = -(-len(raw) // parts)
+    pieces = [raw[i:i + size] for i in range(0, len(raw), size)]
+    return [ext.ProcessingRequest(request_body=ext.HttpBody(
+        body=p, end_of_stream=end and i == len(pieces) - 1)) for i, p in enumerate(pieces)]
+
+
+async def test_full_duplex_holds_the_headers_until_the_body_and_sends_the_body_back(
+        picker) -> None:
+    _, channel = picker
+    body = chat(JSON_ASK, temperature=0)
+    answers = await exchange_all(channel, [first_of("FULL_DUPLEX_STREAMED"),
+                                           *chunks_of(body, 3)])
+    assert [a.WhichOneof("response") for a in answers] == ["request_headers", "request_body"]
+    endpoints, metadata = destination(answers[0])
+    assert endpoints[0] == LOOK and metadata == ",".join(endpoints)
+    sent = answers[1].request_body.response.body_mutation.streamed_response
+    assert sent.end_of_stream
+    assert orjson.loads(sent.body)["custom_params"] == {"num_speculative_tokens": 5}
+    length = [h.header.raw_value for h in
+              answers[0].request_headers.response.header_mutation.set_headers
+              if h.header.key == "content-length"]
+    assert length == [str(len(sent.body)).encode()]
+
+
+async def test_full_duplex_trailers_end_the_body(picker) -> None:
+    _, channel = picker
+    trailers = ext.ProcessingRequest(request_trailers=ext.HttpTrailers())
+    answers = await exchange_all(channel, [first_of("FULL_DUPLEX_STREAMED"),
+                                           *chunks_of(chat(CODE, temperature=0), 2, end=False),
+                                           trailers])
+    assert [a.WhichOneof("response") for a in answers] == [
+        "request_headers", "request_body", "request_trailers"]
+    assert destination(answers[0])[0][0] in (NGRAM_A, NGRAM_B)
+    sent = answers[1].request_body.response.body_mutation.streamed_response
+    assert orjson.loads(sent.body)["messages"][0]["content"] == CODE
+
+
+async def test_streamed_without_waiting_answers_every_chunk_after_the_headers(
+        picker) -> None:
+    _, channel = picker
+    answers = await exchange_all(channel, [first_of("STREAMED", without_waiting=True),
+                                           *chunks_of(chat(JSON_ASK, temperature=0), 3)])
+    assert [a.WhichOneof("response") for a in answers] == [
+        "request_headers", "request_body", "request_body", "request_body"]
+    mutations = [a.request_body.response.body_mutation for a in answers[1:]]
+    assert orjson.loads(mutations[0].body)["custom_params"]["num_speculative_tokens"] == 5
+    assert [m.clear_body for m in mutations[1:]] == [True, True]
+
+
+async def test_full_duplex_refusal_is_an_immediate_response(picker) -> None:
+    _, channel = picker
+    answers = await exchange_all(channel, [first_of("FULL_DUPLEX_STREAMED"),
+                                           *chunks_of(chat(CHAT, model="nope"), 2)])
+    [answer] = answers
+    assert error_of(answer)[0] == 404
