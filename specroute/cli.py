@@ -36,7 +36,8 @@ def _gateway(args: argparse.Namespace) -> int:
 def _picker(args: argparse.Namespace) -> int:
     from gateway.picker.server import run
 
-    return run(args.config, args.host, args.port, args.policy, args.max_endpoints)
+    return run(args.config, args.host, args.port, args.policy, args.max_endpoints,
+               args.metrics_port)
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -240,6 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     pk.add_argument("--policy", choices=POLICY_NAMES, default="learned")
     pk.add_argument("--max-endpoints", type=int, default=None, help="endpoints per pick, "
                     "fallbacks included (default: server.max_attempts; 1 for ORIGINAL_DST)")
+    pk.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics")
     pk.set_defaults(func=_picker)
 
     wk = sub.add_parser("worker", help="run one embedded speculative-decoding worker")

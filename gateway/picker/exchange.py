@@ -1,10 +1,14 @@
 """One ext_proc stream: one HTTP request through Envoy, from its headers to its end.
 
 Envoy sends, in order (the filter's processing mode, docs/PICKER.md): the request
-headers, the whole request body (`BUFFERED`), the response headers, the response body
-chunk by chunk (`STREAMED`). The request side decides (`gateway.picker.decide`) and
-answers the body with the endpoints, or with an ImmediateResponse (an OpenAI-shaped
-error: 4xx as the gateway would answer, 429 shed, 503 no ready endpoint). The response
+headers, the request body, the response headers, the response body chunk by chunk
+(`STREAMED`). The request side decides on the whole body (`gateway.picker.decide`) and
+answers with the endpoints, or with an ImmediateResponse (an OpenAI-shaped error: 4xx as
+the gateway would answer, 429 shed, 503 no ready endpoint). With a `BUFFERED` body the
+pick answers the body; with `FULL_DUPLEX_STREAMED` (GAIE's Envoy Gateway setting) or
+`STREAMED` sent without waiting, Envoy does not wait for the headers' answer, so it is
+held until the body is in, then the pick answers the headers and the chunks follow (in
+full duplex the body itself goes back: Envoy forwards only what the processor returns). The response
 side learns which endpoint served (`x-gateway-destination-endpoint-served`) and reads
 the usage and speculation counters as the body passes, and at the end the request is
 recorded as the gateway records it (`gateway.telemetry.record`): the policy learns in

@@ -104,9 +104,11 @@ async def serve(services: PickerServices, host: str, port: int, grace_s: float =
 
 
 def run(config_path: str, host: str | None, port: int, policy: str = "learned",
-        max_endpoints: int | None = None) -> int:
+        max_endpoints: int | None = None, metrics_port: int = 0) -> int:
     """`specroute picker`: load the gateway config, serve until stopped; 2 on a bad
-    config or an exposure the gateway would refuse too."""
+    config or an exposure the gateway would refuse too. With `metrics_port`, the
+    gateway's Prometheus metrics (requests, latency, accept length per pool, the engines'
+    own acceptance) on that port's `/metrics`."""
     from gateway.config import ConfigError, load_config
     from gateway.tenants.auth import check_exposure
 
@@ -124,5 +126,9 @@ def run(config_path: str, host: str | None, port: int, policy: str = "learned",
     logging.basicConfig(level=config.server.log_level.upper().replace("TRACE", "DEBUG"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     services = build(config, policy=policy, max_endpoints=max_endpoints)
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, addr=host, registry=services.registry)
     asyncio.run(serve(services, host, port, config_path=config_path))
     return 0

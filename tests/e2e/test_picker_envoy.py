@@ -94,12 +94,13 @@ def wait_for(check, timeout: float = 15.0, what: str = "condition") -> None:
     raise TimeoutError(f"{what} not met within {timeout:g} s")
 
 
-def start_picker(tmp: Path, name: str, cfg: dict, policy: str) -> tuple[subprocess.Popen, int]:
+def start_picker(tmp: Path, name: str, cfg: dict, policy: str,
+                 *extra: str) -> tuple[subprocess.Popen, int]:
     port = free_port()
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     proc = start_process(["-m", "specroute.cli", "picker", "--config", str(path), "--port",
-                          str(port), "--policy", policy], tmp / f"{name}.log")
+                          str(port), "--policy", policy, *extra], tmp / f"{name}.log")
     ready = health_pb2.HealthCheckResponse.SERVING
     try:
         wait_for(lambda: proc.poll() is None and health(port, "readiness") == ready, 30,
@@ -142,7 +143,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: str) -> Iterat
     try:
         workers, urls = start_stubs(tmp, {n: ["--model", "m", *a] for n, a in STUBS.items()})
         procs.extend(workers.values())
-        picker, port = start_picker(tmp, "picker", config(urls), "static")
+        metrics = free_port()
+        picker, port = start_picker(tmp, "picker", config(urls), "static",
+                                    "--metrics-port", str(metrics))
         procs.append(picker)
         pods = [endpoint(u) for u in urls.values()]
         # GAIE's own Envoy Gateway setup (ORIGINAL_DST, full-duplex body), and the
@@ -151,6 +154,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: str) -> Iterat
                                           pods, {"original_dst": "FULL_DUPLEX_STREAMED"})
         procs.append(envoy)
         yield {"tmp": tmp, "workers": workers, "urls": urls, "picker": port, "bases": bases,
+               "metrics": f"http://127.0.0.1:{metrics}/metrics",
                "admin": admin, "redis": redis_server, "pods": pods, "procs": procs}
     finally:
         for proc in reversed(procs):
@@ -270,6 +274,15 @@ def test_subset_hint_narrows_the_pick(stack: dict) -> None:
             extra_headers={"x-gateway-destination-endpoint-subset": "10.255.0.1:9"})
     assert caught.value.status_code == 503
     assert caught.value.body["code"] == "no_healthy_worker"
+
+
+def test_prometheus_metrics_count_the_served_requests(stack: dict) -> None:
+    text = httpx.get(stack["metrics"], timeout=5).text
+    counts = {line.split("{")[1].split("}")[0]: float(line.rsplit(" ", 1)[1])
+              for line in text.splitlines() if line.startswith("specroute_requests_total{")}
+    ngram = sum(v for labels, v in counts.items()
+                if 'pool="ngram"' in labels and 'ok="true"' in labels)
+    assert ngram >= 3  # the code requests above, recorded from their served responses
 
 
 def test_grpc_health_answers(stack: dict) -> None:
