@@ -437,3 +437,25 @@ async def test_full_duplex_refusal_is_an_immediate_response(picker) -> None:
                                            *chunks_of(chat(CHAT, model="nope"), 2)])
     [answer] = answers
     assert error_of(answer)[0] == 404
+
+
+async def test_full_duplex_response_chunks_are_sent_back_as_they_pass(picker) -> None:
+    from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
+
+    services, channel = picker
+    first = headers_message()
+    first.protocol_config.response_body_mode = \
+        ProcessingMode.BodySendMode.FULL_DUPLEX_STREAMED
+    served = ext.ProcessingRequest(response_headers=ext.HttpHeaders(
+        headers=base_pb2.HeaderMap(headers=[
+            base_pb2.HeaderValue(key=":status", raw_value=b"200"),
+            base_pb2.HeaderValue(key="content-type", raw_value=b"application/json")])))
+    parts = [b'{"choices":[{"message":{"content":"x"}}],', b'"usage":{"completion_tokens":3}}']
+    bodies = [ext.ProcessingRequest(response_body=ext.HttpBody(body=p, end_of_stream=i == 1))
+              for i, p in enumerate(parts)]
+    answers = await exchange(channel, [first, body_message(chat(CHAT, temperature=1.0)),
+                                       served, *bodies])
+    sent = [a.response_body.response.body_mutation.streamed_response for a in answers[3:]]
+    assert [s.body for s in sent] == parts and [s.end_of_stream for s in sent] == [False, True]
+    [record] = services.reporter.recorder.records  # type: ignore[attr-defined]
+    assert record.ok and record.output_tokens == 3
