@@ -102,11 +102,14 @@ def _manager(mode: str, ext_proc: dict, timeout_s: float, body_mode: str) -> dic
 
 def bootstrap(picker: tuple[str, int], admin: tuple[str, int],
               listeners: dict[str, tuple[str, int]], pods: list[tuple[str, int]] | None = None,
-              timeout_s: float = 120.0, body_modes: dict[str, str] | None = None) -> dict:
+              timeout_s: float = 120.0, body_modes: dict[str, str] | None = None,
+              max_body_bytes: int = 4 * 1024 * 1024) -> dict:
     """The whole bootstrap as a dict (dump it as YAML or JSON for `envoy -c`): one
     listener per destinations mode (`original_dst`, `override_host`) at its address,
     each with its request body mode (`body_modes`; default BUFFERED; GAIE's Envoy
-    Gateway patch uses FULL_DUPLEX_STREAMED)."""
+    Gateway patch uses FULL_DUPLEX_STREAMED). A buffered body must fit the listener's
+    buffer (Envoy's default is 1 MiB, then 413): it is raised to the gateway's body cap
+    (`server.max_body_bytes`), which the picker answers itself."""
     ext_proc = {
         "@type": f"{T}extensions.filters.http.ext_proc.v3.ExternalProcessor",
         "failure_mode_allow": False,
@@ -125,6 +128,7 @@ def bootstrap(picker: tuple[str, int], admin: tuple[str, int],
         "admin": {"address": _address(*admin)},
         "static_resources": {
             "listeners": [{"name": f"inference_{mode}", "address": _address(*address),
+                           "per_connection_buffer_limit_bytes": max_body_bytes + 65536,
                            "filter_chains": [{"filters": [{
                                "name": "envoy.filters.network.http_connection_manager",
                                "typed_config": _manager(

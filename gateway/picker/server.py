@@ -78,7 +78,11 @@ class Health(health_pb2_grpc.HealthServicer):
 def make_server(services: PickerServices, address: str) -> tuple[grpc.aio.Server, int]:
     """The gRPC server with both services, bound to `address` (host:port; port 0 picks
     a free one); not started. Returns it and its port."""
-    server = grpc.aio.server()
+    # a whole request body arrives in one message: room for the gateway's body cap (the
+    # cap itself is answered 413), where gRPC's default would refuse at 4 MiB
+    size = services.config.server.max_body_bytes + 1024 * 1024
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", size),
+                                      ("grpc.max_send_message_length", size)])
     ext_grpc.add_ExternalProcessorServicer_to_server(Processor(services), server)
     health_pb2_grpc.add_HealthServicer_to_server(Health(lambda: services.ready), server)
     port = server.add_insecure_port(address)

@@ -60,7 +60,7 @@ def config(urls: dict[str, str], redis_url: str | None = None,
            health_interval_s: float = 0.5) -> dict:
     pools = [
         {"name": "plain", "engine": "sglang", "model": "m", "method": "plain", "k": 0,
-         "workers": [urls["plain"]]},
+         "workers": [urls["plain"]], "capabilities": {"max_context": 1_000_000}},
         {"name": "ngram", "engine": "sglang", "model": "m", "method": "ngram", "k": 4,
          "workers": [urls[n] for n in ("ngram1", "ngram2") if n in urls]},
         {"name": "lookahead", "engine": "embedded", "model": "m", "method": "lookahead",
@@ -212,6 +212,15 @@ def test_streaming_passes_through_envoy(stack: dict) -> None:
     assert text.split() == CHAT.split()[:6]
     assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) == 6
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 6
+
+
+@pytest.mark.parametrize("mode", ["original_dst", "override_host"])
+def test_a_large_prompt_is_picked_and_served(stack: dict, mode: str) -> None:
+    """A 2 MB body: past Envoy's default 1 MiB buffer and gRPC's 4 MiB message default
+    would not be, the listener's buffer limit is raised to the gateway's body cap."""
+    headers, answer = ask(stack, "word " * 400_000, mode, temperature=1.0)
+    assert headers["x-specroute-pool"] == "plain"
+    assert answer.choices[0].message.content.startswith("word word")
 
 
 def test_tenant_keys_are_enforced(stack: dict) -> None:

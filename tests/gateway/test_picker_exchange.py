@@ -459,3 +459,11 @@ async def test_full_duplex_response_chunks_are_sent_back_as_they_pass(picker) ->
     assert [s.body for s in sent] == parts and [s.end_of_stream for s in sent] == [False, True]
     [record] = services.reporter.recorder.records  # type: ignore[attr-defined]
     assert record.ok and record.output_tokens == 3
+
+
+async def test_a_body_over_the_cap_is_413_not_a_grpc_error(picker) -> None:
+    _, channel = picker
+    big = chat("word " * 1_000_000)  # ~5 MB: over the 4 MiB cap, past gRPC's default
+    answers = await exchange(channel, [headers_message(), body_message(big)])
+    status, error = error_of(answers[-1])
+    assert (status, error["code"]) == (413, "request_too_large")
