@@ -94,11 +94,16 @@ class Exchange:
             if kind == "response_trailers":
                 return [protocol.go_on(kind)]
         except GatewayError as exc:
-            if self.pick is not None:
-                self.pick.trace.fail(exc.status, exc.code)
-            self.refused = True
-            return [refusal(exc)]
+            return self._refuse(exc)
+        except Exception as exc:  # noqa: BLE001 - a bug: logged, the client told (500)
+            return self._refuse(internal_error(exc, "picker"))
         return []
+
+    def _refuse(self, exc: GatewayError) -> list[ext.ProcessingResponse]:
+        if self.pick is not None:
+            self.pick.trace.fail(exc.status, exc.code)
+        self.refused = True
+        return [refusal(exc)]
 
     def _modes(self, config: ext.ProtocolConfiguration) -> None:
         """The filter's body modes (Envoy states them on the first message): in

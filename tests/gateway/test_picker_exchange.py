@@ -467,3 +467,19 @@ async def test_a_body_over_the_cap_is_413_not_a_grpc_error(picker) -> None:
     answers = await exchange(channel, [headers_message(), body_message(big)])
     status, error = error_of(answers[-1])
     assert (status, error["code"]) == (413, "request_too_large")
+
+
+async def test_a_bug_is_a_500_with_a_request_id_and_no_message_leak(
+        picker, caplog: pytest.LogCaptureFixture) -> None:
+    services, channel = picker
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError(f"secret prompt {CHAT}")
+
+    services.router.route = broken  # type: ignore[method-assign]
+    answers = await exchange(channel, [headers_message(), body_message(chat(CHAT))])
+    status, error = error_of(answers[-1])
+    assert (status, error["code"]) == (500, "internal_error") and error["request_id"]
+    assert "secret prompt" not in answers[-1].immediate_response.body.decode()
+    assert error["request_id"] in caplog.text
+    assert CHAT not in caplog.text  # the traceback's frames, never the message
