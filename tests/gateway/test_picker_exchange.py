@@ -483,3 +483,18 @@ async def test_a_bug_is_a_500_with_a_request_id_and_no_message_leak(
     assert "secret prompt" not in answers[-1].immediate_response.body.decode()
     assert error["request_id"] in caplog.text
     assert CHAT not in caplog.text  # the traceback's frames, never the message
+
+
+def test_the_command_refuses_a_bad_config_and_an_open_exposure(
+        tmp_path, capsys: pytest.CaptureFixture) -> None:
+    import yaml
+
+    from gateway.picker.server import run
+
+    assert run(str(tmp_path / "missing.yaml"), None, 0) == 2
+    open_config = tmp_path / "open.yaml"
+    open_config.write_text(yaml.safe_dump({"pools": [
+        {"name": "p", "engine": "sglang", "model": "m", "workers": [f"http://{PLAIN}"]}]}))
+    assert run(str(open_config), "0.0.0.0", 0) == 2  # no tenants: loopback only
+    err = capsys.readouterr().err
+    assert "cannot read config" in err and "refusing to listen on 0.0.0.0" in err
