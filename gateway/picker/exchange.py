@@ -69,6 +69,7 @@ class Exchange:
         self.chunks = 0  # request body messages seen
         self.deferred = self.duplex_request = self.duplex_response = False
         self.refused = False
+        self.body_seen = False  # some response body reached the picker
 
     async def handle(self, message: ext.ProcessingRequest) -> list[ext.ProcessingResponse]:
         """The answers this message releases, in order: usually its own; none while a
@@ -214,6 +215,7 @@ class Exchange:
         pick = self.pick
         if pick is not None and pick.decision is not None:
             body = message.response_body
+            self.body_seen = True
             self.reader.feed(body.body)
             if self.reader.tokens_seen:
                 pick.timer.token()
@@ -241,7 +243,10 @@ class Exchange:
         served = self.served
         if served is not None and served[1] is not primary:
             primary.breaker.failure(now)  # Envoy went past it: refused or failed
-        ok = self.status == 200 and (self.reader.done or self.reader.usage.completion_tokens > 0)
+        # a body never sent to the picker (response_body_mode NONE, GAIE's default) is a
+        # success it cannot measure: counted, not learned from (no tokens seen)
+        ok = self.status == 200 and (not self.body_seen or self.reader.done
+                                     or self.reader.usage.completion_tokens > 0)
         if served is not None:
             if self.status >= 500 or self.status == 0:
                 served[1].breaker.failure(now)

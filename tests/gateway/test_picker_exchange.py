@@ -498,3 +498,20 @@ def test_the_command_refuses_a_bad_config_and_an_open_exposure(
     assert run(str(open_config), "0.0.0.0", 0) == 2  # no tenants: loopback only
     err = capsys.readouterr().err
     assert "cannot read config" in err and "refusing to listen on 0.0.0.0" in err
+
+
+async def test_without_the_response_body_a_200_counts_but_teaches_nothing() -> None:
+    """GAIE's default filter sends no response body: the record is ok with no tokens,
+    which the learned policy skips (`LearnedRoutingPolicy.record`)."""
+    services = make_services()
+    server, port = make_server(services, "127.0.0.1:0")
+    await server.start()
+    served = ext.ProcessingRequest(response_headers=ext.HttpHeaders(
+        headers=base_pb2.HeaderMap(headers=[base_pb2.HeaderValue(key=":status",
+                                                                 raw_value=b"200")])))
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        await exchange(channel, [headers_message(), body_message(chat(CHAT, temperature=1.0)),
+                                 served])
+        await server.stop(1)
+    [record] = services.reporter.recorder.records  # type: ignore[attr-defined]
+    assert record.ok and record.output_tokens == 0
