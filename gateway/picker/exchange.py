@@ -8,8 +8,8 @@ the gateway would answer, 429 shed, 503 no ready endpoint). With a `BUFFERED` bo
 pick answers the body; with `FULL_DUPLEX_STREAMED` (GAIE's Envoy Gateway setting) or
 `STREAMED` sent without waiting, Envoy does not wait for the headers' answer, so it is
 held until the body is in, then the pick answers the headers and the chunks follow (in
-full duplex the body itself goes back: Envoy forwards only what the processor returns). The response
-side learns which endpoint served (`x-gateway-destination-endpoint-served`) and reads
+full duplex the body itself goes back: Envoy forwards only what the processor returns).
+The response side learns which endpoint served (`x-gateway-destination-endpoint-served`) and reads
 the usage and speculation counters as the body passes, and at the end the request is
 recorded as the gateway records it (`gateway.telemetry.record`): the policy learns in
 picker mode too. The admission slot and the worker's outstanding count are held from
@@ -18,7 +18,6 @@ the pick to the end of the stream, however it ends.
 
 from __future__ import annotations
 
-import logging
 import time
 
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
@@ -41,7 +40,6 @@ from gateway.pools import Pool, Worker
 from gateway.telemetry.record import Outcome
 from gateway.telemetry.spans import NO_TRACE, request_attributes, start_request
 
-log = logging.getLogger("specroute.picker")
 BodySendMode = ProcessingMode.BodySendMode
 
 
@@ -265,7 +263,7 @@ class Exchange:
         try:
             self._finish()
         except Exception as exc:  # noqa: BLE001 - a bug must not leave the stream hanging
-            log.error("picker: finishing a request failed: %s", internal_error(exc, "picker"))
+            internal_error(exc, "picker: recording a finished request")  # logs it
 
 
 def no_endpoint() -> GatewayError:
