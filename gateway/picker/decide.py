@@ -27,10 +27,10 @@ from dataclasses import dataclass, field, replace
 import orjson
 
 from gateway.config import TenantConfig
-from gateway.errors import InvalidRequest, NoHealthyWorker, PayloadTooLarge
+from gateway.errors import InvalidRequest, NoHealthyWorker, PayloadTooLarge, PermissionDenied
 from gateway.http.endpoints import check_media_type, content_length
 from gateway.http.sglang_routes import NATIVE_ENGINES, parse_generate
-from gateway.picker.protocol import endpoint_of
+from gateway.picker.protocol import SUBSET, endpoint_of, subset_header
 from gateway.picker.services import PickerServices
 from gateway.pools import Pool, Worker
 from gateway.routing.admission import Ticket
@@ -153,6 +153,11 @@ async def decide(services: PickerServices, headers: dict[str, str], raw: bytes,
     pin = Pin.from_headers(headers.get("x-specroute-pool"), headers.get("x-specroute-k"),
                            headers.get("x-specroute-benchmark"))
     authorize(pick.tenant, request, pin)
+    if subset is None and (asked := subset_header(headers)) is not None:
+        if not pick.tenant.may_pin:  # a client choosing pods is a pin
+            raise PermissionDenied(f"tenant '{pick.tenant.name}' may not pin endpoints "
+                                   f"({SUBSET})", param=SUBSET, code="pin_not_allowed")
+        subset = asked
     with trace.phase("classify"):
         profile = services.router.classify(request, pick.tenant.name)
     with trace.phase("decide"):

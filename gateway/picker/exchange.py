@@ -78,7 +78,7 @@ class Exchange:
         if message.HasField("protocol_config"):  # on the stream's first message
             self._modes(message.protocol_config)
         if self.subset is None:
-            self.subset = protocol.subset_hint(message, self.headers)
+            self.subset = protocol.subset_hint(message)
         try:
             if kind == "request_headers":
                 return await self._request_headers(message)
@@ -119,7 +119,7 @@ class Exchange:
     async def _request_headers(self, message: ext.ProcessingRequest
                                ) -> list[ext.ProcessingResponse]:
         headers = self.headers = protocol.header_map(message.request_headers)
-        self.subset = protocol.subset_hint(message, headers)
+        self.subset = protocol.subset_hint(message)
         route = route_of(headers.get(":path", ""))
         # a generation's span continues the caller's trace (Envoy forwards traceparent)
         trace = NO_TRACE if route is None else start_request(

@@ -8,7 +8,8 @@ v1.0.0 (2025-07-29), as read for docs/PICKER.md:
   `envoy.lb` / `x-gateway-destination-endpoint` to the same value (never two values);
 - the proxy may narrow the choice with filter metadata `envoy.lb.subset_hint` /
   `x-gateway-destination-endpoint-subset` (a list of `ip:port`); none of those eligible,
-  or an empty list: 503;
+  or an empty list: 503 (a request header of that name comes from the client: honoured
+  only for tenants that may pin);
 - no ready endpoint: ImmediateResponse 503; shed: ImmediateResponse 429;
 - on the response the proxy reports `envoy.lb` / `x-gateway-destination-endpoint-served`
   in `metadata_context` (read here from the metadata, else a response header of that
@@ -69,21 +70,27 @@ def _struct_value(struct: struct_pb2.Struct, key: str) -> struct_pb2.Value | Non
     return struct.fields[key] if key in struct.fields else None
 
 
-def subset_hint(request: ext.ProcessingRequest, headers: dict[str, str]) -> set[str] | None:
-    """The endpoints the proxy allows, or None when it sets no hint (pick from the whole
-    pool). The metadata is the protocol's channel; a header of the same name is read too
-    (for proxies that can set only headers)."""
+def subset_hint(request: ext.ProcessingRequest) -> set[str] | None:
+    """The endpoints the proxy allows (filter metadata, the protocol's channel), or None
+    when it sets no hint (pick from the whole pool)."""
     metadata = request.metadata_context.filter_metadata
-    if SUBSET_NAMESPACE in metadata:
-        value = _struct_value(metadata[SUBSET_NAMESPACE], SUBSET)
-        if value is not None:
-            if value.HasField("list_value"):
-                return {v.string_value.strip() for v in value.list_value.values
-                        if v.string_value.strip()}
-            return {e.strip() for e in value.string_value.split(",") if e.strip()}
-    if SUBSET in headers:
-        return {e.strip() for e in headers[SUBSET].split(",") if e.strip()}
-    return None
+    if SUBSET_NAMESPACE not in metadata:
+        return None
+    value = _struct_value(metadata[SUBSET_NAMESPACE], SUBSET)
+    if value is None:
+        return None
+    if value.HasField("list_value"):
+        return {v.string_value.strip() for v in value.list_value.values
+                if v.string_value.strip()}
+    return {e.strip() for e in value.string_value.split(",") if e.strip()}
+
+
+def subset_header(headers: dict[str, str]) -> set[str] | None:
+    """A subset asked for in a request header of the same name: from the client, not the
+    proxy, so it is honoured like a pin (`gateway.picker.decide`)."""
+    if SUBSET not in headers:
+        return None
+    return {e.strip() for e in headers[SUBSET].split(",") if e.strip()}
 
 
 def served_endpoint(request: ext.ProcessingRequest, headers: dict[str, str]) -> str | None:

@@ -71,7 +71,7 @@ def config(urls: dict[str, str], redis_url: str | None = None,
             "server": {"health_interval_s": health_interval_s, "unhealthy_after": 2},
             # one request per worker at a time, one waiting: a third is shed (429)
             "admission": {"max_inflight_per_worker": 1, "max_queue": 1},
-            "tenants": [{"name": "t", "api_key_sha256": [hash_api_key(KEY)]},
+            "tenants": [{"name": "t", "api_key_sha256": [hash_api_key(KEY)], "may_pin": True},
                         {"name": "limited", "api_key_sha256": [hash_api_key(LIMITED_KEY)],
                          "rate_limit_rpm": 2}]}
 

@@ -185,6 +185,7 @@ async def test_a_fixed_k_pool_gets_the_clients_body_unchanged_but_for_spec_detai
     ({}, chat(CHAT, model="nope"), 404, "model_not_found"),
     ({}, chat(CHAT, temperature=9), 400, "invalid_value"),
     ({"x-specroute-pool": "ngram"}, chat(CHAT), 403, "pin_not_allowed"),
+    ({protocol.SUBSET: NGRAM_B}, chat(CHAT), 403, "pin_not_allowed"),
 ])
 async def test_refusals_are_openai_shaped_immediate_responses(
         picker, headers: dict, body: object, status: int, code: str) -> None:
