@@ -33,6 +33,13 @@ def _gateway(args: argparse.Namespace) -> int:
                  workers=args.workers)
 
 
+def _picker(args: argparse.Namespace) -> int:
+    from gateway.picker.server import run
+
+    return run(args.config, args.host, args.port, args.policy, args.max_endpoints,
+               args.metrics_port)
+
+
 def _worker(args: argparse.Namespace) -> int:
     from workers.embedded.server import serve_worker
 
@@ -234,6 +241,17 @@ def build_parser() -> argparse.ArgumentParser:
                     help="gateway processes sharing the port (default 1); they share what "
                     "the policy learns through the config's redis_url")
     gw.set_defaults(func=_gateway)
+
+    pk = sub.add_parser("picker", aliases=["epp"], help="run as an Envoy ext_proc endpoint "
+                        "picker (Gateway API Inference Extension; docs/PICKER.md)")
+    pk.add_argument("--config", required=True, help="the gateway's YAML config")
+    pk.add_argument("--host", default=None, help="default: the config's server.host")
+    pk.add_argument("--port", type=int, default=9002, help="gRPC port (ext_proc and health)")
+    pk.add_argument("--policy", choices=POLICY_NAMES, default="learned")
+    pk.add_argument("--max-endpoints", type=int, default=None, help="endpoints per pick, "
+                    "fallbacks included (default: server.max_attempts; 1 for ORIGINAL_DST)")
+    pk.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus /metrics")
+    pk.set_defaults(func=_picker)
 
     wk = sub.add_parser("worker", help="run one embedded speculative-decoding worker")
     wk.add_argument("--method", default="plain")

@@ -1,0 +1,141 @@
+"""An Envoy bootstrap that puts the picker in front of a pool's pods (tests, docs).
+
+The shape GAIE's Envoy Gateway patch uses (`config/manifests/gateway/patch_policy.yaml`:
+an `ORIGINAL_DST` cluster with `original_dst_lb_config.use_http_header` on
+`x-gateway-destination-endpoint`, the ext_proc filter ahead of the router), in static
+form for one Envoy process:
+
+- `ext_proc` (envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor) over gRPC
+  to the picker; request headers SEND, request body BUFFERED (the pick is made on the
+  whole body; or FULL_DUPLEX_STREAMED, as GAIE's Envoy Gateway patch sets it, and then
+  trailers SEND), response headers SEND, response body STREAMED (tokens pass as they come;
+  the picker reads usage on the way), response trailers SKIP; `envoy.lb` accepted as metadata
+  from the picker; fail closed (`failure_mode_allow: false`).
+- one listener per destinations mode: `original_dst` routes to the one endpoint in the
+  header; `override_host` is a STATIC cluster of the given pods with the
+  `envoy.load_balancing_policies.override_host` policy reading the same header, which
+  takes the comma list and walks it on retry (`retry_policy` with the previous-hosts
+  predicate): the protocol's fallbacks. Each listener's ext_proc stream tells the
+  picker how many endpoints it may name (gRPC initial metadata
+  `x-specroute-max-endpoints`: 1 for `original_dst`, 0 = the picker's own budget).
+- The route reports the endpoint that served in the response header
+  `x-gateway-destination-endpoint-served` (`%UPSTREAM_REMOTE_ADDRESS%`), where the
+  picker reads it.
+"""
+
+from __future__ import annotations
+
+from gateway.picker.protocol import DESTINATION, LB_NAMESPACE, MAX_ENDPOINTS_METADATA, SERVED
+
+T = "type.googleapis.com/envoy."
+
+
+def _address(host: str, port: int) -> dict:
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def _static(name: str, endpoints: list[tuple[str, int]], **extra: object) -> dict:
+    return {"name": name, "type": "STATIC", "connect_timeout": "1s",
+            "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
+                {"endpoint": {"address": _address(h, p)}} for h, p in endpoints]}]},
+            **extra}
+
+
+def _policy(name: str, kind: str, **config: object) -> dict:
+    return {"policies": [{"typed_extension_config": {
+        "name": f"envoy.load_balancing_policies.{name}",
+        "typed_config": {"@type": f"{T}extensions.load_balancing_policies.{name}.v3.{kind}",
+                         **config}}}]}
+
+
+def destination_cluster(mode: str, pods: list[tuple[str, int]]) -> dict:
+    if mode == "original_dst":
+        return {"name": "pods_original_dst", "type": "ORIGINAL_DST", "lb_policy": "CLUSTER_PROVIDED",
+                "connect_timeout": "1s",
+                "original_dst_lb_config": {"use_http_header": True,
+                                           "http_header_name": DESTINATION}}
+    if mode == "override_host":
+        return _static("pods_override_host", pods, load_balancing_policy=_policy(
+            "override_host", "OverrideHost",
+            override_host_sources=[{"header": DESTINATION}],
+            fallback_policy=_policy("round_robin", "RoundRobin")))
+    raise ValueError(f"unknown destinations mode {mode!r}")
+
+
+def _manager(mode: str, ext_proc: dict, timeout_s: float, body_mode: str) -> dict:
+    cluster = f"pods_{mode}"
+    route = {"cluster": cluster, "timeout": f"{timeout_s:g}s",
+             "retry_policy": {
+                 "retry_on": "connect-failure,refused-stream,reset",
+                 "num_retries": 2,
+                 "retry_host_predicate": [{
+                     "name": "envoy.retry_host_predicates.previous_hosts",
+                     "typed_config": {"@type": f"{T}extensions.retry.host.previous_hosts.v3."
+                                               f"PreviousHostsPredicate"}}],
+                 "host_selection_retry_max_attempts": 5}}
+    # the picker names one endpoint to an ORIGINAL_DST cluster, a list to override_host
+    grpc = {"envoy_grpc": {"cluster_name": "picker"}, "timeout": "30s",
+            "initial_metadata": [{"key": MAX_ENDPOINTS_METADATA,
+                                  "value": "1" if mode == "original_dst" else "0"}]}
+    return {
+        "@type": f"{T}extensions.filters.network.http_connection_manager.v3."
+                 f"HttpConnectionManager",
+        "stat_prefix": f"inference_{mode}",
+        "stream_idle_timeout": f"{timeout_s:g}s",
+        "route_config": {"name": cluster, "virtual_hosts": [{
+            "name": "inference", "domains": ["*"],
+            "routes": [{"match": {"prefix": "/"}, "route": route,
+                        "response_headers_to_add": [{
+                            "header": {"key": SERVED, "value": "%UPSTREAM_REMOTE_ADDRESS%"},
+                            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]}]}]},
+        "http_filters": [
+            {"name": "envoy.filters.http.ext_proc",
+             "typed_config": {**ext_proc, "grpc_service": grpc, "processing_mode": {
+                 **ext_proc["processing_mode"], "request_body_mode": body_mode,
+                 # GAIE's Envoy Gateway patch sends the trailers with a full-duplex body
+                 "request_trailer_mode": "SEND" if body_mode == "FULL_DUPLEX_STREAMED"
+                 else "SKIP"}}},
+            {"name": "envoy.filters.http.router",
+             "typed_config": {"@type": f"{T}extensions.filters.http.router.v3.Router"}}],
+    }
+
+
+def bootstrap(picker: tuple[str, int], admin: tuple[str, int],
+              listeners: dict[str, tuple[str, int]], pods: list[tuple[str, int]] | None = None,
+              timeout_s: float = 120.0, body_modes: dict[str, str] | None = None,
+              max_body_bytes: int = 4 * 1024 * 1024) -> dict:
+    """The whole bootstrap as a dict (dump it as YAML or JSON for `envoy -c`): one
+    listener per destinations mode (`original_dst`, `override_host`) at its address,
+    each with its request body mode (`body_modes`; default BUFFERED; GAIE's Envoy
+    Gateway patch uses FULL_DUPLEX_STREAMED). A buffered body must fit the listener's
+    buffer (Envoy's default is 1 MiB, then 413): it is raised to the gateway's body cap
+    (`server.max_body_bytes`), which the picker answers itself."""
+    ext_proc = {
+        "@type": f"{T}extensions.filters.http.ext_proc.v3.ExternalProcessor",
+        "failure_mode_allow": False,
+        # the pick may wait in admission's queue (admission.max_wait_s)
+        "message_timeout": f"{timeout_s:g}s",
+        "processing_mode": {"request_header_mode": "SEND", "request_body_mode": "BUFFERED",
+                            "response_header_mode": "SEND",
+                            "response_body_mode": "STREAMED",
+                            "request_trailer_mode": "SKIP", "response_trailer_mode": "SKIP"},
+        "metadata_options": {"receiving_namespaces": {"untyped": [LB_NAMESPACE]}},
+    }
+    http2 = {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+        "@type": f"{T}extensions.upstreams.http.v3.HttpProtocolOptions",
+        "explicit_http_config": {"http2_protocol_options": {}}}}
+    return {
+        "admin": {"address": _address(*admin)},
+        "static_resources": {
+            "listeners": [{"name": f"inference_{mode}", "address": _address(*address),
+                           "per_connection_buffer_limit_bytes": max_body_bytes + 65536,
+                           "filter_chains": [{"filters": [{
+                               "name": "envoy.filters.network.http_connection_manager",
+                               "typed_config": _manager(
+                                   mode, ext_proc, timeout_s,
+                                   (body_modes or {}).get(mode, "BUFFERED"))}]}]}
+                          for mode, address in listeners.items()],
+            "clusters": [_static("picker", [picker], typed_extension_protocol_options=http2),
+                         *(destination_cluster(mode, pods or []) for mode in listeners)],
+        },
+    }

@@ -1,0 +1,271 @@
+"""One ext_proc stream: one HTTP request through Envoy, from its headers to its end.
+
+Envoy sends, in order (the filter's processing mode, docs/PICKER.md): the request
+headers, the request body, the response headers, the response body chunk by chunk
+(`STREAMED`). The request side decides on the whole body (`gateway.picker.decide`) and
+answers with the endpoints, or with an ImmediateResponse (an OpenAI-shaped error: 4xx as
+the gateway would answer, 429 shed, 503 no ready endpoint). With a `BUFFERED` body the
+pick answers the body; with `FULL_DUPLEX_STREAMED` (GAIE's Envoy Gateway setting) or
+`STREAMED` sent without waiting, Envoy does not wait for the headers' answer, so it is
+held until the body is in, then the pick answers the headers and the chunks follow (in
+full duplex the body itself goes back: Envoy forwards only what the processor returns).
+The response side learns which endpoint served (`x-gateway-destination-endpoint-served`) and reads
+the usage and speculation counters as the body passes, and at the end the request is
+recorded as the gateway records it (`gateway.telemetry.record`): the policy learns in
+picker mode too. The admission slot and the worker's outstanding count are held from
+the pick to the end of the stream, however it ends.
+"""
+
+from __future__ import annotations
+
+import time
+
+from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
+
+from gateway.errors import (
+    GatewayError,
+    NoHealthyWorker,
+    PayloadTooLarge,
+    error_body,
+    internal_error,
+    retry_after,
+)
+from gateway.http.responses import headers_for
+from gateway.picker import protocol
+from gateway.picker.decide import Pick, any_worker, decide, route_of, served_decision
+from gateway.picker.reading import ResponseReader
+from gateway.picker.services import PickerServices
+from gateway.pools import Pool, Worker
+from gateway.telemetry.record import Outcome
+from gateway.telemetry.spans import NO_TRACE, request_attributes, start_request
+
+BodySendMode = ProcessingMode.BodySendMode
+
+
+def refusal(exc: GatewayError) -> ext.ProcessingResponse:
+    headers = [("retry-after", after)] if (after := retry_after(exc)) is not None else []
+    return protocol.immediate(exc.status, error_body(exc), headers,
+                              details=f"specroute_{exc.code or 'error'}")
+
+
+class Exchange:
+    """Answers one stream's messages (`handle`); `close` when the stream ends."""
+
+    def __init__(self, services: PickerServices, max_endpoints: int | None = None) -> None:
+        self.services = services
+        self.budget = max_endpoints or services.max_endpoints
+        self.headers: dict[str, str] = {}
+        self.body = bytearray()
+        self.pick: Pick | None = None
+        self.reader = ResponseReader()
+        self.status = 0
+        self.served: tuple[Pool, Worker] | None = None
+        self.closed = False
+        self.subset: set[str] | None = None
+        self.placed = False  # the pick has been answered
+        self.chunks = 0  # request body messages seen
+        self.deferred = self.duplex_request = self.duplex_response = False
+        self.refused = False
+        self.body_seen = False  # some response body reached the picker
+
+    async def handle(self, message: ext.ProcessingRequest) -> list[ext.ProcessingResponse]:
+        """The answers this message releases, in order: usually its own; none while a
+        deferred request's body is still coming; then the headers' and every chunk's."""
+        kind = message.WhichOneof("request")
+        if self.refused:  # answered already; Envoy sends nothing more, a test might
+            return []
+        if message.HasField("protocol_config"):  # on the stream's first message
+            self._modes(message.protocol_config)
+        if self.subset is None:
+            self.subset = protocol.subset_hint(message)
+        try:
+            if kind == "request_headers":
+                return await self._request_headers(message)
+            if kind == "request_body":
+                return await self._request_body(message)
+            if kind == "request_trailers":
+                return await self._request_trailers()
+            if kind == "response_headers":
+                return [self._response_headers(message)]
+            if kind == "response_body":
+                return [self._response_body(message)]
+            if kind == "response_trailers":
+                return [protocol.go_on(kind)]
+        except GatewayError as exc:
+            return self._refuse(exc)
+        except Exception as exc:  # noqa: BLE001 - a bug: logged, the client told (500)
+            return self._refuse(internal_error(exc, "picker"))
+        return []
+
+    def _refuse(self, exc: GatewayError) -> list[ext.ProcessingResponse]:
+        if self.pick is not None:
+            self.pick.trace.fail(exc.status, exc.code)
+        self.refused = True
+        return [refusal(exc)]
+
+    def _modes(self, config: ext.ProtocolConfiguration) -> None:
+        """The filter's body modes (Envoy states them on the first message): in
+        FULL_DUPLEX_STREAMED, and in STREAMED with `send_body_without_waiting_for_header_
+        response`, the headers' answer is held until the whole body is in (the pick
+        needs it), and Envoy forwards, in full duplex, only the body sent back."""
+        request = config.request_body_mode
+        self.duplex_request = request == BodySendMode.FULL_DUPLEX_STREAMED
+        self.deferred = self.duplex_request or (
+            request == BodySendMode.STREAMED
+            and config.send_body_without_waiting_for_header_response)
+        self.duplex_response = config.response_body_mode == BodySendMode.FULL_DUPLEX_STREAMED
+
+    async def _request_headers(self, message: ext.ProcessingRequest
+                               ) -> list[ext.ProcessingResponse]:
+        headers = self.headers = protocol.header_map(message.request_headers)
+        self.subset = protocol.subset_hint(message)
+        route = route_of(headers.get(":path", ""))
+        # a generation's span continues the caller's trace (Envoy forwards traceparent)
+        trace = NO_TRACE if route is None else start_request(
+            self.services.tracer, self.services.provider,
+            [(k.encode(), v.encode("latin-1", "replace")) for k, v in headers.items()
+             if k in ("traceparent", "tracestate")],
+            "completions" if route == "generate" else route)
+        try:
+            with trace.phase("authenticate"):
+                tenant = self.services.auth.tenant(headers.get("authorization"))
+        except GatewayError as exc:
+            trace.fail(exc.status, exc.code)
+            raise
+        trace.set("specroute.tenant", tenant.name)
+        self.pick = Pick(tenant, None, None, None, [], trace=trace)
+        if route is not None and headers.get(":method") == "POST" \
+                and not message.request_headers.end_of_stream:
+            # the body decides; held until it is in when Envoy sends it without waiting
+            return [] if self.deferred else [protocol.go_on("request_headers")]
+        # not a generation (GET /v1/models, ...): any ready worker, nothing to learn
+        self.pick.targets = any_worker(self.services, self.budget)
+        if not self.pick.targets:
+            raise no_endpoint()
+        self.placed = True
+        return [protocol.pick(self.pick.endpoints, phase="request_headers")]
+
+    async def _request_body(self, message: ext.ProcessingRequest
+                            ) -> list[ext.ProcessingResponse]:
+        body = message.request_body
+        if self.placed:  # placed at the headers (not a generation): pass it on
+            return [protocol.streamed("request_body", body.body, body.end_of_stream)
+                    if self.duplex_request else protocol.go_on("request_body")]
+        self.body += body.body
+        self.chunks += 1
+        if len(self.body) > self.services.config.server.max_body_bytes:
+            raise PayloadTooLarge(f"Request body is larger than "
+                                  f"{self.services.config.server.max_body_bytes} bytes",
+                                  code="request_too_large")
+        if not body.end_of_stream:
+            # BUFFERED never gets here; a STREAMED chunk that Envoy waits on is passed
+            # (the pick then comes too late: a listener must buffer, or send without waiting)
+            return [] if self.deferred else [protocol.go_on("request_body")]
+        return await self._place()
+
+    async def _request_trailers(self) -> list[ext.ProcessingResponse]:
+        """Trailers end a deferred body that did not say end_of_stream."""
+        answers = await self._place() if self.deferred and not self.placed else []
+        return [*answers, protocol.go_on("request_trailers")]
+
+    async def _place(self) -> list[ext.ProcessingResponse]:
+        """Decide on the whole body; the answers for the messages held so far."""
+        assert self.pick is not None
+        pick = await decide(self.services, self.headers, bytes(self.body), self.subset,
+                            self.pick, self.budget)
+        self.placed = True
+        assert pick.request is not None and pick.decision is not None
+        request_attributes(pick.trace, pick.request,
+                           self.services.config.server.otel_capture_content)
+        self.reader.streaming = pick.request.stream
+        if not self.deferred:
+            return [protocol.pick(pick.endpoints, pick.body)]
+        answers = [protocol.pick(pick.endpoints, pick.body, phase="request_headers")]
+        if self.duplex_request:  # Envoy forwards what comes back: the (new) body, whole
+            return [*answers, protocol.streamed("request_body", pick.body or bytes(self.body),
+                                                True)]
+        if pick.body is None:
+            return [*answers, *(protocol.go_on("request_body") for _ in range(self.chunks))]
+        return [*answers, protocol.replaced("request_body", pick.body),
+                *(protocol.replaced("request_body", None) for _ in range(self.chunks - 1))]
+
+    def _response_headers(self, message: ext.ProcessingRequest) -> ext.ProcessingResponse:
+        headers = protocol.header_map(message.response_headers)
+        self.status = int(headers.get(":status", "0") or 0)
+        self.reader.streaming = headers.get("content-type", "").startswith(
+            "text/event-stream")
+        pick = self.pick
+        if pick is None or pick.decision is None:
+            return protocol.go_on("response_headers")
+        served = protocol.served_endpoint(message, headers)
+        self.served = self.services.worker_at(served) if served else None
+        if self.served is None:
+            self.served = pick.targets[0]
+        pool = self.served[0]
+        pick.decision = served_decision(pick.decision, pool, f"failover to {pool.name}")
+        extra = [(k.decode(), v.decode("latin-1")) for k, v in headers_for(pick.decision)]
+        if message.response_headers.end_of_stream:
+            self._finish()
+        return protocol.go_on("response_headers", extra)
+
+    def _response_body(self, message: ext.ProcessingRequest) -> ext.ProcessingResponse:
+        pick = self.pick
+        if pick is not None and pick.decision is not None:
+            body = message.response_body
+            self.body_seen = True
+            self.reader.feed(body.body)
+            if self.reader.tokens_seen:
+                pick.timer.token()
+            if body.end_of_stream:
+                self.reader.finish()
+                self._finish()
+        if self.duplex_response:
+            body = message.response_body
+            return protocol.streamed("response_body", body.body, body.end_of_stream)
+        return protocol.go_on("response_body")
+
+    def _finish(self) -> None:
+        """Record the request once, release what it held (also from `close`)."""
+        if self.closed:
+            return
+        self.closed = True
+        pick = self.pick
+        if pick is None or pick.decision is None or pick.request is None:
+            return
+        now = time.monotonic()
+        primary = pick.targets[0][1]
+        primary.outstanding -= 1
+        if self.services.admission is not None and pick.ticket is not None:
+            self.services.admission.leave(pick.ticket)
+        served = self.served
+        if served is not None and served[1] is not primary:
+            primary.breaker.failure(now)  # Envoy went past it: refused or failed
+        # a body never sent to the picker (response_body_mode NONE, GAIE's default) is a
+        # success it cannot measure: counted, not learned from (no tokens seen)
+        ok = self.status == 200 and (not self.body_seen or self.reader.done
+                                     or self.reader.usage.completion_tokens > 0)
+        if served is not None:
+            if self.status >= 500 or self.status == 0:
+                served[1].breaker.failure(now)
+            else:
+                served[1].breaker.success()
+        outcome = Outcome(pick.request, pick.profile, pick.tenant,  # type: ignore[arg-type]
+                          pick.decision, pick.timer, load=pick.load, workers=pick.workers,
+                          usage=self.reader.usage, spec=self.reader.spec, ok=ok,
+                          finish_reason=self.reader.finish_reason)
+        if not ok:
+            pick.trace.set("http.response.status_code", self.status or 502)
+        self.services.reporter.record(outcome, pick.trace)
+
+    def close(self) -> None:
+        """The stream ended (the client left, Envoy gave up, or the response is done)."""
+        try:
+            self._finish()
+        except Exception as exc:  # noqa: BLE001 - a bug must not leave the stream hanging
+            internal_error(exc, "picker: recording a finished request")  # logs it
+
+
+def no_endpoint() -> GatewayError:
+    return NoHealthyWorker("no ready endpoint", code="no_healthy_worker")
+

@@ -1,0 +1,138 @@
+"""The picker's gRPC server: Envoy's ext_proc v3 `ExternalProcessor` and gRPC health.
+
+One `Exchange` per ext_proc stream (one HTTP request). Health (grpc.health.v1, the
+protocol's "Health Checking"): `liveness` is SERVING while the process answers;
+`readiness`, `envoy.service.ext_proc.v3.ExternalProcessor` and the empty service name
+are SERVING once the first health round has run and some worker is available, else
+NOT_SERVING (one replica serves alone: no leader election); any other name is
+SERVICE_UNKNOWN (NOT_FOUND, as the reference servicer answers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from gateway.picker.exchange import Exchange
+from gateway.picker.protocol import MAX_ENDPOINTS_METADATA
+from gateway.picker.services import PickerServices, running
+
+log = logging.getLogger("specroute.picker")
+EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
+READY_SERVICES = frozenset({"", "readiness", EXT_PROC_SERVICE})
+Status = health_pb2.HealthCheckResponse.ServingStatus
+
+
+class Processor(ext_grpc.ExternalProcessorServicer):
+    def __init__(self, services: PickerServices) -> None:
+        self.services = services
+
+    async def Process(self, request_iterator: AsyncIterator[ext.ProcessingRequest],  # noqa: N802
+                      context: grpc.aio.ServicerContext) -> AsyncIterator[ext.ProcessingResponse]:
+        exchange = Exchange(self.services, stream_budget(context.invocation_metadata()))
+        try:
+            async for message in request_iterator:
+                for answer in await exchange.handle(message):
+                    yield answer
+        finally:
+            exchange.close()  # also when Envoy or the client gives up mid-request
+
+
+def stream_budget(metadata: object) -> int | None:
+    """The endpoints a stream's listener takes (`MAX_ENDPOINTS_METADATA`); None: the
+    picker's own `max_endpoints`."""
+    for key, value in metadata or ():  # type: ignore[attr-defined]
+        if key == MAX_ENDPOINTS_METADATA and isinstance(value, str) and value.isdigit():
+            return int(value) or None
+    return None
+
+
+class Health(health_pb2_grpc.HealthServicer):
+    def __init__(self, ready: Callable[[], bool]) -> None:
+        self.ready = ready
+
+    def status(self, service: str) -> int | None:
+        if service == "liveness":
+            return health_pb2.HealthCheckResponse.SERVING
+        if service in READY_SERVICES:
+            return (health_pb2.HealthCheckResponse.SERVING if self.ready()
+                    else health_pb2.HealthCheckResponse.NOT_SERVING)
+        return None
+
+    async def Check(self, request: health_pb2.HealthCheckRequest,  # noqa: N802
+                    context: grpc.aio.ServicerContext) -> health_pb2.HealthCheckResponse:
+        status = self.status(request.service)
+        if status is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
+        return health_pb2.HealthCheckResponse(status=status)
+
+
+def make_server(services: PickerServices, address: str) -> tuple[grpc.aio.Server, int]:
+    """The gRPC server with both services, bound to `address` (host:port; port 0 picks
+    a free one); not started. Returns it and its port."""
+    # a whole request body arrives in one message: room for the gateway's body cap (the
+    # cap itself is answered 413), where gRPC's default would refuse at 4 MiB
+    size = services.config.server.max_body_bytes + 1024 * 1024
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", size),
+                                      ("grpc.max_send_message_length", size)])
+    ext_grpc.add_ExternalProcessorServicer_to_server(Processor(services), server)
+    health_pb2_grpc.add_HealthServicer_to_server(Health(lambda: services.ready), server)
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"cannot listen on {address}")
+    return server, port
+
+
+async def serve(services: PickerServices, host: str, port: int, grace_s: float = 5.0,
+                config_path: str | None = None) -> None:
+    """Run until SIGTERM or SIGINT; requests in flight get `grace_s` to end."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with running(services, config_path):
+        server, bound = make_server(services, f"{host}:{port}")
+        await server.start()
+        log.info("specroute picker (ext_proc v3 + grpc.health.v1) on %s:%d, pools: %s",
+                 host, bound, ", ".join(services.pools))
+        await stop.wait()
+        await server.stop(grace_s)
+
+
+def run(config_path: str, host: str | None, port: int, policy: str = "learned",
+        max_endpoints: int | None = None, metrics_port: int = 0) -> int:
+    """`specroute picker`: load the gateway config, serve until stopped; 2 on a bad
+    config or an exposure the gateway would refuse too. With `metrics_port`, the
+    gateway's Prometheus metrics (requests, latency, accept length per pool, the engines'
+    own acceptance) on that port's `/metrics`."""
+    from gateway.config import ConfigError, load_config
+    from gateway.tenants.auth import check_exposure
+
+    from .services import build
+
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        print(f"specroute picker: {exc}", file=sys.stderr)
+        return 2
+    host = host or config.server.host
+    if (why := check_exposure(config, host)) is not None:
+        print(f"specroute picker: {why}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=config.server.log_level.upper().replace("TRACE", "DEBUG"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    services = build(config, policy=policy, max_endpoints=max_endpoints)
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, addr=host, registry=services.registry)
+    asyncio.run(serve(services, host, port, config_path=config_path))
+    return 0
