@@ -1,5 +1,5 @@
 # specroute images. Targets:
-#   gateway (default)  python:3.11-slim + `pip install .`         -> specroute gateway
+#   gateway (default)  python:3.11-slim + `pip install .[picker]` -> specroute gateway
 #   embedded           + torch CPU wheel and `.[embedded]`          -> specroute worker
 #   sglang-worker      SGLang's CUDA image + specroute (no deps)    -> specroute supervise
 #   fleet-controller   + `.[k8s]` (the kubernetes client)           -> specroute fleet-controller
@@ -14,7 +14,7 @@ COPY gateway gateway
 COPY policies policies
 COPY workers workers
 COPY bench bench
-RUN pip install .
+RUN pip install ".[picker]"
 RUN useradd --create-home --uid 10001 specroute
 USER specroute
 
