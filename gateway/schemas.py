@@ -20,6 +20,8 @@ ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function
 RESPONSE_FORMATS = frozenset({"text", "json_object", "json_schema"})
 MAX_N = 16  # the embedded worker's limit; more samples are more requests
 MAX_TOP_LOGPROBS = 20  # OpenAI's
+TOOL_CHOICES = frozenset({"none", "auto", "required"})
+GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")  # SGLang's; the adapters pass them on
 
 
 @dataclass(slots=True)
@@ -196,7 +198,47 @@ def _stream_flags(body: dict) -> tuple[bool, bool]:
         return stream, False
     if not isinstance(options, dict):
         raise _bad("stream_options", "'stream_options' must be an object")
-    return stream, bool(options.get("include_usage", False))
+    usage = options.get("include_usage", False)
+    if usage is not None and not isinstance(usage, bool):
+        raise _bad("stream_options.include_usage",
+                   "'stream_options.include_usage' must be a boolean")
+    return stream, bool(usage)
+
+
+def check_custom_params(params: dict, param: str = "custom_params") -> None:
+    """`custom_params` is an object (the adapters merge the gateway's k into it)."""
+    value = params.get("custom_params")
+    if value is not None and not isinstance(value, dict):
+        raise _bad(param, f"'{param}' must be an object")
+
+
+def check_grammar(params: dict, prefix: str = "") -> None:
+    """SGLang's grammar fields, passed on to the worker: `json_schema` text (or, on the
+    OpenAI routes, an object), `regex` and `ebnf` text."""
+    for name in GRAMMAR_FIELDS:
+        value = params.get(name)
+        if value is None or isinstance(value, str) or (
+                name == "json_schema" and not prefix and isinstance(value, dict)):
+            continue
+        kind = "a string or an object" if name == "json_schema" and not prefix else "a string"
+        raise _bad(prefix + name, f"'{prefix}{name}' must be {kind}")
+
+
+def _extensions(body: dict) -> None:
+    """Fields beyond OpenAI's that the gateway or its adapters read (SGLang's sampling
+    extensions): a wrong type is a 400 here, not a TypeError in an adapter."""
+    check_custom_params(body)
+    check_grammar(body)
+    _integer(body, "top_k", -1)
+    choice = body.get("tool_choice")
+    if choice is not None and not isinstance(choice, dict) and not (
+            isinstance(choice, str) and choice in TOOL_CHOICES):
+        raise _bad("tool_choice", "'tool_choice' must be none, auto, required or an object "
+                   "naming a function")
+    tools = body.get("tools")
+    if tools is not None and not (isinstance(tools, list)
+                                  and all(isinstance(t, dict) for t in tools)):
+        raise _bad("tools", "'tools' must be a list of objects")
 
 
 def parse_request(body: Any, endpoint: Endpoint) -> GenerationRequest:
@@ -215,9 +257,8 @@ def parse_request(body: Any, endpoint: Endpoint) -> GenerationRequest:
     if max_tokens is None:
         max_tokens = _integer(body, "max_tokens", 1)
     seed = _integer(body, "seed", -(2**63))
+    _extensions(body)
     tools = body.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise _bad("tools", "'tools' must be a list")
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise _bad("user", "'user' must be a string")

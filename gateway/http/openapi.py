@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.schemas import MAX_N, MAX_TOP_LOGPROBS
+from gateway.schemas import MAX_N, MAX_TOP_LOGPROBS, TOOL_CHOICES
 
 ERROR_STATUSES = {
     "400": "Invalid request (the `param` names the field)",
@@ -60,13 +60,20 @@ COMMON_FIELDS: dict[str, Any] = {
     "stream": {"type": "boolean"},
     "stream_options": {"type": "object",
                        "properties": {"include_usage": {"type": "boolean"}}},
+    # SGLang's extensions the gateway reads (custom_params carries the gateway's k)
+    "custom_params": {"type": "object"},
+    "top_k": {"type": "integer", "minimum": -1},
+    "json_schema": {"oneOf": [{"type": "string"}, {"type": "object"}]},
+    "regex": {"type": "string"},
+    "ebnf": {"type": "string"},
     "response_format": {
         "type": "object", "required": ["type"],
         "properties": {"type": {"type": "string",
                                 "enum": ["text", "json_object", "json_schema"]},
                        "json_schema": {"type": "object"}}},
     "tools": {"type": "array", "items": {"type": "object"}},
-    "tool_choice": {},
+    "tool_choice": {"oneOf": [{"type": "string", "enum": sorted(TOOL_CHOICES)},
+                              {"type": "object"}]},
     "user": {"type": "string"},
 }
 
@@ -122,9 +129,12 @@ NATIVE_REQUEST: dict[str, Any] = {  # SGLang's GenerateReqInput, as gateway/http
             "max_new_tokens": {"type": "integer", "minimum": 0},
             "temperature": {"type": "number", "minimum": 0},
             "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+            "top_k": COMMON_FIELDS["top_k"],
             "sampling_seed": {"type": "integer"},
             "stop": {"oneOf": [{"type": "string"},
                                {"type": "array", "items": {"type": "string"}}]},
+            "logit_bias": COMMON_FIELDS["logit_bias"],
+            "custom_params": COMMON_FIELDS["custom_params"],
             "json_schema": {"type": "string"}, "regex": {"type": "string"},
             "ebnf": {"type": "string"}}},
     },

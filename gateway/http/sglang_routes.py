@@ -34,7 +34,12 @@ from gateway.http.endpoints import Admitted, TokenEndpoint, send_error
 from gateway.http.responses import DONE, ChunkWriter
 from gateway.http.services import Gateway
 from gateway.pools import Pool
-from gateway.schemas import GenerationRequest, check_logit_bias
+from gateway.schemas import (
+    GenerationRequest,
+    check_custom_params,
+    check_grammar,
+    check_logit_bias,
+)
 from gateway.telemetry.record import Timer
 from gateway.tenants.auth import is_admin
 from gateway.upstream.adapters.base import Delta, Final, GenerationResult
@@ -42,6 +47,7 @@ from policies.types import Decision
 
 NATIVE_ENGINES = frozenset({"sglang", "embedded"})
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")
+PARAMS = "sampling_params."
 
 
 def _bad(param: str, message: str) -> InvalidRequest:
@@ -71,9 +77,15 @@ def parse_generate(body: object, models: list[str]) -> GenerationRequest:
     if not isinstance(params, dict):
         raise _bad("sampling_params", "'sampling_params' must be an object")
     check_logit_bias(params, "sampling_params.logit_bias")
+    check_custom_params(params, "sampling_params.custom_params")
+    check_grammar(params, PARAMS)
+    _stop(params)
+    _int(params, "top_k", -1)
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise _bad("stream", "'stream' must be a boolean")
+    if body.get("rid") is not None and not isinstance(body["rid"], str):
+        raise _bad("rid", "'rid' must be a string (one prompt per request)")
     schema = params.get("json_schema")
     fmt = None
     if any(params.get(f) is not None for f in GRAMMAR_FIELDS):
@@ -81,23 +93,36 @@ def parse_generate(body: object, models: list[str]) -> GenerationRequest:
         fmt = {"type": "json_schema", "json_schema": {"schema": schema}}
     return GenerationRequest(
         endpoint="completions", model=model, body=body, prompt=text if text is not None
-        else ids, max_tokens=_int(params, "max_new_tokens"), temperature=_float(
-            params, "temperature", 1.0), top_p=_float(params, "top_p"), stream=stream,
-        seed=_int(params, "sampling_seed"), response_format=fmt, native=body)
+        else ids, max_tokens=_int(params, "max_new_tokens", 0), temperature=_float(
+            params, "temperature", 0.0, default=1.0), top_p=_float(params, "top_p", 0.0, 1.0),
+        stream=stream, seed=_int(params, "sampling_seed"), response_format=fmt, native=body)
 
 
-def _int(params: dict, name: str) -> int | None:
+def _int(params: dict, name: str, low: int | None = None) -> int | None:
     value = params.get(name)
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-        raise _bad(f"sampling_params.{name}", f"'sampling_params.{name}' must be an integer")
+        raise _bad(PARAMS + name, f"'{PARAMS}{name}' must be an integer")
+    if value is not None and low is not None and value < low:
+        raise _bad(PARAMS + name, f"'{PARAMS}{name}' must be >= {low}, got {value}")
     return value
 
 
-def _float(params: dict, name: str, default: float | None = None) -> float | None:
+def _float(params: dict, name: str, low: float, high: float | None = None,
+           default: float | None = None) -> float | None:
     value = params.get(name, default)
     if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
-        raise _bad(f"sampling_params.{name}", f"'sampling_params.{name}' must be a number")
+        raise _bad(PARAMS + name, f"'{PARAMS}{name}' must be a number")
+    if value is not None and not (low <= value and (high is None or value <= high)):
+        bound = f"between {low:g} and {high:g}" if high is not None else f">= {low:g}"
+        raise _bad(PARAMS + name, f"'{PARAMS}{name}' must be {bound}, got {value}")
     return None if value is None else float(value)
+
+
+def _stop(params: dict) -> None:
+    stop = params.get("stop")
+    if stop is not None and not isinstance(stop, str) and not (
+            isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+        raise _bad(PARAMS + "stop", f"'{PARAMS}stop' must be a string or a list of strings")
 
 
 def _sse(obj: object) -> bytes:
