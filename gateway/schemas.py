@@ -22,6 +22,8 @@ MAX_N = 16  # the embedded worker's limit; more samples are more requests
 MAX_TOP_LOGPROBS = 20  # OpenAI's
 TOOL_CHOICES = frozenset({"none", "auto", "required"})
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")  # SGLang's; the adapters pass them on
+# custom_params keys that choose what the embedded worker runs: the gateway's alone
+STEERING_KEYS = ("method", "num_speculative_tokens")
 
 
 @dataclass(slots=True)
@@ -206,10 +208,21 @@ def _stream_flags(body: dict) -> tuple[bool, bool]:
 
 
 def check_custom_params(params: dict, param: str = "custom_params") -> None:
-    """`custom_params` is an object (the adapters merge the gateway's k into it)."""
+    """`custom_params` is an object (the adapters merge the gateway's k into it) without
+    the keys that choose the worker's method or k (`STEERING_KEYS`): the gateway decides
+    those and records them; a client that could set them would run one thing while the
+    shared telemetry learned another, and would get around `may_pin`."""
     value = params.get("custom_params")
-    if value is not None and not isinstance(value, dict):
+    if value is None:
+        return
+    if not isinstance(value, dict):
         raise _bad(param, f"'{param}' must be an object")
+    for key in STEERING_KEYS:
+        if key in value:
+            raise InvalidRequest(
+                f"'{param}.{key}' is set by the gateway, never by the client; to run a "
+                f"given pool or k, send x-specroute-pool / x-specroute-k (API keys with "
+                f"may_pin)", param=f"{param}.{key}", code="unsupported_parameter")
 
 
 def check_grammar(params: dict, prefix: str = "") -> None:

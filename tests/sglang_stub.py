@@ -9,7 +9,9 @@ and the `spec_*` counters; streamed `text`/`output_ids` CUMULATIVE unless
 token. Prompt words trigger failures: TRIGGER_400 (a 4xx), TRIGGER_SLOW (sleeps 3 s),
 TRIGGER_MIDSTREAM_ERROR (an in-band error after two chunks). `--stall S` waits S seconds
 before answering `/generate`, `--drip S` between streamed chunks (both routes); a client that leaves
-meanwhile is counted in `GET /stats` (`generate_calls`, `in_flight`, `cancelled`, `k_seen`).
+meanwhile is counted in `GET /stats` (`generate_calls`, `in_flight`, `cancelled`, and the
+`last_k` / `last_method` the last request ran with, read from `custom_params` as the
+embedded worker reads them).
 `--fault MODE` makes every generation answer broken on the wire (health stays 200):
 `garbage` (a 200 that is not JSON), `truncated` (a 200 whose JSON is cut in half),
 `status500`, `close-mid-chunk` (a stream: one token, then half an event and the
@@ -48,6 +50,7 @@ class StubConfig:
     in_flight: int = 0
     cancelled: int = 0
     last_k: int | None = None
+    last_method: str | None = None  # the method the last request ran with (custom_params)
     accept_length: float = 3.0  # tokens per verify step reported (capped at k + 1)
     step_s: float = 0.0  # simulated time per verify step (per token when not speculating)
     no_constrained: bool = False  # 400 on response_format / json_schema, as the embedded engine
@@ -117,6 +120,13 @@ def plan(cfg: StubConfig, prompt: str, source: str, max_tokens: int | None,
                 "spec_accept_rate": correct / proposed, "spec_num_correct_drafts": correct,
                 "spec_num_proposed_drafts": proposed}
     return Plan(out, len(words_of(prompt)), finish, spec)
+
+
+def request_method(cfg: StubConfig, custom: dict | None) -> str:
+    """The embedded worker's rule: `custom_params.method` if given, else its own."""
+    if custom and isinstance(custom.get("method"), str):
+        return custom["method"]
+    return cfg.method
 
 
 def request_k(cfg: StubConfig, custom: dict | None) -> int:
@@ -206,7 +216,7 @@ class StubServer:
         c = self.cfg
         return web.json_response({"generate_calls": c.generate_calls, "in_flight": c.in_flight,
                                   "cancelled": c.cancelled, "served": c.served,
-                                  "last_k": c.last_k})
+                                  "last_k": c.last_k, "last_method": c.last_method})
 
     async def admit(self, prompt: str) -> web.Response | None:
         if self.cfg.failing():
@@ -248,6 +258,7 @@ class StubServer:
         if self.cfg.no_constrained and params.get("json_schema"):
             return reject(400, "constrained decoding is not supported (json_schema)")
         self.cfg.last_k = request_k(self.cfg, params.get("custom_params"))
+        self.cfg.last_method = request_method(self.cfg, params.get("custom_params"))
         p = plan(self.cfg, prompt, prompt, params.get("max_new_tokens", 128),
                  params.get("stop"), self.cfg.last_k)
         await self.steps(request, p)
@@ -327,6 +338,7 @@ class StubServer:
             return openai_reject(404, f"model {body.get('model')!r} not served here")
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         self.cfg.last_k = request_k(self.cfg, body.get("custom_params"))
+        self.cfg.last_method = request_method(self.cfg, body.get("custom_params"))
         p = plan(self.cfg, prompt, last_user_text(body), max_tokens, body.get("stop"),
                  self.cfg.last_k)
         await self.steps(request, p)

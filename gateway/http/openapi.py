@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.schemas import MAX_N, MAX_TOP_LOGPROBS, TOOL_CHOICES
+from gateway.schemas import MAX_N, MAX_TOP_LOGPROBS, STEERING_KEYS, TOOL_CHOICES
 
 ERROR_STATUSES = {
     "400": "Invalid request (the `param` names the field)",
@@ -60,8 +60,10 @@ COMMON_FIELDS: dict[str, Any] = {
     "stream": {"type": "boolean"},
     "stream_options": {"type": "object",
                        "properties": {"include_usage": {"type": "boolean"}}},
-    # SGLang's extensions the gateway reads (custom_params carries the gateway's k)
-    "custom_params": {"type": "object"},
+    # SGLang's extensions the gateway reads: custom_params carries the gateway's own k;
+    # a client's method or num_speculative_tokens is refused (pin with the headers)
+    "custom_params": {"type": "object", "not": {"anyOf": [
+        {"required": [key]} for key in STEERING_KEYS]}},
     "top_k": {"type": "integer", "minimum": -1},
     "json_schema": {"oneOf": [{"type": "string"}, {"type": "object"}]},
     "regex": {"type": "string"},

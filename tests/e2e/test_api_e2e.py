@@ -1,8 +1,9 @@
 """The API surface through a real gateway and a real embedded worker, with the official
 openai client: JSON schema under every speculative method, n, logprobs.
 
-One worker serves the bundled tiny model (every drafter); the request picks the method
-with the worker's own `custom_params.method`, which the gateway passes through.
+One worker serves the bundled tiny model (every drafter) to one pool per method; the
+request picks the method by pinning its pool (`x-specroute-pool`): the gateway, never
+the client, sets the worker's method and k (`custom_params`).
 """
 
 from __future__ import annotations
@@ -35,10 +36,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     procs = [worker]
     try:
         gateway_proc, gateway = start_gateway(tmp, {"pools": [
-            {"name": "e", "engine": "embedded", "model": "tiny", "workers": [url],
-             "method": "ngram", "k": 4,
+            {"name": name, "engine": "embedded", "model": "tiny", "workers": [url],
+             "method": method, "k": 4,
              "capabilities": {"max_context": 1024, "constrained_decoding": True,
-                              "tools": True, "per_request_k": True}}]})
+                              "tools": True, "per_request_k": True}}
+            for name, method in [("e", "ngram")] + [(f"m-{m}", m) for m in METHODS[1:]]]})
         procs.append(gateway_proc)
         yield {"gateway": gateway, "worker": url, "tmp": Path(tmp)}
     finally:
@@ -58,7 +60,7 @@ def _via(method: str, **extra_body: object) -> dict:
     """Request options that pick `method` on the worker: plain is k = 0 (pinned)."""
     if method == "plain":
         return {"extra_headers": {"x-specroute-k": "0"}, "extra_body": extra_body}
-    return {"extra_body": {"custom_params": {"method": method}, **extra_body}}
+    return {"extra_headers": {"x-specroute-pool": f"m-{method}"}, "extra_body": extra_body}
 
 
 def _valid(doc: dict) -> bool:

@@ -28,7 +28,7 @@ from gateway.upstream.adapters.base import (
     GenerationResult,
     StreamItem,
     finish_reason_of,
-    with_k,
+    worker_params,
 )
 from gateway.upstream.adapters.wire import post, post_json, sse_data
 from policies.fleet import WORKER_BATCH_KEY
@@ -93,8 +93,9 @@ class OpenAIAdapter:
             body["stream_options"] = {"include_usage": True}
         else:
             body.pop("stream_options", None)
-        if pool.capabilities.per_request_k:
-            body["custom_params"] = with_k(body.get("custom_params"), k)
+        params = worker_params(body.pop("custom_params", None), pool, k)
+        if params is not None:
+            body["custom_params"] = params
         return body
 
     async def generate(self, worker: str, request: GenerationRequest, pool: PoolConfig,

@@ -33,7 +33,7 @@ from gateway.upstream.adapters.base import (
     GenerationResult,
     StreamItem,
     finish_reason_of,
-    with_k,
+    worker_params,
 )
 from gateway.upstream.adapters.openai import OpenAIAdapter
 from gateway.upstream.adapters.wire import post, post_json, sse_data
@@ -113,8 +113,8 @@ def sampling_params(request: GenerationRequest, pool: PoolConfig, k: int) -> dic
             params["json_schema"] = orjson.dumps(schema).decode()
         elif request.response_format.get("type") == "json_object":
             params["json_schema"] = '{"type": "object"}'  # what SGLang's own route sends
-    if pool.capabilities.per_request_k:
-        params["custom_params"] = with_k(None, k)
+    if (custom := worker_params(None, pool, k)) is not None:
+        params["custom_params"] = custom
     return params
 
 
@@ -128,8 +128,9 @@ class SGLangAdapter:
         if request.native is not None:  # SGLang's own body: only k and stream are ours
             body = {key: v for key, v in request.native.items() if key != "model"}
             params = dict(body.get("sampling_params") or {})
-            if pool.capabilities.per_request_k:
-                params["custom_params"] = with_k(params.get("custom_params"), k)
+            custom = worker_params(params.pop("custom_params", None), pool, k)
+            if custom is not None:
+                params["custom_params"] = custom
             return {**body, "sampling_params": params, "stream": stream}
         prompt_key = "input_ids" if isinstance(request.prompt, list) else "text"
         return {prompt_key: request.prompt, "stream": stream, "rid": uuid.uuid4().hex,
