@@ -15,12 +15,14 @@ embedded worker reads them).
 `--fault MODE` makes every generation answer broken on the wire (health stays 200):
 `garbage` (a 200 that is not JSON), `truncated` (a 200 whose JSON is cut in half),
 `status500`, `close-mid-chunk` (a stream: one token, then half an event and the
-connection closed; not streaming: half the body, then closed).
+connection closed; not streaming: half the body, then closed), or a malformed shape of
+well-formed JSON (`tests/stub_shapes.py`: counters as strings, lists for objects, no
+choices, bad stream choices, bad usage; `/server_info` malformed too).
 
     python tests/sglang_stub.py --port P [--model NAME] [--method M] [--k K]
                                 [--fail-after N] [--incremental] [--stall S] [--drip S]
                                 [--accept-length X] [--step-s S] [--no-constrained]
-                                [--fault garbage|truncated|status500|close-mid-chunk]
+                                [--fault garbage|truncated|status500|close-mid-chunk|SHAPE]
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import uuid
 from dataclasses import dataclass
 
 import orjson
+import stub_shapes
 from aiohttp import web
 
 
@@ -159,12 +162,28 @@ async def pause(request: web.Request, seconds: float) -> None:
         await asyncio.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
 
 
-FAULTS = ("garbage", "truncated", "status500", "close-mid-chunk")
+FAULTS = ("garbage", "truncated", "status500", "close-mid-chunk", *stub_shapes.SHAPES)
+
+
+async def malformed_answer(request: web.Request, shape: str, stream: bool,
+                           chat: bool | None) -> web.StreamResponse:
+    """A 200 of well-formed JSON in the wrong shape (stub_shapes); chat None: /generate."""
+    reply = stub_shapes.generate_reply(shape, stream) if chat is None \
+        else stub_shapes.openai_reply(shape, chat, stream)
+    if not stream:
+        return web.json_response(reply, dumps=lambda o: orjson.dumps(o).decode())
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    await resp.write(b"data: " + orjson.dumps(reply) + b"\n\n" + b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
 
 
 async def broken_answer(request: web.Request, fault: str, stream: bool,
-                        chat: bool) -> web.StreamResponse:
+                        chat: bool | None) -> web.StreamResponse:
     """One answer broken as `fault` says (FAULTS), in the route's shape."""
+    if fault in stub_shapes.SHAPES:
+        return await malformed_answer(request, fault, stream, chat)
     if chat:
         token = b"data: " + orjson.dumps({"id": "x", "object": "chat.completion.chunk",
                                            "choices": [{"index": 0, "delta": {
@@ -250,7 +269,7 @@ class StubServer:
         body = await request.json(loads=orjson.loads)
         if self.cfg.fault is not None:
             return await broken_answer(request, self.cfg.fault, bool(body.get("stream")),
-                                       chat=False)
+                                       chat=None)
         prompt = prompt_text(body)
         if (failure := await self.admit(prompt)) is not None:
             return failure
@@ -301,6 +320,8 @@ class StubServer:
         return web.Response(status=503 if self.cfg.failing() else 200)
 
     async def server_info(self, request: web.Request) -> web.Response:
+        if self.cfg.fault in stub_shapes.SHAPES:
+            return web.json_response(stub_shapes.server_info(self.cfg.fault))
         return web.json_response({
             "model_path": self.cfg.model, "served_model_name": self.cfg.model,
             "speculative_algorithm": None if self.cfg.method == "plain" else self.cfg.method.upper(),

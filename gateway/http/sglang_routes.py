@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 
 import aiohttp
 import orjson
@@ -45,6 +46,7 @@ from gateway.tenants.auth import is_admin
 from gateway.upstream.adapters.base import Delta, Final, GenerationResult
 from policies.types import Decision
 
+log = logging.getLogger("specroute.gateway")
 NATIVE_ENGINES = frozenset({"sglang", "embedded"})
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")
 PARAMS = "sampling_params."
@@ -182,14 +184,31 @@ async def _native(send: Send, job: Admitted) -> Admitted | None:
 
 
 async def _worker_info(session: aiohttp.ClientSession, pool: Pool, url: str) -> dict | None:
+    """The worker's first `internal_states` entry, or None when it is down, answers
+    something else than 200, or answers a body of the wrong shape (logged; the worker
+    is left out of the aggregate, as a down one is)."""
     try:
         async with session.get(url + "/server_info",
                                timeout=aiohttp.ClientTimeout(total=5)) as resp:
             if resp.status != 200:
                 return None
-            return await resp.json(content_type=None)
+            body = await resp.json(content_type=None)
     except (aiohttp.ClientError, TimeoutError, ValueError):
         return None
+    states = body.get("internal_states") if isinstance(body, dict) else None
+    if states is None and isinstance(body, dict):
+        return {}
+    if not (isinstance(states, list) and (not states or isinstance(states[0], dict))):
+        log.info("worker %s: /server_info is not SGLang's shape; left out", url)
+        return None
+    return dict(states[0]) if states else {}
+
+
+def _number(state: dict, key: str) -> float | None:
+    value = state.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        return None
+    return float(value)
 
 
 async def server_info(request: Request) -> Response:
@@ -201,18 +220,16 @@ async def server_info(request: Request) -> Response:
     infos = await asyncio.gather(*(_worker_info(session, p, u) for p, u in targets))
     states = []
     admin = is_admin(request)  # worker addresses are operator detail, as on /ready
-    for (pool, url), info in zip(targets, infos, strict=True):
-        if info is None:
+    for (pool, url), state in zip(targets, infos, strict=True):
+        if state is None:
             continue
-        state = dict((info.get("internal_states") or [{}])[0])
         state.update({"pool": pool.name, "method": pool.config.method, "k": pool.config.k})
         if admin:
             state["worker"] = url
         states.append(state)
-    lengths = [s["avg_spec_accept_length"] for s in states
-               if isinstance(s.get("avg_spec_accept_length"), int | float)]
-    aggregate: dict = {"pool": None, "num_running_reqs": sum(
-        s.get("num_running_reqs", 0) for s in states)}
+    lengths = [n for s in states if (n := _number(s, "avg_spec_accept_length")) is not None]
+    aggregate: dict = {"pool": None, "num_running_reqs": int(sum(
+        _number(s, "num_running_reqs") or 0 for s in states))}
     if lengths:
         aggregate["avg_spec_accept_length"] = sum(lengths) / len(lengths)
     models = sorted({p.config.model for p in gateway.pools.values()})

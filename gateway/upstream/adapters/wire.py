@@ -19,6 +19,7 @@ from yarl import URL
 
 from gateway.errors import (
     GatewayError,
+    UpstreamProtocolError,
     UpstreamRejected,
     UpstreamTimeout,
     UpstreamUnavailable,
@@ -99,11 +100,9 @@ async def post_json(session: aiohttp.ClientSession, worker: str, path: str,
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise UpstreamUnavailable(f"worker {worker} sent invalid JSON",
-                                  code="upstream_error") from exc
+        raise UpstreamProtocolError(worker, "the body is not JSON") from exc
     if not isinstance(body, dict):
-        raise UpstreamUnavailable(f"worker {worker} sent a non-object body",
-                                  code="upstream_error")
+        raise UpstreamProtocolError(worker, "the body is not a JSON object")
     return body
 
 
@@ -130,15 +129,13 @@ async def sse_data(worker: str, resp: aiohttp.ClientResponse) -> AsyncIterator[d
                     return
                 item = orjson.loads(data)
                 if not isinstance(item, dict):
-                    raise UpstreamUnavailable(f"worker {worker} sent a non-object SSE event",
-                                              code="upstream_error")
+                    raise UpstreamProtocolError(worker, "an SSE event is not a JSON object")
                 if item.get("error"):
                     raise UpstreamUnavailable(
                         f"worker {worker} failed mid-stream: "
                         f"{upstream_message(orjson.dumps(item))}", code="upstream_error")
                 yield item
     except orjson.JSONDecodeError as exc:
-        raise UpstreamUnavailable(f"worker {worker} sent invalid SSE data",
-                                  code="upstream_error") from exc
+        raise UpstreamProtocolError(worker, "an SSE event is not JSON") from exc
     except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
         raise transport_error(worker, exc) from exc
