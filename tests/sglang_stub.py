@@ -10,7 +10,7 @@ token. Prompt words trigger failures: TRIGGER_400 (a 4xx), TRIGGER_SLOW (sleeps 
 TRIGGER_MIDSTREAM_ERROR (an in-band error after two chunks). `--stall S` waits S seconds
 before answering `/generate`, `--drip S` between streamed chunks (both routes); a client that leaves
 meanwhile is counted in `GET /stats` (`generate_calls`, `in_flight`, `cancelled`, and the
-`last_k` / `last_method` the last request ran with, read from `custom_params` as the
+`last_k` / `last_method` / `last_max_tokens` the last request ran with, read from `custom_params` as the
 embedded worker reads them).
 `--fault MODE` makes every generation answer broken on the wire (health stays 200):
 `garbage` (a 200 that is not JSON), `truncated` (a 200 whose JSON is cut in half),
@@ -54,6 +54,7 @@ class StubConfig:
     cancelled: int = 0
     last_k: int | None = None
     last_method: str | None = None  # the method the last request ran with (custom_params)
+    last_max_tokens: int | None = None  # the token budget the last request was sent with
     accept_length: float = 3.0  # tokens per verify step reported (capped at k + 1)
     step_s: float = 0.0  # simulated time per verify step (per token when not speculating)
     no_constrained: bool = False  # 400 on response_format / json_schema, as the embedded engine
@@ -235,7 +236,8 @@ class StubServer:
         c = self.cfg
         return web.json_response({"generate_calls": c.generate_calls, "in_flight": c.in_flight,
                                   "cancelled": c.cancelled, "served": c.served,
-                                  "last_k": c.last_k, "last_method": c.last_method})
+                                  "last_k": c.last_k, "last_method": c.last_method,
+                                  "last_max_tokens": c.last_max_tokens})
 
     async def admit(self, prompt: str) -> web.Response | None:
         if self.cfg.failing():
@@ -278,6 +280,7 @@ class StubServer:
             return reject(400, "constrained decoding is not supported (json_schema)")
         self.cfg.last_k = request_k(self.cfg, params.get("custom_params"))
         self.cfg.last_method = request_method(self.cfg, params.get("custom_params"))
+        self.cfg.last_max_tokens = params.get("max_new_tokens")
         p = plan(self.cfg, prompt, prompt, params.get("max_new_tokens", 128),
                  params.get("stop"), self.cfg.last_k)
         await self.steps(request, p)
@@ -360,6 +363,7 @@ class StubServer:
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         self.cfg.last_k = request_k(self.cfg, body.get("custom_params"))
         self.cfg.last_method = request_method(self.cfg, body.get("custom_params"))
+        self.cfg.last_max_tokens = max_tokens
         p = plan(self.cfg, prompt, last_user_text(body), max_tokens, body.get("stop"),
                  self.cfg.last_k)
         await self.steps(request, p)

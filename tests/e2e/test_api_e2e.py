@@ -227,3 +227,21 @@ def test_tool_call_streamed(client: openai.OpenAI) -> None:
             finish = choice.finish_reason or finish
     assert finish == "tool_calls" and len(calls) == 1 and not content
     _arguments(calls[0])
+
+
+def test_tool_call_without_max_tokens_ends_within_its_budget(client: openai.OpenAI) -> None:
+    """No max_tokens, a string argument with no maxLength and arguments open to more
+    keys: the grammar alone would let the model write until the context ends; the
+    gateway's budget (server.default_max_tokens, bounded by the context left) ends it
+    with a call or at `length`, never a hang."""
+    open_tool = [{"type": "function", "function": {
+        "name": "note", "description": "Keep a note",
+        "parameters": {"type": "object", "properties": {"text": {"type": "string"}},
+                       "required": ["text"]}}}]
+    for temperature in (0.0, 1.0):
+        reply = client.chat.completions.create(
+            model="tiny", messages=ASK, tools=open_tool, tool_choice="required",
+            temperature=temperature, seed=5, timeout=60)
+        choice = reply.choices[0]
+        assert choice.finish_reason in ("tool_calls", "length"), choice
+        assert reply.usage is not None and reply.usage.completion_tokens <= 1024

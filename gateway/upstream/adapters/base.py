@@ -59,6 +59,10 @@ class Adapter(Protocol):
     def stream(self, worker: str, request: GenerationRequest, pool: PoolConfig,
                k: int) -> AsyncIterator[StreamItem]: ...
 
+    async def alive(self, worker: str, timeout_s: float) -> bool:
+        """Whether the worker's server answers at all (busy or not) within `timeout_s`."""
+        ...
+
 
 def worker_params(custom_params: object, pool: PoolConfig, k: int) -> dict | None:
     """The request's `custom_params` as the worker gets it: the client's method and k

@@ -30,7 +30,7 @@ from gateway.upstream.adapters.base import (
     worker_params,
 )
 from gateway.upstream.adapters.reply import Reply, no_finish, spec_counters, usage_of
-from gateway.upstream.adapters.wire import post, post_json, sse_data
+from gateway.upstream.adapters.wire import answers, post, post_json, sse_data
 from policies.fleet import WORKER_BATCH_KEY
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -142,6 +142,9 @@ class OpenAIAdapter:
         if params is not None:
             body["custom_params"] = params
         return body
+
+    async def alive(self, worker: str, timeout_s: float) -> bool:
+        return await answers(self.session, worker, timeout_s)
 
     async def generate(self, worker: str, request: GenerationRequest, pool: PoolConfig,
                        k: int) -> GenerationResult:

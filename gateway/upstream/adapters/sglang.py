@@ -36,7 +36,7 @@ from gateway.upstream.adapters.base import (
 )
 from gateway.upstream.adapters.openai import OpenAIAdapter
 from gateway.upstream.adapters.reply import Reply, no_finish, spec_counters, usage_of
-from gateway.upstream.adapters.wire import post, post_json, sse_data
+from gateway.upstream.adapters.wire import answers, post, post_json, sse_data
 from policies.prior import Measured, MeasuredError, WorkerPrior
 
 
@@ -151,6 +151,9 @@ class SGLangAdapter:
         (`/generate` takes one sample and answers logprobs in its own shape)."""
         return request.native is None and (request.endpoint == "chat" or request.n > 1
                                            or request.logprobs)
+
+    async def alive(self, worker: str, timeout_s: float) -> bool:
+        return await answers(self.session, worker, timeout_s)
 
     async def generate(self, worker: str, request: GenerationRequest, pool: PoolConfig,
                        k: int) -> GenerationResult:

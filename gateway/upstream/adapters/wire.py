@@ -58,7 +58,12 @@ def status_error(worker: str, status: int, raw: bytes) -> GatewayError:
 
 
 def transport_error(worker: str, exc: BaseException) -> GatewayError:
-    """Map an aiohttp/asyncio failure to the exception tree."""
+    """Map an aiohttp/asyncio failure to the exception tree. A connect timeout is apart:
+    the worker never had the request, so it is always retried (gateway.upstream.dispatch);
+    after a read or total timeout it may still be generating."""
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return UpstreamTimeout(f"cannot connect to worker {worker} in time",
+                               code="upstream_connect_timeout")
     if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
         return UpstreamTimeout(f"worker {worker} timed out", code="upstream_timeout")
     if isinstance(exc, aiohttp.ClientConnectorError):
@@ -91,6 +96,17 @@ async def post(session: aiohttp.ClientSession, worker: str, path: str,
                 raise
     except (TimeoutError, aiohttp.ClientError) as exc:
         raise transport_error(worker, exc) from exc
+
+
+async def answers(session: aiohttp.ClientSession, worker: str, timeout_s: float) -> bool:
+    """Whether the worker's HTTP server answers at all (`GET /health`, any status)
+    within `timeout_s`: alive, if perhaps busy. A hung or dead process does not."""
+    try:
+        async with session.get(endpoint_url(worker, "/health"),
+                               timeout=aiohttp.ClientTimeout(total=timeout_s)):
+            return True
+    except (TimeoutError, aiohttp.ClientError):
+        return False
 
 
 async def post_json(session: aiohttp.ClientSession, worker: str, path: str,
