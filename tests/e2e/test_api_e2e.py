@@ -245,3 +245,20 @@ def test_tool_call_without_max_tokens_ends_within_its_budget(client: openai.Open
         choice = reply.choices[0]
         assert choice.finish_reason in ("tool_calls", "length"), choice
         assert reply.usage is not None and reply.usage.completion_tokens <= 1024
+
+
+def test_extreme_sampling_settings_sample(stack: dict) -> None:
+    """Schemathesis's find (issue 24): `top_p` 5e-324 with n 13 and logprobs 4 was a
+    worker 500 (every token cut: nan probabilities), a 502 here. Now the most likely
+    token always stays: 13 greedy samples, the same text, finite logprobs."""
+    body = {"model": "tiny", "prompt": "def add(a, b):", "top_p": 5e-324, "n": 13,
+            "logprobs": 4, "max_tokens": 4}
+    for extra in ({}, {"temperature": 1e-300}, {"temperature": 2, "top_p": 1e-300,
+                                                "presence_penalty": -2,
+                                                "logit_bias": {"5": 100}}):
+        response = httpx.post(stack["gateway"] + "/v1/completions", json={**body, **extra},
+                              timeout=60)
+        assert response.status_code == 200, response.text
+        choices = response.json()["choices"]
+        assert len(choices) == 13 and len({c["text"] for c in choices}) == 1
+        assert all(abs(lp) < 1e9 for c in choices for lp in c["logprobs"]["token_logprobs"])
