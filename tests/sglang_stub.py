@@ -73,11 +73,11 @@ def prompt_text(body: dict) -> str:
         parts = []
         for message in body["messages"]:
             content = message.get("content") or ""
-            if isinstance(content, list):
-                content = " ".join(p.get("text", "") for p in content)
+            if isinstance(content, list):  # content parts; the gateway checked their text
+                content = " ".join(p.get("text") or "" for p in content)
             parts.append(content)
         return " ".join(parts)
-    prompt = body.get("prompt", body.get("text", ""))
+    prompt = body.get("prompt") or body.get("text") or body.get("input_ids") or ""
     if isinstance(prompt, list):
         return " ".join(str(t) for t in prompt) if prompt and isinstance(prompt[0], int) \
             else " ".join(prompt)

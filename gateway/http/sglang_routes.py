@@ -96,7 +96,7 @@ def parse_generate(body: object, models: list[str]) -> GenerationRequest:
     return GenerationRequest(
         endpoint="completions", model=model, body=body, prompt=text if text is not None
         else ids, max_tokens=_int(params, "max_new_tokens", 0), temperature=_float(
-            params, "temperature", 0.0, default=1.0), top_p=_float(params, "top_p", 0.0, 1.0),
+            params, "temperature", 0.0, default=1.0), top_p=_top_p(params),
         stream=stream, seed=_int(params, "sampling_seed"), response_format=fmt, native=body)
 
 
@@ -118,6 +118,13 @@ def _float(params: dict, name: str, low: float, high: float | None = None,
         bound = f"between {low:g} and {high:g}" if high is not None else f">= {low:g}"
         raise _bad(PARAMS + name, f"'{PARAMS}{name}' must be {bound}, got {value}")
     return None if value is None else float(value)
+
+
+def _top_p(params: dict) -> float | None:
+    value = _float(params, "top_p", 0.0, 1.0)
+    if value == 0.0:  # SGLang's own check (sampling_params.py): (0, 1]
+        raise _bad(PARAMS + "top_p", f"'{PARAMS}top_p' must be > 0 and <= 1")
+    return value
 
 
 def _stop(params: dict) -> None:

@@ -142,6 +142,27 @@ NATIVE = {"text": "alpha beta"}
     ("/v1/chat/completions", {**CHAT, "stream_options": {"include_usage": "yes"}},
      "stream_options.include_usage"),
     ("/v1/chat/completions", {**CHAT, "tool_choice": 5}, "tool_choice"),
+    # found by the production-path fuzzer: unhashable values where a name belongs
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": ["user"], "content": "x"}]},
+     "messages[0].role"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": {"a": 1}}},
+     "response_format"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": ["x"]}]}]}, "messages[0].content"),
+    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function"}]}, "tools[0].function"),
+    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "web", "function": {"name": "f"}}]},
+     "tools[0].type"),
+    # what SGLang and the embedded worker refuse, refused here with the field named
+    ("/v1/completions", {"top_p": 0}, "top_p"),
+    ("/generate", {**NATIVE, "sampling_params": {"top_p": 0}}, "sampling_params.top_p"),
+    ("/v1/completions", {"regex": "a", "ebnf": "b"}, "ebnf"),
+    ("/generate", {**NATIVE, "sampling_params": {"regex": "a", "json_schema": "{}"}},
+     "sampling_params.regex"),
+    ("/v1/chat/completions", {**CHAT, "regex": "a", "response_format": {"type": "text"}},
+     "regex"),
+    ("/v1/chat/completions", {**CHAT, "tools": [{"function": {"name": "f",
+                                                              "parameters": []}}]},
+     "tools[0].function.parameters"),
     # SGLang's own fields, with the bounds /openapi.json states
     ("/generate", {**NATIVE, "sampling_params": {"top_p": 2}}, "sampling_params.top_p"),
     ("/generate", {**NATIVE, "sampling_params": {"temperature": -1}},
