@@ -9,7 +9,7 @@ classifier, tenants and hashed keys, a real Redis (telemetry, rate limits), two 
 (SGLang-shaped and vLLM-shaped stub workers) each with a worker answering malformed
 shapes (tests/stub_shapes.py) beside a good one: a malformed reply is retried, so no
 client ever sees it. The number of examples is bounded (`SPECROUTE_FUZZ_EXAMPLES`,
-default 6 per route and mode; 10 sent 6,030 requests); the module prints how many it
+default 6 per route and mode: 5,916 requests, most from the coverage phase); the module prints how many it
 sent, by status.
 """
 
@@ -123,6 +123,10 @@ def test_no_input_gets_a_5xx_and_every_error_is_openai_shaped(case, gateway: str
         assert isinstance(error["message"], str) and error["message"]
         assert isinstance(error["type"], str)
         assert "code" in error and "param" in error
+    if auth == "no key" and response.status_code == 401:
+        # the key is checked before the body is read: more bodies would test nothing
+        # more, and generating them is most of this module's time
+        pytest.skip("401 before the body is read")
 
 
 @pytest.mark.parametrize("key", ["\u00b2", "\u0663", "1\u00b2"], ids=["superscript-2",
