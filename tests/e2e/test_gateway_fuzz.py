@@ -9,8 +9,8 @@ classifier, tenants and hashed keys, a real Redis (telemetry, rate limits), two 
 (SGLang-shaped and vLLM-shaped stub workers) each with a worker answering malformed
 shapes (tests/stub_shapes.py) beside a good one: a malformed reply is retried, so no
 client ever sees it. The number of examples is bounded (`SPECROUTE_FUZZ_EXAMPLES`,
-default 6 per route and mode: 5,916 requests, most from the coverage phase); the module prints how many it
-sent, by status.
+default 6 per route and mode: 5,916 requests, most from the coverage phase); the module
+prints how many it sent, by status.
 """
 
 from __future__ import annotations
