@@ -39,7 +39,9 @@ class ServerConfig:
     connect_timeout_s: float = 5.0
     first_token_timeout_s: float = 120.0  # a stream's first token (prefill included)
     read_timeout_s: float = 300.0  # longest silence between upstream bytes (inter-token)
-    total_timeout_s: float = 1800.0  # one whole worker call, stream included
+    total_timeout_s: float = 1800.0  # a whole non-streamed request, failover included;
+    #                                  one whole worker call when streaming
+    default_max_tokens: int = 1024  # a chat request without max_tokens (bounded by context)
     admin_api_key_sha256: str | None = None  # guards /metrics and /ready's detail
     health_interval_s: float = 2.0  # how often each worker's /health is polled
     unhealthy_after: int = 3  # consecutive failed probes that take a worker out
@@ -206,7 +208,7 @@ def _server(raw: Any, path: str) -> ServerConfig:
                  "first_token_timeout_s", "read_timeout_s", "total_timeout_s",
                  "health_interval_s", "unhealthy_after", "healthy_after", "breaker_failures",
                  "breaker_cooldown_s", "discovery_interval_s", "max_attempts",
-                 "drain_timeout_s"):
+                 "drain_timeout_s", "default_max_tokens"):
         _positive(getattr(server, name), f"{path}.{name}")
     if not 0 <= server.port < 65536:
         raise ConfigError(f"{path}.port: must be in 0..65535, got {server.port}")

@@ -17,6 +17,8 @@
     └── UpstreamError                 the worker failed us
         ├── UpstreamRejected          the worker's own 4xx, passed through with its message
         ├── UpstreamUnavailable       502 (5xx, bad answer) or 503 (connection refused)
+        │   └── UpstreamProtocolError 502: a 200 the gateway cannot read (not JSON, or
+        │                             JSON of the wrong shape); retried like a 5xx
         └── UpstreamTimeout           504
 
 Adapters map aiohttp's exceptions into this tree at the transport boundary
@@ -135,6 +137,18 @@ class UpstreamRejected(UpstreamError):
 
 class UpstreamUnavailable(UpstreamError):
     pass
+
+
+class UpstreamProtocolError(UpstreamUnavailable):
+    """The worker answered 200 with something that is not the engine's protocol: bytes
+    that are not JSON, or JSON of the wrong shape (a string for a counter, a list for
+    an object, no choices). Read at the adapter boundary
+    (`gateway.upstream.adapters.reply`); it counts against the worker's breaker and is
+    retried on another worker before the first token, as a 5xx is."""
+
+    def __init__(self, worker: str, what: str) -> None:
+        super().__init__(f"worker {worker} sent a malformed reply: {what}",
+                         code="upstream_protocol_error")
 
 
 class UpstreamTimeout(UpstreamError):

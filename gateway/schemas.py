@@ -20,6 +20,10 @@ ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function
 RESPONSE_FORMATS = frozenset({"text", "json_object", "json_schema"})
 MAX_N = 16  # the embedded worker's limit; more samples are more requests
 MAX_TOP_LOGPROBS = 20  # OpenAI's
+TOOL_CHOICES = frozenset({"none", "auto", "required"})
+GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")  # SGLang's; the adapters pass them on
+# custom_params keys that choose what the embedded worker runs: the gateway's alone
+STEERING_KEYS = ("method", "num_speculative_tokens")
 
 
 @dataclass(slots=True)
@@ -119,6 +123,14 @@ def _integer(body: dict, name: str, low: int, high: int = 2**63 - 1) -> int | No
     return value
 
 
+def _top_p(body: dict) -> float | None:
+    """(0, 1]: SGLang and vLLM both refuse 0 (sampling_params.py), so the gateway does."""
+    value = _number(body, "top_p", 0.0, 1.0)
+    if value == 0.0:
+        raise _bad("top_p", "'top_p' must be > 0 and <= 1 (1e-9 is all but greedy)")
+    return value
+
+
 def _stop(body: dict) -> list[str] | None:
     value = body.get("stop")
     if value is None:
@@ -133,8 +145,9 @@ def _stop(body: dict) -> list[str] | None:
 def _content_ok(content: Any) -> bool:
     if content is None or isinstance(content, str):
         return True
-    return isinstance(content, list) and all(isinstance(p, dict) and "type" in p
-                                             for p in content)
+    return isinstance(content, list) and all(
+        isinstance(p, dict) and isinstance(p.get("type"), str)
+        and (p.get("text") is None or isinstance(p["text"], str)) for p in content)
 
 
 def _messages(body: dict) -> list[dict]:
@@ -148,7 +161,7 @@ def _messages(body: dict) -> list[dict]:
         if not isinstance(message, dict):
             raise _bad(param, f"'{param}' must be an object")
         role = message.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise _bad(f"{param}.role", f"'{param}.role' must be one of "
                        f"{', '.join(sorted(ROLES))}, got {role!r}")
         if not _content_ok(message.get("content")):
@@ -177,7 +190,8 @@ def _response_format(body: dict) -> dict | None:
     fmt = body.get("response_format")
     if fmt is None:
         return None
-    if not isinstance(fmt, dict) or fmt.get("type") not in RESPONSE_FORMATS:
+    if not isinstance(fmt, dict) or not isinstance(fmt.get("type"), str) \
+            or fmt["type"] not in RESPONSE_FORMATS:
         raise _bad("response_format", "'response_format.type' must be one of "
                    "text, json_object, json_schema")
     if fmt["type"] == "json_schema" and not isinstance(fmt.get("json_schema"), dict):
@@ -196,7 +210,77 @@ def _stream_flags(body: dict) -> tuple[bool, bool]:
         return stream, False
     if not isinstance(options, dict):
         raise _bad("stream_options", "'stream_options' must be an object")
-    return stream, bool(options.get("include_usage", False))
+    usage = options.get("include_usage", False)
+    if usage is not None and not isinstance(usage, bool):
+        raise _bad("stream_options.include_usage",
+                   "'stream_options.include_usage' must be a boolean")
+    return stream, bool(usage)
+
+
+def check_custom_params(params: dict, param: str = "custom_params") -> None:
+    """`custom_params` is an object (the adapters merge the gateway's k into it) without
+    the keys that choose the worker's method or k (`STEERING_KEYS`): the gateway decides
+    those and records them; a client that could set them would run one thing while the
+    shared telemetry learned another, and would get around `may_pin`."""
+    value = params.get("custom_params")
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise _bad(param, f"'{param}' must be an object")
+    for key in STEERING_KEYS:
+        if key in value:
+            raise InvalidRequest(
+                f"'{param}.{key}' is set by the gateway, never by the client; to run a "
+                f"given pool or k, send x-specroute-pool / x-specroute-k (API keys with "
+                f"may_pin)", param=f"{param}.{key}", code="unsupported_parameter")
+
+
+def check_grammar(params: dict, prefix: str = "") -> None:
+    """SGLang's grammar fields, passed on to the worker: `json_schema` text (or, on the
+    OpenAI routes, an object), `regex` and `ebnf` text."""
+    given = [name for name in GRAMMAR_FIELDS if params.get(name) is not None]
+    if len(given) > 1:
+        raise _bad(prefix + given[1], f"give at most one of {prefix}json_schema, "
+                   f"{prefix}regex, {prefix}ebnf")
+    if given and not prefix and params.get("response_format") is not None:
+        raise _bad(given[0], f"give either response_format or '{given[0]}', not both")
+    for name in GRAMMAR_FIELDS:
+        value = params.get(name)
+        if value is None or isinstance(value, str) or (
+                name == "json_schema" and not prefix and isinstance(value, dict)):
+            continue
+        kind = "a string or an object" if name == "json_schema" and not prefix else "a string"
+        raise _bad(prefix + name, f"'{prefix}{name}' must be {kind}")
+
+
+def _extensions(body: dict) -> None:
+    """Fields beyond OpenAI's that the gateway or its adapters read (SGLang's sampling
+    extensions): a wrong type is a 400 here, not a TypeError in an adapter."""
+    check_custom_params(body)
+    check_grammar(body)
+    _integer(body, "top_k", -1)
+    choice = body.get("tool_choice")
+    if choice is not None and not isinstance(choice, dict) and not (
+            isinstance(choice, str) and choice in TOOL_CHOICES):
+        raise _bad("tool_choice", "'tool_choice' must be none, auto, required or an object "
+                   "naming a function")
+    tools = body.get("tools")
+    if tools is None:
+        return
+    if not isinstance(tools, list):
+        raise _bad("tools", "'tools' must be a list of objects")
+    for i, tool in enumerate(tools):  # OpenAI's: {"type": "function", "function": {...}}
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(tool, dict) and tool.get("type", "function") != "function":
+            raise _bad(f"tools[{i}].type", f"'tools[{i}].type' must be 'function'")
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) \
+                or not function["name"]:
+            raise _bad(f"tools[{i}].function", f"'tools[{i}].function' must be an object "
+                       "with a non-empty 'name'")
+        if function.get("parameters") is not None and not isinstance(function["parameters"],
+                                                                     dict):
+            raise _bad(f"tools[{i}].function.parameters",
+                       f"'tools[{i}].function.parameters' must be an object")
 
 
 def parse_request(body: Any, endpoint: Endpoint) -> GenerationRequest:
@@ -215,9 +299,8 @@ def parse_request(body: Any, endpoint: Endpoint) -> GenerationRequest:
     if max_tokens is None:
         max_tokens = _integer(body, "max_tokens", 1)
     seed = _integer(body, "seed", -(2**63))
+    _extensions(body)
     tools = body.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise _bad("tools", "'tools' must be a list")
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise _bad("user", "'user' must be a string")
@@ -230,7 +313,7 @@ def parse_request(body: Any, endpoint: Endpoint) -> GenerationRequest:
         prompt=_prompt(body) if endpoint == "completions" else None,
         max_tokens=max_tokens,
         temperature=_number(body, "temperature", 0.0, 2.0),
-        top_p=_number(body, "top_p", 0.0, 1.0),
+        top_p=_top_p(body),
         stop=_stop(body),
         seed=seed,
         stream=stream,

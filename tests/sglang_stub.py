@@ -9,16 +9,20 @@ and the `spec_*` counters; streamed `text`/`output_ids` CUMULATIVE unless
 token. Prompt words trigger failures: TRIGGER_400 (a 4xx), TRIGGER_SLOW (sleeps 3 s),
 TRIGGER_MIDSTREAM_ERROR (an in-band error after two chunks). `--stall S` waits S seconds
 before answering `/generate`, `--drip S` between streamed chunks (both routes); a client that leaves
-meanwhile is counted in `GET /stats` (`generate_calls`, `in_flight`, `cancelled`, `k_seen`).
+meanwhile is counted in `GET /stats` (`generate_calls`, `in_flight`, `cancelled`, and the
+`last_k` / `last_method` / `last_max_tokens` the last request ran with, read from `custom_params` as the
+embedded worker reads them).
 `--fault MODE` makes every generation answer broken on the wire (health stays 200):
 `garbage` (a 200 that is not JSON), `truncated` (a 200 whose JSON is cut in half),
 `status500`, `close-mid-chunk` (a stream: one token, then half an event and the
-connection closed; not streaming: half the body, then closed).
+connection closed; not streaming: half the body, then closed), or a malformed shape of
+well-formed JSON (`tests/stub_shapes.py`: counters as strings, lists for objects, no
+choices, bad stream choices, bad usage; `/server_info` malformed too).
 
     python tests/sglang_stub.py --port P [--model NAME] [--method M] [--k K]
                                 [--fail-after N] [--incremental] [--stall S] [--drip S]
                                 [--accept-length X] [--step-s S] [--no-constrained]
-                                [--fault garbage|truncated|status500|close-mid-chunk]
+                                [--fault garbage|truncated|status500|close-mid-chunk|SHAPE]
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import uuid
 from dataclasses import dataclass
 
 import orjson
+import stub_shapes
 from aiohttp import web
 
 
@@ -48,6 +53,8 @@ class StubConfig:
     in_flight: int = 0
     cancelled: int = 0
     last_k: int | None = None
+    last_method: str | None = None  # the method the last request ran with (custom_params)
+    last_max_tokens: int | None = None  # the token budget the last request was sent with
     accept_length: float = 3.0  # tokens per verify step reported (capped at k + 1)
     step_s: float = 0.0  # simulated time per verify step (per token when not speculating)
     no_constrained: bool = False  # 400 on response_format / json_schema, as the embedded engine
@@ -66,11 +73,11 @@ def prompt_text(body: dict) -> str:
         parts = []
         for message in body["messages"]:
             content = message.get("content") or ""
-            if isinstance(content, list):
-                content = " ".join(p.get("text", "") for p in content)
+            if isinstance(content, list):  # content parts; the gateway checked their text
+                content = " ".join(p.get("text") or "" for p in content)
             parts.append(content)
         return " ".join(parts)
-    prompt = body.get("prompt", body.get("text", ""))
+    prompt = body.get("prompt") or body.get("text") or body.get("input_ids") or ""
     if isinstance(prompt, list):
         return " ".join(str(t) for t in prompt) if prompt and isinstance(prompt[0], int) \
             else " ".join(prompt)
@@ -119,6 +126,13 @@ def plan(cfg: StubConfig, prompt: str, source: str, max_tokens: int | None,
     return Plan(out, len(words_of(prompt)), finish, spec)
 
 
+def request_method(cfg: StubConfig, custom: dict | None) -> str:
+    """The embedded worker's rule: `custom_params.method` if given, else its own."""
+    if custom and isinstance(custom.get("method"), str):
+        return custom["method"]
+    return cfg.method
+
+
 def request_k(cfg: StubConfig, custom: dict | None) -> int:
     if custom and "num_speculative_tokens" in custom:
         return int(custom["num_speculative_tokens"])
@@ -149,12 +163,28 @@ async def pause(request: web.Request, seconds: float) -> None:
         await asyncio.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
 
 
-FAULTS = ("garbage", "truncated", "status500", "close-mid-chunk")
+FAULTS = ("garbage", "truncated", "status500", "close-mid-chunk", *stub_shapes.SHAPES)
+
+
+async def malformed_answer(request: web.Request, shape: str, stream: bool,
+                           chat: bool | None) -> web.StreamResponse:
+    """A 200 of well-formed JSON in the wrong shape (stub_shapes); chat None: /generate."""
+    reply = stub_shapes.generate_reply(shape, stream) if chat is None \
+        else stub_shapes.openai_reply(shape, chat, stream)
+    if not stream:
+        return web.json_response(reply, dumps=lambda o: orjson.dumps(o).decode())
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+    await resp.write(b"data: " + orjson.dumps(reply) + b"\n\n" + b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
 
 
 async def broken_answer(request: web.Request, fault: str, stream: bool,
-                        chat: bool) -> web.StreamResponse:
+                        chat: bool | None) -> web.StreamResponse:
     """One answer broken as `fault` says (FAULTS), in the route's shape."""
+    if fault in stub_shapes.SHAPES:
+        return await malformed_answer(request, fault, stream, chat)
     if chat:
         token = b"data: " + orjson.dumps({"id": "x", "object": "chat.completion.chunk",
                                            "choices": [{"index": 0, "delta": {
@@ -206,7 +236,8 @@ class StubServer:
         c = self.cfg
         return web.json_response({"generate_calls": c.generate_calls, "in_flight": c.in_flight,
                                   "cancelled": c.cancelled, "served": c.served,
-                                  "last_k": c.last_k})
+                                  "last_k": c.last_k, "last_method": c.last_method,
+                                  "last_max_tokens": c.last_max_tokens})
 
     async def admit(self, prompt: str) -> web.Response | None:
         if self.cfg.failing():
@@ -240,7 +271,7 @@ class StubServer:
         body = await request.json(loads=orjson.loads)
         if self.cfg.fault is not None:
             return await broken_answer(request, self.cfg.fault, bool(body.get("stream")),
-                                       chat=False)
+                                       chat=None)
         prompt = prompt_text(body)
         if (failure := await self.admit(prompt)) is not None:
             return failure
@@ -248,6 +279,8 @@ class StubServer:
         if self.cfg.no_constrained and params.get("json_schema"):
             return reject(400, "constrained decoding is not supported (json_schema)")
         self.cfg.last_k = request_k(self.cfg, params.get("custom_params"))
+        self.cfg.last_method = request_method(self.cfg, params.get("custom_params"))
+        self.cfg.last_max_tokens = params.get("max_new_tokens")
         p = plan(self.cfg, prompt, prompt, params.get("max_new_tokens", 128),
                  params.get("stop"), self.cfg.last_k)
         await self.steps(request, p)
@@ -290,6 +323,8 @@ class StubServer:
         return web.Response(status=503 if self.cfg.failing() else 200)
 
     async def server_info(self, request: web.Request) -> web.Response:
+        if self.cfg.fault in stub_shapes.SHAPES:
+            return web.json_response(stub_shapes.server_info(self.cfg.fault))
         return web.json_response({
             "model_path": self.cfg.model, "served_model_name": self.cfg.model,
             "speculative_algorithm": None if self.cfg.method == "plain" else self.cfg.method.upper(),
@@ -327,6 +362,8 @@ class StubServer:
             return openai_reject(404, f"model {body.get('model')!r} not served here")
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         self.cfg.last_k = request_k(self.cfg, body.get("custom_params"))
+        self.cfg.last_method = request_method(self.cfg, body.get("custom_params"))
+        self.cfg.last_max_tokens = max_tokens
         p = plan(self.cfg, prompt, last_user_text(body), max_tokens, body.get("stop"),
                  self.cfg.last_k)
         await self.steps(request, p)

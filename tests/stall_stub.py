@@ -5,7 +5,9 @@ The prompt (completions `text`, or the last chat message) picks the behaviour:
 STALL_HEAD never answers; STALL_FIRST starts an SSE stream and sends only comments (no
 token, yet never silent); STALL_MID sends one token, then nothing; TRICKLE sends a token
 every 0.3 s forever; GARBAGE_FIRST / GARBAGE_MID send an event whose `choices` entry is
-not an object, before / after a first token; anything else gets a normal answer.
+not an object, before / after a first token; BUG_FIRST / BUG_MID send a well-formed event
+marked `"bug": true`, which the fault test's gateway trips over on purpose (its adapter
+is wrapped to raise: a stand-in for a bug); anything else gets a normal answer.
 
     python tests/stall_stub.py --port P
 """
@@ -36,13 +38,14 @@ async def behave(request: web.Request, prompt: str, token: bytes, garbage: bytes
         while True:
             await response.write(b": still here\n\n")
             await asyncio.sleep(0.3)
-    if "GARBAGE_FIRST" in prompt:
-        await response.write(garbage)
+    bug = event({"bug": True, "choices": []})
+    if "GARBAGE_FIRST" in prompt or "BUG_FIRST" in prompt:
+        await response.write(garbage if "GARBAGE" in prompt else bug)
         await asyncio.sleep(FOREVER)
     await response.write(token)
-    if "GARBAGE_MID" in prompt:
-        await response.write(garbage)
-    if "STALL_MID" in prompt or "GARBAGE_MID" in prompt:
+    if "GARBAGE_MID" in prompt or "BUG_MID" in prompt:
+        await response.write(garbage if "GARBAGE" in prompt else bug)
+    if "STALL_MID" in prompt or "GARBAGE_MID" in prompt or "BUG_MID" in prompt:
         await asyncio.sleep(FOREVER)
     if "TRICKLE" in prompt:
         while True:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.schemas import MAX_N, MAX_TOP_LOGPROBS
+from gateway.routing.router import MAX_PINNED_K
+from gateway.schemas import MAX_N, MAX_TOP_LOGPROBS, STEERING_KEYS, TOOL_CHOICES
 
 ERROR_STATUSES = {
     "400": "Invalid request (the `param` names the field)",
@@ -47,7 +48,7 @@ COMMON_FIELDS: dict[str, Any] = {
     "max_tokens": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
     "max_completion_tokens": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
     "temperature": {"type": "number", "minimum": 0, "maximum": 2},
-    "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+    "top_p": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1},
     "stop": {"oneOf": [{"type": "string"},
                        {"type": "array", "items": {"type": "string"}, "maxItems": 4}]},
     "seed": {"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1},
@@ -60,13 +61,28 @@ COMMON_FIELDS: dict[str, Any] = {
     "stream": {"type": "boolean"},
     "stream_options": {"type": "object",
                        "properties": {"include_usage": {"type": "boolean"}}},
+    # SGLang's extensions the gateway reads: custom_params carries the gateway's own k;
+    # a client's method or num_speculative_tokens is refused (pin with the headers)
+    "custom_params": {"type": "object", "not": {"anyOf": [
+        {"required": [key]} for key in STEERING_KEYS]}},
+    "top_k": {"type": "integer", "minimum": -1},
+    "json_schema": {"oneOf": [{"type": "string"}, {"type": "object"}]},
+    "regex": {"type": "string"},
+    "ebnf": {"type": "string"},
     "response_format": {
         "type": "object", "required": ["type"],
         "properties": {"type": {"type": "string",
                                 "enum": ["text", "json_object", "json_schema"]},
                        "json_schema": {"type": "object"}}},
-    "tools": {"type": "array", "items": {"type": "object"}},
-    "tool_choice": {},
+    "tools": {"type": "array", "items": {
+        "type": "object", "required": ["function"],
+        "properties": {"type": {"type": "string", "enum": ["function"]}, "function": {
+            "type": "object", "required": ["name"],
+            "properties": {"name": {"type": "string", "minLength": 1},
+                           "description": {"type": "string"},
+                           "parameters": {"type": "object"}}}}}},
+    "tool_choice": {"oneOf": [{"type": "string", "enum": sorted(TOOL_CHOICES)},
+                              {"type": "object"}]},
     "user": {"type": "string"},
 }
 
@@ -121,10 +137,13 @@ NATIVE_REQUEST: dict[str, Any] = {  # SGLang's GenerateReqInput, as gateway/http
         "sampling_params": {"type": "object", "properties": {
             "max_new_tokens": {"type": "integer", "minimum": 0},
             "temperature": {"type": "number", "minimum": 0},
-            "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+            "top_p": COMMON_FIELDS["top_p"],
+            "top_k": COMMON_FIELDS["top_k"],
             "sampling_seed": {"type": "integer"},
             "stop": {"oneOf": [{"type": "string"},
                                {"type": "array", "items": {"type": "string"}}]},
+            "logit_bias": COMMON_FIELDS["logit_bias"],
+            "custom_params": COMMON_FIELDS["custom_params"],
             "json_schema": {"type": "string"}, "regex": {"type": "string"},
             "ebnf": {"type": "string"}}},
     },
@@ -134,8 +153,10 @@ PIN_HEADERS = [
     {"name": "x-specroute-pool", "in": "header", "required": False,
      "description": "Run on this pool (it must be eligible)", "schema": {"type": "string"}},
     {"name": "x-specroute-k", "in": "header", "required": False,
-     "description": "Speculative tokens, 0..64 ASCII digits",
-     "schema": {"type": "string"}},
+     "description": f"Speculative tokens, 0..{MAX_PINNED_K} in ASCII digits (tenants with "
+                    "may_pin)",
+     "schema": {"type": "string", "pattern": "^({})$".format(
+         "|".join(str(k) for k in range(MAX_PINNED_K + 1)))}},
     {"name": "x-specroute-benchmark", "in": "header", "required": False,
      "description": "Mark the request as a benchmark (not learned from)",
      "schema": {"type": "string"}},

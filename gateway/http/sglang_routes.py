@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 
 import aiohttp
 import orjson
@@ -34,14 +35,21 @@ from gateway.http.endpoints import Admitted, TokenEndpoint, send_error
 from gateway.http.responses import DONE, ChunkWriter
 from gateway.http.services import Gateway
 from gateway.pools import Pool
-from gateway.schemas import GenerationRequest, check_logit_bias
+from gateway.schemas import (
+    GenerationRequest,
+    check_custom_params,
+    check_grammar,
+    check_logit_bias,
+)
 from gateway.telemetry.record import Timer
 from gateway.tenants.auth import is_admin
 from gateway.upstream.adapters.base import Delta, Final, GenerationResult
 from policies.types import Decision
 
+log = logging.getLogger("specroute.gateway")
 NATIVE_ENGINES = frozenset({"sglang", "embedded"})
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")
+PARAMS = "sampling_params."
 
 
 def _bad(param: str, message: str) -> InvalidRequest:
@@ -71,9 +79,15 @@ def parse_generate(body: object, models: list[str]) -> GenerationRequest:
     if not isinstance(params, dict):
         raise _bad("sampling_params", "'sampling_params' must be an object")
     check_logit_bias(params, "sampling_params.logit_bias")
+    check_custom_params(params, "sampling_params.custom_params")
+    check_grammar(params, PARAMS)
+    _stop(params)
+    _int(params, "top_k", -1)
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise _bad("stream", "'stream' must be a boolean")
+    if body.get("rid") is not None and not isinstance(body["rid"], str):
+        raise _bad("rid", "'rid' must be a string (one prompt per request)")
     schema = params.get("json_schema")
     fmt = None
     if any(params.get(f) is not None for f in GRAMMAR_FIELDS):
@@ -81,23 +95,43 @@ def parse_generate(body: object, models: list[str]) -> GenerationRequest:
         fmt = {"type": "json_schema", "json_schema": {"schema": schema}}
     return GenerationRequest(
         endpoint="completions", model=model, body=body, prompt=text if text is not None
-        else ids, max_tokens=_int(params, "max_new_tokens"), temperature=_float(
-            params, "temperature", 1.0), top_p=_float(params, "top_p"), stream=stream,
-        seed=_int(params, "sampling_seed"), response_format=fmt, native=body)
+        else ids, max_tokens=_int(params, "max_new_tokens", 0), temperature=_float(
+            params, "temperature", 0.0, default=1.0), top_p=_top_p(params),
+        stream=stream, seed=_int(params, "sampling_seed"), response_format=fmt, native=body)
 
 
-def _int(params: dict, name: str) -> int | None:
+def _int(params: dict, name: str, low: int | None = None) -> int | None:
     value = params.get(name)
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-        raise _bad(f"sampling_params.{name}", f"'sampling_params.{name}' must be an integer")
+        raise _bad(PARAMS + name, f"'{PARAMS}{name}' must be an integer")
+    if value is not None and low is not None and value < low:
+        raise _bad(PARAMS + name, f"'{PARAMS}{name}' must be >= {low}, got {value}")
     return value
 
 
-def _float(params: dict, name: str, default: float | None = None) -> float | None:
+def _float(params: dict, name: str, low: float, high: float | None = None,
+           default: float | None = None) -> float | None:
     value = params.get(name, default)
     if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
-        raise _bad(f"sampling_params.{name}", f"'sampling_params.{name}' must be a number")
+        raise _bad(PARAMS + name, f"'{PARAMS}{name}' must be a number")
+    if value is not None and not (low <= value and (high is None or value <= high)):
+        bound = f"between {low:g} and {high:g}" if high is not None else f">= {low:g}"
+        raise _bad(PARAMS + name, f"'{PARAMS}{name}' must be {bound}, got {value}")
     return None if value is None else float(value)
+
+
+def _top_p(params: dict) -> float | None:
+    value = _float(params, "top_p", 0.0, 1.0)
+    if value == 0.0:  # SGLang's own check (sampling_params.py): (0, 1]
+        raise _bad(PARAMS + "top_p", f"'{PARAMS}top_p' must be > 0 and <= 1")
+    return value
+
+
+def _stop(params: dict) -> None:
+    stop = params.get("stop")
+    if stop is not None and not isinstance(stop, str) and not (
+            isinstance(stop, list) and all(isinstance(s, str) for s in stop)):
+        raise _bad(PARAMS + "stop", f"'{PARAMS}stop' must be a string or a list of strings")
 
 
 def _sse(obj: object) -> bytes:
@@ -157,14 +191,31 @@ async def _native(send: Send, job: Admitted) -> Admitted | None:
 
 
 async def _worker_info(session: aiohttp.ClientSession, pool: Pool, url: str) -> dict | None:
+    """The worker's first `internal_states` entry, or None when it is down, answers
+    something else than 200, or answers a body of the wrong shape (logged; the worker
+    is left out of the aggregate, as a down one is)."""
     try:
         async with session.get(url + "/server_info",
                                timeout=aiohttp.ClientTimeout(total=5)) as resp:
             if resp.status != 200:
                 return None
-            return await resp.json(content_type=None)
+            body = await resp.json(content_type=None)
     except (aiohttp.ClientError, TimeoutError, ValueError):
         return None
+    states = body.get("internal_states") if isinstance(body, dict) else None
+    if states is None and isinstance(body, dict):
+        return {}
+    if not (isinstance(states, list) and (not states or isinstance(states[0], dict))):
+        log.info("worker %s: /server_info is not SGLang's shape; left out", url)
+        return None
+    return dict(states[0]) if states else {}
+
+
+def _number(state: dict, key: str) -> float | None:
+    value = state.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        return None
+    return float(value)
 
 
 async def server_info(request: Request) -> Response:
@@ -176,18 +227,16 @@ async def server_info(request: Request) -> Response:
     infos = await asyncio.gather(*(_worker_info(session, p, u) for p, u in targets))
     states = []
     admin = is_admin(request)  # worker addresses are operator detail, as on /ready
-    for (pool, url), info in zip(targets, infos, strict=True):
-        if info is None:
+    for (pool, url), state in zip(targets, infos, strict=True):
+        if state is None:
             continue
-        state = dict((info.get("internal_states") or [{}])[0])
         state.update({"pool": pool.name, "method": pool.config.method, "k": pool.config.k})
         if admin:
             state["worker"] = url
         states.append(state)
-    lengths = [s["avg_spec_accept_length"] for s in states
-               if isinstance(s.get("avg_spec_accept_length"), int | float)]
-    aggregate: dict = {"pool": None, "num_running_reqs": sum(
-        s.get("num_running_reqs", 0) for s in states)}
+    lengths = [n for s in states if (n := _number(s, "avg_spec_accept_length")) is not None]
+    aggregate: dict = {"pool": None, "num_running_reqs": int(sum(
+        _number(s, "num_running_reqs") or 0 for s in states))}
     if lengths:
         aggregate["avg_spec_accept_length"] = sum(lengths) / len(lengths)
     models = sorted({p.config.model for p in gateway.pools.values()})

@@ -4,8 +4,13 @@ The order of tries is: the chosen pool's best available worker, its other availa
 workers, then the pools after it in the router's order (the policy's fallbacks, plain
 pools last), at most `server.max_attempts` workers in all; a stream's first token must
 come within `server.first_token_timeout_s`. Failures that say nothing
-about the request itself are retried: connection errors, timeouts, 5xx. A worker's 4xx
-is final. Once a stream's first token has arrived the client owns that worker's
+about the request itself are retried: connection errors, timeouts, 5xx, replies of the
+wrong shape. A worker's 4xx is final. So is the read timeout of a non-streamed request
+on a worker that still answers (`alive`): it was generating, and another worker would
+start it over from scratch (issue 24: a runaway tool call ran 300 s, then 300 s again);
+a worker that no longer answers is known dead, and then the request is retried. The
+whole of a non-streamed request, failover included, ends at `server.total_timeout_s`
+with a 504. Every request gets a token budget first (`gateway.upstream.budget`). Once a stream's first token has arrived the client owns that worker's
 answer: no retry can happen after tokens were sent. Every outcome feeds the worker's
 circuit breaker (`gateway.pools`).
 """
@@ -24,6 +29,7 @@ from gateway.pools import Pool, Worker
 from gateway.schemas import GenerationRequest
 from gateway.telemetry.spans import NO_TRACE, Trace
 from gateway.upstream.adapters.base import Adapter, Delta, GenerationResult, StreamItem
+from gateway.upstream.budget import with_budget
 from policies.types import Decision
 
 log = logging.getLogger("specroute.gateway")
@@ -87,6 +93,7 @@ def _lease(pool: Pool, worker: Worker, decision: Decision) -> Lease:
 
 
 RETRYABLE = (UpstreamUnavailable, UpstreamTimeout)
+ALIVE_PROBE_S = 2.0  # at most this long to ask a timed-out worker whether it answers
 
 
 def _is_empty(item: StreamItem) -> bool:
@@ -115,24 +122,46 @@ class Dispatcher:
     """Runs a routed request on its pools' workers through their engines' adapters."""
 
     adapters: dict[str, Adapter]  # by engine
-    server: ServerConfig  # max_attempts, first_token_timeout_s
+    server: ServerConfig  # max_attempts, the timeouts, default_max_tokens
+
+    def prepare(self, request: GenerationRequest, pool: Pool) -> GenerationRequest:
+        """The request as this pool's worker gets it: format, then token budget."""
+        return with_budget(for_pool(request, pool), pool, self.server.default_max_tokens)
 
     async def generate(self, request: GenerationRequest, decision: Decision,
-                   pools: list[Pool], trace: Trace = NO_TRACE
-                   ) -> tuple[Lease, GenerationResult]:
-        """Non-streaming dispatch; the returned lease is already released."""
+                       pools: list[Pool], trace: Trace = NO_TRACE
+                       ) -> tuple[Lease, GenerationResult]:
+        """Non-streaming dispatch within `total_timeout_s`; the returned lease is already
+        released. The deadline is checked before each step as well as enforced on it:
+        a cancellation that lands while aiohttp's own timer fires can be swallowed."""
+        total = self.server.total_timeout_s
+        deadline = time.monotonic() + total
+        expired = UpstreamTimeout(f"no answer within server.total_timeout_s ({total:g} s)",
+                                  code="upstream_timeout")
         error: GatewayError = NoHealthyWorker(
             f"no healthy worker in pool {decision.pool!r}", code="no_healthy_worker")
         for pool, worker, attempt in self._candidates(pools, decision):
+            if time.monotonic() >= deadline:
+                raise expired
             lease = _lease(pool, worker, attempt)
             adapter = self.adapters[pool.config.engine]
             try:
                 with trace.upstream(worker.url, pool.name, attempt.k):
-                    result = await adapter.generate(worker.url, for_pool(request, pool),
-                                                    pool.config, attempt.k)
+                    async with asyncio.timeout(deadline - time.monotonic()):
+                        result = await adapter.generate(
+                            worker.url, self.prepare(request, pool), pool.config, attempt.k)
+            except TimeoutError as exc:  # the deadline itself
+                lease.failed(expired)
+                raise expired from exc
             except RETRYABLE as exc:
                 lease.failed(exc)
                 error = exc
+                if await self._was_generating(adapter, worker, exc, deadline):
+                    raise UpstreamTimeout(
+                        f"worker {worker.url} timed out (server.read_timeout_s, "
+                        f"{self.server.read_timeout_s:g} s) while still generating; not "
+                        f"retried from scratch: set max_tokens lower or stream",
+                        code="upstream_timeout") from exc
             except GatewayError:
                 lease.succeeded()  # the worker answered: a 4xx is about the request
                 raise
@@ -141,7 +170,18 @@ class Dispatcher:
                 return lease, result
             finally:
                 lease.release()
+        if time.monotonic() >= deadline:
+            raise expired
         raise error
+
+    async def _was_generating(self, adapter: Adapter, worker: Worker, exc: GatewayError,
+                              deadline: float) -> bool:
+        """A read or total timeout (not a connect one) on a worker that still answers."""
+        if not isinstance(exc, UpstreamTimeout) or exc.code != "upstream_timeout":
+            return False
+        probe_s = min(ALIVE_PROBE_S, self.server.connect_timeout_s,
+                      deadline - time.monotonic())
+        return probe_s > 0 and worker.healthy and await adapter.alive(worker.url, probe_s)
 
     async def open_stream(self, request: GenerationRequest, decision: Decision,
                           pools: list[Pool], trace: Trace = NO_TRACE
@@ -152,7 +192,7 @@ class Dispatcher:
         for pool, worker, attempt in self._candidates(pools, decision):
             lease = _lease(pool, worker, attempt)
             items = self.adapters[pool.config.engine].stream(
-                worker.url, for_pool(request, pool), pool.config, attempt.k)
+                worker.url, self.prepare(request, pool), pool.config, attempt.k)
             try:
                 with trace.upstream(worker.url, pool.name, attempt.k):  # to the first token
                     first = await first_item(items, worker.url,

@@ -1,8 +1,9 @@
 """The API surface through a real gateway and a real embedded worker, with the official
 openai client: JSON schema under every speculative method, n, logprobs.
 
-One worker serves the bundled tiny model (every drafter); the request picks the method
-with the worker's own `custom_params.method`, which the gateway passes through.
+One worker serves the bundled tiny model (every drafter) to one pool per method; the
+request picks the method by pinning its pool (`x-specroute-pool`): the gateway, never
+the client, sets the worker's method and k (`custom_params`).
 """
 
 from __future__ import annotations
@@ -35,10 +36,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     procs = [worker]
     try:
         gateway_proc, gateway = start_gateway(tmp, {"pools": [
-            {"name": "e", "engine": "embedded", "model": "tiny", "workers": [url],
-             "method": "ngram", "k": 4,
+            {"name": name, "engine": "embedded", "model": "tiny", "workers": [url],
+             "method": method, "k": 4,
              "capabilities": {"max_context": 1024, "constrained_decoding": True,
-                              "tools": True, "per_request_k": True}}]})
+                              "tools": True, "per_request_k": True}}
+            for name, method in [("e", "ngram")] + [(f"m-{m}", m) for m in METHODS[1:]]]})
         procs.append(gateway_proc)
         yield {"gateway": gateway, "worker": url, "tmp": Path(tmp)}
     finally:
@@ -58,7 +60,7 @@ def _via(method: str, **extra_body: object) -> dict:
     """Request options that pick `method` on the worker: plain is k = 0 (pinned)."""
     if method == "plain":
         return {"extra_headers": {"x-specroute-k": "0"}, "extra_body": extra_body}
-    return {"extra_body": {"custom_params": {"method": method}, **extra_body}}
+    return {"extra_headers": {"x-specroute-pool": f"m-{method}"}, "extra_body": extra_body}
 
 
 def _valid(doc: dict) -> bool:
@@ -225,3 +227,38 @@ def test_tool_call_streamed(client: openai.OpenAI) -> None:
             finish = choice.finish_reason or finish
     assert finish == "tool_calls" and len(calls) == 1 and not content
     _arguments(calls[0])
+
+
+def test_tool_call_without_max_tokens_ends_within_its_budget(client: openai.OpenAI) -> None:
+    """No max_tokens, a string argument with no maxLength and arguments open to more
+    keys: the grammar alone would let the model write until the context ends; the
+    gateway's budget (server.default_max_tokens, bounded by the context left) ends it
+    with a call or at `length`, never a hang."""
+    open_tool = [{"type": "function", "function": {
+        "name": "note", "description": "Keep a note",
+        "parameters": {"type": "object", "properties": {"text": {"type": "string"}},
+                       "required": ["text"]}}}]
+    for temperature in (0.0, 1.0):
+        reply = client.chat.completions.create(
+            model="tiny", messages=ASK, tools=open_tool, tool_choice="required",
+            temperature=temperature, seed=5, timeout=60)
+        choice = reply.choices[0]
+        assert choice.finish_reason in ("tool_calls", "length"), choice
+        assert reply.usage is not None and reply.usage.completion_tokens <= 1024
+
+
+def test_extreme_sampling_settings_sample(stack: dict) -> None:
+    """Schemathesis's find (issue 24): `top_p` 5e-324 with n 13 and logprobs 4 was a
+    worker 500 (every token cut: nan probabilities), a 502 here. Now the most likely
+    token always stays: 13 greedy samples, the same text, finite logprobs."""
+    body = {"model": "tiny", "prompt": "def add(a, b):", "top_p": 5e-324, "n": 13,
+            "logprobs": 4, "max_tokens": 4}
+    for extra in ({}, {"temperature": 1e-300}, {"temperature": 2, "top_p": 1e-300,
+                                                "presence_penalty": -2,
+                                                "logit_bias": {"5": 100}}):
+        response = httpx.post(stack["gateway"] + "/v1/completions", json={**body, **extra},
+                              timeout=60)
+        assert response.status_code == 200, response.text
+        choices = response.json()["choices"]
+        assert len(choices) == 13 and len({c["text"] for c in choices}) == 1
+        assert all(abs(lp) < 1e9 for c in choices for lp in c["logprobs"]["token_logprobs"])

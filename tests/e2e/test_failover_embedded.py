@@ -27,7 +27,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
             {"name": "e", "engine": "embedded", "model": "tiny", "workers": [url],
              "capabilities": {"max_context": CONTEXT}}]})
         procs.append(gateway_proc)
-        yield {"gateway": gateway, "worker": url}
+        yield {"gateway": gateway, "worker": url, "log": tmp / "worker.log"}
     finally:
         for proc in reversed(procs):
             stop_process(proc)
@@ -56,3 +56,27 @@ def test_client_leaving_the_gateway_frees_the_worker_slot(stack: dict) -> None:
             return
         time.sleep(0.05)
     raise AssertionError("the worker kept the slot of a request whose client left")
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/generate"])
+def test_client_leaving_a_non_streamed_request_is_a_clean_cancel(stack: dict,
+                                                                  path: str) -> None:
+    """The client of a non-streamed request hangs up mid-generation (through the gateway
+    and straight to the worker): the worker cancels it and frees the slot, logging one
+    line at info, no traceback (it used to log "Exception in ASGI application")."""
+    worker = stack["worker"]
+    base = stack["gateway"] if path == "/v1/completions" else worker
+    body = ({"model": "tiny", "prompt": "def", "temperature": 0, "max_tokens": CONTEXT - 16}
+            if path == "/v1/completions" else
+            {"text": "def", "sampling_params": {"max_new_tokens": CONTEXT - 16,
+                                                "temperature": 0}})
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(base + path, json=body, timeout=1.0)
+    deadline = time.monotonic() + 10
+    while httpx.get(worker + "/server_info").json()["internal_states"][0][
+            "num_running_reqs"]:
+        assert time.monotonic() < deadline, "the worker kept the slot"
+        time.sleep(0.05)
+    log = stack["log"].read_text()
+    assert "cancelled after" in log
+    assert "Traceback" not in log and "Exception in ASGI" not in log, log[-3000:]

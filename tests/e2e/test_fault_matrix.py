@@ -4,7 +4,9 @@ counted, and the counts asserted: what the clients saw and how many requests wer
 
 Faults here: a worker SIGKILLed mid-stream; a worker SIGSTOPped (hangs); a worker whose
 answers are broken on the wire (garbage, truncated JSON, 5xx, the connection closed
-mid-chunk); every worker of a pool down (traffic moves to the other pool, then a clean
+mid-chunk), or well-formed JSON of the wrong shape (tests/stub_shapes.py: counters as
+strings, lists for objects, no choices, bad stream choices, bad usage, a bad
+`/server_info`); every worker of a pool down (traffic moves to the other pool, then a clean
 503 when none is left); the gateway SIGTERMed (drain); two gateway replicas, one
 SIGKILLed. Covered elsewhere (README, "Reliability"): Redis SIGKILLed and restarted
 (tests/e2e/test_policy_gateway_outage.py), slow first token and every timeout
@@ -28,6 +30,7 @@ import pytest
 import yaml
 from conftest import free_port, start_process, stop_process, wait_http
 from gateway_harness import start_stubs
+from stub_shapes import SHAPES
 
 FAST = {"health_interval_s": 0.3, "unhealthy_after": 2, "healthy_after": 1,
         "connect_timeout_s": 1.0, "first_token_timeout_s": 1.5, "read_timeout_s": 1.5,
@@ -243,18 +246,25 @@ def test_worker_sigstopped_hangs(tmp_path: Path, procs: dict) -> None:
     no_tracebacks(tmp_path / "gateway.log")
 
 
+WIRE_FAULTS = ["garbage", "truncated", "status500", "close-mid-chunk"]
+
+
 @pytest.fixture(scope="module")
 def broken_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
-    """One good worker, one broken worker per fault; pool `<fault>` = [broken, good]."""
+    """One good worker, one broken worker per fault; pool `<fault>` = [broken, good], and
+    for each malformed shape a second pool `<shape>-gen` on the same two (its own
+    breakers) for the completions that go to `/generate`."""
     tmp = tmp_path_factory.mktemp("broken")
-    faults = ["garbage", "truncated", "status500", "close-mid-chunk"]
+    faults = [*WIRE_FAULTS, *SHAPES]
     stubs, urls = start_stubs(tmp, {"good": STUB, **{f: [*STUB, "--fault", f]
                                                      for f in faults}})
     try:
         proc, url = gateway(tmp, {"server": {**FAST, "max_attempts": 2,
                                              "breaker_cooldown_s": 60.0},
                                   "pools": [pool(f, [urls[f], urls["good"]])
-                                            for f in faults]})
+                                            for f in faults]
+                                  + [pool(f"{f}-gen", [urls[f], urls["good"]])
+                                     for f in SHAPES]})
         stubs["gateway"] = proc
         yield {"url": url, "urls": urls, "log": tmp / "gateway.log"}
     finally:
@@ -262,11 +272,12 @@ def broken_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
             stop_process(proc)
 
 
-@pytest.mark.parametrize("fault", ["garbage", "truncated", "status500", "close-mid-chunk"])
+@pytest.mark.parametrize("fault", [*WIRE_FAULTS, *SHAPES])
 def test_worker_answering_broken(broken_fleet: dict, fault: str) -> None:
-    """Every broken answer before a first token is retried on the good worker (nothing
-    lost); a connection closed after a stream's first token is an error event, and only
-    until the broken worker's breaker opens (3 failures in a row)."""
+    """Every broken answer before a first token (a malformed shape included: its fault is
+    in the first event) is retried on the good worker (nothing lost); a connection closed
+    after a stream's first token is an error event, and only until the broken worker's
+    breaker opens (3 failures in a row)."""
     url = broken_fleet["url"]
     with Load([url], headers={"x-specroute-pool": fault}) as load:
         load.wait_for(40)
@@ -279,6 +290,38 @@ def test_worker_answering_broken(broken_fleet: dict, fault: str) -> None:
     assert load.kinds(stream=False) == Counter(ok=sum(load.kinds(stream=False).values()))
     state = httpx.get(url + "/ready", timeout=2).json()["pools"][fault]["worker_states"]
     assert state[0]["url"] == broken_fleet["urls"][fault] and state[0]["breaker"] == "open"
+    no_tracebacks(broken_fleet["log"])
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_worker_answering_malformed_generate(broken_fleet: dict, shape: str) -> None:
+    """Completions go to SGLang's `/generate`: each malformed answer there, streamed or
+    not, is an upstream protocol error retried on the good worker; it opens the broken
+    worker's breaker; the gateway's `/server_info` skips the worker whose own is
+    malformed and still answers."""
+    url, pool_name = broken_fleet["url"], f"{shape}-gen"
+    seen: Counter = Counter()
+    with httpx.Client(timeout=HANG_S, headers={"x-specroute-pool": pool_name}) as client:
+        for i in range(8):
+            body = {"model": "m", "prompt": WORDS, "max_tokens": 12, "stream": i % 2 == 1}
+            response = client.post(url + "/v1/completions", json=body)
+            if response.status_code != 200:
+                seen[f"http_{response.status_code}"] += 1
+                continue
+            if body["stream"]:
+                events = [orjson.loads(line[6:]) for line in response.text.splitlines()
+                          if line.startswith("data: ") and line != "data: [DONE]"]
+                text = "".join(c["text"] for e in events for c in e.get("choices", ()))
+            else:
+                text = response.json()["choices"][0]["text"]
+            seen["ok" if text.split() == WORDS.split() else "wrong"] += 1
+    print(f"\nFAULT worker answering {shape} on /generate: {dict(seen)}")
+    assert seen == Counter(ok=8), seen
+    state = httpx.get(url + "/ready", timeout=2).json()["pools"][pool_name]["worker_states"]
+    assert state[0]["url"] == broken_fleet["urls"][shape] and state[0]["breaker"] == "open"
+    info = httpx.get(url + "/server_info", timeout=5)
+    assert info.status_code == 200, info.text
+    assert all(isinstance(s, dict) for s in info.json()["internal_states"])
     no_tracebacks(broken_fleet["log"])
 
 

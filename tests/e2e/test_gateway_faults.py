@@ -49,6 +49,16 @@ def decide(profile, pools):
 async def broken(request):
     raise KeyError(request.headers.get("authorization"))
 
+import gateway.upstream.adapters.openai as openai_adapter
+read_deltas = openai_adapter.deltas_from_chunk
+
+def deltas(chunk, chat):  # a stand-in for a bug in the adapter
+    if chunk.get("bug"):
+        raise RuntimeError("adapter bug on purpose")
+    return read_deltas(chunk, chat)
+
+openai_adapter.deltas_from_chunk = deltas
+
 config = load_config(sys.argv[1])
 logging.basicConfig(level="INFO", format="%(levelname)s %(name)s: %(message)s")
 app = create_app(config, decide=decide, classify=classify)
@@ -245,15 +255,31 @@ def test_bug_on_a_starlette_route_is_a_500_with_request_id(gateway: dict) -> Non
     assert log.count("Traceback") == log.count("internal error, request id")  # logged once
 
 
+def test_malformed_event_before_the_first_token_is_a_502(gateway: dict) -> None:
+    """A choice that is not an object: the adapter's protocol error, not a bug (with
+    max_attempts 1 there is no other worker to retry)."""
+    response = gateway["client"].post("/v1/chat/completions", json=chat("GARBAGE_FIRST"))
+    assert response.status_code == 502
+    assert response.json()["error"]["code"] == "upstream_protocol_error"
+
+
+def test_malformed_event_mid_stream_ends_with_an_error_event(gateway: dict) -> None:
+    response = gateway["client"].post("/v1/chat/completions", json=chat("GARBAGE_MID"))
+    events = sse_events(response.text)
+    assert orjson.loads(events[0])["choices"][0]["delta"]["content"] == "ok"
+    assert orjson.loads(events[-2])["error"]["code"] == "upstream_protocol_error"
+    assert events[-1] == "[DONE]"
+
+
 def test_bug_before_the_first_token_is_a_500(gateway: dict) -> None:
     """A worker event the adapter trips over (a bug in the adapter, whatever the worker
     sent), before anything was sent to the client."""
-    response = gateway["client"].post("/v1/chat/completions", json=chat("GARBAGE_FIRST"))
+    response = gateway["client"].post("/v1/chat/completions", json=chat("BUG_FIRST"))
     assert_internal_error(gateway, response)
 
 
 def test_bug_mid_stream_ends_with_an_error_event(gateway: dict) -> None:
-    response = gateway["client"].post("/v1/chat/completions", json=chat("GARBAGE_MID"))
+    response = gateway["client"].post("/v1/chat/completions", json=chat("BUG_MID"))
     assert response.status_code == 200
     events = sse_events(response.text)
     assert orjson.loads(events[0])["choices"][0]["delta"]["content"] == "ok"

@@ -34,7 +34,8 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     port = free_port()
     config = {"server": {"health_interval_s": 0.5, "admin_api_key_sha256": hash_api_key(ADMIN_KEY)},
               "pools": [{"name": "eagle", "engine": "sglang", "method": "eagle", "k": 3,
-                         "model": "m1", "workers": [worker]}],
+                         "model": "m1", "workers": [worker],
+                         "capabilities": {"per_request_k": True}}],
               "tenants": [{"name": "acme", "api_key_sha256": [hash_api_key(KEY)],
                            "may_pin": True},
                           {"name": "explainer", "api_key_sha256": [hash_api_key(EXPLAIN_KEY)],
@@ -120,6 +121,64 @@ MESSAGES_10K = orjson.dumps({"model": "m1", "messages": [
 def test_hostile_bodies_get_clear_4xx(gateway: dict, raw: bytes, status: int,
                                       code: str | None, param: str | None) -> None:
     assert_openai_error(post(gateway, raw), status, code, param)
+
+
+CHAT = {"model": "m1", "messages": [{"role": "user", "content": "alpha beta"}]}
+NATIVE = {"text": "alpha beta"}
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    # extension fields the adapters read: a wrong type was a TypeError in the adapter (500)
+    ("/v1/completions", {"custom_params": "x"}, "custom_params"),
+    ("/v1/completions", {"custom_params": [1]}, "custom_params"),
+    ("/v1/chat/completions", {**CHAT, "custom_params": "x"}, "custom_params"),
+    ("/v1/chat/completions", {**CHAT, "custom_params": 3}, "custom_params"),
+    ("/generate", {**NATIVE, "sampling_params": {"custom_params": "x"}},
+     "sampling_params.custom_params"),
+    ("/v1/completions", {"json_schema": 5}, "json_schema"),
+    ("/v1/completions", {"regex": ["a"]}, "regex"),
+    ("/v1/completions", {"ebnf": {}}, "ebnf"),
+    ("/v1/completions", {"top_k": "3"}, "top_k"),
+    ("/v1/chat/completions", {**CHAT, "stream_options": {"include_usage": "yes"}},
+     "stream_options.include_usage"),
+    ("/v1/chat/completions", {**CHAT, "tool_choice": 5}, "tool_choice"),
+    # found by the production-path fuzzer: unhashable values where a name belongs
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": ["user"], "content": "x"}]},
+     "messages[0].role"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": {"a": 1}}},
+     "response_format"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": ["x"]}]}]}, "messages[0].content"),
+    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function"}]}, "tools[0].function"),
+    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "web", "function": {"name": "f"}}]},
+     "tools[0].type"),
+    # what SGLang and the embedded worker refuse, refused here with the field named
+    ("/v1/completions", {"top_p": 0}, "top_p"),
+    ("/generate", {**NATIVE, "sampling_params": {"top_p": 0}}, "sampling_params.top_p"),
+    ("/v1/completions", {"regex": "a", "ebnf": "b"}, "ebnf"),
+    ("/generate", {**NATIVE, "sampling_params": {"regex": "a", "json_schema": "{}"}},
+     "sampling_params.regex"),
+    ("/v1/chat/completions", {**CHAT, "regex": "a", "response_format": {"type": "text"}},
+     "regex"),
+    ("/v1/chat/completions", {**CHAT, "tools": [{"function": {"name": "f",
+                                                              "parameters": []}}]},
+     "tools[0].function.parameters"),
+    # SGLang's own fields, with the bounds /openapi.json states
+    ("/generate", {**NATIVE, "sampling_params": {"top_p": 2}}, "sampling_params.top_p"),
+    ("/generate", {**NATIVE, "sampling_params": {"temperature": -1}},
+     "sampling_params.temperature"),
+    ("/generate", {**NATIVE, "sampling_params": {"max_new_tokens": -1}},
+     "sampling_params.max_new_tokens"),
+    ("/generate", {**NATIVE, "sampling_params": {"stop": 5}}, "sampling_params.stop"),
+    ("/generate", {**NATIVE, "sampling_params": {"json_schema": 5}},
+     "sampling_params.json_schema"),
+    ("/generate", {**NATIVE, "rid": 5}, "rid"),
+])
+def test_wrong_typed_extension_fields_are_400_naming_the_field(
+        gateway: dict, path: str, body: dict, param: str) -> None:
+    if path == "/v1/completions":
+        body = {"model": "m1", "prompt": "alpha beta", **body}
+    assert_openai_error(post(gateway, orjson.dumps(body), path), 400, "invalid_value", param)
 
 
 def test_hostile_chat_bodies(gateway: dict) -> None:

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from workers.embedded import responses
 from workers.embedded.api import DecodeRequest, EngineInputError, TokenLogprob
 from workers.embedded.context import WorkerState
-from workers.embedded.errors import BadRequest, WorkerError
+from workers.embedded.errors import BadRequest, ClientDisconnected, WorkerError
 from workers.embedded.parsing import GenerateRequest
 from workers.embedded.scheduler import ErrorEvent, StepEvent, Ticket
 from workers.embedded.spans import WorkerTrace
@@ -115,7 +115,8 @@ Admitted = list[tuple[Run, StepEvent]]
 
 async def finish_all(request: Request, admitted: Admitted) -> list[StepEvent]:
     """Run every admitted request to its end; a client that disconnects meanwhile cancels
-    them all."""
+    them all (`ClientDisconnected`: an answer nobody reads, not a CancelledError that the
+    server would log as a crashed application)."""
     watcher: asyncio.Future[Any] = asyncio.ensure_future(_disconnected(request))
     work: asyncio.Future[Any] = asyncio.ensure_future(
         asyncio.gather(*(run.to_end(e) for run, e in admitted)))
@@ -123,12 +124,20 @@ async def finish_all(request: Request, admitted: Admitted) -> list[StepEvent]:
         done, _ = await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
         if work not in done:
             work.cancel()
-            raise asyncio.CancelledError
+            # the gather ends with its samples' CancelledError: read it, or asyncio logs
+            # "exception was never retrieved" with a traceback
+            work.add_done_callback(_retrieve)
+            raise ClientDisconnected("the client disconnected")
         return work.result()
     finally:
         watcher.cancel()
         for run, _ in admitted:
             run.cancel()
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _check_context(request: DecodeRequest, context: int, asked: int | None) -> None:

@@ -2,6 +2,8 @@
 
     WorkerError            500, base
     ├── BadRequest         400, the request is invalid for this worker
+    ├── ClientDisconnected 499, the client left before the answer (nginx's code; nobody
+    │                      reads it: the point is a clean end, logged at info)
     └── Overloaded         503, the queue is full; retry elsewhere
 """
 
@@ -14,6 +16,10 @@ class WorkerError(Exception):
 
 class BadRequest(WorkerError):
     status_code = 400
+
+
+class ClientDisconnected(WorkerError):
+    status_code = 499
 
 
 class Overloaded(WorkerError):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from gateway.config import PoolConfig
-from gateway.schemas import GenerationRequest
+from gateway.schemas import STEERING_KEYS, GenerationRequest
 from gateway.telemetry.worker_stats import SpecStats, Usage
 
 
@@ -59,11 +59,24 @@ class Adapter(Protocol):
     def stream(self, worker: str, request: GenerationRequest, pool: PoolConfig,
                k: int) -> AsyncIterator[StreamItem]: ...
 
+    async def alive(self, worker: str, timeout_s: float) -> bool:
+        """Whether the worker's server answers at all (busy or not) within `timeout_s`."""
+        ...
 
-def with_k(custom_params: dict | None, k: int) -> dict:
-    """The request's `custom_params` carrying its k (`num_speculative_tokens`, the
-    embedded engine's per-request field); only per-request-k pools get it."""
-    return {**(custom_params or {}), "num_speculative_tokens": k}
+
+def worker_params(custom_params: object, pool: PoolConfig, k: int) -> dict | None:
+    """The request's `custom_params` as the worker gets it: the client's method and k
+    never (`STEERING_KEYS`; the schemas refuse them, this keeps any other way in shut),
+    the gateway's instead: the pool's method on an embedded worker (which would
+    otherwise run a client's), and the decided k (`num_speculative_tokens`, the embedded
+    engine's per-request field) on per-request-k pools. None when nothing is left."""
+    params = {key: value for key, value in custom_params.items()
+              if key not in STEERING_KEYS} if isinstance(custom_params, dict) else {}
+    if pool.engine == "embedded":
+        params["method"] = pool.method
+    if pool.capabilities.per_request_k:
+        params["num_speculative_tokens"] = k
+    return params or None
 
 
 def finish_reason_of(value: object) -> str:

@@ -27,56 +27,101 @@ from gateway.upstream.adapters.base import (
     Final,
     GenerationResult,
     StreamItem,
-    finish_reason_of,
-    with_k,
+    worker_params,
 )
-from gateway.upstream.adapters.wire import post, post_json, sse_data
+from gateway.upstream.adapters.reply import Reply, no_finish, spec_counters, usage_of
+from gateway.upstream.adapters.wire import answers, post, post_json, sse_data
 from policies.fleet import WORKER_BATCH_KEY
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
-def spec_from_body(body: dict) -> SpecStats | None:
+def spec_from_body(raw: dict, worker: str = "worker") -> SpecStats | None:
     """Speculation stats from an SGLang `sglext` or a vLLM `metrics` object, if any; the
     embedded worker's `sglext.specroute_batch` too (alone: stats with only the batch
     fields, which a stream merges with `merge_spec`)."""
-    sglext = body.get("sglext")
-    if isinstance(sglext, dict):
+    body = Reply(worker, raw)
+    sglext = body.obj("sglext")
+    if sglext is not None:
         found: SpecStats | None = None
         details = sglext.get("spec_tokens_details")
-        if isinstance(details, list):
+        if isinstance(details, list):  # one per choice: the first one's
             details = details[0] if details else None
-        if isinstance(details, dict):
-            found = SpecStats(
-                verify_steps=int(details.get("spec_verify_ct") or 0),
-                accept_length=float(details.get("spec_accept_length") or 0.0),
-                accept_rate=details.get("spec_accept_rate"),
-                correct_drafts=int(details.get("spec_num_correct_drafts") or 0),
-                proposed_drafts=int(details.get("spec_num_proposed_drafts") or 0),
-            )
+        if details is not None:
+            found = spec_counters(Reply(worker, details, "sglext.spec_tokens_details"))
         if isinstance(sglext.get(WORKER_BATCH_KEY), dict):
-            found = read_batch(found or SpecStats(), sglext)
+            found = read_batch(found or SpecStats(), sglext.data)
         if found is not None:
             return found
-    metrics = body.get("metrics")
-    if isinstance(metrics, dict) and isinstance(metrics.get("speculative_decoding"), dict):
-        spec = metrics["speculative_decoding"]
-        return SpecStats(
-            verify_steps=int(spec.get("num_spec_steps") or 0),
-            accept_length=float(spec.get("mean_acceptance_length") or 0.0),
-            accept_rate=spec.get("draft_acceptance_rate"),
-            correct_drafts=int(spec.get("num_accepted_draft_tokens") or 0),
-            proposed_drafts=int(spec.get("num_draft_tokens") or 0),
-        )
-    return None
-
-
-def usage_from_body(body: dict) -> Usage | None:
-    usage = body.get("usage")
-    if not isinstance(usage, dict):
+    metrics = body.obj("metrics")
+    spec = metrics.obj("speculative_decoding") if metrics is not None else None
+    if spec is None:
         return None
-    return Usage(prompt_tokens=int(usage.get("prompt_tokens") or 0),
-                 completion_tokens=int(usage.get("completion_tokens") or 0))
+    return SpecStats(verify_steps=spec.count("num_spec_steps"),
+                     accept_length=spec.number("mean_acceptance_length") or 0.0,
+                     accept_rate=spec.number("draft_acceptance_rate"),
+                     correct_drafts=spec.count("num_accepted_draft_tokens"),
+                     proposed_drafts=spec.count("num_draft_tokens"))
+
+
+def usage_from_body(body: Reply) -> Usage | None:
+    usage = body.obj("usage")
+    return None if usage is None else usage_of(usage)
+
+
+def read_choices(body: Reply, chat: bool) -> list[Reply]:
+    """A whole answer's choices, each checked: a message object (chat) whose content is
+    text or null, or text (completions)."""
+    choices = body.objects("choices")
+    if not choices:
+        raise body.bad("choices", "a non-empty list")
+    for choice in choices:
+        choice.index()
+        choice.finish_reason()
+        choice.logprobs()
+        if chat:
+            message = choice.obj("message")
+            if message is None:
+                raise choice.bad("message", "an object")
+            message.text("content")
+            if message.get("tool_calls") is not None:
+                message.objects("tool_calls")
+        else:
+            choice.text("text")
+    return choices
+
+
+def result_from_body(worker: str, raw: dict, chat: bool) -> GenerationResult:
+    """A non-streaming OpenAI answer as a `GenerationResult`; UpstreamProtocolError when
+    its shape is wrong."""
+    body = Reply(worker, raw)
+    choices = read_choices(body, chat)
+    first = choices[0]
+    message = first.obj("message") if chat else None
+    text = (message.text("content") if message is not None else first.text("text")) or ""
+    return GenerationResult(
+        text=text, finish_reason=first.finish_reason() or "stop",
+        usage=usage_from_body(body) or Usage(), spec=spec_from_body(raw, worker) or SpecStats(),
+        message=message.data if message is not None else None,
+        choices=[c.data for c in choices])
+
+
+def deltas_from_chunk(chunk: Reply, chat: bool) -> list[Delta]:
+    """One stream chunk's deltas (those with something in them)."""
+    out = []
+    for choice in chunk.objects("choices"):
+        index, reason, logprobs = choice.index(), choice.finish_reason(), choice.logprobs()
+        if chat:
+            delta = choice.obj("delta")
+            extra = dict(delta.data) if delta is not None else {}
+            text = (delta.text("content") if delta is not None else None) or ""
+            extra.pop("content", None)
+        else:
+            extra, text = {}, choice.text("text") or ""
+        if text or extra or reason or logprobs:
+            out.append(Delta(text=text, extra=extra, finish_reason=reason, index=index,
+                             logprobs=logprobs))
+    return out
 
 
 class OpenAIAdapter:
@@ -93,52 +138,34 @@ class OpenAIAdapter:
             body["stream_options"] = {"include_usage": True}
         else:
             body.pop("stream_options", None)
-        if pool.capabilities.per_request_k:
-            body["custom_params"] = with_k(body.get("custom_params"), k)
+        params = worker_params(body.pop("custom_params", None), pool, k)
+        if params is not None:
+            body["custom_params"] = params
         return body
+
+    async def alive(self, worker: str, timeout_s: float) -> bool:
+        return await answers(self.session, worker, timeout_s)
 
     async def generate(self, worker: str, request: GenerationRequest, pool: PoolConfig,
                        k: int) -> GenerationResult:
         body = await post_json(self.session, worker, PATHS[request.endpoint],
                                self.payload(request, pool, k, stream=False))
-        choices = body.get("choices") or [{}]
-        choice = choices[0] if isinstance(choices[0], dict) else {}
-        message = choice.get("message") if request.endpoint == "chat" else None
-        if isinstance(message, dict):
-            text = message.get("content") or ""
-        else:
-            message, text = None, choice.get("text") or ""
-        return GenerationResult(
-            text=text,
-            finish_reason=finish_reason_of(choice.get("finish_reason")),
-            usage=usage_from_body(body) or Usage(),
-            spec=spec_from_body(body) or SpecStats(),
-            message=message,
-            choices=[c for c in choices if isinstance(c, dict)],
-        )
+        return result_from_body(worker, body, request.endpoint == "chat")
 
     async def stream(self, worker: str, request: GenerationRequest, pool: PoolConfig,
                      k: int) -> AsyncIterator[StreamItem]:
         usage, spec, finish = Usage(), SpecStats(), None
         payload = self.payload(request, pool, k, stream=True)
+        chat = request.endpoint == "chat"
         async with post(self.session, worker, PATHS[request.endpoint], payload) as resp:
-            async for chunk in sse_data(worker, resp):
+            async for raw in sse_data(worker, resp):
+                chunk = Reply(worker, raw, "event")
                 usage = usage_from_body(chunk) or usage
-                spec = merge_spec(spec_from_body(chunk), spec)
-                for choice in chunk.get("choices") or ():
-                    index = choice.get("index", 0)
-                    reason = choice.get("finish_reason")
-                    reason = finish_reason_of(reason) if reason else None
-                    if index == 0 and reason:
-                        finish = reason
-                    if request.endpoint == "chat":
-                        extra = dict(choice.get("delta") or {})
-                        text = extra.pop("content", None) or ""
-                    else:
-                        extra, text = {}, choice.get("text") or ""
-                    logprobs = choice.get("logprobs")
-                    if text or extra or reason or logprobs:
-                        yield Delta(text=text, extra=extra, finish_reason=reason,
-                                    index=index if isinstance(index, int) else 0,
-                                    logprobs=logprobs if isinstance(logprobs, dict) else None)
+                spec = merge_spec(spec_from_body(raw, worker), spec)
+                for delta in deltas_from_chunk(chunk, chat):
+                    if delta.index == 0 and delta.finish_reason:
+                        finish = delta.finish_reason
+                    yield delta
+        if finish is None:
+            raise no_finish(worker)
         yield Final(usage=usage, spec=spec, finish_reason=finish)

@@ -26,37 +26,32 @@ import orjson
 
 from gateway.config import PoolConfig
 from gateway.schemas import GenerationRequest
-from gateway.telemetry.worker_stats import SpecStats, Usage, non_negative, read_batch
+from gateway.telemetry.worker_stats import SpecStats, non_negative, read_batch
 from gateway.upstream.adapters.base import (
     Delta,
     Final,
     GenerationResult,
     StreamItem,
-    finish_reason_of,
-    with_k,
+    worker_params,
 )
 from gateway.upstream.adapters.openai import OpenAIAdapter
-from gateway.upstream.adapters.wire import post, post_json, sse_data
+from gateway.upstream.adapters.reply import Reply, no_finish, spec_counters, usage_of
+from gateway.upstream.adapters.wire import answers, post, post_json, sse_data
 from policies.prior import Measured, MeasuredError, WorkerPrior
 
 
-def spec_from_meta(meta: dict) -> SpecStats:
+def spec_from_meta(raw: dict, worker: str = "worker") -> SpecStats:
     """Read SGLang's `meta_info` spec counters (present only with speculation on), the
     embedded worker's `specroute_batch` (every finished request), and the decode time:
     the embedded worker's `decode_s`, else SGLang's `e2e_latency` less its
     `first_token_latency` (sglang 0.5.23 adds the latter with `--enable-metrics`:
     managers/tokenizer_manager.py ~L2753-2770, observability/req_time_stats.py
     `convert_to_output_meta_info` ~L507-533)."""
-    spec = read_batch(SpecStats(
-        verify_steps=int(meta.get("spec_verify_ct") or 0),
-        accept_length=float(meta.get("spec_accept_length") or 0.0),
-        accept_rate=meta.get("spec_accept_rate"),
-        correct_drafts=int(meta.get("spec_num_correct_drafts") or 0),
-        proposed_drafts=int(meta.get("spec_num_proposed_drafts") or 0),
-    ), meta)
+    meta = Reply(worker, raw, "meta_info")
+    spec = read_batch(spec_counters(meta), raw)
     if spec.decode_s is None:
-        e2e = non_negative(meta.get("e2e_latency"))
-        first = non_negative(meta.get("first_token_latency"))
+        e2e = non_negative(raw.get("e2e_latency"))
+        first = non_negative(raw.get("first_token_latency"))
         if e2e is not None and first is not None and e2e >= first:
             spec.decode_s = e2e - first
     return spec
@@ -77,16 +72,30 @@ def prior_from_server_info(pool: PoolConfig, body: dict) -> WorkerPrior | None:
         if prior is not None and prior.acceptance:
             return prior
     k = body.get("speculative_num_steps") or pool.k
-    for state in body.get("internal_states") or ():
+    states = body.get("internal_states")
+    for state in states if isinstance(states, list) else ():
         average = state.get("avg_spec_accept_length") if isinstance(state, dict) else None
         if isinstance(average, int | float) and average > 1.0 and isinstance(k, int) and k > 0:
             return WorkerPrior.from_server_average(pool.model, pool.method, float(average), k)
     return None
 
 
-def usage_from_meta(meta: dict) -> Usage:
-    return Usage(prompt_tokens=int(meta.get("prompt_tokens") or 0),
-                 completion_tokens=int(meta.get("completion_tokens") or 0))
+def meta_of(body: Reply) -> Reply:
+    """A `/generate` answer's or chunk's `meta_info` (an object; {} when absent)."""
+    return body.obj("meta_info") or Reply(body.worker, {}, "meta_info")
+
+
+def result_from_generate(worker: str, raw: dict, native: bool) -> GenerationResult:
+    """A non-streaming `/generate` answer; UpstreamProtocolError when its shape is wrong."""
+    body = Reply(worker, raw)
+    text = body.text("text")
+    if text is None:
+        raise body.bad("text", "a string")
+    body.integers("output_ids")
+    meta = meta_of(body)
+    return GenerationResult(text=text, finish_reason=meta.finish_reason() or "stop",
+                            usage=usage_of(meta), spec=spec_from_meta(meta.data, worker),
+                            native=raw if native else None)
 
 
 # OpenAI body fields that SGLang's SamplingParams takes under the same name and meaning.
@@ -113,8 +122,8 @@ def sampling_params(request: GenerationRequest, pool: PoolConfig, k: int) -> dic
             params["json_schema"] = orjson.dumps(schema).decode()
         elif request.response_format.get("type") == "json_object":
             params["json_schema"] = '{"type": "object"}'  # what SGLang's own route sends
-    if pool.capabilities.per_request_k:
-        params["custom_params"] = with_k(None, k)
+    if (custom := worker_params(None, pool, k)) is not None:
+        params["custom_params"] = custom
     return params
 
 
@@ -128,8 +137,9 @@ class SGLangAdapter:
         if request.native is not None:  # SGLang's own body: only k and stream are ours
             body = {key: v for key, v in request.native.items() if key != "model"}
             params = dict(body.get("sampling_params") or {})
-            if pool.capabilities.per_request_k:
-                params["custom_params"] = with_k(params.get("custom_params"), k)
+            custom = worker_params(params.pop("custom_params", None), pool, k)
+            if custom is not None:
+                params["custom_params"] = custom
             return {**body, "sampling_params": params, "stream": stream}
         prompt_key = "input_ids" if isinstance(request.prompt, list) else "text"
         return {prompt_key: request.prompt, "stream": stream, "rid": uuid.uuid4().hex,
@@ -142,17 +152,16 @@ class SGLangAdapter:
         return request.native is None and (request.endpoint == "chat" or request.n > 1
                                            or request.logprobs)
 
+    async def alive(self, worker: str, timeout_s: float) -> bool:
+        return await answers(self.session, worker, timeout_s)
+
     async def generate(self, worker: str, request: GenerationRequest, pool: PoolConfig,
                        k: int) -> GenerationResult:
         if self._openai_route(request):
             return await self.chat.generate(worker, request, pool, k)
         body = await post_json(self.session, worker, "/generate",
                                self.payload(request, pool, k, stream=False))
-        meta = body.get("meta_info") or {}
-        return GenerationResult(text=body.get("text") or "",
-                                finish_reason=finish_reason_of(meta.get("finish_reason")),
-                                usage=usage_from_meta(meta), spec=spec_from_meta(meta),
-                                native=body if request.native is not None else None)
+        return result_from_generate(worker, body, request.native is not None)
 
     async def stream(self, worker: str, request: GenerationRequest, pool: PoolConfig,
                      k: int) -> AsyncIterator[StreamItem]:
@@ -161,18 +170,26 @@ class SGLangAdapter:
                 yield item
             return
         sent = 0
-        meta: dict = {}
+        meta = Reply(worker, {}, "meta_info")
         payload = self.payload(request, pool, k, stream=True)
         async with post(self.session, worker, "/generate", payload) as resp:
-            async for chunk in sse_data(worker, resp):
-                meta = chunk.get("meta_info") or meta
-                text = chunk.get("text") or ""
-                cumulative = len(chunk.get("output_ids") or ()) == meta.get("completion_tokens")
+            async for raw in sse_data(worker, resp):
+                chunk = Reply(worker, raw, "event")
+                meta = chunk.obj("meta_info") or meta
+                text = chunk.text("text")
+                if text is None:  # SGLang's every chunk has it (cumulative or not)
+                    raise chunk.bad("text", "a string")
+                ids = chunk.integers("output_ids") or ()
+                usage = usage_of(meta)  # checked on every chunk: its counters come first
+                cumulative = len(ids) == usage.completion_tokens
                 if cumulative:
                     text, sent = text[sent:], len(text)
                 if request.native is not None:
-                    yield Delta(text=text, native=chunk)
+                    yield Delta(text=text, native=raw)
                 elif text:
                     yield Delta(text=text)
-        finish = finish_reason_of(meta.get("finish_reason"))
-        yield Final(usage=usage_from_meta(meta), spec=spec_from_meta(meta), finish_reason=finish)
+        finish = meta.finish_reason()
+        if finish is None:
+            raise no_finish(worker)
+        yield Final(usage=usage_of(meta), spec=spec_from_meta(meta.data, worker),
+                    finish_reason=finish)

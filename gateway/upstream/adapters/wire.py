@@ -19,6 +19,7 @@ from yarl import URL
 
 from gateway.errors import (
     GatewayError,
+    UpstreamProtocolError,
     UpstreamRejected,
     UpstreamTimeout,
     UpstreamUnavailable,
@@ -57,7 +58,12 @@ def status_error(worker: str, status: int, raw: bytes) -> GatewayError:
 
 
 def transport_error(worker: str, exc: BaseException) -> GatewayError:
-    """Map an aiohttp/asyncio failure to the exception tree."""
+    """Map an aiohttp/asyncio failure to the exception tree. A connect timeout is apart:
+    the worker never had the request, so it is always retried (gateway.upstream.dispatch);
+    after a read or total timeout it may still be generating."""
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return UpstreamTimeout(f"cannot connect to worker {worker} in time",
+                               code="upstream_connect_timeout")
     if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
         return UpstreamTimeout(f"worker {worker} timed out", code="upstream_timeout")
     if isinstance(exc, aiohttp.ClientConnectorError):
@@ -92,6 +98,17 @@ async def post(session: aiohttp.ClientSession, worker: str, path: str,
         raise transport_error(worker, exc) from exc
 
 
+async def answers(session: aiohttp.ClientSession, worker: str, timeout_s: float) -> bool:
+    """Whether the worker's HTTP server answers at all (`GET /health`, any status)
+    within `timeout_s`: alive, if perhaps busy. A hung or dead process does not."""
+    try:
+        async with session.get(endpoint_url(worker, "/health"),
+                               timeout=aiohttp.ClientTimeout(total=timeout_s)):
+            return True
+    except (TimeoutError, aiohttp.ClientError):
+        return False
+
+
 async def post_json(session: aiohttp.ClientSession, worker: str, path: str,
                     payload: dict) -> dict:
     async with post(session, worker, path, payload) as resp:
@@ -99,11 +116,9 @@ async def post_json(session: aiohttp.ClientSession, worker: str, path: str,
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise UpstreamUnavailable(f"worker {worker} sent invalid JSON",
-                                  code="upstream_error") from exc
+        raise UpstreamProtocolError(worker, "the body is not JSON") from exc
     if not isinstance(body, dict):
-        raise UpstreamUnavailable(f"worker {worker} sent a non-object body",
-                                  code="upstream_error")
+        raise UpstreamProtocolError(worker, "the body is not a JSON object")
     return body
 
 
@@ -130,15 +145,13 @@ async def sse_data(worker: str, resp: aiohttp.ClientResponse) -> AsyncIterator[d
                     return
                 item = orjson.loads(data)
                 if not isinstance(item, dict):
-                    raise UpstreamUnavailable(f"worker {worker} sent a non-object SSE event",
-                                              code="upstream_error")
+                    raise UpstreamProtocolError(worker, "an SSE event is not a JSON object")
                 if item.get("error"):
                     raise UpstreamUnavailable(
                         f"worker {worker} failed mid-stream: "
                         f"{upstream_message(orjson.dumps(item))}", code="upstream_error")
                 yield item
     except orjson.JSONDecodeError as exc:
-        raise UpstreamUnavailable(f"worker {worker} sent invalid SSE data",
-                                  code="upstream_error") from exc
+        raise UpstreamProtocolError(worker, "an SSE event is not JSON") from exc
     except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
         raise transport_error(worker, exc) from exc

@@ -15,6 +15,11 @@ import torch
 
 from workers.embedded.api import TokenLogprob
 
+# Temperatures below this divide as this one: logits (float32) over a smaller one
+# overflow to inf (5e-324 is 0 as a float32), and the softmax of inf is nan. At 1e-5
+# logits ~100 scale to ~1e7: still finite, and already greedy in effect.
+MIN_TEMPERATURE = 1e-5
+
 
 class Sampler:
     """A request's logits processing plus its private torch.Generator (reproducible seeds)."""
@@ -30,19 +35,28 @@ class Sampler:
         self.top_p = top_p
         self.top_k = top_k
         self.greedy = temperature <= 0.0 or top_k == 1
+        self.scale = max(temperature, MIN_TEMPERATURE)  # what the logits are divided by
         self.generator = generator if generator is not None else torch.Generator()
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """p for each row of logits (..., V): temperature, then top-k, then top-p."""
-        x = logits.float() / max(self.temperature, 1e-5)
+        """p for each row of logits (..., V): temperature, then top-k, then top-p.
+        Numerically safe for every accepted setting: the most likely token always stays
+        (5e-324 is 0 as a float32, and `before >= top_p` would drop every token), and
+        the top-k / top-p cuts rank tokens by their unscaled logits, which a huge
+        temperature would flatten to ties in float32 (the cuts are the same otherwise:
+        dividing by a positive temperature keeps the order)."""
+        raw = logits.float()
+        x = raw / self.scale
         if 0 < self.top_k < x.shape[-1]:
-            kth = torch.topk(x, self.top_k, dim=-1).values[..., -1:]
-            x = x.masked_fill(x < kth, float("-inf"))
+            kth = torch.topk(raw, self.top_k, dim=-1).values[..., -1:]
+            x = x.masked_fill(raw < kth, float("-inf"))
         if self.top_p < 1.0:
-            sorted_x, order = torch.sort(x, dim=-1, descending=True)
-            sorted_p = sorted_x.softmax(-1)
+            order = torch.argsort(raw.masked_fill(x == float("-inf"), float("-inf")),
+                                  dim=-1, descending=True)
+            sorted_p = x.gather(-1, order).softmax(-1)
             before = sorted_p.cumsum(-1) - sorted_p  # mass strictly ahead of each token
-            drop_sorted = before >= self.top_p  # the first token always stays
+            drop_sorted = before >= self.top_p
+            drop_sorted[..., 0] = False  # the first token always stays
             drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
             x = x.masked_fill(drop, float("-inf"))
         return x.softmax(-1)
@@ -86,7 +100,7 @@ def token_logprobs(tokens: list[int], rows: torch.Tensor, sampler: Sampler,
         return []
     x = rows[: len(tokens)].float()  # (t, V)
     if not sampler.greedy:
-        x = x / sampler.temperature
+        x = x / sampler.scale
     logprobs = torch.log_softmax(x, -1).clamp_min_(torch.finfo(torch.float32).min)
     chosen = logprobs[torch.arange(len(tokens)), torch.tensor(tokens)].tolist()
     if not top:
