@@ -23,7 +23,7 @@ from policies.decision import PolicyConfig
 
 QUICK_SCALE = 0.1
 QUICK_FIXED_KS = (2, 3, 4, 6)
-TARGETS = (("best fixed", None, 1.0), ("SGLang EMA", "sglang-ema", 1.0),
+TARGETS = (("best fixed", None, 1.0), ("SGLang adaptive", "sglang-adaptive", 1.0),
            ("static split", "static-split", 1.10))
 
 
@@ -39,7 +39,7 @@ def main(args: argparse.Namespace) -> int:
     head = (f"{'policy':<25}{'tok/s':>8}{'p50 s':>8}{'p99 s':>8}{'SLO':>7}"
             + "".join(f"{name:>13}" for name in phases))
     print(head + "\n" + "-" * len(head))
-    for name in (*PLANNER_ROWS, "static-split", "sglang-ema", result.best_fixed):
+    for name in (*PLANNER_ROWS, "static-split", "sglang-adaptive", result.best_fixed):
         r = result.results[name]
         print(f"{name:<25}{r.mean_tokens_per_s:>8.1f}{r.p50_latency_s:>8.2f}"
               f"{r.p99_latency_s:>8.2f}{r.slo_attainment:>7.1%}"

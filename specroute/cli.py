@@ -114,6 +114,8 @@ BENCH_OPTIONS: dict[str, dict] = {
     "--write-costs": {"default": None, "metavar": "PATH"},
     "--write-measured": {"default": None, "metavar": "PATH"},
     "--fleet": {"action": "store_true"},
+    "--seeds": {"default": None},
+    "--full": {"action": "store_true"},
     "--throughput": {"action": "store_true"},
 }
 MODEL_HELP = "smollm2 (default), tiny, or a model folder"
@@ -131,8 +133,11 @@ BENCHES: dict[str, tuple[str, dict[str, str]]] = {
         "--write-measured": "write accept length, tokens/s and speedup per (method, class, "
                             "T) as JSON, the policy's prior for the worker"}),
     "policy": ("the learned policy in the simulator against its baselines", {
-        "--seed": "the simulation's seed", "--plot": "write a PNG of tokens/s over time",
-        "--fleet": "the fleet planner's fixed-k fleet against its baselines"}),
+        "--seeds": "comma-separated simulation seeds (default 0,7)",
+        "--full": "the full workload (10,500 requests per seed; default half)",
+        "--plot": "write a PNG of tokens/s over time",
+        "--fleet": "the fleet planner's fixed-k fleet against its baselines (--seed)",
+        "--seed": "the --fleet run's seed"}),
     "batching": ("step cost per (method, k, batch) of the embedded engine", {
         "--model": MODEL_HELP, "--methods": "methods to compare (default: every method)",
         "--rounds": "rounds (default 2; --quick 1)", "--seed": "prompt seed",

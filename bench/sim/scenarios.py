@@ -28,7 +28,7 @@ the scenario's strongest chain drafter (EAGLE-3 where the scenario has it, else 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from bench.sim.baselines import SimPool
 
@@ -47,6 +47,7 @@ class Scenario:
     relaunch_s: float = 60.0
     relaunch_interval_s: float = 30.0
     notes: str = ""
+    law: str = "sglang-h100"  # the engine's step law (bench/sim/steplaw.py)
     methods: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -61,7 +62,7 @@ class Scenario:
     def homogeneous(self, method: str, k: int) -> tuple[SimPool]:
         """All workers running one method at one k (the fixed and engine baselines)."""
         return (SimPool(method, "sglang", method, k, False, FLEET_WORKERS, 12,
-                        self.curves.get(method, "sglang-eagle1")),)
+                        self.curves.get(method, "sglang-eagle1"), law=self.law),)
 
 
 def _rules(code: tuple, structured: tuple, chat: tuple, chat_hot: tuple) -> Rules:
@@ -76,15 +77,17 @@ SGLANG_CURVES = {"eagle3": "sglang-eagle3", "eagle2": "sglang-eagle1", "eagle": 
                  "draft": "vllm-eagle1", "plain": "sglang-eagle1"}
 _SHARED = (("eagle3", 4, 12), ("eagle2", 6, 12), ("eagle", 5, 12), ("medusa", 5, 5),
            ("ngram", 4, 12), ("lookahead", 4, 8), ("draft", 4, 8), ("plain", 0, 0))
-SHARED_FLEET = tuple(SimPool(m, "embedded", m, k, True, FLEET_WORKERS, max_k, SGLANG_CURVES[m])
-                     for m, k, max_k in _SHARED)
+SHARED_FLEET = tuple(SimPool(m, "embedded", m, k, True, FLEET_WORKERS, max_k, SGLANG_CURVES[m],
+                             law="sglang-h100") for m, k, max_k in _SHARED)
+EMBEDDED_FLEET = tuple(replace(s, law="embedded-cpu") for s in SHARED_FLEET
+                       if s.method != "eagle3")
 
 _POOLS = (("eagle3-k3", "eagle3", 3, 4), ("eagle2-n8", "eagle2", 8, 2), ("ngram-k4", "ngram", 4, 2),
           ("draft-k4", "draft", 4, 2), ("plain", "plain", 0, 2))
 SGLANG_POOLS = Scenario(
     "sglang-pools",
     tuple(SimPool(name, "sglang", method, k, False, workers, 12, SGLANG_CURVES[method],
-                  group=name) for name, method, k, workers in _POOLS),
+                  group=name, law="sglang-h100") for name, method, k, workers in _POOLS),
     SGLANG_CURVES,
     _rules(("eagle3-k3", None), ("eagle3-k3", None), ("eagle2-n8", None), ("plain", None)),
     "eagle3",
@@ -92,11 +95,12 @@ SGLANG_POOLS = Scenario(
           "draft k4 x2, plain x2), relaunch to change k (deployable)")
 
 EMBEDDED = Scenario(
-    "embedded", tuple(s for s in SHARED_FLEET if s.method != "eagle3"),
+    "embedded", EMBEDDED_FLEET,
     {m: c for m, c in SGLANG_CURVES.items() if m != "eagle3"},
     _rules(("eagle2", None), ("eagle2", None), ("eagle2", None), ("eagle", 2)),
     "eagle",
-    notes="embedded engine: every method on every worker, k per request (deployable)")
+    notes="embedded engine: every method on every worker, k per request (deployable)",
+    law="embedded-cpu")
 
 SGLANG_SHARED = Scenario(
     "sglang-shared", SHARED_FLEET, SGLANG_CURVES,
@@ -111,14 +115,15 @@ _VLLM_POOLS = (("plain", "plain", 0), ("eagle3-k2", "eagle3", 2), ("eagle3-k5", 
                ("eagle-k3", "eagle", 3), ("ngram-k4", "ngram", 4), ("draft-k3", "draft", 3))
 VLLM_MAX_K = {"plain": 0, "eagle3": 8, "eagle": 5, "ngram": 8, "draft": 4}
 VLLM_FLEET = tuple(SimPool(name, "vllm", method, k, False, 2, VLLM_MAX_K[method],
-                           VLLM_CURVES[method], group=name)
+                           VLLM_CURVES[method], group=name, law="vllm-h100")
                    for name, method, k in _VLLM_POOLS)
 
 VLLM = Scenario(
     "vllm", VLLM_FLEET, VLLM_CURVES,
     _rules(("eagle3-k5", None), ("eagle3-k5", None), ("eagle3-k2", None), ("plain", None)),
     "eagle3",
-    notes="vLLM 0.33, six (method, k) pools of 2 workers, relaunch to change k (deployable)")
+    notes="vLLM 0.33, six (method, k) pools of 2 workers, relaunch to change k (deployable)",
+    law="vllm-h100")
 
 SCENARIOS = {s.name: s for s in (SGLANG_POOLS, EMBEDDED, VLLM, SGLANG_SHARED)}
 PRIMARY = "sglang-pools"
