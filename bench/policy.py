@@ -91,7 +91,7 @@ def _shown(evaluation: Evaluation) -> list[PolicyResult]:
     fixed = sorted((r for n, r in results.items() if n.startswith("fixed:")),
                    key=lambda r: -r.mean_tokens_per_s)
     head = [results[n] for n in ("adaptive", "adaptive-flat-prior", "adaptive-no-relaunch",
-                                 "oracle") if n in results]
+                                 "oracle", "oracle-launch-k") if n in results]
     tail = [results[n] for n in ("sglang-adaptive", "shard-adaptive", "vllm-table", "rules", "plain") if n in results]
     return head + fixed[:5] + tail
 

@@ -119,6 +119,7 @@ class Oracle(SimRouter):
     base_step_s: float = 0.015
     phase_scale: tuple[float, ...] = ()
     trained: frozenset = frozenset()
+    any_k: bool = False  # fixed-k pools at any k up to max_k too (an upper bound)
     _fleet: object = None
     _world: World | None = None
 
@@ -131,7 +132,8 @@ class Oracle(SimRouter):
             if view.healthy_workers <= 0:
                 continue
             _, worker = self._fleet.least_worker(view.name)
-            ks = range(0, spec.max_k + 1) if spec.per_request_k else (view.k,)
+            ks = (range(0, spec.max_k + 1) if spec.per_request_k or self.any_k
+                  else (view.k,))
             for k in ks if spec.method != "plain" else (0,):
                 length = self._length(spec.method, req, k)
                 depth = self._world.depth(spec.method, k) if self.truth is None else k

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bench.sim.baselines import Learned, Oracle, SimRequest, SimRouter, StaticRules
-from bench.sim.calibration import METHODS, PAPER_K
+from bench.sim.calibration import METHODS, PAPER_K, PAPER_TREE_DEPTH
 from bench.sim.engine_fleet import BatchSchedule, SGLangAdaptive, simulate_engine
 from bench.sim.measure import measured_priors
 from bench.sim.scenarios import FLEET_WORKERS, SCENARIOS, Scenario
@@ -31,7 +31,7 @@ from bench.sim.world import World
 from policies.decision import PolicyConfig
 from policies.prior import WorkerPrior
 
-FIXED_KS = (1, 2, 3, 4, 6, 8)
+FIXED_KS = (1, 2, 3, 4, 6, 8, 10, 12)  # capped per method by the k its pools may run
 RECOVERY_WINDOW = 100
 
 
@@ -134,8 +134,11 @@ def routers(config: SimConfig, policy_config: PolicyConfig | None = None,
     for method in METHODS:
         if method not in scenario.methods:
             continue
+        # every k the policy may choose for the method (its pools' max_k; a tree drafter
+        # no deeper than its tree, past which k only adds nodes)
+        top = max(s.max_k for s in fleet if s.method == method)
         for k in fixed_ks:
-            if k <= PAPER_K[method] or method == "ngram":
+            if k <= top and (method not in PAPER_TREE_DEPTH or k <= PAPER_K[method]):
                 factories[f"fixed:{method}:k{k}"] = (
                     lambda m=method, kk=k: SimRouter(  # type: ignore[misc]
                         f"fixed:{m}:k{kk}", homogeneous(m, kk)))
@@ -153,8 +156,14 @@ def routers(config: SimConfig, policy_config: PolicyConfig | None = None,
             "adaptive-no-relaunch", fleet, policy_config, relaunch=False,
             worker_priors=priors)
     scales = tuple(p.drafter_scale for p in config.phases)
+    # the per-class oracle over every pool x k the policy may choose (a fixed-k pool at any
+    # k up to its max_k, as if relaunched for free: an upper bound), and the same oracle
+    # held to the pools' launch k
     factories["oracle"] = lambda: Oracle("oracle", fleet, None, config.base_step_s, scales,
-                                         TRAINED_DRAFTERS)
+                                         TRAINED_DRAFTERS, any_k=True)
+    if scenario.fixed_k:
+        factories["oracle-launch-k"] = lambda: Oracle(
+            "oracle-launch-k", fleet, None, config.base_step_s, scales, TRAINED_DRAFTERS)
     return factories
 
 
@@ -186,6 +195,9 @@ def evaluate(config: SimConfig, policy_config: PolicyConfig | None = None,
         "vs_sglang_adaptive_homogeneous": ratios(ours, results["sglang-adaptive"]),
         "vs_oracle": ratios(ours, oracle),
         "vs_static_split": ratios(ours, results["rules"]),
+        "vs_oracle_launch_k": (ratios(ours, results["oracle-launch-k"])
+                               if "oracle-launch-k" in results else None),
+        "oracle_vs_best_homogeneous": ratios(oracle, best_fixed),
         "recovery_requests": None if never else max(recover, default=0),
         "best_homogeneous": [r.name for r in top],
         "strategies": {name: {"vs_best_homogeneous": ratios(results[name], best_fixed),
