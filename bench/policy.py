@@ -91,7 +91,7 @@ def _shown(evaluation: Evaluation) -> list[PolicyResult]:
     fixed = sorted((r for n, r in results.items() if n.startswith("fixed:")),
                    key=lambda r: -r.mean_tokens_per_s)
     head = [results[n] for n in ("adaptive", "adaptive-flat-prior", "adaptive-no-relaunch",
-                                 "oracle", "oracle-launch-k") if n in results]
+                                 "oracle", "oracle-launch-k", "ceiling") if n in results]
     tail = [results[n] for n in ("sglang-adaptive", "shard-adaptive", "vllm-table", "rules", "plain") if n in results]
     return head + fixed[:5] + tail
 
@@ -133,6 +133,8 @@ def _headline(summary: dict, elapsed: float) -> str:
             f"(target >= 1.10)\n"
             f"adaptive / oracle              {show('vs_oracle')}  (target >= 0.95)\n"
             f"adaptive / static split        {show('vs_static_split')}\n"
+            f"ceiling / best homogeneous     {show('ceiling_vs_best_homogeneous')}  (every "
+            f"method at any k per request on every worker: what no routing can exceed)\n"
             f"recovery after drift           {summary['recovery_requests']}  (target <= 500;"
             f" null = never; per drift: {recover})\n"
             f"strategies / best homogeneous  {strategies}\n"

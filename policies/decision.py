@@ -15,14 +15,16 @@ Around the greedy choice:
   is predicted better by `hysteresis`; the incumbent comes from shared telemetry, so
   replicas agree;
 - no speculation when the best predicted speedup over plain is below 1;
-- cold start (off by default; the simulator loses 7-9% with it, see docs/POLICY.md): a
-  pool with fewer than `cold_start_samples` requests in this context (in telemetry, or
-  tried by this process) is tried at its configured k before the policy trusts its
-  prior about it: at most `cold_start_samples` tries per (pool,
+- cold start (3 tries, on pools whose workers did not measure their step cost: SGLang,
+  vLLM): a pool with fewer than `cold_start_samples` requests in this context (in
+  telemetry, or tried by this process) is tried at its configured k before the policy
+  trusts its prior about it: at most `cold_start_samples` tries per (pool,
   context), so the cost is bounded by pools x contexts, not by traffic. Without it a
-  pool the prior ranks low (n-gram at 0.4) is never measured: the 2% exploration
-  reaches each of tens of (pool, context) pairs once per thousands of requests. Off
-  with exploration (`explore_rate = 0`), so replicas stay deterministic;
+  pool the prior ranks low is never measured — a plain pool nobody sent a request to
+  kept the fleet's median step (a speculative one, 3x its own) and stayed empty in the
+  simulator while its speculative pools were saturated (docs/POLICY.md). Pools with a
+  measured step curve (embedded workers' batch benchmark) are not tried: there it cost
+  21%. Off with exploration (`explore_rate = 0`), so replicas stay deterministic;
 - k trust region: on a per-request-k pool the k search stops `k_trust_margin` above the
   largest k measured on that pool (its configured k before any), because E(a, k) (an
   i.i.d. chain model) and the linear step cost are least reliable far from the data. For
@@ -76,7 +78,9 @@ class PolicyConfig:
     relaunch_cost_s: float = 60.0
     relaunch_payback_s: float = 600.0
     relaunch_min_samples: float = 20.0  # requests behind a context's acceptance
-    cold_start_samples: float = 0.0  # tries per (pool, context) before trusting the prior
+    # tries per (pool, context) before trusting the prior, on pools whose workers did not
+    # measure their step cost (SGLang, vLLM: docs/POLICY.md "How a decision is made")
+    cold_start_samples: float = 3.0
     k_trust_margin: int | None = 2  # k search limit above the largest measured k (None: off)
     # k per request by what it adds to its worker's batch (`batch_gain`), not by its own
     # tokens/s; off only for a world without co-batching (each request its own step)
@@ -272,6 +276,8 @@ class Policy:
             return None
         best = None
         for option in options:
+            if option.pool.name in state.cost_measured:
+                continue  # its workers' batch benchmark already says what a step costs
             key = (option.pool.name, *context)
             seen, tries = state.traffic.get(key, 0.0), self._cold_tries.get(key, 0)
             if seen >= need or tries >= need:

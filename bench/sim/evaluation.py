@@ -15,11 +15,11 @@ from a measurement run in the world (bench/sim/measure.py).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from bench.sim.baselines import Learned, Oracle, SimRequest, SimRouter, StaticRules
+from bench.sim.baselines import Learned, Oracle, SimPool, SimRequest, SimRouter, StaticRules
 from bench.sim.calibration import METHODS, PAPER_K, PAPER_TREE_DEPTH
 from bench.sim.engine_fleet import BatchSchedule, SGLangAdaptive, simulate_engine
 from bench.sim.measure import measured_priors
@@ -31,7 +31,7 @@ from bench.sim.world import World
 from policies.decision import PolicyConfig
 from policies.prior import WorkerPrior
 
-FIXED_KS = (1, 2, 3, 4, 6, 8, 10, 12)  # capped per method by the k its pools may run
+FIXED_KS = (1, 2, 3, 4, 6, 8, 12)  # capped per method by the k its pools may run
 RECOVERY_WINDOW = 100
 
 
@@ -123,6 +123,16 @@ def engine_baselines(config: SimConfig, scenario: Scenario) -> dict[str, EngineR
     return {"sglang-adaptive": sglang, "vllm-table": vllm, "shard-adaptive": sharded}
 
 
+def ceiling_fleet(scenario: Scenario) -> tuple[SimPool, ...]:
+    """Every method of the fleet on every worker, k per request up to its pools' max_k."""
+    out = []
+    for method in dict.fromkeys(s.method for s in scenario.fleet):
+        specs = [s for s in scenario.fleet if s.method == method]
+        out.append(replace(specs[0], name=method, per_request_k=True, workers=FLEET_WORKERS,
+                           max_k=max(s.max_k for s in specs), group="ceiling"))
+    return tuple(out)
+
+
 def routers(config: SimConfig, policy_config: PolicyConfig | None = None,
             fixed_ks: tuple[int, ...] = FIXED_KS, scenario: Scenario = SCENARIOS["sglang-pools"]
             ) -> dict[str, Callable[[], SimRouter]]:
@@ -164,6 +174,12 @@ def routers(config: SimConfig, policy_config: PolicyConfig | None = None,
     if scenario.fixed_k:
         factories["oracle-launch-k"] = lambda: Oracle(
             "oracle-launch-k", fleet, None, config.base_step_s, scales, TRAINED_DRAFTERS)
+    # the ceiling of any routing, sharding or planning on this engine: the same oracle on
+    # all 12 workers each able to run every method of the fleet at any k per request
+    # (no engine can: not deployable)
+    if scenario.fixed_k:  # (a per-request-k fleet's oracle is its ceiling already)
+        factories["ceiling"] = lambda: Oracle("ceiling", ceiling_fleet(scenario), None,
+                                              config.base_step_s, scales, TRAINED_DRAFTERS)
     return factories
 
 
@@ -198,6 +214,7 @@ def evaluate(config: SimConfig, policy_config: PolicyConfig | None = None,
         "vs_oracle_launch_k": (ratios(ours, results["oracle-launch-k"])
                                if "oracle-launch-k" in results else None),
         "oracle_vs_best_homogeneous": ratios(oracle, best_fixed),
+        "ceiling_vs_best_homogeneous": ratios(results.get("ceiling", oracle), best_fixed),
         "recovery_requests": None if never else max(recover, default=0),
         "best_homogeneous": [r.name for r in top],
         "strategies": {name: {"vs_best_homogeneous": ratios(results[name], best_fixed),
