@@ -6,7 +6,8 @@ Rows: `planner` starts as the static split and moves workers as the planner asks
 `planner-launched` starts where the planner wants the fleet before any traffic (the
 workers' priors, an even class mix) and then moves; `planner-launched-frozen` starts
 there and never moves: launched / frozen per phase says whether that phase's relaunches
-won more than they cost. --quick runs a tenth of the requests on a smaller grid of k.
+won more than they cost. Half the full workload by default (--full: 10,500 requests);
+--quick runs a tenth of the requests on a smaller grid of k.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from bench.sim.world import World
 from policies.decision import PolicyConfig
 
 QUICK_SCALE = 0.1
+SCALE = 0.3  # as `specroute bench policy` (bench/policy.py); --full: 1.0
 QUICK_FIXED_KS = (2, 3, 4, 6)
 TARGETS = (("best fixed", None, 1.0), ("SGLang adaptive", "sglang-adaptive", 1.0),
            ("static split", "static-split", 1.10))
@@ -29,8 +31,8 @@ TARGETS = (("best fixed", None, 1.0), ("SGLang adaptive", "sglang-adaptive", 1.0
 
 def main(args: argparse.Namespace) -> int:
     started = time.perf_counter()
-    config = SimConfig(default_phases(QUICK_SCALE if args.quick else 1.0), seed=args.seed,
-                       world=World())
+    scale = QUICK_SCALE if args.quick else (1.0 if getattr(args, "full", False) else SCALE)
+    config = SimConfig(default_phases(scale), seed=args.seed, world=World())
     result = compare(config, PolicyConfig(seed=args.seed),
                      QUICK_FIXED_KS if args.quick else FIXED_KS)
     phases = result.phases

@@ -134,7 +134,7 @@ BENCHES: dict[str, tuple[str, dict[str, str]]] = {
                             "T) as JSON, the policy's prior for the worker"}),
     "policy": ("the learned policy in the simulator against its baselines", {
         "--seeds": "comma-separated simulation seeds (default 0,7)",
-        "--full": "the full workload (10,500 requests per seed; default half)",
+        "--full": "the full workload (10,500 requests per seed; default 0.3 of it)",
         "--plot": "write a PNG of tokens/s over time",
         "--fleet": "the fleet planner's fixed-k fleet against its baselines (--seed)",
         "--seed": "the --fleet run's seed"}),

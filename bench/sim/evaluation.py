@@ -158,9 +158,6 @@ def routers(config: SimConfig, policy_config: PolicyConfig | None = None,
     factories["adaptive"] = lambda: Learned(
         "adaptive", fleet, policy_config, relaunch_s=scenario.relaunch_s,
         relaunch_interval_s=scenario.relaunch_interval_s, worker_priors=priors)
-    factories["adaptive-flat-prior"] = lambda: Learned(
-        "adaptive-flat-prior", fleet, policy_config,
-        relaunch_s=scenario.relaunch_s, relaunch_interval_s=scenario.relaunch_interval_s)
     if scenario.fixed_k:
         factories["adaptive-no-relaunch"] = lambda: Learned(
             "adaptive-no-relaunch", fleet, policy_config, relaunch=False,
@@ -195,6 +192,8 @@ def evaluate(config: SimConfig, policy_config: PolicyConfig | None = None,
         if name == "adaptive" and isinstance(router, Learned):
             relaunches = len(router.relaunches)
     for name, run in engine_baselines(config, scenario).items():
+        if name == "shard-adaptive" and not scenario.fixed_k:
+            continue  # a strategy for fixed-k fleets
         outcomes[name] = run(requests)
     results = {name: summarize(name, out, n_phases) for name, out in outcomes.items()}
     fixed = {n: r for n, r in results.items() if n.startswith("fixed:")}
@@ -234,12 +233,6 @@ def evaluate(config: SimConfig, policy_config: PolicyConfig | None = None,
                                    / results["sglang-adaptive"].mean_tokens_per_s),
         "adaptive_vs_vllm_table": ours.mean_tokens_per_s / results["vllm-table"].mean_tokens_per_s,
         "adaptive_vs_rules": ours.mean_tokens_per_s / results["rules"].mean_tokens_per_s,
-        "flat_prior_vs_oracle": (results["adaptive-flat-prior"].mean_tokens_per_s
-                                 / oracle.mean_tokens_per_s),
-        "flat_prior_vs_best_fixed": (results["adaptive-flat-prior"].mean_tokens_per_s
-                                     / best_fixed.mean_tokens_per_s),
-        "flat_prior_vs_sglang_ema": (results["adaptive-flat-prior"].mean_tokens_per_s
-                                     / results["sglang-adaptive"].mean_tokens_per_s),
         "adaptive_explored_fraction": ours.explored_fraction,
         "adaptive_relaunches": relaunches,
         "requests": int(bounds[-1]),

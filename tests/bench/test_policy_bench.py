@@ -33,12 +33,13 @@ def test_quick_json_has_the_keys_per_fleet_and_seed(capsys: pytest.CaptureFixtur
             recovery = figures["recovery_requests"]
             assert recovery is None or 0 <= recovery <= figures["requests"]
             assert all(name.startswith("fixed:") for name in figures["best_homogeneous"])
-            assert {"adaptive", "shard-adaptive"} <= set(figures["strategies"])
+            assert "adaptive" in set(figures["strategies"])
             rows = {row["policy"] for row in figures["table"]}
             assert {"adaptive", "oracle", "sglang-adaptive", "vllm-table", "rules",
                     "plain"} <= rows
             assert figures["adaptive_explored_fraction"] <= 0.05
     assert out["vs_oracle"] == out["fleets"]["sglang"]["0"]["vs_oracle"]
-    assert "adaptive-no-relaunch" in out["fleets"]["vllm"]["0"]["strategies"]
+    assert {"adaptive-no-relaunch", "shard-adaptive"} <= set(
+        out["fleets"]["vllm"]["0"]["strategies"])
     assert not any("eagle3" in row["policy"]
                    for row in out["fleets"]["embedded"]["0"]["table"])

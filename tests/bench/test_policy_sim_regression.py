@@ -18,8 +18,7 @@ from policies.decision import PolicyConfig
 
 SCALE = 0.04
 FIXED_KS = (2, 4)
-KEYS = ("adaptive_vs_oracle", "adaptive_vs_best_fixed", "adaptive_vs_sglang_ema",
-        "flat_prior_vs_oracle")
+KEYS = ("adaptive_vs_oracle", "adaptive_vs_best_fixed", "adaptive_vs_sglang_ema")
 TOLERANCE = 0.02
 EXPECTED: dict[tuple[str, int], dict[str, float]] = {
     ("sglang-pools", 0): {"adaptive_vs_oracle": 0.844, "adaptive_vs_best_fixed": 0.673,
