@@ -24,7 +24,9 @@ Around the greedy choice:
   kept the fleet's median step (a speculative one, 3x its own) and stayed empty in the
   simulator while its speculative pools were saturated (docs/POLICY.md). Pools with a
   measured step curve (embedded workers' batch benchmark) are not tried: there it cost
-  21%. Off with exploration (`explore_rate = 0`), so replicas stay deterministic;
+  21%. The tries share exploration's budget (`explore_cap`: with them, never more than
+  5% of decisions are not the greedy pick). Off with exploration (`explore_rate = 0`),
+  so replicas stay deterministic;
 - k trust region: on a per-request-k pool the k search stops `k_trust_margin` above the
   largest k measured on that pool (its configured k before any), because E(a, k) (an
   i.i.d. chain model) and the linear step cost are least reliable far from the data. For
@@ -80,7 +82,7 @@ class PolicyConfig:
     relaunch_min_samples: float = 20.0  # requests behind a context's acceptance
     # tries per (pool, context) before trusting the prior, on pools whose workers did not
     # measure their step cost (SGLang, vLLM: docs/POLICY.md "How a decision is made")
-    cold_start_samples: float = 3.0
+    cold_start_samples: float = 3.0  # within explore_cap, with exploration
     k_trust_margin: int | None = 2  # k search limit above the largest measured k (None: off)
     # k per request by what it adds to its worker's batch (`batch_gain`), not by its own
     # tokens/s; off only for a world without co-batching (each request its own step)
@@ -274,6 +276,8 @@ class Policy:
         need = self.config.cold_start_samples
         if need <= 0 or self.config.explore_rate <= 0:  # exploration off: deterministic
             return None
+        if self._explored + self._cold + 1 > self.config.explore_cap * self._decided:
+            return None  # tries share the exploration budget: never more than explore_cap
         best = None
         for option in options:
             if option.pool.name in state.cost_measured:
@@ -299,7 +303,8 @@ class Policy:
 
     def _may_explore(self) -> bool:
         cfg = self.config
-        if cfg.explore_rate <= 0 or self._explored + 1 > cfg.explore_cap * self._decided:
+        if (cfg.explore_rate <= 0
+                or self._explored + self._cold + 1 > cfg.explore_cap * self._decided):
             return False
         return self._rng.random() < cfg.explore_rate
 
