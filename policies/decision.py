@@ -15,24 +15,15 @@ Around the greedy choice:
   is predicted better by `hysteresis`; the incumbent comes from shared telemetry, so
   replicas agree;
 - no speculation when the best predicted speedup over plain is below 1;
-- cold start (3 tries, on pools whose workers did not measure their step cost: SGLang,
-  vLLM): a pool with fewer than `cold_start_samples` requests in this context (in
-  telemetry, or tried by this process) is tried at its configured k before the policy
-  trusts its prior about it: at most `cold_start_samples` tries per (pool,
-  context), so the cost is bounded by pools x contexts, not by traffic. Without it a
-  pool the prior ranks low is never measured — a plain pool nobody sent a request to
-  kept the fleet's median step (a speculative one, 3x its own) and stayed empty in the
-  simulator while its speculative pools were saturated (docs/POLICY.md). Pools with a
-  measured step curve (embedded workers' batch benchmark) are not tried: there it cost
-  21%. The tries share exploration's budget (`explore_cap`: with them, never more than
-  5% of decisions are not the greedy pick). Off with exploration (`explore_rate = 0`),
-  so replicas stay deterministic;
+- cold start (3 tries per (pool, context), within `explore_cap`; off with exploration,
+  so replicas stay deterministic): a pool whose workers did not measure their step cost
+  (SGLang, vLLM) and has fewer requests than that in this context is tried at its
+  configured k. Without it a pool the prior ranks low is never measured: an idle plain
+  pool kept the fleet's median (speculative) step, 3x its own (docs/POLICY.md);
 - k trust region: on a per-request-k pool the k search stops `k_trust_margin` above the
-  largest k measured on that pool (its configured k before any), because E(a, k) (an
-  i.i.d. chain model) and the linear step cost are least reliable far from the data. For
-  tree drafters (EAGLE-2, Medusa, lookahead) k counts tree nodes and accept length stops
-  at the tree's depth, so E is taken at min(k, depth) (policies/acceptance.py) while the
-  step cost still pays for all k nodes;
+  largest k measured on that pool (its configured k before any): E(a, k) and the step
+  cost are least reliable far from the data. Tree drafters' E is taken at min(k, depth)
+  (policies/acceptance.py) while the step cost pays for all k nodes;
 - bounded exploration: with probability `explore_rate` (hard cap `explore_cap` of all
   requests) try the option with the highest optimistic (UCB, as in BanditSpec
   arXiv 2505.15141) tokens/s if it beats the greedy pick;
@@ -80,9 +71,7 @@ class PolicyConfig:
     relaunch_cost_s: float = 60.0
     relaunch_payback_s: float = 600.0
     relaunch_min_samples: float = 20.0  # requests behind a context's acceptance
-    # tries per (pool, context) before trusting the prior, on pools whose workers did not
-    # measure their step cost (SGLang, vLLM: docs/POLICY.md "How a decision is made")
-    cold_start_samples: float = 3.0  # within explore_cap, with exploration
+    cold_start_samples: float = 3.0  # tries per (pool, context) of unmeasured step cost
     k_trust_margin: int | None = 2  # k search limit above the largest measured k (None: off)
     # k per request by what it adds to its worker's batch (`batch_gain`), not by its own
     # tokens/s; off only for a world without co-batching (each request its own step)
@@ -280,8 +269,8 @@ class Policy:
             return None  # tries share the exploration budget: never more than explore_cap
         best = None
         for option in options:
-            if option.pool.name in state.cost_measured:
-                continue  # its workers' batch benchmark already says what a step costs
+            if option.pool.name in state.cost_measured:  # its workers' batch bench did
+                continue
             key = (option.pool.name, *context)
             seen, tries = state.traffic.get(key, 0.0), self._cold_tries.get(key, 0)
             if seen >= need or tries >= need:
@@ -303,8 +292,8 @@ class Policy:
 
     def _may_explore(self) -> bool:
         cfg = self.config
-        if (cfg.explore_rate <= 0
-                or self._explored + self._cold + 1 > cfg.explore_cap * self._decided):
+        spent = self._explored + self._cold  # cold-start tries share the budget
+        if cfg.explore_rate <= 0 or spent + 1 > cfg.explore_cap * self._decided:
             return False
         return self._rng.random() < cfg.explore_rate
 
