@@ -154,6 +154,8 @@ def routers(config: SimConfig, policy_config: PolicyConfig | None = None,
                         f"fixed:{m}:k{kk}", homogeneous(m, kk)))
     factories["rules"] = lambda: StaticRules("rules", fleet, scenario.rules)
     policy_config = policy_config or PolicyConfig(seed=config.seed)
+    if scenario.fixed_k:  # the operator sets the real restart time (docs/POLICY.md)
+        policy_config = replace(policy_config, relaunch_cost_s=scenario.relaunch_s)
     priors = worker_priors(scenario, config.world, config.model, config.seed)
     factories["adaptive"] = lambda: Learned(
         "adaptive", fleet, policy_config, relaunch_s=scenario.relaunch_s,

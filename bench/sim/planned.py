@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from bench.sim.baselines import Learned, SimPool
-from bench.sim.scenarios import SGLANG_CURVES, SGLANG_POOLS, Scenario
+from bench.sim.scenarios import SGLANG_CURVES, SGLANG_POOLS, SGLANG_RELAUNCH_S, Scenario
 from bench.sim.simulator import Fleet, Worker
 from policies.planner import (
     FleetPlan,
@@ -31,10 +31,6 @@ from policies.planner import (
     state_speed,
 )
 from policies.types import PoolView
-
-# SGLang start-up before a relaunched server serves again (load weights, capture CUDA
-# graphs, start the HTTP server): 1-2 minutes in sglang issue #509; its midpoint.
-SGLANG_RELAUNCH_S = 90.0
 
 # The static split's pools, plus EAGLE-3 at the other k of the fixed baselines' grid
 # (bench/sim/evaluation.py FIXED_KS), with no workers to begin with: the planner may

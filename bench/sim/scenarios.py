@@ -6,7 +6,9 @@ Deployable fleets first:
   into pools of one (method, k) each: EAGLE-3 k 3 (4 workers), EAGLE-2 tree of 8 nodes
   (2), n-gram k 4 (2), draft model k 4 (2), plain (2) — a split chosen before any run,
   not tuned. The policy routes between pools and publishes a desired k per pool; a change
-  is a relaunch that takes the pool out of service for `relaunch_s` (60 s), held for
+  is a relaunch that takes the pool out of service for `relaunch_s` (90 s: SGLang's
+  start-up, `SGLANG_RELAUNCH_S`; vLLM's pools 93 s, the drain and relaunch measured on
+  this machine, docs/results/2026-12-01-vllm.md), held for
   `relaunch_interval_s` after the previous one (the supervisor's
   `min_relaunch_interval_s`, 30 s). Load curves: EAGLE-3 Table 3 (arXiv 2503.01840).
 - `embedded`: the embedded engine serves every method and k per request on every worker
@@ -33,6 +35,10 @@ from dataclasses import dataclass, field, replace
 from bench.sim.baselines import SimPool
 
 FLEET_WORKERS = 12
+# SGLang start-up before a relaunched server serves again (load weights, capture CUDA
+# graphs, start the HTTP server): 1-2 minutes in sglang issue #509; its midpoint.
+SGLANG_RELAUNCH_S = 90.0
+VLLM_RELAUNCH_S = 93.0  # a vLLM CPU pool's drain + relaunch, measured (2026-12-01)
 Rules = dict[tuple[str, str], tuple[str, "int | None"]]
 
 
@@ -90,7 +96,7 @@ SGLANG_POOLS = Scenario(
                   group=name, law="sglang-h100") for name, method, k, workers in _POOLS),
     SGLANG_CURVES,
     _rules(("eagle3-k3", None), ("eagle3-k3", None), ("eagle2-n8", None), ("plain", None)),
-    "eagle3",
+    "eagle3", relaunch_s=SGLANG_RELAUNCH_S,
     notes="SGLang fixed-k pools (EAGLE-3 k3 x4, EAGLE-2 8 nodes x2, n-gram k4 x2, "
           "draft k4 x2, plain x2), relaunch to change k (deployable)")
 
@@ -121,7 +127,7 @@ VLLM_FLEET = tuple(SimPool(name, "vllm", method, k, False, 2, VLLM_MAX_K[method]
 VLLM = Scenario(
     "vllm", VLLM_FLEET, VLLM_CURVES,
     _rules(("eagle3-k5", None), ("eagle3-k5", None), ("eagle3-k2", None), ("plain", None)),
-    "eagle3",
+    "eagle3", relaunch_s=VLLM_RELAUNCH_S,
     notes="vLLM 0.33, six (method, k) pools of 2 workers, relaunch to change k (deployable)",
     law="vllm-h100")
 
