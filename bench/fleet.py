@@ -6,7 +6,8 @@ Rows: `planner` starts as the static split and moves workers as the planner asks
 `planner-launched` starts where the planner wants the fleet before any traffic (the
 workers' priors, an even class mix) and then moves; `planner-launched-frozen` starts
 there and never moves: launched / frozen per phase says whether that phase's relaunches
-won more than they cost. --quick runs a tenth of the requests on a smaller grid of k.
+won more than they cost. Half the full workload by default (--full: 10,500 requests);
+--quick runs a tenth of the requests on a smaller grid of k.
 """
 
 from __future__ import annotations
@@ -22,15 +23,16 @@ from bench.sim.world import World
 from policies.decision import PolicyConfig
 
 QUICK_SCALE = 0.1
+SCALE = 0.3  # as `specroute bench policy` (bench/policy.py); --full: 1.0
 QUICK_FIXED_KS = (2, 3, 4, 6)
-TARGETS = (("best fixed", None, 1.0), ("SGLang EMA", "sglang-ema", 1.0),
+TARGETS = (("best fixed", None, 1.0), ("SGLang adaptive", "sglang-adaptive", 1.0),
            ("static split", "static-split", 1.10))
 
 
 def main(args: argparse.Namespace) -> int:
     started = time.perf_counter()
-    config = SimConfig(default_phases(QUICK_SCALE if args.quick else 1.0), seed=args.seed,
-                       world=World())
+    scale = QUICK_SCALE if args.quick else (1.0 if getattr(args, "full", False) else SCALE)
+    config = SimConfig(default_phases(scale), seed=args.seed, world=World())
     result = compare(config, PolicyConfig(seed=args.seed),
                      QUICK_FIXED_KS if args.quick else FIXED_KS)
     phases = result.phases
@@ -39,7 +41,7 @@ def main(args: argparse.Namespace) -> int:
     head = (f"{'policy':<25}{'tok/s':>8}{'p50 s':>8}{'p99 s':>8}{'SLO':>7}"
             + "".join(f"{name:>13}" for name in phases))
     print(head + "\n" + "-" * len(head))
-    for name in (*PLANNER_ROWS, "static-split", "sglang-ema", result.best_fixed):
+    for name in (*PLANNER_ROWS, "static-split", "sglang-adaptive", result.best_fixed):
         r = result.results[name]
         print(f"{name:<25}{r.mean_tokens_per_s:>8.1f}{r.p50_latency_s:>8.2f}"
               f"{r.p99_latency_s:>8.2f}{r.slo_attainment:>7.1%}"

@@ -15,20 +15,15 @@ Around the greedy choice:
   is predicted better by `hysteresis`; the incumbent comes from shared telemetry, so
   replicas agree;
 - no speculation when the best predicted speedup over plain is below 1;
-- cold start (off by default; the simulator loses 7-9% with it, see docs/POLICY.md): a
-  pool with fewer than `cold_start_samples` requests in this context (in telemetry, or
-  tried by this process) is tried at its configured k before the policy trusts its
-  prior about it: at most `cold_start_samples` tries per (pool,
-  context), so the cost is bounded by pools x contexts, not by traffic. Without it a
-  pool the prior ranks low (n-gram at 0.4) is never measured: the 2% exploration
-  reaches each of tens of (pool, context) pairs once per thousands of requests. Off
-  with exploration (`explore_rate = 0`), so replicas stay deterministic;
+- cold start (3 tries per (pool, context), within `explore_cap`; off with exploration,
+  so replicas stay deterministic): a pool whose workers did not measure their step cost
+  (SGLang, vLLM) and has fewer requests than that in this context is tried at its
+  configured k. Without it a pool the prior ranks low is never measured: an idle plain
+  pool kept the fleet's median (speculative) step, 3x its own (docs/POLICY.md);
 - k trust region: on a per-request-k pool the k search stops `k_trust_margin` above the
-  largest k measured on that pool (its configured k before any), because E(a, k) (an
-  i.i.d. chain model) and the linear step cost are least reliable far from the data. For
-  tree drafters (EAGLE-2, Medusa, lookahead) k counts tree nodes and accept length stops
-  at the tree's depth, so E is taken at min(k, depth) (policies/acceptance.py) while the
-  step cost still pays for all k nodes;
+  largest k measured on that pool (its configured k before any): E(a, k) and the step
+  cost are least reliable far from the data. Tree drafters' E is taken at min(k, depth)
+  (policies/acceptance.py) while the step cost pays for all k nodes;
 - bounded exploration: with probability `explore_rate` (hard cap `explore_cap` of all
   requests) try the option with the highest optimistic (UCB, as in BanditSpec
   arXiv 2505.15141) tokens/s if it beats the greedy pick;
@@ -76,7 +71,7 @@ class PolicyConfig:
     relaunch_cost_s: float = 60.0
     relaunch_payback_s: float = 600.0
     relaunch_min_samples: float = 20.0  # requests behind a context's acceptance
-    cold_start_samples: float = 0.0  # tries per (pool, context) before trusting the prior
+    cold_start_samples: float = 3.0  # tries per (pool, context) of unmeasured step cost
     k_trust_margin: int | None = 2  # k search limit above the largest measured k (None: off)
     # k per request by what it adds to its worker's batch (`batch_gain`), not by its own
     # tokens/s; off only for a world without co-batching (each request its own step)
@@ -270,8 +265,12 @@ class Policy:
         need = self.config.cold_start_samples
         if need <= 0 or self.config.explore_rate <= 0:  # exploration off: deterministic
             return None
+        if self._explored + self._cold + 1 > self.config.explore_cap * self._decided:
+            return None  # tries share the exploration budget: never more than explore_cap
         best = None
         for option in options:
+            if option.pool.name in state.cost_measured:  # its workers' batch bench did
+                continue
             key = (option.pool.name, *context)
             seen, tries = state.traffic.get(key, 0.0), self._cold_tries.get(key, 0)
             if seen >= need or tries >= need:
@@ -293,7 +292,8 @@ class Policy:
 
     def _may_explore(self) -> bool:
         cfg = self.config
-        if cfg.explore_rate <= 0 or self._explored + 1 > cfg.explore_cap * self._decided:
+        spent = self._explored + self._cold  # cold-start tries share the budget
+        if cfg.explore_rate <= 0 or spent + 1 > cfg.explore_cap * self._decided:
             return False
         return self._rng.random() < cfg.explore_rate
 

@@ -124,6 +124,8 @@ BENCH_OPTIONS: dict[str, dict] = {
     "--compare": {"default": None, "choices": ["vllm"]},
     "--mixed": {"type": int, "default": None},
     "--cores": {"default": "0"},
+    "--seeds": {"default": None},
+    "--full": {"action": "store_true"},
     "--throughput": {"action": "store_true"},
 }
 MODEL_HELP = "smollm2 (default), tiny, or a model folder"
@@ -145,8 +147,11 @@ BENCHES: dict[str, tuple[str, dict[str, str]]] = {
         "--cores": "--compare: the cores each server is bound to, e.g. 0 or 0-1 (default 0)",
         "--workdir": "--compare: keep the servers' logs here"}),
     "policy": ("the learned policy in the simulator against its baselines", {
-        "--seed": "the simulation's seed", "--plot": "write a PNG of tokens/s over time",
-        "--fleet": "the fleet planner's fixed-k fleet against its baselines"}),
+        "--seeds": "comma-separated simulation seeds (default 0,7)",
+        "--full": "the full workload (10,500 requests per seed; default 0.3 of it)",
+        "--plot": "write a PNG of tokens/s over time",
+        "--fleet": "the fleet planner's fixed-k fleet against its baselines (--seed)",
+        "--seed": "the --fleet run's seed"}),
     "batching": ("step cost per (method, k, batch) of the embedded engine", {
         "--model": MODEL_HELP, "--methods": "methods to compare (default: every method)",
         "--rounds": "rounds (default 2; --quick 1)", "--seed": "prompt seed",

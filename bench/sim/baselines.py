@@ -1,6 +1,7 @@
 """Routers the simulator compares: plain, fixed (method, k), hand-written rules, the
-engines' own adaptive k (SGLang's per-server EMA, vLLM's batch-size table), the learned
-policy, and a per-class oracle.
+learned policy, and a per-class oracle. (The engines' own adaptive k — SGLang's
+per-batch EMA, vLLM's batch-size schedule — re-chooses k per verify batch and runs in
+the step-level bench/sim/engine_fleet.py.)
 
 A router sees the request as the gateway would (the classifier's label, never the true
 task) and the pools' live views, and answers (pool, k); `k = None` lets the chosen worker
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from bench.sim.calibration import draft_cost
+from bench.sim.steplaw import MODEL_FREE
 from policies.acceptance import expected_accept_length
 from policies.decision import Policy, PolicyConfig
 from policies.prior import WorkerPrior
@@ -38,6 +40,7 @@ class SimPool:
     max_k: int = 12
     curve: str = "sglang-eagle1"
     group: str = "fleet"  # pools of one group run on the same workers (share batches)
+    law: str = ""  # the engine's step law (bench/sim/steplaw.py) where the world measures
 
 
 @dataclass(slots=True)
@@ -116,6 +119,7 @@ class Oracle(SimRouter):
     base_step_s: float = 0.015
     phase_scale: tuple[float, ...] = ()
     trained: frozenset = frozenset()
+    any_k: bool = False  # fixed-k pools at any k up to max_k too (an upper bound)
     _fleet: object = None
     _world: World | None = None
 
@@ -128,12 +132,14 @@ class Oracle(SimRouter):
             if view.healthy_workers <= 0:
                 continue
             _, worker = self._fleet.least_worker(view.name)
-            ks = range(0, spec.max_k + 1) if spec.per_request_k else (view.k,)
+            ks = (range(0, spec.max_k + 1) if spec.per_request_k or self.any_k
+                  else (view.k,))
             for k in ks if spec.method != "plain" else (0,):
                 length = self._length(spec.method, req, k)
                 depth = self._world.depth(spec.method, k) if self.truth is None else k
                 draft = draft_cost(spec.method) * depth if k > 0 else 0.0
-                step_s = worker.batch_step_s((spec.curve, k, draft))
+                step_s = worker.batch_step_s((spec.curve, k, draft,
+                                              k > 0 and spec.method not in MODEL_FREE))
                 if self._world.co_batching:
                     now_tps = worker.tokens_per_step / worker.step_s if worker.batch else 0.0
                     tps = (worker.tokens_per_step + length) / step_s - now_tps
@@ -152,101 +158,6 @@ class Oracle(SimRouter):
             raise RuntimeError("attach(fleet, world) before routing")
         scale = self.phase_scale[req.phase] if method in self.trained else 1.0
         return self._world.expected_accept_length(method, req.task, req.bucket, k, scale)
-
-
-class AdaptiveSlot:
-    """SGLang `--speculative-adaptive` step selection for one batch-size tier.
-
-    Re-implemented from the behaviour of sglang 0.5.23 `srt/speculative/
-    adaptive_spec_params.py` (`AdaptiveStepSlot`): EMA (alpha 0.2) of accepted drafts,
-    10 warm-up updates, a decision every 5, step down when the EMA is at most
-    (previous candidate - 0.5 + down hysteresis), up when above (current - 0.5).
-    """
-
-    def __init__(self, candidates: list[int], initial: int, down_hysteresis: float) -> None:
-        self.candidates = sorted(candidates)
-        self.steps = initial if initial in self.candidates else \
-            self.candidates[len(self.candidates) // 2]
-        self.ema = float(self.steps - 1)
-        self.down = down_hysteresis
-        self.count = 0
-
-    def update(self, accepted_drafts: float) -> None:
-        if self.steps > 0:
-            self.ema = 0.8 * self.ema + 0.2 * accepted_drafts
-        self.count += 1
-        if self.count <= 10 or (self.count - 10) % 5:
-            return
-        i = self.candidates.index(self.steps)
-        if self.steps == 0:
-            i = min(i + 1, len(self.candidates) - 1)
-            if self.candidates[i] > 0 and self.ema < 0:
-                self.ema = float(self.candidates[i] - 1)
-        else:
-            start = i
-            while i > 0:
-                prev = self.candidates[i - 1]
-                if self.ema <= (0.5 if prev == 0 else prev - 0.5) + self.down:
-                    i -= 1
-                else:
-                    break
-            if i == start:
-                while i < len(self.candidates) - 1 and self.ema > self.candidates[i] - 0.5:
-                    i += 1
-        self.steps = self.candidates[i]
-
-
-# sglang 0.5.23 srt/speculative/adaptive_spec_params.py, DEFAULT_ADAPTIVE_CONFIG: batch
-# size >= key (the closest key below, `_find_closest_bs`) -> candidate steps, down hysteresis.
-SGLANG_TIERS = ((1, [1, 3, 5, 7], -0.25), (8, [0, 1, 3], 0.0), (32, [0, 1], 0.0), (64, [0], 0.0))
-
-
-@dataclass
-class PerServerEMA(SimRouter):
-    """A homogeneous fleet of one chain drafter (EAGLE topk = 1: the only setting SGLang's
-    `--speculative-adaptive` supports), each server adapting its steps per batch tier.
-    One EMA update per finished request with its mean accepted drafts per step (SGLang
-    updates once per verify batch with the batch's mean; the fluid simulator has no
-    individual verify steps)."""
-
-    initial_k: int = 3
-    _slots: dict = field(default_factory=dict)
-
-    def _slot(self, worker: int, batch: int) -> AdaptiveSlot:
-        tier = max(i for i, (edge, _, _) in enumerate(SGLANG_TIERS) if batch >= edge)
-        key = (worker, tier)
-        if key not in self._slots:
-            _, candidates, down = SGLANG_TIERS[tier]
-            self._slots[key] = AdaptiveSlot(candidates, self.initial_k, down)
-        return self._slots[key]
-
-    def route(self, req, pools, now):
-        return pools[0].name, None, False
-
-    def worker_k(self, worker, batch):
-        return self._slot(worker, batch).steps
-
-    def observe(self, rec):
-        if rec.k > 0:
-            self._slot(rec.extra["worker"], rec.extra["batch"]).update(rec.accept_length - 1.0)
-
-
-# vLLM `num_speculative_tokens_per_batch_size`-style table (docs/POLICY.md): running
-# requests per worker <= bound -> k.
-VLLM_K_TABLE = ((64, 3), (128, 1))
-
-
-@dataclass
-class BatchSizeTable(SimRouter):
-    """A homogeneous fleet whose engine picks k from the number of running requests."""
-
-    table: tuple[tuple[int, int], ...] = VLLM_K_TABLE
-
-    def route(self, req, pools, now):
-        return pools[0].name, None, False
-
-    def worker_k(self, worker, batch):
-        return next((k for bound, k in self.table if batch <= bound), 0)
 
 
 @dataclass

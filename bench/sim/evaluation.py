@@ -1,45 +1,37 @@
 """Runs every router through the simulator and reduces the outcomes to the headline ratios.
 
 Metrics per router: mean per-request tokens/s (output tokens / end-to-end seconds), p50
-and p99 end-to-end latency, SLO attainment, and mean tokens/s per phase. Ratios:
-adaptive vs oracle and vs the best fixed (method, k) over the whole run, adaptive vs
-plain in the saturation phase, and per drift the requests until a 100-request rolling
-mean of adaptive tokens/s comes within 5% of the oracle's on the same requests. Each run
-is one fleet scenario (policies/scenarios.py); every router sees the same arrivals.
+and p99 end-to-end latency, SLO attainment, and mean tokens/s per phase. Ratios, each
+`[overall, phase 1, ...]`: the shipped strategy (`adaptive`) against the best homogeneous
+fleet (every (method, k) on all workers), SGLang's own adaptive speculation on a
+homogeneous fleet (bench/sim/engine_fleet.py), the per-class oracle and the static split
+(the scenario's pools routed by the operator's rules); per drift, the requests after it
+until a 100-request rolling mean of adaptive tokens/s is within 5% of the oracle's on the
+same requests (0: at once; None: never). Each run is one fleet scenario
+(bench/sim/scenarios.py); every router sees the same arrivals. The workers' prior comes
+from a measurement run in the world (bench/sim/measure.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from bench.sim.baselines import (
-    BatchSizeTable,
-    Learned,
-    Oracle,
-    PerServerEMA,
-    SimPool,
-    SimRouter,
-    StaticRules,
-)
-from bench.sim.calibration import COLUMNS, METHODS, PAPER_K, draft_cost
-from bench.sim.scenarios import SCENARIOS, Scenario
-from bench.sim.simulator import (
-    TRAINED_DRAFTERS,
-    Outcome,
-    SimConfig,
-    simulate,
-    uniform_step_s,
-    workload,
-)
+from bench.sim.baselines import Learned, Oracle, SimPool, SimRequest, SimRouter, StaticRules
+from bench.sim.calibration import METHODS, PAPER_K, PAPER_TREE_DEPTH
+from bench.sim.engine_fleet import BatchSchedule, SGLangAdaptive, simulate_engine
+from bench.sim.measure import measured_priors
+from bench.sim.scenarios import FLEET_WORKERS, SCENARIOS, Scenario
+from bench.sim.sharding import Sharder
+from bench.sim.simulator import TRAINED_DRAFTERS, Outcome, SimConfig, simulate, workload
+from bench.sim.steplaw import law
 from bench.sim.world import World
-from policies.acceptance import TEMPERATURE_BUCKETS, invert_accept_length
 from policies.decision import PolicyConfig
-from policies.prior import Measured, MeasuredCost, WorkerPrior, keyed, measured_step_curve
+from policies.prior import WorkerPrior
 
-FIXED_KS = (1, 2, 3, 4, 6, 8)
+FIXED_KS = (1, 2, 3, 4, 6, 8, 12)  # capped per method by the k its pools may run
 RECOVERY_WINDOW = 100
 
 
@@ -82,52 +74,63 @@ def requests_to_recover(ours: list[Outcome], oracle: list[Outcome], start: int, 
     for i in range(RECOVERY_WINDOW, len(mine) + 1):
         window = slice(i - RECOVERY_WINDOW, i)
         if mine[window].mean() >= (1.0 - within) * best[window].mean():
-            return i
+            return i - RECOVERY_WINDOW  # 0: the first window after the drift already is
     return None
 
 
-BENCH_BATCHES = (1, 2, 4, 8, 16, 32, 64)
-BENCH_KS = (1, 2, 4)
+def ratios(ours: PolicyResult, other: PolicyResult) -> list[float]:
+    """[overall, phase 1, ...] tokens/s of `ours` over `other`."""
+    return [ours.mean_tokens_per_s / other.mean_tokens_per_s,
+            *(a / b if b > 0 else 0.0
+              for a, b in zip(ours.phase_tokens_per_s, other.phase_tokens_per_s, strict=True))]
 
 
-def _batch_bench(spec: SimPool, world: World, base_step_s: float = 0.015) -> Measured:
-    """What the worker's batch benchmark would write: the step time of `b` requests all at
-    k, for plain and the pool's method (the world's costs; no per-prompt acceptance in it,
-    a step's cost does not depend on what gets accepted)."""
-    costs = [MeasuredCost("plain", 0, b, uniform_step_s(base_step_s, spec.curve, b, 0, 0.0), 64)
-             for b in BENCH_BATCHES]
-    for k in sorted({*BENCH_KS, spec.k}):
-        draft = draft_cost(spec.method) * world.depth(spec.method, k)
-        costs += [MeasuredCost(spec.method, k, b,
-                               uniform_step_s(base_step_s, spec.curve, b, k, draft), 64)
-                  for b in BENCH_BATCHES]
-    return Measured("sim", "simulated batch bench", "", "simulated", (), tuple(costs))
+# every strategy for fixed-k fleets the report measures (docs/POLICY.md); `adaptive` ships
+STRATEGIES = ("adaptive", "adaptive-no-relaunch", "shard-adaptive")
 
 
-def worker_priors(scenario: Scenario, world: World, model: str) -> dict[str, WorkerPrior]:
-    """What each pool's workers would publish about themselves before any traffic (the
-    gateway reads it at startup): embedded workers their engine benchmark, acceptance per
-    (task, temperature bucket) at the pool's k plus the relative draft cost; SGLang and
-    vLLM servers only their average accept length (one figure for every class, the mix
-    of the classes alike). Measured on the base target: the fine-tuned phase's drop is
-    for telemetry to find."""
-    out = {}
-    for spec in scenario.fleet:
-        if spec.method == "plain" or spec.k <= 0:
-            continue
-        lengths = {(t, b): world.expected_accept_length(spec.method, t, b, spec.k)
-                   for t in COLUMNS for b in TEMPERATURE_BUCKETS}  # the world's classes
-        if spec.engine == "embedded":
-            per_class: dict[tuple[str, str], float] = {
-                key: invert_accept_length(e, spec.k) for key, e in lengths.items()}
-            out[spec.name] = WorkerPrior(keyed(model, spec.method, per_class),
-                                         draft_cost(spec.method), "simulated engine bench",
-                                         measured_step_curve(_batch_bench(spec, world),
-                                                             spec.method))
-        else:
-            out[spec.name] = WorkerPrior.from_server_average(
-                model, spec.method, float(np.mean(list(lengths.values()))), spec.k)
-    return out
+def worker_priors(scenario: Scenario, world: World, model: str, seed: int = 0
+                  ) -> dict[str, WorkerPrior]:
+    """What each pool's workers publish after measuring themselves in the world (a sample
+    held apart from the traffic; bench/sim/measure.py), never the world's expected values."""
+    return measured_priors(scenario, world, model, seed)
+
+
+EngineRun = Callable[[list[SimRequest]], list[Outcome]]
+SGLANG_INITIAL_STEPS = 3  # --speculative-num-steps of the adaptive fleet's servers
+
+
+def engine_baselines(config: SimConfig, scenario: Scenario) -> dict[str, EngineRun]:
+    """Homogeneous fleets whose engines choose k per verify batch (step-level simulation,
+    bench/sim/engine_fleet.py), with the scenario's chain drafter (EAGLE topk 1: what
+    SGLang's adaptive mode supports): SGLang's adaptive speculation, vLLM's batch-size
+    schedule, and strategy (a), the same SGLang fleet behind speculation-aware sharding."""
+    chain, step_law = scenario.chain_method, law(scenario.law)
+
+    def sglang(requests: list[SimRequest]) -> list[Outcome]:
+        return simulate_engine(requests, config, chain,
+                               lambda: SGLangAdaptive(SGLANG_INITIAL_STEPS), step_law)
+
+    def vllm(requests: list[SimRequest]) -> list[Outcome]:
+        return simulate_engine(requests, config, chain, BatchSchedule, step_law)
+
+    def sharded(requests: list[SimRequest]) -> list[Outcome]:
+        sharder = Sharder(FLEET_WORKERS)
+        return simulate_engine(requests, config, chain,
+                               lambda: SGLangAdaptive(SGLANG_INITIAL_STEPS), step_law,
+                               dispatch=sharder.dispatch, finished=sharder.finished)
+
+    return {"sglang-adaptive": sglang, "vllm-table": vllm, "shard-adaptive": sharded}
+
+
+def ceiling_fleet(scenario: Scenario) -> tuple[SimPool, ...]:
+    """Every method of the fleet on every worker, k per request up to its pools' max_k."""
+    out = []
+    for method in dict.fromkeys(s.method for s in scenario.fleet):
+        specs = [s for s in scenario.fleet if s.method == method]
+        out.append(replace(specs[0], name=method, per_request_k=True, workers=FLEET_WORKERS,
+                           max_k=max(s.max_k for s in specs), group="ceiling"))
+    return tuple(out)
 
 
 def routers(config: SimConfig, policy_config: PolicyConfig | None = None,
@@ -141,30 +144,41 @@ def routers(config: SimConfig, policy_config: PolicyConfig | None = None,
     for method in METHODS:
         if method not in scenario.methods:
             continue
+        # every k the policy may choose for the method (its pools' max_k; a tree drafter
+        # no deeper than its tree, past which k only adds nodes)
+        top = max(s.max_k for s in fleet if s.method == method)
         for k in fixed_ks:
-            if k <= PAPER_K[method] or method == "ngram":
+            if k <= top and (method not in PAPER_TREE_DEPTH or k <= PAPER_K[method]):
                 factories[f"fixed:{method}:k{k}"] = (
                     lambda m=method, kk=k: SimRouter(  # type: ignore[misc]
                         f"fixed:{m}:k{kk}", homogeneous(m, kk)))
     factories["rules"] = lambda: StaticRules("rules", fleet, scenario.rules)
-    chain = scenario.chain_method
-    factories["sglang-ema"] = lambda: PerServerEMA("sglang-ema", homogeneous(chain, 3))
-    factories["vllm-table"] = lambda: BatchSizeTable("vllm-table", homogeneous(chain, 3))
     policy_config = policy_config or PolicyConfig(seed=config.seed)
-    priors = worker_priors(scenario, config.world, config.model)
+    if scenario.fixed_k:  # the operator sets the real restart time (docs/POLICY.md)
+        policy_config = replace(policy_config, relaunch_cost_s=scenario.relaunch_s)
+    priors = worker_priors(scenario, config.world, config.model, config.seed)
     factories["adaptive"] = lambda: Learned(
         "adaptive", fleet, policy_config, relaunch_s=scenario.relaunch_s,
         relaunch_interval_s=scenario.relaunch_interval_s, worker_priors=priors)
-    factories["adaptive-flat-prior"] = lambda: Learned(
-        "adaptive-flat-prior", fleet, policy_config,
-        relaunch_s=scenario.relaunch_s, relaunch_interval_s=scenario.relaunch_interval_s)
     if scenario.fixed_k:
         factories["adaptive-no-relaunch"] = lambda: Learned(
             "adaptive-no-relaunch", fleet, policy_config, relaunch=False,
             worker_priors=priors)
     scales = tuple(p.drafter_scale for p in config.phases)
+    # the per-class oracle over every pool x k the policy may choose (a fixed-k pool at any
+    # k up to its max_k, as if relaunched for free: an upper bound), and the same oracle
+    # held to the pools' launch k
     factories["oracle"] = lambda: Oracle("oracle", fleet, None, config.base_step_s, scales,
-                                         TRAINED_DRAFTERS)
+                                         TRAINED_DRAFTERS, any_k=True)
+    if scenario.fixed_k:
+        factories["oracle-launch-k"] = lambda: Oracle(
+            "oracle-launch-k", fleet, None, config.base_step_s, scales, TRAINED_DRAFTERS)
+    # the ceiling of any routing, sharding or planning on this engine: the same oracle on
+    # all 12 workers each able to run every method of the fleet at any k per request
+    # (no engine can: not deployable)
+    if scenario.fixed_k:  # (a per-request-k fleet's oracle is its ceiling already)
+        factories["ceiling"] = lambda: Oracle("ceiling", ceiling_fleet(scenario), None,
+                                              config.base_step_s, scales, TRAINED_DRAFTERS)
     return factories
 
 
@@ -179,6 +193,10 @@ def evaluate(config: SimConfig, policy_config: PolicyConfig | None = None,
         outcomes[name] = simulate(router, config, requests)
         if name == "adaptive" and isinstance(router, Learned):
             relaunches = len(router.relaunches)
+    for name, run in engine_baselines(config, scenario).items():
+        if name == "shard-adaptive" and not scenario.fixed_k:
+            continue  # a strategy for fixed-k fleets
+        outcomes[name] = run(requests)
     results = {name: summarize(name, out, n_phases) for name, out in outcomes.items()}
     fixed = {n: r for n, r in results.items() if n.startswith("fixed:")}
     best_fixed = max(fixed.values(), key=lambda r: r.mean_tokens_per_s)
@@ -187,7 +205,23 @@ def evaluate(config: SimConfig, policy_config: PolicyConfig | None = None,
     bounds = np.cumsum([0] + [p.requests for p in config.phases])
     recover = [requests_to_recover(outcomes["adaptive"], outcomes["oracle"], int(bounds[i]),
                                    int(bounds[i + 1])) for i in range(1, n_phases)]
+    top = sorted(fixed.values(), key=lambda r: -r.mean_tokens_per_s)[:3]
+    never = any(r is None for r in recover)
     summary = {
+        "vs_best_homogeneous": ratios(ours, best_fixed),
+        "vs_sglang_adaptive_homogeneous": ratios(ours, results["sglang-adaptive"]),
+        "vs_oracle": ratios(ours, oracle),
+        "vs_static_split": ratios(ours, results["rules"]),
+        "vs_oracle_launch_k": (ratios(ours, results["oracle-launch-k"])
+                               if "oracle-launch-k" in results else None),
+        "oracle_vs_best_homogeneous": ratios(oracle, best_fixed),
+        "ceiling_vs_best_homogeneous": ratios(results.get("ceiling", oracle), best_fixed),
+        "recovery_requests": None if never else max(recover, default=0),
+        "best_homogeneous": [r.name for r in top],
+        "strategies": {name: {"vs_best_homogeneous": ratios(results[name], best_fixed),
+                              "vs_sglang_adaptive_homogeneous": ratios(
+                                  results[name], results["sglang-adaptive"])}
+                       for name in STRATEGIES if name in results},
         "adaptive_vs_oracle": ours.mean_tokens_per_s / oracle.mean_tokens_per_s,
         "adaptive_vs_best_fixed": ours.mean_tokens_per_s / best_fixed.mean_tokens_per_s,
         "best_fixed": best_fixed.name,
@@ -197,15 +231,10 @@ def evaluate(config: SimConfig, policy_config: PolicyConfig | None = None,
         "requests_to_recover_after_drift": int(max(
             (r if r is not None else bounds[-1] for r in recover), default=0)),
         "recovery_per_drift": {config.phases[i + 1].name: r for i, r in enumerate(recover)},
-        "adaptive_vs_sglang_ema": ours.mean_tokens_per_s / results["sglang-ema"].mean_tokens_per_s,
+        "adaptive_vs_sglang_ema": (ours.mean_tokens_per_s
+                                   / results["sglang-adaptive"].mean_tokens_per_s),
         "adaptive_vs_vllm_table": ours.mean_tokens_per_s / results["vllm-table"].mean_tokens_per_s,
         "adaptive_vs_rules": ours.mean_tokens_per_s / results["rules"].mean_tokens_per_s,
-        "flat_prior_vs_oracle": (results["adaptive-flat-prior"].mean_tokens_per_s
-                                 / oracle.mean_tokens_per_s),
-        "flat_prior_vs_best_fixed": (results["adaptive-flat-prior"].mean_tokens_per_s
-                                     / best_fixed.mean_tokens_per_s),
-        "flat_prior_vs_sglang_ema": (results["adaptive-flat-prior"].mean_tokens_per_s
-                                     / results["sglang-ema"].mean_tokens_per_s),
         "adaptive_explored_fraction": ours.explored_fraction,
         "adaptive_relaunches": relaunches,
         "requests": int(bounds[-1]),

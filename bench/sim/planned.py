@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from bench.sim.baselines import Learned, SimPool
-from bench.sim.scenarios import SGLANG_CURVES, SGLANG_POOLS, Scenario
+from bench.sim.scenarios import SGLANG_CURVES, SGLANG_POOLS, SGLANG_RELAUNCH_S, Scenario
 from bench.sim.simulator import Fleet, Worker
 from policies.planner import (
     FleetPlan,
@@ -32,17 +32,14 @@ from policies.planner import (
 )
 from policies.types import PoolView
 
-# SGLang start-up before a relaunched server serves again (load weights, capture CUDA
-# graphs, start the HTTP server): 1-2 minutes in sglang issue #509; its midpoint.
-SGLANG_RELAUNCH_S = 90.0
-
 # The static split's pools, plus EAGLE-3 at the other k of the fixed baselines' grid
 # (bench/sim/evaluation.py FIXED_KS), with no workers to begin with: the planner may
 # fill any of them (all in one pool, plain only, or a split), so every single fixed
 # EAGLE-3 configuration the baselines run is a fleet it can reach.
 _EXTRA = tuple((f"eagle3-k{k}", "eagle3", k) for k in (1, 2, 4, 6, 8))
 PLANNED_FLEET = SGLANG_POOLS.fleet + tuple(
-    SimPool(name, "sglang", method, k, False, 0, 12, SGLANG_CURVES[method], group=name)
+    SimPool(name, "sglang", method, k, False, 0, 12, SGLANG_CURVES[method], group=name,
+            law="sglang-h100")
     for name, method, k in _EXTRA)
 PLANNED = Scenario("sglang-planned", PLANNED_FLEET, SGLANG_CURVES, SGLANG_POOLS.rules,
                    "eagle3", relaunch_s=SGLANG_RELAUNCH_S,
@@ -117,7 +114,8 @@ class Planned(Learned):
     _last: FleetPlan | None = None
     _next_plan: float = 0.0
 
-    def make_fleet(self, base_step_s: float, co_batching: bool) -> MovableFleet:
+    def make_fleet(self, base_step_s: float, co_batching: bool,
+                   measured_steps: bool = False) -> MovableFleet:
         """The configured split; with `launch_at_plan`, the split the planner wants before
         any traffic (the workers' priors, an even class mix), launched so: no relaunch."""
         specs = self.fleet
@@ -128,7 +126,8 @@ class Planned(Learned):
                                       replace(self.planner, relaunch_s=0.0))
             specs = tuple(replace(s, workers=cold.desired[s.name]) for s in specs)
             self.plans.append((0.0, cold))
-        self._fleet = MovableFleet(specs, base_step_s, co_batching)
+        self._fleet = MovableFleet(specs, base_step_s, co_batching,
+                                   measured_steps=measured_steps)
         return self._fleet
 
     def tick(self, now, pools):
@@ -204,20 +203,22 @@ def compare(config, policy_config, fixed_ks: tuple[int, ...],
             relaunch_s: float = SGLANG_RELAUNCH_S) -> FleetComparison:
     """The planner's fleet, the static split (learned routing, per-pool k relaunches),
     SGLang's adaptive EAGLE pool and every single fixed configuration, on one workload."""
-    from bench.sim.evaluation import routers, summarize, worker_priors
+    from bench.sim.evaluation import engine_baselines, routers, summarize, worker_priors
     from bench.sim.simulator import simulate, workload
 
     requests = workload(config)
     n = len(config.phases)
     made = routers(config, policy_config, fixed_ks, SGLANG_POOLS)
-    wanted = {"static-split": made["adaptive"], "sglang-ema": made["sglang-ema"],
+    wanted = {"static-split": made["adaptive"],
               **{name: f for name, f in made.items() if name.startswith("fixed:")}}
     results = {}
     for name, factory in wanted.items():
         router = factory()
         router.name = name
         results[name] = summarize(name, simulate(router, config, requests), n)
-    priors = worker_priors(PLANNED, config.world, config.model)
+    adaptive = engine_baselines(config, SGLANG_POOLS)["sglang-adaptive"]
+    results["sglang-adaptive"] = summarize("sglang-adaptive", adaptive(requests), n)
+    priors = worker_priors(PLANNED, config.world, config.model, config.seed)
     moves, plans = {}, {}
     for name, (launched, moving) in PLANNER_ROWS.items():
         planner = planned_router(name, PLANNED, policy_config, priors, config.slo_itl_s,

@@ -6,7 +6,9 @@ Deployable fleets first:
   into pools of one (method, k) each: EAGLE-3 k 3 (4 workers), EAGLE-2 tree of 8 nodes
   (2), n-gram k 4 (2), draft model k 4 (2), plain (2) — a split chosen before any run,
   not tuned. The policy routes between pools and publishes a desired k per pool; a change
-  is a relaunch that takes the pool out of service for `relaunch_s` (60 s), held for
+  is a relaunch that takes the pool out of service for `relaunch_s` (90 s: SGLang's
+  start-up, `SGLANG_RELAUNCH_S`; vLLM's pools 93 s, the drain and relaunch measured on
+  this machine, docs/results/2026-12-01-vllm.md), held for
   `relaunch_interval_s` after the previous one (the supervisor's
   `min_relaunch_interval_s`, 30 s). Load curves: EAGLE-3 Table 3 (arXiv 2503.01840).
 - `embedded`: the embedded engine serves every method and k per request on every worker
@@ -28,11 +30,15 @@ the scenario's strongest chain drafter (EAGLE-3 where the scenario has it, else 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from bench.sim.baselines import SimPool
 
 FLEET_WORKERS = 12
+# SGLang start-up before a relaunched server serves again (load weights, capture CUDA
+# graphs, start the HTTP server): 1-2 minutes in sglang issue #509; its midpoint.
+SGLANG_RELAUNCH_S = 90.0
+VLLM_RELAUNCH_S = 93.0  # a vLLM CPU pool's drain + relaunch, measured (2026-12-01)
 Rules = dict[tuple[str, str], tuple[str, "int | None"]]
 
 
@@ -47,6 +53,7 @@ class Scenario:
     relaunch_s: float = 60.0
     relaunch_interval_s: float = 30.0
     notes: str = ""
+    law: str = "sglang-h100"  # the engine's step law (bench/sim/steplaw.py)
     methods: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -61,7 +68,7 @@ class Scenario:
     def homogeneous(self, method: str, k: int) -> tuple[SimPool]:
         """All workers running one method at one k (the fixed and engine baselines)."""
         return (SimPool(method, "sglang", method, k, False, FLEET_WORKERS, 12,
-                        self.curves.get(method, "sglang-eagle1")),)
+                        self.curves.get(method, "sglang-eagle1"), law=self.law),)
 
 
 def _rules(code: tuple, structured: tuple, chat: tuple, chat_hot: tuple) -> Rules:
@@ -76,27 +83,30 @@ SGLANG_CURVES = {"eagle3": "sglang-eagle3", "eagle2": "sglang-eagle1", "eagle": 
                  "draft": "vllm-eagle1", "plain": "sglang-eagle1"}
 _SHARED = (("eagle3", 4, 12), ("eagle2", 6, 12), ("eagle", 5, 12), ("medusa", 5, 5),
            ("ngram", 4, 12), ("lookahead", 4, 8), ("draft", 4, 8), ("plain", 0, 0))
-SHARED_FLEET = tuple(SimPool(m, "embedded", m, k, True, FLEET_WORKERS, max_k, SGLANG_CURVES[m])
-                     for m, k, max_k in _SHARED)
+SHARED_FLEET = tuple(SimPool(m, "embedded", m, k, True, FLEET_WORKERS, max_k, SGLANG_CURVES[m],
+                             law="sglang-h100") for m, k, max_k in _SHARED)
+EMBEDDED_FLEET = tuple(replace(s, law="embedded-cpu") for s in SHARED_FLEET
+                       if s.method != "eagle3")
 
 _POOLS = (("eagle3-k3", "eagle3", 3, 4), ("eagle2-n8", "eagle2", 8, 2), ("ngram-k4", "ngram", 4, 2),
           ("draft-k4", "draft", 4, 2), ("plain", "plain", 0, 2))
 SGLANG_POOLS = Scenario(
     "sglang-pools",
     tuple(SimPool(name, "sglang", method, k, False, workers, 12, SGLANG_CURVES[method],
-                  group=name) for name, method, k, workers in _POOLS),
+                  group=name, law="sglang-h100") for name, method, k, workers in _POOLS),
     SGLANG_CURVES,
     _rules(("eagle3-k3", None), ("eagle3-k3", None), ("eagle2-n8", None), ("plain", None)),
-    "eagle3",
+    "eagle3", relaunch_s=SGLANG_RELAUNCH_S,
     notes="SGLang fixed-k pools (EAGLE-3 k3 x4, EAGLE-2 8 nodes x2, n-gram k4 x2, "
           "draft k4 x2, plain x2), relaunch to change k (deployable)")
 
 EMBEDDED = Scenario(
-    "embedded", tuple(s for s in SHARED_FLEET if s.method != "eagle3"),
+    "embedded", EMBEDDED_FLEET,
     {m: c for m, c in SGLANG_CURVES.items() if m != "eagle3"},
     _rules(("eagle2", None), ("eagle2", None), ("eagle2", None), ("eagle", 2)),
     "eagle",
-    notes="embedded engine: every method on every worker, k per request (deployable)")
+    notes="embedded engine: every method on every worker, k per request (deployable)",
+    law="embedded-cpu")
 
 SGLANG_SHARED = Scenario(
     "sglang-shared", SHARED_FLEET, SGLANG_CURVES,
@@ -111,14 +121,15 @@ _VLLM_POOLS = (("plain", "plain", 0), ("eagle3-k2", "eagle3", 2), ("eagle3-k5", 
                ("eagle-k3", "eagle", 3), ("ngram-k4", "ngram", 4), ("draft-k3", "draft", 3))
 VLLM_MAX_K = {"plain": 0, "eagle3": 8, "eagle": 5, "ngram": 8, "draft": 4}
 VLLM_FLEET = tuple(SimPool(name, "vllm", method, k, False, 2, VLLM_MAX_K[method],
-                           VLLM_CURVES[method], group=name)
+                           VLLM_CURVES[method], group=name, law="vllm-h100")
                    for name, method, k in _VLLM_POOLS)
 
 VLLM = Scenario(
     "vllm", VLLM_FLEET, VLLM_CURVES,
     _rules(("eagle3-k5", None), ("eagle3-k5", None), ("eagle3-k2", None), ("plain", None)),
-    "eagle3",
-    notes="vLLM 0.33, six (method, k) pools of 2 workers, relaunch to change k (deployable)")
+    "eagle3", relaunch_s=VLLM_RELAUNCH_S,
+    notes="vLLM 0.33, six (method, k) pools of 2 workers, relaunch to change k (deployable)",
+    law="vllm-h100")
 
 SCENARIOS = {s.name: s for s in (SGLANG_POOLS, EMBEDDED, VLLM, SGLANG_SHARED)}
 PRIMARY = "sglang-pools"

@@ -27,6 +27,7 @@ import numpy as np
 
 from bench.sim.baselines import SimPool, SimRequest, SimRouter
 from bench.sim.calibration import LoadCurve, draft_cost, plain_step_s
+from bench.sim.steplaw import MODEL_FREE, StepLaw, law
 from bench.sim.world import World
 from bench.sim.world import sample_steps as world_steps
 from policies.types import PoolView, RequestRecord, temperature_bucket
@@ -127,6 +128,7 @@ class Running:
     k: int
     draft: float  # drafting cost, plain(1) steps per verify step
     reports_batch: bool = False  # an embedded worker reports the batches it rode
+    model_drafter: bool = False  # its drafter is a model (the engine's drafting overhead)
     seen_steps: float = 0.0  # verify steps integrated over the request's life, and over
     batch_sum: float = 0.0  # them the batch's size and its draft tokens
     draft_sum: float = 0.0
@@ -150,9 +152,24 @@ def batch_step_s(base_step_s: float, b: int, verify: float, drafting: float) -> 
             + plain_step_s(1, base_step_s) * drafting / b)
 
 
-def uniform_step_s(base_step_s: float, curve: str, b: int, k: int, draft: float) -> float:
+def law_step_s(base_step_s: float, step_law: StepLaw, b: int, tokens: float,
+               drafting: float, model_drafters: int) -> float:
+    """The world's step (bench/sim/steplaw.py): `b` sequences verifying `tokens` in all,
+    their drafting (sum of draft_i, batched: plain(1) * mean), and the engine's drafting
+    overhead once per step when any sequence drafts with a model."""
+    if b <= 0:
+        return base_step_s
+    return base_step_s * (step_law.step(b, tokens) + drafting / b
+                          + (step_law.overhead if model_drafters > 0 else 0.0))
+
+
+def uniform_step_s(base_step_s: float, curve: str, b: int, k: int, draft: float,
+                   step_law: StepLaw | None = None, method: str = "") -> float:
     """`b` requests all at `k`, each drafting `draft`: what a worker's batch benchmark
     measures (`specroute bench batching --write-costs`)."""
+    if step_law is not None:
+        model = b if k > 0 and method not in MODEL_FREE else 0
+        return law_step_s(base_step_s, step_law, b, b * (k + 1), draft * b, model)
     verify = LoadCurve(curve).overhead_per_token(b) * k * b if k > 0 else 0.0
     return batch_step_s(base_step_s, b, verify, draft * b)
 
@@ -161,9 +178,12 @@ class Worker:
     """One continuous batch. `v` counts verify steps done since start; a step takes
     `step_s`, the batch's step time, recomputed whenever the batch changes."""
 
-    def __init__(self, base_step_s: float, co_batching: bool = True) -> None:
+    def __init__(self, base_step_s: float, co_batching: bool = True,
+                 step_law: StepLaw | None = None) -> None:
         self.base_step_s = base_step_s
         self.co_batching = co_batching
+        self.law = step_law  # None: the policy's linear form (bench/sim/calibration.py)
+        self.model_drafters = 0  # requests in the batch drafting with a model
         self.v = 0.0
         self.t = 0.0
         self.running: list[Running] = []
@@ -198,7 +218,7 @@ class Worker:
         return (plain_step_s(b, self.base_step_s) * (1.0 + verify)
                 + plain_step_s(1, self.base_step_s) * r.draft)
 
-    def batch_step_s(self, extra: tuple[str, int, float] | None = None) -> float:
+    def batch_step_s(self, extra: tuple | None = None) -> float:
         """Step time of the batch (plus one more request `extra` = (curve, k, draft cost)).
 
         plain(b) * (1 + sum_i lambda_i(b) k_i / b) + plain(1) * sum_i draft_i / b: the
@@ -206,8 +226,15 @@ class Worker:
         b = len(self.running) + (extra is not None)
         if b == 0:
             return plain_step_s(1, self.base_step_s)
+        if self.law is not None and self.co_batching:
+            tokens, drafting, model = b + self.k_total, self.drafting, self.model_drafters
+            if extra is not None:
+                tokens += extra[1]
+                drafting += extra[2]
+                model += extra[1] > 0 and len(extra) > 3 and bool(extra[3])
+            return law_step_s(self.base_step_s, self.law, b, tokens, drafting, model)
         if not self.co_batching and extra is not None:
-            curve, k, draft = extra
+            curve, k, draft = extra[:3]
             verify = LoadCurve(curve).overhead_per_token(b) * k if k > 0 else 0.0
             return (plain_step_s(b, self.base_step_s) * (1.0 + verify)
                     + plain_step_s(1, self.base_step_s) * draft)
@@ -223,6 +250,7 @@ class Worker:
         self.drafting += sign * item.draft
         self.tokens_per_step += sign * item.record.accept_length
         self.k_total += sign * item.k
+        self.model_drafters += sign * item.model_drafter
         self.step_s = self.batch_step_s()
 
     def add(self, item: Running) -> None:
@@ -243,6 +271,7 @@ class Worker:
         self._change(item, -1)
         if not self.running:
             self.draft_k, self.drafting, self.tokens_per_step, self.k_total = {}, 0.0, 0.0, 0
+            self.model_drafters = 0
         return item
 
 
@@ -255,6 +284,7 @@ class Fleet:
     specs: tuple[SimPool, ...]
     base_step_s: float = 0.015
     co_batching: bool = True
+    measured_steps: bool = False  # the world's step law (SimPool.law), else the linear form
     k: dict[str, int] = field(default_factory=dict)
     workers: dict[str, list[Worker]] = field(default_factory=dict)
     down_until: dict[str, float] = field(default_factory=dict)
@@ -265,7 +295,8 @@ class Fleet:
         for spec in self.specs:
             self.k[spec.name] = spec.k
             self.workers[spec.name] = groups.setdefault(
-                spec.group, [Worker(self.base_step_s, self.co_batching)
+                spec.group, [Worker(self.base_step_s, self.co_batching,
+                                    law(spec.law) if self.measured_steps and spec.law else None)
                              for _ in range(spec.workers)])
         self.all_workers = [w for ws in groups.values() for w in ws]
 
@@ -313,8 +344,10 @@ def simulate(router: SimRouter, config: SimConfig, requests: list[SimRequest]
     rng = np.random.default_rng(config.seed + 1)
     world = config.world
     make_fleet = getattr(router, "make_fleet", None)  # a router that moves workers
-    fleet = (make_fleet(config.base_step_s, world.co_batching) if make_fleet is not None
-             else Fleet(router.fleet, config.base_step_s, world.co_batching))
+    fleet = (make_fleet(config.base_step_s, world.co_batching, world.measured_steps)
+             if make_fleet is not None
+             else Fleet(router.fleet, config.base_step_s, world.co_batching,
+                        measured_steps=world.measured_steps))
     specs = {s.name: s for s in router.fleet}
     if hasattr(router, "attach"):
         router.attach(fleet, world)
@@ -365,7 +398,8 @@ def simulate(router: SimRouter, config: SimConfig, requests: list[SimRequest]
         draft = draft_cost(spec.method) * depth if k > 0 else 0.0
         worker.advance(now)
         load = sum(w.batch for w in fleet.workers[pool])
-        first_step = worker.batch_step_s((spec.curve, k, draft))
+        model_drafter = k > 0 and spec.method not in MODEL_FREE
+        first_step = worker.batch_step_s((spec.curve, k, draft, model_drafter))
         ttft = req.prompt_tokens * config.prefill_s_per_token + first_step
         rec = RequestRecord(
             model=config.model, pool=pool, method=spec.method if k else "plain", k=k,
@@ -377,6 +411,7 @@ def simulate(router: SimRouter, config: SimConfig, requests: list[SimRequest]
         # the first step is inside the TTFT; the request then needs steps - 1 more
         start = worker.v if world.co_batching else 0.0
         worker.add(Running(start + steps - 1 + 1e-9, req.index, pool, now, ttft, rec,
-                           spec.curve, k, draft, reports_batch=spec.engine == "embedded"))
+                           spec.curve, k, draft, reports_batch=spec.engine == "embedded",
+                           model_drafter=model_drafter))
     finish_until(math.inf)
     return outcomes

@@ -58,10 +58,13 @@ class World:
     tree_saturation: bool = True
     classifier_errors: bool = True
     co_batching: bool = True  # off: each request steps at the cost of its own k
+    # the engines' step law from measured/published tables, saturating (bench/sim/
+    # steplaw.py); off: the policy's own form, linear in k at each load
+    measured_steps: bool = True
 
     @classmethod
     def ideal(cls) -> World:
-        return cls(False, False, False, False, False)
+        return cls(False, False, False, False, False, False)
 
     def decay(self, method: str) -> float:
         """Growth of the rejection rate per draft position (1 = the i.i.d. chain)."""

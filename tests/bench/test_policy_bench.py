@@ -1,5 +1,6 @@
-"""`specroute bench policy --quick --json` runs every fleet scenario (deployable first) and ends with one JSON
-object: the primary scenario's headline keys on top, each scenario's under `scenarios`."""
+"""`specroute bench policy --quick --json` runs the three deployable fleets for each seed
+and ends with one JSON object: per fleet and seed the ratios against every baseline
+([overall, phase 1, ...]), recovery (null: never) and the best homogeneous fleets."""
 
 from __future__ import annotations
 
@@ -10,29 +11,35 @@ import pytest
 
 from bench.policy import main
 
-KEYS = {"adaptive_vs_oracle", "adaptive_vs_best_fixed", "adaptive_vs_plain_at_saturation",
-        "requests_to_recover_after_drift"}
+RATIOS = ("vs_best_homogeneous", "vs_sglang_adaptive_homogeneous", "vs_oracle",
+          "vs_static_split")
 
 
-def test_quick_json_has_the_headline_keys(capsys: pytest.CaptureFixture[str]) -> None:
-    args = argparse.Namespace(json=True, quick=True, plot=None, seed=0)
+def test_quick_json_has_the_keys_per_fleet_and_seed(capsys: pytest.CaptureFixture[str]
+                                                     ) -> None:
+    args = argparse.Namespace(json=True, quick=True, plot=None, seed=0, seeds="0,7")
     assert main(args) == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[0].startswith("== scenario sglang-pools (primary)")  # primary's table first
+    assert lines[0].startswith("== fleet sglang (primary), seed 0")
     assert lines[1].startswith("policy")
-    summary = json.loads(lines[-1])  # one JSON object, last
-    assert KEYS <= summary.keys()
-    assert summary["primary_scenario"] == summary["scenario"] == "sglang-pools"
-    assert 0 < summary["adaptive_vs_oracle"] <= 1.2
-    assert summary["adaptive_explored_fraction"] <= 0.05
-    assert {row["policy"] for row in summary["table"]} >= {
-        "adaptive", "adaptive-flat-prior", "oracle", "plain", "sglang-ema", "vllm-table", "rules"}
-    scenarios = summary["scenarios"]
-    assert set(scenarios) == {"sglang-pools", "embedded", "vllm", "sglang-shared"}
-    assert not scenarios["sglang-shared"]["deployable"]
-    for name, figures in scenarios.items():
-        assert KEYS <= figures.keys() and figures["scenario"] == name
-    assert scenarios["sglang-pools"]["adaptive_vs_oracle"] == summary["adaptive_vs_oracle"]
-    vllm_rows = {row["policy"] for row in scenarios["vllm"]["table"]}
-    assert "adaptive-no-relaunch" in vllm_rows
-    assert not any("eagle3" in row["policy"] for row in scenarios["embedded"]["table"])
+    out = json.loads(lines[-1])  # one JSON object, last
+    assert out["seeds"] == [0, 7] and set(out["fleets"]) == {"sglang", "vllm", "embedded"}
+    for by_seed in out["fleets"].values():
+        assert set(by_seed) == {"0", "7"}
+        for figures in by_seed.values():
+            for key in RATIOS:
+                assert len(figures[key]) == 1 + 4  # overall and the four phases
+                assert all(x > 0 for x in figures[key])
+            recovery = figures["recovery_requests"]
+            assert recovery is None or 0 <= recovery <= figures["requests"]
+            assert all(name.startswith("fixed:") for name in figures["best_homogeneous"])
+            assert "adaptive" in set(figures["strategies"])
+            rows = {row["policy"] for row in figures["table"]}
+            assert {"adaptive", "oracle", "sglang-adaptive", "vllm-table", "rules",
+                    "plain"} <= rows
+            assert figures["adaptive_explored_fraction"] <= 0.05
+    assert out["vs_oracle"] == out["fleets"]["sglang"]["0"]["vs_oracle"]
+    assert {"adaptive-no-relaunch", "shard-adaptive"} <= set(
+        out["fleets"]["vllm"]["0"]["strategies"])
+    assert not any("eagle3" in row["policy"]
+                   for row in out["fleets"]["embedded"]["0"]["table"])

@@ -18,14 +18,15 @@ from policies.decision import PolicyConfig
 
 SCALE = 0.04
 FIXED_KS = (2, 4)
-KEYS = ("adaptive_vs_oracle", "adaptive_vs_best_fixed", "adaptive_vs_sglang_ema",
-        "flat_prior_vs_oracle")
+KEYS = ("adaptive_vs_oracle", "adaptive_vs_best_fixed", "adaptive_vs_sglang_ema")
 TOLERANCE = 0.02
+# 2026-12-02: the world's saturating step law, the measured prior, SGLang's adaptive
+# speculation step by step, the any-k oracle and cold-start tries (the fixed-fleet issue)
 EXPECTED: dict[tuple[str, int], dict[str, float]] = {
-    ("sglang-pools", 0): {"adaptive_vs_oracle": 0.844, "adaptive_vs_best_fixed": 0.673,
-                          "adaptive_vs_sglang_ema": 0.693, "flat_prior_vs_oracle": 0.892},
-    ("embedded", 0): {"adaptive_vs_oracle": 0.934, "adaptive_vs_best_fixed": 1.005,
-                      "adaptive_vs_sglang_ema": 1.219, "flat_prior_vs_oracle": 0.742},
+    ("sglang-pools", 0): {"adaptive_vs_oracle": 0.521, "adaptive_vs_best_fixed": 0.836,
+                          "adaptive_vs_sglang_ema": 0.851},
+    ("embedded", 0): {"adaptive_vs_oracle": 0.919, "adaptive_vs_best_fixed": 0.997,
+                      "adaptive_vs_sglang_ema": 1.314},
 }
 
 

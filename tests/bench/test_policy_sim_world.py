@@ -7,16 +7,31 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
-from bench.sim.baselines import (
-    SGLANG_TIERS,
-    BatchSizeTable,
-    Learned,
-    SimRequest,
-)
+from bench.sim.baselines import Learned, SimRequest, SimRouter
 from bench.sim.calibration import PAPER_K, PAPER_TREE_DEPTH, PROMPT_LOGIT_STD, true_accept
-from bench.sim.scenarios import EMBEDDED
-from bench.sim.simulator import Phase, Running, SimConfig, Worker, simulate, workload
+from bench.sim.engine_fleet import (
+    SGLANG_ADAPTIVE,
+    AdaptiveStepSlot,
+    BatchSchedule,
+    FixedK,
+    SGLangAdaptive,
+    simulate_engine,
+)
+from bench.sim.evaluation import summarize
+from bench.sim.measure import measured_priors
+from bench.sim.scenarios import EMBEDDED, SGLANG_POOLS, VLLM
+from bench.sim.simulator import (
+    Phase,
+    Running,
+    SimConfig,
+    Worker,
+    default_phases,
+    simulate,
+    workload,
+)
+from bench.sim.steplaw import LOAD_ROWS, law
 from bench.sim.world import World, positional_length
 from policies.acceptance import expected_accept_length
 from policies.decision import PolicyConfig
@@ -86,12 +101,89 @@ def test_learned_router_runs_at_the_shipped_decay() -> None:
     assert router.store.tau_s == PolicyConfig().decay_tau_s
 
 
-def test_engine_baselines_follow_their_engines() -> None:
-    # sglang 0.5.23 DEFAULT_ADAPTIVE_CONFIG: candidate steps per batch-size key
-    assert {edge: steps for edge, steps, _ in SGLANG_TIERS} == {
+def test_sglang_adaptive_is_the_0_5_23_source() -> None:
+    # DEFAULT_ADAPTIVE_CONFIG: candidate steps and down hysteresis per batch-size key
+    assert {key: list(c) for key, (c, _, _) in SGLANG_ADAPTIVE.items()} == {
         1: [1, 3, 5, 7], 8: [0, 1, 3], 32: [0, 1], 64: [0]}
-    table = BatchSizeTable("vllm-table", EMBEDDED.homogeneous("eagle", 3))
-    assert [table.worker_k(0, b) for b in (1, 64, 65, 128, 129)] == [3, 3, 1, 1, 0]
+    slot = AdaptiveStepSlot(3, (1, 3, 5, 7), 0.0, -0.25)
+    for _ in range(10):  # warm-up: 10 verify batches, no decision
+        slot.update(6.0)
+    assert slot.current_steps == 3
+    for _ in range(5):  # the first decision, 5 batches later: the EMA is above 5 - 0.5
+        slot.update(6.0)
+    assert slot.current_steps == 7 and slot.ema_accept_len > 4.5
+    for _ in range(40):  # drafts rejected: steps down to the floor
+        slot.update(0.0)
+    assert slot.current_steps == 1
+    engine = SGLangAdaptive(3)
+    assert [engine.steps(b) for b in (1, 7, 8, 31, 32, 64, 200)] == [3, 3, 3, 3, 1, 0, 0]
+
+
+def test_vllm_schedule_is_a_dense_lookup_by_running_requests() -> None:
+    table = BatchSchedule(((1, 4, 5), (9, 16, 2), (17, 64, 1)))
+    # 5-8 carry the previous range's k (build_dynamic_sd_schedule_lookup); past the last
+    # range its k carries on
+    assert [table.steps(b) for b in (1, 4, 5, 8, 9, 16, 17, 64, 100)] == [
+        5, 5, 5, 5, 2, 2, 1, 1, 1]
+
+
+def test_the_world_step_law_is_not_the_policy_cost_form() -> None:
+    """At each load the policy fits step = base + per_token * k (linear in k). The
+    world's step, per engine, is saturating: the best line through k = 0..8 at a load
+    misses it by more than 5% somewhere; the ideal world's (the policy's form) by ~0."""
+    ks = np.arange(0, 9)
+
+    def worst_residual(step) -> float:
+        y = np.array([step(k) for k in ks])
+        fit = np.polyval(np.polyfit(ks, y, 1), ks)
+        return float(np.max(np.abs(fit - y) / y))
+
+    for name in ("sglang-h100", "vllm-h100", "embedded-cpu"):
+        world_law = law(name)
+        misses = [worst_residual(lambda k, b=b, w=world_law: w.step(b, b * (k + 1)))
+                  for b in (1, 8, 32, 64)]
+        assert max(misses) > 0.05, name
+    from bench.sim.calibration import LoadCurve, true_step_s
+    curve = LoadCurve("sglang-eagle3")
+    for b in (1, 8, 32, 64):
+        assert worst_residual(lambda k, b=b: true_step_s("eagle3", k, b, curve, 1.0)) < 1e-9
+
+
+def test_the_step_law_is_fitted_to_every_published_row() -> None:
+    fitted = law("sglang-h100")
+    assert 4.0 < fitted.knee < 2048.0 and fitted.overhead > 0
+    assert {m for m, *_ in LOAD_ROWS["vllm-h100"]} == {"eagle3", "eagle", "draft", "ngram"}
+
+
+def test_the_prior_is_a_measurement_run_not_the_world_expected_values() -> None:
+    """Server pools publish one average over a sample of prompts held apart from the
+    traffic; it moves with the measurement's draws, and is never the expected value."""
+    a = measured_priors(SGLANG_POOLS, WORLD, "m", seed=0)
+    b = measured_priors(SGLANG_POOLS, WORLD, "m", seed=7)
+    key = ("m", "eagle3", "code", "t0")
+    assert a["eagle3-k3"].acceptance[key] != b["eagle3-k3"].acceptance[key]
+    assert a["eagle3-k3"].acceptance == measured_priors(SGLANG_POOLS, WORLD, "m", 0)[
+        "eagle3-k3"].acceptance
+    from policies.acceptance import invert_method_accept_length
+    expected = np.mean([WORLD.expected_accept_length("eagle3", t, bucket, 3)
+                        for t in ("code", "chat", "structured") for bucket in ("t0", "thigh")])
+    assert a["eagle3-k3"].acceptance[key] != pytest.approx(
+        invert_method_accept_length(expected, "eagle3", 3), abs=1e-6)
+    embedded = measured_priors(EMBEDDED, WORLD, "m", seed=0)
+    assert embedded["eagle"].step_curve and embedded["eagle"].draft_cost is not None
+
+
+def test_step_level_and_fluid_simulators_agree_on_a_fixed_k_fleet() -> None:
+    """The engine baselines run step by step, everything else in the fluid simulator:
+    on the same fixed-k fleet they agree within 5% overall."""
+    config = SimConfig(default_phases(0.08), seed=3, world=WORLD)
+    requests = workload(config)
+    for k in (1, 4):
+        step = summarize("s", simulate_engine(requests, config, "eagle3", lambda k=k: FixedK(k),
+                                              law(VLLM.law)), 4)
+        fluid = summarize("f", simulate(SimRouter("f", VLLM.homogeneous("eagle3", k)),
+                                        config, requests), 4)
+        assert step.mean_tokens_per_s == pytest.approx(fluid.mean_tokens_per_s, rel=0.05)
 
 
 def test_simulated_tokens_per_step_match_the_world_law() -> None:
@@ -101,11 +193,7 @@ def test_simulated_tokens_per_step_match_the_world_law() -> None:
                                                     classifier_errors=False))
     requests = workload(config)
 
-    class Fixed(BatchSizeTable):
-        def worker_k(self, worker: int, batch: int) -> int:
-            return 12
-
-    outcomes = simulate(Fixed("x", EMBEDDED.homogeneous("eagle2", 12)), config, requests)
+    outcomes = simulate(SimRouter("x", EMBEDDED.homogeneous("eagle2", 12)), config, requests)
     assert len(outcomes) == len(requests) and all(o.k == 12 for o in outcomes)
     expected = WORLD.expected_accept_length("eagle2", "code", "t0", 12)
     chain = expected_accept_length(true_accept("eagle2", "code", "t0"), 12)
