@@ -12,7 +12,7 @@ workers and, with a subset hint, only those in the hint. Every failure is a
 
 The body reaches the worker as the client sent it, except where the picked pool needs
 more (a body mutation): a per-request-k pool gets the decided k in `custom_params`
-(`with_k`, as the gateway's adapters send it), an SGLang-speaking pool is asked for its
+(`worker_params`, as the gateway's adapters send it: never the client's method or k), an SGLang-speaking pool is asked for its
 per-request speculation counters (`return_spec_tokens_details`), a stream asks for its
 usage chunk (`stream_options.include_usage`, where vLLM puts its speculation metrics),
 and a tenant's `max_tokens` cap is written in. Engines fixing k per server need none of it:
@@ -39,7 +39,7 @@ from gateway.schemas import GenerationRequest, parse_request
 from gateway.telemetry.record import Timer
 from gateway.telemetry.spans import NO_TRACE, Trace
 from gateway.tenants.auth import authorize
-from gateway.upstream.adapters.base import with_k
+from gateway.upstream.adapters.base import worker_params
 from policies.types import Decision, RequestProfile
 
 ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completions",
@@ -128,8 +128,9 @@ def mutated_body(request: GenerationRequest, original: object, pool: Pool,
     if request.native is not None:  # /generate: SGLang's own body, spec counters included
         return None
     body = dict(request.body)
-    if pool.config.capabilities.per_request_k:
-        body["custom_params"] = with_k(body.get("custom_params"), decision.k)
+    params = worker_params(body.pop("custom_params", None), pool.config, decision.k)
+    if params is not None:
+        body["custom_params"] = params
     if pool.config.engine in SPEC_DETAILS_ENGINES and "return_spec_tokens_details" not in body:
         body["return_spec_tokens_details"] = True
     if request.stream and not request.include_usage:

@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from gateway.errors import UpstreamProtocolError
 from gateway.telemetry.worker_stats import SpecStats, Usage, merge_spec
 from gateway.upstream.adapters.base import finish_reason_of
 from gateway.upstream.adapters.openai import spec_from_body, usage_from_body
-from gateway.upstream.adapters.sglang import spec_from_meta, usage_from_meta
+from gateway.upstream.adapters.reply import Reply, usage_of
+from gateway.upstream.adapters.sglang import spec_from_meta
 
 MAX_KEPT = 16 * 1024 * 1024  # a whole JSON answer; beyond it the record has no usage
 MAX_LINE = 1024 * 1024  # an SSE line not ended within this is dropped
@@ -76,15 +78,21 @@ class ResponseReader:
             self._read(body)
 
     def _read(self, body: dict) -> None:
+        try:
+            self._read_fields(body)
+        except UpstreamProtocolError:
+            return  # a body that is not what it claims reads as "not reported"
+
+    def _read_fields(self, body: dict) -> None:
         meta = body.get("meta_info")
         if isinstance(meta, dict):  # SGLang /generate (counts are running totals)
-            self.usage = usage_from_meta(meta)
+            self.usage = usage_of(Reply("worker", meta, "meta_info"))
             self.spec = spec_from_meta(meta)
             if meta.get("finish_reason"):
                 self.finish_reason = finish_reason_of(meta["finish_reason"])
             self.tokens_seen = self.tokens_seen or bool(body.get("text"))
             return
-        self.usage = usage_from_body(body) or self.usage
+        self.usage = usage_from_body(Reply("worker", body)) or self.usage
         self.spec = merge_spec(spec_from_body(body), self.spec)
         for choice in body.get("choices") or ():
             if not isinstance(choice, dict):

@@ -162,7 +162,7 @@ async def test_per_request_k_and_stream_usage_are_written_into_the_body(picker) 
     assert destination(pick)[0][0] == LOOK
     common = pick.request_body.response
     body = orjson.loads(common.body_mutation.body)
-    assert body["custom_params"] == {"num_speculative_tokens": 5}
+    assert body["custom_params"] == {"method": "lookahead", "num_speculative_tokens": 5}  # the gateway's, never the client's
     assert body["stream_options"] == {"include_usage": True}
     assert body["return_spec_tokens_details"] is True
     lengths = [h.header.raw_value for h in common.header_mutation.set_headers
@@ -400,7 +400,8 @@ async def test_full_duplex_holds_the_headers_until_the_body_and_sends_the_body_b
     assert endpoints[0] == LOOK and metadata == ",".join(endpoints)
     sent = answers[1].request_body.response.body_mutation.streamed_response
     assert sent.end_of_stream
-    assert orjson.loads(sent.body)["custom_params"] == {"num_speculative_tokens": 5}
+    assert orjson.loads(sent.body)["custom_params"] == {"method": "lookahead",
+                                                          "num_speculative_tokens": 5}
     length = [h.header.raw_value for h in
               answers[0].request_headers.response.header_mutation.set_headers
               if h.header.key == "content-length"]
