@@ -14,7 +14,9 @@ COPY gateway gateway
 COPY policies policies
 COPY workers workers
 COPY bench bench
-RUN pip install ".[picker]"
+# xds-protos overwrites opentelemetry/proto with an older copy: restore the exporter's
+RUN pip install ".[picker]" && pip install --force-reinstall --no-deps "opentelemetry-proto==$(\
+    python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
 RUN useradd --create-home --uid 10001 specroute
 USER specroute
 

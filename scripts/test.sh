@@ -11,6 +11,11 @@ python -c 'import torch' 2>/dev/null || python -m pip install --quiet 'torch==2.
 python -m pip install --quiet -e '.[embedded,test]'
 # the offline distribution (benchmarks, simulator, training) that the tests also cover
 python -m pip install --quiet --no-deps -e ./bench
+# xds-protos (the picker's Envoy stubs) ships an older copy of opentelemetry/proto, and pip
+# lets whichever package installs last own those files: put opentelemetry-proto's back (the
+# OTLP exporter needs them; the picker needs only envoy/, xds/, udpa/ and validate/).
+python -m pip install --quiet --force-reinstall --no-deps "opentelemetry-proto==$(python -c \
+    'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
 # SGLang's own launch parser, to check every argv the supervisor builds
 # (tests/workers/test_sglang_launch.py): sglang 0.5.23 without its GPU dependencies, only
 # what `sglang.srt.server_args` imports, in a virtualenv of its own (its triton must not

@@ -13,6 +13,7 @@ processor reads `OTEL_BSP_*`. With no exporter the provider has no processor and
 
 from __future__ import annotations
 
+import logging
 import os
 
 from opentelemetry.sdk.resources import Resource
@@ -23,6 +24,7 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
 )
 
+logger = logging.getLogger(__name__)
 EXPORTERS = ("none", "console", "otlp")
 
 
@@ -57,7 +59,11 @@ def tracer_provider(service_name: str, configured: str = "none") -> ListeningTra
     if exporter == "console":
         provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
     elif exporter == "otlp":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        except ImportError as exc:  # e.g. opentelemetry/proto overwritten by another package
+            logger.error("tracing off: the OTLP exporter does not import (%s); reinstall "
+                         "opentelemetry-proto (docs/PICKER.md)", exc)
+            return provider
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     return provider
