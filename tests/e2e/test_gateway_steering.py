@@ -57,16 +57,25 @@ def post(stack: dict, path: str, body: dict, key: str = KEY, **headers: str
                       headers={"Authorization": f"Bearer {key}", **headers})
 
 
-def records(stack: dict, n: int) -> list[dict]:
-    """The last `n` telemetry records, once the gateway's store has flushed them."""
+def stream_length(stack: dict) -> int:
+    client = redis.Redis.from_url(stack["redis"])
+    try:
+        return int(client.xlen("specroute:telemetry"))
+    finally:
+        client.close()
+
+
+def record_after(stack: dict, seen: int) -> dict:
+    """The newest telemetry record once the stream holds more than the `seen` it held
+    before the request (the store flushes off the request path)."""
     client = redis.Redis.from_url(stack["redis"])
     deadline = time.monotonic() + 10
     try:
-        while True:
-            entries = client.xrevrange("specroute:telemetry", count=n)
-            if len(entries) >= n or time.monotonic() > deadline:
-                return [orjson.loads(fields[b"r"]) for _, fields in reversed(entries)]
-            time.sleep(0.1)
+        while client.xlen("specroute:telemetry") <= seen:
+            assert time.monotonic() < deadline, "no new telemetry record"
+            time.sleep(0.05)
+        (_, fields), = client.xrevrange("specroute:telemetry", count=1)
+        return orjson.loads(fields[b"r"])
     finally:
         client.close()
 
@@ -96,12 +105,13 @@ def test_a_client_method_or_k_is_refused_and_never_reaches_the_worker(
 def test_the_record_and_the_worker_say_what_the_gateway_decided(stack: dict) -> None:
     """Other custom_params keys pass; the worker runs the pool's method with the k the
     gateway decided, and the telemetry record holds exactly that."""
+    seen = stream_length(stack)
     response = post(stack, "/v1/chat/completions", {**CHAT, "custom_params": {"x": 1}})
     assert response.status_code == 200, response.text
     decided = response.json()["specroute"]
     ran = stats(stack["worker"])
     assert (ran["last_method"], ran["last_k"]) == ("eagle", decided["k"])
-    record = records(stack, 1)[-1]
+    record = record_after(stack, seen)
     assert (record["pool"], record["method"], record["k"]) == ("eagle", "eagle", decided["k"])
     assert not record["pinned"]
 
@@ -109,9 +119,10 @@ def test_the_record_and_the_worker_say_what_the_gateway_decided(stack: dict) -> 
 def test_pinning_stays_behind_may_pin(stack: dict) -> None:
     refused = post(stack, "/v1/chat/completions", CHAT, KEY, **{"x-specroute-k": "5"})
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "pin_not_allowed"
+    seen = stream_length(stack)
     pinned = post(stack, "/v1/chat/completions", CHAT, PINNER, **{"x-specroute-k": "5"})
     assert pinned.status_code == 200, pinned.text
     assert stats(stack["worker"])["last_k"] == 5
-    record = records(stack, 1)[-1]
+    record = record_after(stack, seen)
     assert record["k"] == 5 and record["pinned"]  # kept out of what the policy learns
     assert "Traceback" not in stack["log"].read_text()
