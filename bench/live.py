@@ -114,7 +114,17 @@ def run_fleet(fleet: Fleet, settings: Settings, prompts: Plan, replicate: int,
         stack.stop()
 
 
-def measure(settings: Settings, workdir: Path) -> tuple[list[Record], list[dict], str]:
+def save(path: Path, settings: Settings, model: str, records: list[Record],
+         audits: list[dict]) -> None:
+    path.write_text(json.dumps({
+        "engine": settings.engine, "model": model, "settings": asdict(settings),
+        "records": [asdict(r) for r in records], "audits": audits}))
+
+
+def measure(settings: Settings, workdir: Path,
+            records_path: Path | None = None) -> tuple[list[Record], list[dict], str]:
+    """Every replicate's fleets; with `records_path`, the records so far are written after
+    each fleet (a run cut short keeps what it measured: `--merge` reports on it)."""
     started = time.monotonic()
     prompts = plan("", settings.per_class, settings.warmup,
                    settings.concurrency, settings.replicates, settings.seed,
@@ -135,6 +145,8 @@ def measure(settings: Settings, workdir: Path) -> tuple[list[Record], list[dict]
             records += got
             audits.append(audit)
             model = model or _model_name(workdir / f"r{r}-{fleet.name}")
+            if records_path is not None:
+                save(records_path, settings, model, records, audits)
     return records, audits, model
 
 
@@ -178,16 +190,15 @@ def main(args: argparse.Namespace) -> int:
     else:
         try:
             with tempfile.TemporaryDirectory() as tmp:
-                records, audits, model = measure(settings, Path(args.workdir or tmp))
+                records, audits, model = measure(settings, Path(args.workdir or tmp),
+                                                 Path(args.records) if args.records else None)
         except (RuntimeError, TimeoutError) as exc:
             print(f"bench live: a stack did not come up: {exc}", file=sys.stderr)
             return 1
     summary = summarize(records, audits, engine)
     print(render(summary, settings.describe(model)))
-    if args.records:
-        Path(args.records).write_text(json.dumps({
-            "engine": engine, "model": model, "settings": asdict(settings),
-            "records": [asdict(r) for r in records], "audits": audits}))
+    if args.records and not args.merge:
+        save(Path(args.records), settings, model, records, audits)
     if args.json:
         print(json.dumps(summary["json"]))
     return 0

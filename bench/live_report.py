@@ -53,7 +53,8 @@ def summarize(records: list[Record], audits: list[dict], engine: str) -> dict:
         mixes = {}
         for mix, shares in MIXES.items():
             mine = [r for r in rows if r["cls"] in shares]
-            if not {r["cls"] for r in mine} >= set(shares):
+            if not {r["cls"] for r in mine} >= set(shares) or not any(
+                    ADAPTIVE in r["cells"] for r in mine):
                 continue
             data = from_rows(mine, ADAPTIVE)
             point = estimate(data, shares)

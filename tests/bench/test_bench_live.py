@@ -183,3 +183,16 @@ def test_summary_json_per_engine_mix_and_concurrency() -> None:
                  "| class | adaptive | A | B |", "learned from 40 records, 0 pinned",
                  "clean", "ngram k=2 x"):
         assert text in table
+
+
+def test_a_homogeneous_embedded_fleet_is_one_pool_of_n_workers(tmp_path) -> None:
+    # `specroute up --methods ngram,ngram,ngram` (what the bench starts for 3 x ngram)
+    from specroute.stack import build_config
+
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 2048}')
+    config = build_config([("ngram", 1), ("ngram", 2), ("ngram", 3)], "127.0.0.1", 8000,
+                          "redis://x", tmp_path)
+    assert [p["name"] for p in config["pools"]] == ["embedded-ngram"]
+    assert config["pools"][0]["workers"] == [f"http://127.0.0.1:{i}" for i in (1, 2, 3)]
+    mixed = build_config([("plain", 1), ("ngram", 2)], "127.0.0.1", 8000, "redis://x", tmp_path)
+    assert [len(p["workers"]) for p in mixed["pools"]] == [1, 1]
