@@ -61,7 +61,7 @@ class Settings:
     concurrency: tuple[int, ...]
     replicates: int
     seed: int
-    ks: tuple[int, ...] | None = None
+    ks: tuple[str, ...] | None = None
     model: str | None = None
     classes: tuple[str, ...] = CLASSES
 
@@ -169,7 +169,7 @@ def main(args: argparse.Namespace) -> int:
         concurrency=tuple(int(c) for c in (args.concurrency or "1,4").split(",")),
         replicates=args.replicates or (1 if args.quick else 3),
         seed=args.seed, model=args.model,
-        ks=tuple(int(k) for k in args.ks.split(",")) if args.ks else None,
+        ks=tuple(args.ks.split(",")) if args.ks else None,
         classes=tuple(args.classes.split(",")) if args.classes else CLASSES)
     unknown = set(settings.classes) - set(CLASSES)
     if unknown:

@@ -65,16 +65,18 @@ class Fleet:
     configs: tuple[Config, ...]
 
 
-def k_grid(method: str, ks: tuple[int, ...] | None) -> list[int]:
+def k_grid(method: str, ks: tuple[str, ...] | None) -> list[int]:
     """The k's measured on a per-request-k pool: those the policy may choose at its start
     (1 .. the method's default k + its trust margin of 2; k = 0 is plain decoding, which
-    the plain fleet measures), or the subset `ks` of them."""
+    the plain fleet measures), or the subset `ks` of them: "2" (every method) or
+    "ngram:6" (that method only)."""
     top = default_k(method) + 2
-    return [k for k in range(1, top + 1) if ks is None or k in ks]
+    return [k for k in range(1, top + 1)
+            if ks is None or str(k) in ks or f"{method}:{k}" in ks]
 
 
 def fleets(engine: str, methods: list[str], homogeneous: list[str],
-           ks: tuple[int, ...] | None = None) -> list[Fleet]:
+           ks: tuple[str, ...] | None = None) -> list[Fleet]:
     size = len(methods)
     out = [Fleet(ADAPTIVE, tuple(methods), (Config(ADAPTIVE),))]
     for m in homogeneous:

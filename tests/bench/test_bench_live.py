@@ -105,8 +105,9 @@ def test_equal_fleets_and_every_k_the_policy_may_choose() -> None:
     assert [c.k for c in ngram] == list(range(1, 9)) == k_grid("ngram", None)
     assert all(c.pool == "embedded-ngram" for c in ngram)
     assert embedded[1].configs == (Config("plain", "embedded-plain"),)
-    assert [c.k for c in fleets("embedded", ["plain", "ngram"], ["ngram"], (1, 3, 40))[1].configs] \
-        == [1, 3]
+    subset = ("1", "3", "40", "ngram:6", "eagle:2")
+    assert [c.k for c in fleets("embedded", ["plain", "ngram"], ["ngram"], subset)[1].configs] \
+        == [1, 3, 6] and k_grid("eagle", subset) == [1, 2, 3]
     vllm = fleets("vllm", ["plain", "ngram"], ["plain", "ngram", "eagle"])
     assert [(f.name, f.methods) for f in vllm] == [
         (ADAPTIVE, ("plain", "ngram")), ("2xplain", ("plain", "plain")),
