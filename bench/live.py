@@ -1,8 +1,9 @@
 """`specroute bench live`: the adaptive gateway against equal homogeneous fleets and a
 held-out oracle, on the embedded engine or on real vLLM CPU pools.
 
-Per replicate, every fleet (bench/live_fleets.py) is started in turn, in a random order:
-the adaptive gateway's (one server per method of `--methods`, the learned policy) and,
+Per replicate, every fleet (bench/live_fleets.py; embedded: all up at once, blocks of
+prompts interleaved over every configuration; vLLM: one fleet at a time, in a random
+order): the adaptive gateway's (one server per method of `--methods`, the learned policy) and,
 for each method of `--homogeneous`, a fleet of as many servers of that method alone,
 measured at every (pool, k) configuration the policy may use there (embedded: k pinned per
 request; vLLM: the pool as launched). Each fleet serves, per concurrency, the same
@@ -27,6 +28,7 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -79,39 +81,80 @@ def _say(started: float, message: str) -> None:
           flush=True)
 
 
-def run_fleet(fleet: Fleet, settings: Settings, prompts: Plan, replicate: int,
-              workdir: Path, started: float) -> tuple[list[Record], dict]:
-    """Start the fleet's stack, warm it, measure every concurrency, audit, stop."""
-    stack = Stack(fleet, settings.engine, settings.model, workdir)
+def run_fleets(group: list[Fleet], settings: Settings, prompts: Plan, replicate: int,
+               workdir: Path, started: float,
+               progress: Callable[[list[Record]], None] | None = None,
+               ) -> tuple[list[Record], list[dict]]:
+    """Start the fleets' stacks (all up at once), warm them, measure every concurrency
+    with each block going to every configuration of every fleet in the group in a fresh
+    random order (so the machine's drift hits them alike), audit, stop."""
+    stacks = [Stack(f, settings.engine, settings.model, workdir / f"r{replicate}-{f.name}")
+              for f in group]
     records: list[Record] = []
-    rng = random.Random(f"{settings.seed}-{replicate}-{fleet.name}")
+    warm: dict[str, list[Record]] = {}
+    rng = random.Random(f"{settings.seed}-{replicate}-{'+'.join(f.name for f in group)}")
     try:
-        stack.start(READY_S[settings.engine])
+        for stack in stacks:
+            stack.start(READY_S[settings.engine])
         top = max(settings.concurrency)
-        if fleet.name == ADAPTIVE:
-            warm = stack.run([(fleet.configs[0], prompts.warmup)], top, replicate)
-        else:  # warm the workers only: a few requests, marked benchmark
-            first = prompts.warmup[: 2 * len(fleet.methods)]
-            warm = stack.run([(Config("warm-up", fleet.configs[0].pool), first)], top,
-                             replicate)
-        _say(started, f"replicate {replicate}: {fleet.name} up, warm-up {len(warm)} requests")
+        for stack in stacks:
+            fleet = stack.fleet
+            if fleet.name == ADAPTIVE:
+                warm[fleet.name] = stack.run([(fleet.configs[0], prompts.warmup)], top,
+                                             replicate)
+            else:  # warm the workers only: a few requests, marked benchmark
+                first = prompts.warmup[: 2 * len(fleet.methods)]
+                warm[fleet.name] = stack.run(
+                    [(Config("warm-up", fleet.configs[0].pool), first)], top, replicate)
+        _say(started, f"replicate {replicate}: {', '.join(f.name for f in group)} up and warm")
+        pairs = [(stack, config) for stack in stacks for config in stack.fleet.configs]
         for conc in settings.concurrency:
             items = prompts.measured[(replicate, conc)]
-            jobs = schedule(items, fleet.configs, BLOCK_PER_THREAD * conc, rng)
-            here = stack.run(jobs, conc, replicate)
+            here = []
+            for (stack, config), block in schedule(items, pairs, BLOCK_PER_THREAD * conc, rng):
+                here += stack.run([(config, block)], conc, replicate)
             records += here
             errors = sum(1 for r in here if r.error)
-            _say(started, f"replicate {replicate}: {fleet.name} c={conc}: {len(here)} requests"
+            _say(started, f"replicate {replicate}: c={conc}: {len(here)} requests"
                  f"{f', {errors} failed' if errors else ''}")
-        served = sum(1 for r in [*warm, *records] if not r.error)
-        own = served if fleet.name == ADAPTIVE else 0
-        audit = {"fleet": fleet.name, "replicate": replicate, "adaptive_requests": own,
-                 **stack.telemetry(served)}
-        audit["clean"] = audit["learned_from"] == own and (
-            fleet.name != ADAPTIVE or audit["pinned"] == 0)
-        return records, audit
+            if progress is not None:
+                progress(records)
+        audits = []
+        for stack in stacks:
+            name = stack.fleet.name
+            served = sum(1 for r in [*warm[name], *records] if not r.error and r.fleet == name)
+            own = served if name == ADAPTIVE else 0
+            audit = {"fleet": name, "replicate": replicate, "adaptive_requests": own,
+                     **stack.telemetry(served)}
+            audit["clean"] = audit["learned_from"] == own and (
+                name != ADAPTIVE or audit["pinned"] == 0)
+            audits.append(audit)
+        return records, audits
     finally:
-        stack.stop()
+        for stack in stacks:
+            stack.stop()
+
+
+WORKER_GIB = 0.6  # one embedded SmolLM2 worker's resident memory, with some room
+
+
+def groups(order: list[Fleet], engine: str) -> list[list[Fleet]]:
+    """Embedded: every fleet up at once when the memory allows (an idle worker costs no
+    CPU); vLLM (~5 GB a server): one fleet at a time."""
+    servers = sum(len(f.methods) for f in order)
+    if engine == "embedded" and servers * WORKER_GIB <= _available_gib():
+        return [order]
+    return [[f] for f in order]
+
+
+def _available_gib() -> float:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return 0.0
 
 
 def save(path: Path, settings: Settings, model: str, records: list[Record],
@@ -124,7 +167,7 @@ def save(path: Path, settings: Settings, model: str, records: list[Record],
 def measure(settings: Settings, workdir: Path,
             records_path: Path | None = None) -> tuple[list[Record], list[dict], str]:
     """Every replicate's fleets; with `records_path`, the records so far are written after
-    each fleet (a run cut short keeps what it measured: `--merge` reports on it)."""
+    each group of fleets (a run cut short keeps what it measured: `--merge` reports on it)."""
     started = time.monotonic()
     prompts = plan("", settings.per_class, settings.warmup,
                    settings.concurrency, settings.replicates, settings.seed,
@@ -139,12 +182,17 @@ def measure(settings: Settings, workdir: Path,
         order = fleets(settings.engine, list(settings.methods), list(settings.homogeneous),
                        settings.ks)
         random.Random(f"{settings.seed}-{r}").shuffle(order)
-        for fleet in order:
-            got, audit = run_fleet(fleet, settings, prompts, r, workdir / f"r{r}-{fleet.name}",
-                                   started)
+        for group in groups(order, settings.engine):
+            def progress(got: list[Record], r: int = r, group: list[Fleet] = group,
+                         done: list[Record] = records, audited: list[dict] = audits) -> None:
+                if records_path is not None:  # a concurrency measured: keep it
+                    name = _model_name(workdir / f"r{r}-{group[0].name}")
+                    save(records_path, settings, name, [*done, *got], audited)
+
+            got, audit = run_fleets(group, settings, prompts, r, workdir, started, progress)
             records += got
-            audits.append(audit)
-            model = model or _model_name(workdir / f"r{r}-{fleet.name}")
+            audits += audit
+            model = model or _model_name(workdir / f"r{r}-{group[0].name}")
             if records_path is not None:
                 save(records_path, settings, model, records, audits)
     return records, audits, model

@@ -9,9 +9,11 @@ vLLM: servers of one core each):
   pins the pool and, on a per-request-k engine (embedded), one k (`x-specroute-pool`,
   `x-specroute-k`), every request marked benchmark (`x-specroute-benchmark: 1`), so it
   teaches nothing; vLLM pools run the k they were launched with.
-Fleets run one after another (a 2-core machine holds one at a time), in a random order
-per replicate. Within a fleet, the prompts go in blocks of 2c consecutive prompts, and
-each block goes to every configuration of that fleet in an order drawn afresh per block.
+Embedded fleets are all up at once (an idle worker costs memory, no CPU): the prompts go
+in blocks of 2c consecutive prompts, each block to every configuration of every fleet in
+an order drawn afresh per block, one block at a time, so the machine's drift hits every
+configuration alike. vLLM fleets (~5 GB a server) run one after another in a random
+order per replicate, blocks shuffled within the fleet.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import redis
@@ -39,6 +43,7 @@ from policies.telemetry import STREAM_KEY
 from workers.processes import free_port, wait_http
 
 ADAPTIVE = "adaptive"
+T = TypeVar("T")
 REQUEST_TIMEOUT_S = 600.0
 BLOCK_PER_THREAD = 2
 VLLM_K = {"plain": 0, "ngram": 4, "medusa": 4, "eagle": 3}  # specroute.vllm_stack.VLLM_METHODS
@@ -92,8 +97,8 @@ def fleets(engine: str, methods: list[str], homogeneous: list[str],
     return out
 
 
-def schedule(items: list[Item], configs: tuple[Config, ...], size: int,
-             rng: random.Random) -> list[tuple[Config, list[Item]]]:
+def schedule(items: list[Item], configs: Sequence[T], size: int,
+             rng: random.Random) -> list[tuple[T, list[Item]]]:
     """Blocks of `size` consecutive items, each to every configuration, the configurations'
     order shuffled per block."""
     out = []
