@@ -230,11 +230,17 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if args.merge:
         records, audits, model = [], [], ""
-        for path in args.merge.split(","):
+        for n, path in enumerate(args.merge.split(",")):
             saved = json.loads(Path(path).read_text())
-            records += [Record(**r) for r in saved["records"]]
-            audits += saved["audits"]
+            # replicates of different files are different replicates (and prompts)
+            records += [Record(**{**r, "replicate": 100 * n + r["replicate"]})
+                        for r in saved["records"]]
+            audits += [{**a, "replicate": 100 * n + a["replicate"]} for a in saved["audits"]]
             model = saved.get("model", model)
+        first = json.loads(Path(args.merge.split(",")[0]).read_text())["settings"]
+        engine = first["engine"]
+        description = (f"{len(args.merge.split(','))} record files merged, the first: "
+                       f"{Settings(**first).describe(model)}")
     else:
         try:
             with tempfile.TemporaryDirectory() as tmp:
@@ -243,8 +249,9 @@ def main(args: argparse.Namespace) -> int:
         except (RuntimeError, TimeoutError) as exc:
             print(f"bench live: a stack did not come up: {exc}", file=sys.stderr)
             return 1
+        description = settings.describe(model)
     summary = summarize(records, audits, engine)
-    print(render(summary, settings.describe(model)))
+    print(render(summary, description))
     if args.records and not args.merge:
         save(Path(args.records), settings, model, records, audits)
     if args.json:
