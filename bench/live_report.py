@@ -1,262 +1,175 @@
-"""What `specroute bench live` prints: ratios, decisions and checks from its raw records.
+"""What `specroute bench live` prints: per concurrency and stated mix, the adaptive fleet
+against the best homogeneous fleet of the same size and against the held-out oracle,
+with 95% bootstrap intervals over prompts (bench/live_stats.py), the targets, every
+configuration's tokens/s per class, what the adaptive gateway chose, and the audits.
 
-One `Record` per request. Configurations: `adaptive-cold` (a gateway whose policy started
-empty at the beginning of this concurrency's measurement), `adaptive-warm` (a gateway
-that has served a warm-up and, at later concurrencies, the earlier measurements), and one
-per pool pinned with `x-specroute-pool`. Derived, never measured: `oracle` = for each
-class the pinned pool with the highest tokens/s in the same run.
-
-Tokens/s = completion tokens / request wall time, summed over a configuration's requests
-(at concurrency c a request shares the machine with up to c - 1 others of its own
-configuration). A class is (task, temperature) as the workload labels it.
+Tokens/s of a configuration on a class = its completion tokens over its requests' wall
+time (at concurrency c, each request shares its fleet with up to c - 1 others).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Iterable
-from dataclasses import dataclass
-from itertools import combinations
+from collections import Counter, defaultdict
 
-COLD, WARM = "adaptive-cold", "adaptive-warm"
-ADAPTIVE = (COLD, WARM)
-BELOW_PLAIN = 0.9  # a pick is a violation when its pool measures below this x plain
-CONVERGED_AFTER = 50  # requests of a class the policy has served before picks are checked
+from bench.live_fleets import ADAPTIVE, Record
+from bench.live_prompts import MIXES
+from bench.live_stats import bootstrap, estimate, from_rows
 
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    concurrency: int
-    config: str  # adaptive-cold | adaptive-warm | pool name (pinned) | warmup
-    cls: str  # "code/t0"
-    tokens: int
-    seconds: float
-    pool: str  # the pool that served it ("" on error)
-    k: int = 0
-    seen: int = 0  # requests of this class the gateway had served before this one
-    error: str = ""
-    reason: str = ""  # the policy's one-line reason, as the response carried it
-    item: int = -1  # the prompt's index in the measured workload (-1: warm-up)
+TARGET_BEST, TARGET_ORACLE, TARGET_NO_HARM = 1.10, 0.95, 0.97
+TARGET_MIXES = ("code assistant", "even")
 
 
-def class_name(task: str, temperature: float) -> str:
-    return f"{task}/t{temperature:g}"
+def prompt_rows(records: list[Record]) -> tuple[list[dict], int]:
+    """One row per (replicate, item) served without error by every configuration; and how
+    many prompts were dropped because some configuration failed on them."""
+    cells: dict[tuple[int, int], dict] = {}
+    configs = {r.config for r in records}
+    failed = set()
+    for r in records:
+        key = (r.replicate, r.item)
+        if r.error:
+            failed.add(key)
+            continue
+        row = cells.setdefault(key, {"cls": r.cls, "fold": r.fold, "replicate": r.replicate,
+                                     "cells": {}})
+        row["cells"][r.config] = (r.tokens, r.seconds)
+    rows = [row for key, row in cells.items()
+            if key not in failed and set(row["cells"]) == configs]
+    return rows, len({(r.replicate, r.item) for r in records}) - len(rows)
 
 
-@dataclass
-class Totals:
-    tokens: int = 0
-    seconds: float = 0.0
-    requests: int = 0
-
-    def add(self, tokens: int, seconds: float) -> None:
-        self.tokens += tokens
-        self.seconds += seconds
-        self.requests += 1
-
-    @property
-    def rate(self) -> float:
-        return self.tokens / self.seconds if self.seconds else 0.0
+def _round(values: tuple[float, ...]) -> list[float]:
+    return [round(v, 3) for v in values]
 
 
-def _by_config_class(records: Iterable[Record]) -> dict[tuple[str, str], Totals]:
-    out: dict[tuple[str, str], Totals] = defaultdict(Totals)
+def summarize(records: list[Record], audits: list[dict], engine: str) -> dict:
+    measured = [r for r in records if r.item >= 0]
+    out: dict = {"engine": engine, "concurrency": {}, "audits": audits,
+                 "json": {engine: {}}}
+    for conc in sorted({r.concurrency for r in measured}):
+        recs = [r for r in measured if r.concurrency == conc]
+        rows, dropped = prompt_rows(recs)
+        per_class = _per_class(rows)
+        mixes = {}
+        for mix, shares in MIXES.items():
+            mine = [r for r in rows if r["cls"] in shares]
+            if not {r["cls"] for r in mine} >= set(shares) or not any(
+                    ADAPTIVE in r["cells"] for r in mine):
+                continue
+            data = from_rows(mine, ADAPTIVE)
+            point = estimate(data, shares)
+            ci = bootstrap(data, shares, seed=conc)
+            by_replicate = {}
+            for rep in sorted({r["replicate"] for r in mine}):
+                e = estimate(from_rows([r for r in mine if r["replicate"] == rep], ADAPTIVE),
+                             shares)
+                by_replicate[rep] = (round(e.vs_best, 3), round(e.vs_oracle, 3))
+            counts = Counter(r["cls"] for r in mine)
+            mixes[mix] = {"shares": shares, "rates": point.rates, "adaptive": point.adaptive,
+                          "best": point.best, "best_name": point.best_name,
+                          "oracle": point.oracle, "oracle_picks": point.oracle_picks,
+                          "ci": ci, "by_replicate": by_replicate,
+                          "requests_per_cell": dict(counts)}
+            out["json"][engine].setdefault(mix, {})[str(conc)] = {
+                "vs_best_homogeneous": _round(ci["vs_best_homogeneous"]),
+                "vs_oracle": _round(ci["vs_oracle"]),
+                "best_homogeneous": point.best_name,
+                "requests_per_cell": min(counts.values()),
+                "shares": shares}
+        out["concurrency"][conc] = {
+            "mixes": mixes, "per_class": per_class, "dropped": dropped,
+            "errors": sum(1 for r in recs if r.error),
+            "decisions": _decisions([r for r in recs if r.config == ADAPTIVE])}
+    return out
+
+
+def _per_class(rows: list[dict]) -> dict[str, dict[str, float]]:
+    tokens: dict[tuple[str, str], float] = defaultdict(float)
+    seconds: dict[tuple[str, str], float] = defaultdict(float)
+    for row in rows:
+        for config, (t, s) in row["cells"].items():
+            tokens[(row["cls"], config)] += t
+            seconds[(row["cls"], config)] += s
+    out: dict[str, dict[str, float]] = defaultdict(dict)
+    for (cls, config), t in sorted(tokens.items()):
+        out[cls][config] = t / seconds[(cls, config)] if seconds[(cls, config)] else 0.0
+    return dict(out)
+
+
+def _decisions(records: list[Record]) -> dict[str, dict[str, int]]:
+    """Per class: how many of the adaptive gateway's requests each (pool, k) served."""
+    out: dict[str, Counter] = defaultdict(Counter)
     for r in records:
         if not r.error:
-            out[(r.config, r.cls)].add(r.tokens, r.seconds)
-    return out
+            out[r.cls][f"{r.pool.split('-', 1)[-1]} k={r.k}"] += 1
+    return {cls: dict(c.most_common()) for cls, c in sorted(out.items())}
 
 
-def _combined(cells: dict[tuple[str, str], Totals], picks: dict[str, str]) -> float:
-    """tokens/s of serving each class in `picks` with its pool's measured cells."""
-    tokens = sum(cells[(pool, cls)].tokens for cls, pool in picks.items())
-    seconds = sum(cells[(pool, cls)].seconds for cls, pool in picks.items())
-    return tokens / seconds if seconds else 0.0
+def _ci(values: tuple[float, float, float]) -> str:
+    return f"{values[0]:.3f} [{values[1]:.3f}, {values[2]:.3f}]"
 
 
-def _best_pool(cells: dict[tuple[str, str], Totals], pools: list[str], cls: str) -> str:
-    return max(pools, key=lambda pool: cells[(pool, cls)].rate)
-
-
-def best_mix(cells: dict[tuple[str, str], Totals], pools: list[str],
-             classes: list[str]) -> tuple[float, tuple[str, ...]]:
-    """The subset of classes (equal requests each, as measured) on which the per-class
-    oracle is furthest above the best single pool: (ratio, classes)."""
-    best: tuple[float, tuple[str, ...]] = (1.0, ())
-    for size in range(2, len(classes) + 1):
-        for subset in combinations(classes, size):
-            single = max(_combined(cells, dict.fromkeys(subset, p)) for p in pools)
-            oracle = _combined(cells, {c: _best_pool(cells, pools, c) for c in subset})
-            if single and oracle / single > best[0]:
-                best = (oracle / single, subset)
-    return best
-
-
-def summarize(records: list[Record], pools: list[str], plain: str) -> dict:
-    """Per concurrency: rows, ratios, per-class rates, decisions and violations."""
-    out = {}
-    for conc in sorted({r.concurrency for r in records}):
-        recs = [r for r in records if r.concurrency == conc]
-        cells = _by_config_class(recs)
-        classes = sorted({r.cls for r in recs if r.config in pools})
-        measured = [c for c in (*ADAPTIVE, *pools) if any((c, cls) in cells for cls in classes)]
-        rates = {c: _combined(cells, dict.fromkeys(classes, c)) for c in measured}
-        oracle_picks = {cls: _best_pool(cells, pools, cls) for cls in classes}
-        rates["oracle"] = _combined(cells, oracle_picks)
-        best_single = max(pools, key=lambda p: rates[p])
-        b, o = rates[best_single], rates["oracle"]
-        ratios = {}
-        for a in ADAPTIVE:
-            if a in rates:
-                gain = (rates[a] - b) / (o - b) if o > b else None
-                ratios[a] = {"vs_oracle": rates[a] / o, "vs_best_single": rates[a] / b,
-                             "gain_captured": gain}
-        mix_ratio, mix = best_mix(cells, pools, classes)
-        out[conc] = {
-            "rates": rates, "plain": plain, "best_single": best_single, "ratios": ratios,
-            "oracle_picks": oracle_picks,
-            "per_class": {cls: {c: cells[(c, cls)].rate for c in measured} for cls in classes},
-            "requests": {c: sum(cells[(c, cls)].requests for cls in classes) for c in measured},
-            "errors": sum(1 for r in recs if r.error),
-            "decisions": {a: decisions(recs, a) for a in ADAPTIVE},
-            "violations": {a: violations(records, a, conc, cells, plain) for a in ADAPTIVE},
-            "best_mix": {"ratio": mix_ratio, "classes": list(mix)},
-        }
-    return out
-
-
-def decisions(records: list[Record], config: str) -> dict[str, dict]:
-    """Per class: how often each pool was picked, and how often the pick changed from
-    one request of the class to its next (in dispatch order)."""
-    out: dict[str, dict] = {}
-    for r in records:
-        if r.config != config or r.error:
-            continue
-        entry = out.setdefault(r.cls, {"picks": defaultdict(int), "changes": 0, "last": None})
-        entry["picks"][r.pool] += 1
-        if entry["last"] is not None and entry["last"] != r.pool:
-            entry["changes"] += 1
-        entry["last"], entry["reason"] = r.pool, f"k={r.k}: {r.reason}"
-    return {cls: {"picks": dict(e["picks"]), "changes": e["changes"], "last_reason": e["reason"]}
-            for cls, e in out.items()}
-
-
-def violations(records: list[Record], config: str, conc: int,
-               cells: dict[tuple[str, str], Totals], plain: str) -> dict:
-    """Picks, after the gateway had served `CONVERGED_AFTER` requests of the class, of a
-    pool this concurrency's pinned rows measure below `BELOW_PLAIN` x plain for that class.
-    Counts the gateway's own warm-up too (`warmup` records, at the highest concurrency)."""
-    own = (config, "warmup") if config == WARM else (config,)
-    checked = bad = 0
-    seen_max: dict[str, int] = defaultdict(int)
-    for r in records:
-        if r.concurrency != conc or r.config not in own or r.error:
-            continue
-        seen_max[r.cls] = max(seen_max[r.cls], r.seen + 1)
-        if r.seen < CONVERGED_AFTER:
-            continue
-        checked += 1
-        floor = BELOW_PLAIN * cells[(plain, r.cls)].rate
-        if (r.pool, r.cls) in cells and cells[(r.pool, r.cls)].rate < floor:
-            bad += 1
-    return {"checked": checked, "violations": bad, "most_seen": max(seen_max.values(), default=0),
-            "as_served": as_served(records, config, conc, plain)}
-
-
-def as_served(records: list[Record], config: str, conc: int, plain: str) -> dict:
-    """The same check with the pool measured as `config` used it (its own k): for each
-    class and pool it picked after `CONVERGED_AFTER` requests of the class, its requests
-    there against pinned plain on the same prompts; a pick is a violation when that pool,
-    so served, measures below `BELOW_PLAIN` x plain. (The pinned rows run a pool at its
-    configured k; a per-request-k pool served at k = 2 is another operating point.)"""
-    here = [r for r in records if r.concurrency == conc and not r.error]
-    plain_by_item = {r.item: r for r in here if r.config == plain and r.item >= 0}
-    served: dict[tuple[str, str], list[Record]] = defaultdict(list)
-    for r in here:
-        if r.config == config and r.seen >= CONVERGED_AFTER and r.item in plain_by_item:
-            served[(r.cls, r.pool)].append(r)
-    checked = bad = 0
-    slow: list[str] = []
-    for (cls, pool), mine in sorted(served.items()):
-        base = [plain_by_item[r.item] for r in mine]
-        rate = sum(r.tokens for r in mine) / sum(r.seconds for r in mine)
-        plain_rate = sum(r.tokens for r in base) / sum(r.seconds for r in base)
-        checked += len(mine)
-        if rate < BELOW_PLAIN * plain_rate:
-            bad += len(mine)
-            slow.append(f"{cls} on {pool.removeprefix('embedded-')} ({rate / plain_rate:.2f}x)")
-    return {"checked": checked, "violations": bad, "slow": slow}
-
-
-def _rate(value: float) -> str:
-    return f"{value:.0f}" if value >= 100 else f"{value:.1f}"
+def targets(engine: str, mix: str, ci: dict) -> str:
+    best, oracle = ci["vs_best_homogeneous"], ci["vs_oracle"]
+    if mix in TARGET_MIXES:
+        ok = best[0] >= TARGET_BEST and best[1] >= 1.0 and oracle[0] >= TARGET_ORACLE
+        return (f"{'met' if ok else 'missed'} (>= {TARGET_BEST}x best, low >= 1.0; "
+                f">= {TARGET_ORACLE}x oracle)")
+    if engine == "embedded" and mix == "chat product":
+        return f"{'met' if best[0] >= TARGET_NO_HARM else 'missed'} (>= {TARGET_NO_HARM}x best)"
+    return "-"
 
 
 def render(summary: dict, settings: str) -> str:
+    engine = summary["engine"]
     lines = [f"live benchmark: {settings}"]
-    for conc, s in summary.items():
-        rates, plain = s["rates"], s["rates"][s["plain"]]
+    for conc, s in summary["concurrency"].items():
         lines += ["", f"### concurrency {conc}", "",
-                  "| configuration | requests | tokens/s | vs plain |", "|---|---|---|---|"]
-        order = sorted(rates, key=lambda c: -rates[c])
-        for c in order:
-            n = s["requests"].get(c, "")
-            name = "oracle (per class: best pinned)" if c == "oracle" else c
-            lines.append(f"| {name} | {n} | {rates[c]:.1f} | {rates[c] / plain:.2f}x |")
-        lines += ["", f"best single pool: {s['best_single']}; oracle / best single: "
-                  f"{rates['oracle'] / rates[s['best_single']]:.3f}", "",
-                  "| adaptive | / oracle | / best single | oracle gain captured |",
-                  "|---|---|---|---|"]
-        for a, r in s["ratios"].items():
-            gain = r["gain_captured"]
-            lines.append(f"| {a} | {r['vs_oracle']:.3f} | {r['vs_best_single']:.3f} | "
-                         f"{'n/a (oracle = best single)' if gain is None else f'{gain:.0%}'} |")
-        lines += _per_class(s)
-        if "cold_audit" in s:
-            audit = s["cold_audit"]
-            lines.append(f"adaptive-cold learned from {audit['telemetry_records']} telemetry "
-                         f"records; it served {audit['own_requests']} requests"
-                         f"{'' if audit['same_pools'] else ' (pools differ!)'}")
-        for a in ADAPTIVE:
-            v = s["violations"][a]
-            slow = [cls for cls, r in s["per_class"].items()
-                    if a in r and r[a] < BELOW_PLAIN * r[s["plain"]]]
-            lines.append(f"{a}: {v['violations']} of {v['checked']} picks made after "
-                         f"{CONVERGED_AFTER} requests of the class went to a pool that pinned "
-                         f"(at its configured k) measures below {BELOW_PLAIN}x plain (most "
-                         f"requests of one class seen: {v['most_seen']}); classes where "
-                         f"{a} itself measured below {BELOW_PLAIN}x plain: "
-                         f"{', '.join(slow) or 'none'}")
-            served = v["as_served"]
-            lines.append(f"{a}, each pool as it served it (its own k, against pinned plain on the "
-                         f"same prompts): {served['violations']} of {served['checked']} picks "
-                         f"after {CONVERGED_AFTER} requests of the class below {BELOW_PLAIN}x "
-                         f"plain{': ' + ', '.join(served['slow']) if served['slow'] else ''}")
-        lines += ["", f"{WARM}'s last decision per class (k, reason):", ""]
-        lines += [f"- {cls}: {d['last_reason']}" for cls, d in sorted(s["decisions"][WARM].items())]
-        lines.append("")
-        mix = s["best_mix"]
-        lines.append(f"widest mix: oracle / best single = {mix['ratio']:.3f} on "
-                     f"{' + '.join(mix['classes']) or 'no mix (one pool wins every class)'}")
-        if s["errors"]:
-            lines.append(f"errors: {s['errors']} requests failed (left out)")
+                  "| mix (shares) | adaptive tok/s | best homogeneous | oracle tok/s (held out) "
+                  "| adaptive / best [95%] | adaptive / oracle [95%] | per replicate (/best, "
+                  "/oracle) | target |", "|---|---|---|---|---|---|---|---|"]
+        for mix, m in s["mixes"].items():
+            shares = ", ".join(f"{c} {w:.0%}" for c, w in m["shares"].items())
+            reps = "; ".join(f"{b:.2f}, {o:.2f}" for b, o in m["by_replicate"].values())
+            lines.append(f"| {mix} ({shares}) | {m['adaptive']:.1f} | {m['best_name']} "
+                         f"{m['best']:.1f} | {m['oracle']:.1f} | "
+                         f"{_ci(m['ci']['vs_best_homogeneous'])} | {_ci(m['ci']['vs_oracle'])} "
+                         f"| {reps} | {targets(engine, mix, m['ci'])} |")
+        lines += _class_table(s)
+        lines += ["", "oracle picks per class (fold 0, fold 1; each chosen on the other "
+                  "fold), even mix: " + "; ".join(
+                      f"{c}: {a} / {b}" for c, (a, b) in
+                      s["mixes"].get("even", {}).get("oracle_picks", {}).items())]
+        lines += ["", "adaptive gateway's picks (pool k=..: requests):"]
+        lines += [f"- {cls}: " + ", ".join(f"{p} x{n}" for p, n in d.items())
+                  for cls, d in s["decisions"].items()]
+        per_cell = {c: n for m in s["mixes"].values() for c, n in m["requests_per_cell"].items()}
+        lines.append("requests per configuration and class: " + ", ".join(
+            f"{c} {n}" for c, n in sorted(per_cell.items())))
+        if min(per_cell.values(), default=0) < 4:
+            lines.append("(fewer than 2 prompts per class and fold: the intervals cannot "
+                         "show the spread over prompts)")
+        if s["errors"] or s["dropped"]:
+            lines.append(f"errors: {s['errors']} requests failed; {s['dropped']} prompts left "
+                         f"out of every configuration")
+    lines += ["", "telemetry audits (what each fleet's policy learned from):"]
+    for a in summary["audits"]:
+        lines.append(f"- replicate {a['replicate']} {a['fleet']}: learned from "
+                     f"{a['learned_from']} records, {a['pinned']} pinned; adaptive requests "
+                     f"served {a['adaptive_requests']}: {'clean' if a['clean'] else 'LEAK'}")
     return "\n".join(lines)
 
 
-def _per_class(s: dict) -> list[str]:
-    configs = [c for c in next(iter(s["per_class"].values()))]
-    short = [c.removeprefix("embedded-") for c in configs]
-    lines = ["", "| class | " + " | ".join(short) + " | best pinned | cold chose | warm chose "
-             "(changes) |", "|---|" + "---|" * (len(configs) + 3)]
-    for cls, rates in s["per_class"].items():
-        best = s["oracle_picks"][cls]
-        cells = [f"**{_rate(rates[c])}**" if c == best else _rate(rates[c]) for c in configs]
-        chose = []
-        for a in ADAPTIVE:
-            d = s["decisions"][a].get(cls, {"picks": {}, "changes": 0})
-            picks = ", ".join(f"{p.removeprefix('embedded-')} x{n}"
-                              for p, n in sorted(d["picks"].items(), key=lambda kv: -kv[1]))
-            chose.append(picks + (f" ({d['changes']})" if a == WARM else ""))
-        lines.append(f"| {cls} | " + " | ".join(cells) + f" | {best.removeprefix('embedded-')} "
-                     f"| {chose[0]} | {chose[1]} |")
-    return lines + [""]
+def _class_table(s: dict) -> list[str]:
+    per = s["per_class"]
+    if not per:
+        return []
+    configs = list(next(iter(per.values())))
+    configs.sort(key=lambda c: (c != ADAPTIVE, c))
+    lines = ["", "| class | " + " | ".join(configs) + " |", "|---|" + "---|" * len(configs)]
+    for cls, rates in per.items():
+        top = max((c for c in configs if c != ADAPTIVE), key=lambda c: rates.get(c, 0.0))
+        cells = [f"**{rates[c]:.1f}**" if c == top else f"{rates.get(c, 0.0):.1f}"
+                 for c in configs]
+        lines.append(f"| {cls} | " + " | ".join(cells) + " |")
+    return lines

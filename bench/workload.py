@@ -4,9 +4,13 @@
 - structured: ask for JSON records (with and without `response_format`);
 - chat: ask what a standard-library function or class does;
 - edit: fix the spelling of a standard-library docstring with typos put in, or rename a
-  parameter in a short standard-library function (the answer copies the input).
+  parameter in a short standard-library function (the answer copies the input);
+- extract (not in `TASKS`: only the live bench asks for it): pull named fields out of a
+  short note into JSON (the answer copies values from the prompt).
 Names and texts come from the standard library's own modules, so every prompt set is
-reproducible on any Python 3.11 install without downloads.
+reproducible on any Python 3.11 install without downloads. `Exclusion` leaves modules and
+texts out (the live bench: the documents the drafters were trained on); without one the
+draws are those every earlier prior and table was measured on.
 """
 
 from __future__ import annotations
@@ -15,13 +19,32 @@ import ast
 import random
 import sysconfig
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 TASKS = ("code", "structured", "chat", "edit")
+EXTRACT = "extract"
 _MODULES = ("json/decoder.py", "textwrap.py", "string.py", "shlex.py", "fractions.py", "heapq.py",
             "bisect.py", "calendar.py", "colorsys.py", "difflib.py", "csv.py", "glob.py",
             "fnmatch.py", "statistics.py", "random.py", "ipaddress.py", "base64.py", "html/__init__.py")
 _FIELDS = ["id", "name", "email", "age", "city", "active", "tags", "order_id", "status", "total"]
+_PEOPLE = ["Ada Lind", "Bo Sato", "Cyra Moss", "Dov Hale", "Eun Park", "Femi Cole", "Gus Oyelaran",
+           "Hana Ruiz", "Ivo Stark", "Jo Dunne", "Kai Varga", "Lena Brandt", "Milo Ferris"]
+_PLACES = ["Ghent", "Porto", "Turku", "Graz", "Cork", "Brno", "Bergen", "Lyon", "Kyoto", "Perth"]
+_ITEMS = ["a standing desk", "two monitors", "a USB hub", "a keyboard", "noise-cancelling headphones",
+          "a webcam", "an ergonomic chair", "a laptop stand"]
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    """What a prompt set must not be built from: stdlib modules (relative paths as in
+    `_MODULES`) and texts (docstring paragraphs and function sources, whitespace-normalised)."""
+
+    modules: frozenset[str] = frozenset()
+    texts: frozenset[str] = frozenset()
+
+    def keeps(self, text: str) -> bool:
+        return " ".join(text.split()) not in self.texts
 
 
 @dataclass(frozen=True)
@@ -38,11 +61,16 @@ class Prompt:
         return body
 
 
-def _stdlib_functions() -> list[tuple[str, str]]:
+def modules(exclusion: Exclusion | None = None) -> tuple[str, ...]:
+    return tuple(m for m in _MODULES if exclusion is None or m not in exclusion.modules)
+
+
+@lru_cache(maxsize=8)
+def _stdlib_functions(exclusion: Exclusion | None = None) -> list[tuple[str, str]]:
     """(name, first docstring line) of public functions in a fixed list of stdlib modules."""
     root = Path(sysconfig.get_paths()["stdlib"])
     found = []
-    for rel in _MODULES:
+    for rel in modules(exclusion):
         path = root / rel
         if not path.exists():
             continue
@@ -54,12 +82,13 @@ def _stdlib_functions() -> list[tuple[str, str]]:
     return found
 
 
-def _stdlib_texts() -> tuple[list[str], list[str]]:
+@lru_cache(maxsize=8)
+def _stdlib_texts(exclusion: Exclusion | None = None) -> tuple[list[str], list[str]]:
     """(docstring paragraphs of 150-500 characters, sources of 4-14 line functions with
     parameters) from the same modules."""
     root = Path(sysconfig.get_paths()["stdlib"])
     docs, sources = [], []
-    for rel in _MODULES:
+    for rel in modules(exclusion):
         path = root / rel
         if not path.exists():
             continue
@@ -69,16 +98,18 @@ def _stdlib_texts() -> tuple[list[str], list[str]]:
             if isinstance(node, ast.Module | ast.FunctionDef | ast.ClassDef):
                 for paragraph in (ast.get_docstring(node) or "").split("\n\n"):
                     paragraph = " ".join(paragraph.split())
-                    if 150 <= len(paragraph) <= 500 and paragraph[0].isalpha():
+                    if (150 <= len(paragraph) <= 500 and paragraph[0].isalpha()
+                            and (exclusion is None or exclusion.keeps(paragraph))):
                         docs.append(paragraph)
         for node in tree.body:
             if not isinstance(node, ast.FunctionDef | ast.ClassDef) or node.name.startswith("_"):
                 continue
             source = ast.get_source_segment(text, node) or ""
             if (isinstance(node, ast.FunctionDef) and node.args.args
-                    and 4 <= source.count("\n") <= 14):
+                    and 4 <= source.count("\n") <= 14
+                    and (exclusion is None or exclusion.keeps(source))):
                 sources.append(source)
-    return docs, sources
+    return list(docs), list(sources)
 
 
 def _typos(text: str, rng: random.Random) -> str:
@@ -105,12 +136,37 @@ def _edit(rng: random.Random, docs: list[str], sources: list[str]) -> str:
             f"function:\n```python\n{source}\n```")
 
 
-def prompts(task: str, n: int, seed: int = 0) -> list[Prompt]:
-    if task not in TASKS:
-        raise ValueError(f"unknown task {task!r}; expected one of {TASKS}")
+def _extract(rng: random.Random) -> Prompt:
+    """A note with a person, a place, an order and a date; asks for some of them as JSON."""
+    person, place, item = rng.choice(_PEOPLE), rng.choice(_PLACES), rng.choice(_ITEMS)
+    email = person.lower().replace(" ", ".") + "@example.org"
+    order, day = f"{rng.choice('ABCDEFGH')}{rng.randint(10000, 99999)}", rng.randint(1, 28)
+    note = rng.choice([
+        f"Hi, this is {person} from {place} ({email}). My order {order} for {item} placed on "
+        f"March {day} has not arrived yet.",
+        f"Order {order} ({item}) was shipped to {person} in {place} on March {day}; contact: "
+        f"{email}.",
+        f"{person} <{email}> wrote from {place} on March {day} asking to cancel order {order} "
+        f"({item})."])
+    fields = ", ".join(rng.sample(["name", "email", "city", "order_id", "item", "date"],
+                                  rng.randint(3, 5)))
+    ask = rng.choice([f"Extract {fields} from this message as a JSON object:\n{note}",
+                      f"{note}\n\nReturn the fields {fields} of the message above as JSON."])
+    fmt = {"type": "json_object"} if rng.random() < 0.5 else None
+    return Prompt(EXTRACT, ({"role": "user", "content": ask},), fmt)
+
+
+def prompts(task: str, n: int, seed: int = 0,
+            exclusion: Exclusion | None = None) -> list[Prompt]:
+    """`n` prompts of `task`, drawn with replacement (a text may repeat): the same ones for
+    the same arguments."""
+    if task not in (*TASKS, EXTRACT):
+        raise ValueError(f"unknown task {task!r}; expected one of {(*TASKS, EXTRACT)}")
     rng = random.Random(f"{task}-{seed}")
-    functions = _stdlib_functions()
-    docs, sources = _stdlib_texts() if task == "edit" else ([], [])
+    if task == EXTRACT:
+        return [_extract(rng) for _ in range(n)]
+    functions = _stdlib_functions(exclusion)
+    docs, sources = _stdlib_texts(exclusion) if task == "edit" else ([], [])
     out = []
     for _ in range(n):
         name, _doc = rng.choice(functions)

@@ -127,6 +127,11 @@ BENCH_OPTIONS: dict[str, dict] = {
     "--seeds": {"default": None},
     "--full": {"action": "store_true"},
     "--throughput": {"action": "store_true"},
+    "--engine": {"default": None, "choices": ["embedded", "vllm"]},
+    "--replicates": {"type": int, "default": None},
+    "--homogeneous": {"default": None},
+    "--ks": {"default": None},
+    "--merge": {"default": None, "metavar": "FILES"},
 }
 MODEL_HELP = "smollm2 (default), tiny, or a model folder"
 BENCHES: dict[str, tuple[str, dict[str, str]]] = {
@@ -178,17 +183,28 @@ BENCHES: dict[str, tuple[str, dict[str, str]]] = {
                    "--quick 20)",
         "--max-tokens": "tokens per request", "--seed": "bootstrap seed",
         "--workdir": "keep the stack's logs here"}),
-    "live": ("the adaptive gateway against pinned pools on a real stack", {
-        "--model": MODEL_HELP, "--methods": "the pools (default: every method)",
-        "--concurrency": "comma-separated requests in flight, measured in turn "
-                         "(default 1,4)",
-        "--per-cell": "prompts per task x temperature (default 1)",
-        "--classes": "the workload's classes, comma-separated task/temperature (e.g. "
-                     "edit/t0,edit/t0.8; default every task at T 0 and 0.8)",
-        "--warmup": "warm-up requests of the warm gateway (default 18; --quick 6)",
-        "--max-tokens": "tokens per request", "--seed": "prompt seed",
-        "--workdir": "keep the stack's logs here",
-        "--records": "write every request's record and the summary to this JSON file"}),
+    "live": ("the adaptive gateway against equal homogeneous fleets and a held-out oracle, "
+             "with bootstrap intervals", {
+        "--engine": "embedded workers (default) or vLLM CPU servers",
+        "--model": MODEL_HELP,
+        "--methods": "the adaptive fleet, one server per method (default embedded "
+                     "plain,ngram,eagle,eagle2; vllm plain,ngram)",
+        "--homogeneous": "methods measured as fleets of as many servers of one method "
+                         "(default embedded plain,ngram,eagle,eagle2; vllm plain,ngram,eagle)",
+        "--ks": "embedded: the k's pinned, e.g. 1,2,4,ngram:6 (ngram:6: that method only; "
+                "default every k from 1 to the method's default k + 2)",
+        "--concurrency": "comma-separated requests in flight, measured in turn (default 1,4)",
+        "--per-class": "fresh prompts per class, replicate and concurrency (default 4; "
+                       "--quick 2)",
+        "--replicates": "replicates, fleets in a new random order each (default 3; --quick 1)",
+        "--warmup": "requests the adaptive fleet learns from before measuring (default 60; "
+                    "--quick 10)",
+        "--classes": "measure only these classes, comma-separated task/temperature (default "
+                     "every class of the stated mixes; a mix is reported when all its are)",
+        "--max-tokens": "tokens per request", "--seed": "prompt and order seed",
+        "--workdir": "keep the stacks' logs here",
+        "--records": "write every request's record to this JSON file",
+        "--merge": "report on these comma-separated --records files instead of running"}),
 }
 
 

@@ -71,8 +71,12 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def build_config(pools: list[tuple[str, int]], host: str, port: int, redis_url: str,
                  model_dir: Path) -> dict:
-    """The gateway config for embedded workers: one pool per method, per-request k."""
+    """The gateway config for embedded workers: one pool per method (a method named twice
+    is one pool of two workers), per-request k."""
     config = json.loads((model_dir / "config.json").read_text())
+    ports: dict[str, list[int]] = {}
+    for method, worker_port in pools:
+        ports.setdefault(method, []).append(worker_port)
     return {
         "server": {"host": host, "port": port},
         "redis_url": redis_url,
@@ -82,8 +86,8 @@ def build_config(pools: list[tuple[str, int]], host: str, port: int, redis_url: 
              "capabilities": {"per_request_k": method != "plain", "tools": True,
                               "constrained_decoding": True,
                               "max_context": config["max_position_embeddings"]},
-             "workers": [f"http://127.0.0.1:{worker_port}"]}
-            for method, worker_port in pools
+             "workers": [f"http://127.0.0.1:{worker_port}" for worker_port in worker_ports]}
+            for method, worker_ports in ports.items()
         ],
     }
 
@@ -120,11 +124,13 @@ def heal(children: list[Child], work: Path, restarts: Restarts,
 
 def start_embedded(children: list[Child], methods: list[str], model: Path, url: str,
                    host: str, port: int, work: Path, threads: str) -> list[str]:
-    """One embedded worker per method, and the config naming them; waits for each."""
+    """One embedded worker per method named (twice named: two workers of one pool), and
+    the config naming them; waits for each."""
     pools = []
-    for method in methods:
+    for i, method in enumerate(methods):
         worker_port = free_port()
-        children.append(spawn(f"worker-{method}", [
+        again = methods[:i].count(method)
+        children.append(spawn(f"worker-{method}" + (f"-{again}" if again else ""), [
             sys.executable, "-m", "specroute.cli", "worker", "--method", method,
             "--port", str(worker_port), "--model", str(model), "--threads", threads,
             "--redis-url", url, "--pool", f"embedded-{method}"], work))
@@ -145,7 +151,7 @@ def start_vllm(children: list[Child], methods: list[str], python: Path | None, m
 
     assert python is not None
     drafters = {}
-    for method in [m for m in methods if m in DRAFTER_METHODS]:
+    for method in [m for m in dict.fromkeys(methods) if m in DRAFTER_METHODS]:
         try:
             drafter = vllm_drafter(model, method)
         except DrafterExportError as exc:
@@ -156,26 +162,29 @@ def start_vllm(children: list[Child], methods: list[str], python: Path | None, m
                   flush=True)
         else:
             drafters[method] = drafter
-    pools = vllm_pools(model, python, methods, drafters)
+    pools = vllm_pools(model, python, list(dict.fromkeys(methods)), drafters)
     config = {"server": {"host": host, "port": port}, "redis_url": url, "pools": pools}
     config_path = work / "config.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    by_method = {pool["method"]: pool for pool in pools}
+    servers = [by_method[m] for m in methods]  # a method named twice: two servers, one pool
     ports = []
-    for i, pool in enumerate(pools):
+    for i, pool in enumerate(servers):
         server_port = free_port()
-        children.append(spawn(f"supervisor-{pool['name']}", [
+        again = servers[:i].count(pool)
+        children.append(spawn(f"supervisor-{pool['name']}" + (f"-{again}" if again else ""), [
             sys.executable, "-m", "specroute.cli", "supervise", "--config", str(config_path),
             "--pool", pool["name"], "--port", str(server_port), "--redis-url", url], work,
             env=server_env(i)))
         ports.append(server_port)
-    for child, server_port in zip(children[-len(pools):], ports, strict=True):
+    for child, server_port in zip(children[-len(servers):], ports, strict=True):
         try:
             wait_child(f"http://127.0.0.1:{server_port}/health", child, timeout=600)
         except (RuntimeError, TimeoutError) as exc:
             raise VLLMUnreadyError(f"{child.name}: {exc} (see {child.log})") from exc
     return [f"pool {pool['name']:<15} k={pool['k']:<2} vLLM server "
             f"http://127.0.0.1:{server_port} (core {i})"
-            for i, (pool, server_port) in enumerate(zip(pools, ports, strict=True))]
+            for i, (pool, server_port) in enumerate(zip(servers, ports, strict=True))]
 
 
 def run_stack(host: str = "127.0.0.1", port: int = 8000, methods: str | None = None,

@@ -1,0 +1,145 @@
+"""The live bench's arithmetic: mix rates, the held-out oracle, the best homogeneous fleet,
+and bootstrap intervals over prompts.
+
+Inputs are per prompt: for every configuration, the completion tokens and the seconds the
+request took (a *configuration* is one homogeneous fleet pinned to one (pool, k), or the
+adaptive gateway's fleet). Every configuration served every prompt, so comparisons are
+paired.
+
+- **Mix rate** of a configuration: `sum_c w_c * tokens_c / sum_c w_c * seconds_c` with
+  `tokens_c`, `seconds_c` its per-request means on class c and `w_c` the mix's share of
+  requests of class c: the tokens per second of a stream with those shares.
+- **Best homogeneous fleet**: the pinned configuration with the highest mix rate (an
+  in-sample maximum: it leans high, against the adaptive gateway).
+- **Held-out oracle**: each class's prompts are cut in two folds; on each fold the
+  oracle serves the class with the configuration that had the best rate on the *other*
+  fold (two-fold cross-fitting, both ways), so it is never an in-sample maximum.
+- **Intervals**: a stratified bootstrap over prompts (within each class and fold, so the
+  shares and fold sizes stay), every choice above made again in each draw; the 2.5% and
+  97.5% percentiles of the draws' ratios.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+DRAWS = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class Prompts:
+    """Per prompt p: its class index, fold, and per configuration j tokens[p, j] and
+    seconds[p, j]; `adaptive` is one of `configs`, the others are pinned."""
+
+    classes: tuple[str, ...]
+    configs: tuple[str, ...]
+    adaptive: str
+    cls: np.ndarray  # (P,) int: index into classes
+    fold: np.ndarray  # (P,) int: 0 or 1
+    tokens: np.ndarray  # (P, J)
+    seconds: np.ndarray  # (P, J)
+
+    @property
+    def pinned(self) -> list[int]:
+        return [j for j, c in enumerate(self.configs) if c != self.adaptive]
+
+
+def from_rows(rows: list[dict], adaptive: str) -> Prompts:
+    """`rows`: one per prompt, {"cls", "fold", "cells": {config: (tokens, seconds)}}; only
+    the configurations every row has are kept."""
+    common = set.intersection(*(set(r["cells"]) for r in rows)) if rows else set()
+    if adaptive not in common:
+        raise ValueError(f"{adaptive} did not serve every prompt")
+    configs = tuple(sorted(common, key=lambda c: (c != adaptive, c)))
+    classes = tuple(sorted({r["cls"] for r in rows}))
+    return Prompts(classes, configs, adaptive,
+                   np.array([classes.index(r["cls"]) for r in rows]),
+                   np.array([r["fold"] for r in rows]),
+                   np.array([[r["cells"][c][0] for c in configs] for r in rows], dtype=float),
+                   np.array([[r["cells"][c][1] for c in configs] for r in rows], dtype=float))
+
+
+def _mix(tokens: np.ndarray, seconds: np.ndarray, counts: np.ndarray,
+         weights: np.ndarray) -> np.ndarray:
+    """Mix rate per column from per-class sums (C, J) and counts (C,)."""
+    w = (weights / counts)[:, None]
+    return (w * tokens).sum(0) / (w * seconds).sum(0)
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    adaptive: float  # tokens/s on the mix
+    best: float
+    best_name: str
+    oracle: float
+    oracle_picks: dict[str, tuple[str, str]]  # class -> (config serving fold 0, fold 1)
+    rates: dict[str, float]  # every configuration's mix rate
+
+    @property
+    def vs_best(self) -> float:
+        return self.adaptive / self.best
+
+    @property
+    def vs_oracle(self) -> float:
+        return self.adaptive / self.oracle
+
+
+def estimate(data: Prompts, shares: dict[str, float], index: np.ndarray | None = None) -> Estimate:
+    """The mix's rates on the prompts `index` (default: all; repeats allowed)."""
+    idx = np.arange(len(data.cls)) if index is None else index
+    weights = np.array([shares[c] for c in data.classes])
+    cls, fold = data.cls[idx], data.fold[idx]
+    tok, sec = data.tokens[idx], data.seconds[idx]
+    n_cls, n_cfg = len(data.classes), len(data.configs)
+    sums_t = np.zeros((n_cls, 2, n_cfg))
+    sums_s = np.zeros((n_cls, 2, n_cfg))
+    np.add.at(sums_t, (cls, fold), tok)
+    np.add.at(sums_s, (cls, fold), sec)
+    counts = np.bincount(cls, minlength=n_cls).astype(float)
+    rates = _mix(sums_t.sum(1), sums_s.sum(1), counts, weights)
+    pinned = data.pinned
+    best = pinned[int(np.argmax(rates[pinned]))]
+    # the oracle: fold f of class c served by the pinned configuration best on fold 1 - f
+    oracle_t, oracle_s = np.zeros(n_cls), np.zeros(n_cls)
+    picks = {}
+    for c in range(n_cls):
+        chosen = []
+        for f in (0, 1):
+            other_t, other_s = sums_t[c, 1 - f, pinned], sums_s[c, 1 - f, pinned]
+            if not other_s.any():
+                raise ValueError(f"{data.classes[c]}: a fold without prompts; the held-out "
+                                 f"oracle needs at least 2 prompts per class")
+            j = pinned[int(np.argmax(other_t / other_s))]
+            chosen.append(data.configs[j])
+            oracle_t[c] += sums_t[c, f, j]
+            oracle_s[c] += sums_s[c, f, j]
+        picks[data.classes[c]] = (chosen[0], chosen[1])
+    oracle = float(_mix(oracle_t[:, None], oracle_s[:, None], counts, weights)[0])
+    a = data.configs.index(data.adaptive)
+    return Estimate(float(rates[a]), float(rates[best]), data.configs[best], oracle, picks,
+                    {c: float(r) for c, r in zip(data.configs, rates, strict=True)})
+
+
+def bootstrap(data: Prompts, shares: dict[str, float], seed: int = 0,
+              draws: int = DRAWS) -> dict[str, tuple[float, float, float]]:
+    """(estimate, 2.5%, 97.5%) of adaptive / best homogeneous and adaptive / oracle,
+    resampling prompts within each (class, fold)."""
+    rng = np.random.default_rng(seed)
+    point = estimate(data, shares)
+    strata = [np.flatnonzero((data.cls == c) & (data.fold == f))
+              for c in range(len(data.classes)) for f in (0, 1)]
+    strata = [s for s in strata if len(s)]
+    vs_best, vs_oracle = np.empty(draws), np.empty(draws)
+    for d in range(draws):
+        index = np.concatenate([rng.choice(s, len(s)) for s in strata])
+        e = estimate(data, shares, index)
+        vs_best[d], vs_oracle[d] = e.vs_best, e.vs_oracle
+    return {"vs_best_homogeneous": (point.vs_best, *_interval(vs_best)),
+            "vs_oracle": (point.vs_oracle, *_interval(vs_oracle))}
+
+
+def _interval(values: np.ndarray) -> tuple[float, float]:
+    low, high = np.percentile(values, [2.5, 97.5])
+    return float(low), float(high)
