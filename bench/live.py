@@ -44,6 +44,7 @@ from bench.live_fleets import (
 )
 from bench.live_prompts import CLASSES, Plan, plan
 from bench.live_report import render, summarize
+from workers.processes import available_gib
 
 ENGINE_DEFAULTS = {  # --methods (the adaptive fleet), --homogeneous
     "embedded": ("plain,ngram,eagle,eagle2", "plain,ngram,eagle,eagle2"),
@@ -142,19 +143,9 @@ def groups(order: list[Fleet], engine: str) -> list[list[Fleet]]:
     """Embedded: every fleet up at once when the memory allows (an idle worker costs no
     CPU); vLLM (~5 GB a server): one fleet at a time."""
     servers = sum(len(f.methods) for f in order)
-    if engine == "embedded" and servers * WORKER_GIB <= _available_gib():
+    if engine == "embedded" and servers * WORKER_GIB <= available_gib(0.0):
         return [order]
     return [[f] for f in order]
-
-
-def _available_gib() -> float:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) / 2**20
-    except OSError:
-        pass
-    return 0.0
 
 
 def save(path: Path, settings: Settings, model: str, records: list[Record],

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from workers import processes
 from workers.fleet.vllm_cpu import (
     CPU_LAUNCH,
     MAX_MODEL_LEN,
@@ -36,14 +37,8 @@ class VLLMUnreadyError(RuntimeError):
 
 
 def available_gib() -> float:
-    """Memory the kernel says is available (MemAvailable), in GiB; inf if unknown."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) / 2**20
-    except OSError:
-        pass
-    return float("inf")
+    """Memory available now, in GiB (inf when the kernel does not say)."""
+    return processes.available_gib(float("inf"))
 
 
 def choose_methods(wanted: list[str] | None = None) -> tuple[list[str], str]:

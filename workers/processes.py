@@ -24,6 +24,18 @@ class Child:
     env: dict[str, str] | None = None  # variables set for it beside the inherited ones
 
 
+def available_gib(unknown: float) -> float:
+    """Memory the kernel says is available (MemAvailable), in GiB; `unknown` if it says
+    nothing."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return unknown
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
