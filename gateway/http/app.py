@@ -76,9 +76,7 @@ from gateway.tenants.auth import Authenticator, TenantReloader
 from gateway.tenants.limits import Limits
 from gateway.upstream.adapters import make_adapters
 from gateway.upstream.dispatch import Dispatcher
-from gateway.upstream.engine_metrics import EngineMetrics
-from gateway.upstream.health import HealthMonitor
-from gateway.upstream.worker_priors import WorkerPriors
+from gateway.upstream.watchers import UpstreamWatchers
 
 log = logging.getLogger("specroute.gateway")
 access_log = logging.getLogger("specroute.access")
@@ -179,20 +177,10 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
         async with aiohttp.ClientSession(timeout=timeout, connector=connector,
                                          auto_decompress=False) as session:
             pools = build_pools(config)
-            monitor = HealthMonitor(pools, session, server)
-            priors = WorkerPriors(pools, session, routing.set_worker_prior,
-                                  server.health_interval_s)
-            app.state.priors = priors
-            engines = EngineMetrics(pools, session, registry, server.health_interval_s)
+            watchers = UpstreamWatchers(pools, session, server, config.redis_url, registry,
+                                        routing.set_worker_prior)
+            priors = app.state.priors = watchers.priors
             app.state.session = session  # gateway.http.sglang_routes's /server_info asks the workers
-            discovery = None
-            if config.redis_url:
-                from gateway.upstream.discovery import RegistryDiscovery
-
-                discovery = RegistryDiscovery(pools, config.redis_url,
-                                              server.discovery_interval_s,
-                                              on_new=monitor.probe,
-                                              on_entry=priors.from_registry)
             admission, slo = slo_layer(config, pools, routing.decide, routing.predict,
                                        lambda name: app.state.gateway.auth.named(name),
                                        tenant_metrics)
@@ -223,11 +211,7 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
                                                   tenant_metrics, priors.sources)
             routing.start()
             app.state.loop_lag.start()
-            await monitor.start()
-            await priors.start()
-            await engines.start()
-            if discovery is not None:
-                await discovery.start()
+            await watchers.start()
             if planning is not None:
                 await planning.start()
             await console.start()
@@ -240,11 +224,7 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
                 await console.stop()
                 if planning is not None:
                     await planning.stop()
-                if discovery is not None:
-                    await discovery.stop()
-                await engines.stop()
-                await priors.stop()
-                await monitor.stop()
+                await watchers.stop()
                 if reloader is not None:
                     await reloader.stop()
                 await app.state.gateway.limits.close()

@@ -34,9 +34,7 @@ from gateway.telemetry.spans import make_tracer
 from gateway.telemetry.tenant_metrics import TenantMetrics
 from gateway.tenants.auth import Authenticator, TenantReloader
 from gateway.tenants.limits import Limits
-from gateway.upstream.engine_metrics import EngineMetrics
-from gateway.upstream.health import HealthMonitor
-from gateway.upstream.worker_priors import WorkerPriors
+from gateway.upstream.watchers import UpstreamWatchers
 from workers.tracer_provider import ListeningTracerProvider
 
 log = logging.getLogger("specroute.picker")
@@ -115,18 +113,8 @@ async def running(services: PickerServices, config_path: str | None = None
     timeout = aiohttp.ClientTimeout(total=server.total_timeout_s,
                                     connect=server.connect_timeout_s)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        monitor = HealthMonitor(services.pools, session, server)
-        priors = WorkerPriors(services.pools, session, services.routing.set_worker_prior,
-                              server.health_interval_s)
-        engines = EngineMetrics(services.pools, session, services.registry,
-                                server.health_interval_s)
-        discovery = None
-        if config.redis_url:
-            from gateway.upstream.discovery import RegistryDiscovery
-
-            discovery = RegistryDiscovery(services.pools, config.redis_url,
-                                          server.discovery_interval_s, on_new=monitor.probe,
-                                          on_entry=priors.from_registry)
+        watchers = UpstreamWatchers(services.pools, session, server, config.redis_url,
+                                    services.registry, services.routing.set_worker_prior)
         reloader = None
         if config_path is not None:
             def install(auth: Authenticator) -> None:
@@ -135,12 +123,8 @@ async def running(services: PickerServices, config_path: str | None = None
             reloader = TenantReloader(config_path, install, services.auth.required)
             reloader.start()
         services.routing.start()
-        await monitor.start()
+        await watchers.start()
         services.started = True
-        await priors.start()
-        await engines.start()
-        if discovery is not None:
-            await discovery.start()
         for pool in services.pools.values():
             for worker in pool.workers:
                 if endpoint_of(worker.url) is None:
@@ -149,11 +133,7 @@ async def running(services: PickerServices, config_path: str | None = None
         try:
             yield services
         finally:
-            if discovery is not None:
-                await discovery.stop()
-            await engines.stop()
-            await priors.stop()
-            await monitor.stop()
+            await watchers.stop()
             if reloader is not None:
                 await reloader.stop()
             await services.limits.close()
