@@ -11,6 +11,9 @@ that cannot be installed or started is reported with the reason, never dropped.
   `/server_info` and `/model_info` (bench/upstream.py answers them). It also tries to
   fetch a tokenizer for the model name from Hugging Face, fails (no such model, or no
   network) and routes anyway.
+- smg (PyPI `smg`, "Shepherd Model Gateway", sglang-router's successor; the `smg` command
+  from its 1.13.0 `cli.py`): `smg launch` with `--policy round_robin` and
+  `--disable-tokenizer-autoload` (the bench's model name has no tokenizer to fetch).
 - LiteLLM proxy (PyPI `litellm[proxy]`; the `litellm` command): one `openai/` model
   pointed at the upstream's `/v1`, `LITELLM_MASTER_KEY` set (the proxy refuses to start
   its auth without one) and `LITELLM_LOCAL_MODEL_COST_MAP=True` so it fetches no price
@@ -50,6 +53,12 @@ def _sglang_router(venv: Path, port: int, upstream: str, tmp: Path) -> list[str]
             "--log-level", "warn", "--worker-startup-check-interval", "1"]
 
 
+def _smg(venv: Path, port: int, upstream: str, tmp: Path) -> list[str]:
+    return [str(venv / "bin" / "smg"), "launch", "--host", "127.0.0.1", "--port", str(port),
+            "--worker-urls", upstream, "--policy", "round_robin",
+            "--disable-tokenizer-autoload"]
+
+
 def _litellm(venv: Path, port: int, upstream: str, tmp: Path) -> list[str]:
     config = tmp / "litellm.yaml"
     config.write_text(yaml.safe_dump({
@@ -64,6 +73,7 @@ def _litellm(venv: Path, port: int, upstream: str, tmp: Path) -> list[str]:
 PEERS: dict[str, Peer] = {
     "sglang-router": Peer("sglang-router", "sglang-router==0.3.2", "sglang_router",
                           _sglang_router, "/health"),
+    "smg": Peer("smg", "smg==1.13.0", "smg", _smg, "/health"),
     "litellm": Peer("litellm", "litellm[proxy]==1.108.7", "litellm", _litellm,
                     "/health/liveliness",
                     env=(("LITELLM_MASTER_KEY", API_KEY), ("LITELLM_LOCAL_MODEL_COST_MAP", "True"),
