@@ -132,6 +132,8 @@ BENCH_OPTIONS: dict[str, dict] = {
     "--homogeneous": {"default": None},
     "--ks": {"default": None},
     "--merge": {"default": None, "metavar": "FILES"},
+    "--body-mode": {"default": "BUFFERED",
+                    "choices": ["BUFFERED", "FULL_DUPLEX_STREAMED", "STREAMED"]},
 }
 MODEL_HELP = "smollm2 (default), tiny, or a model folder"
 BENCHES: dict[str, tuple[str, dict[str, str]]] = {
@@ -172,6 +174,12 @@ BENCHES: dict[str, tuple[str, dict[str, str]]] = {
         "--minutes": "how long the load runs (default 5; --quick 0.5)",
         "--faults": "faults to inject, comma-separated: worker, redis, or none"}),
     "classifier": ("the request classifier on its held-out prompts", {}),
+    "picker": ("specroute as Envoy's endpoint picker beside Envoy alone, the gateway and "
+               "smg; the picker's decision latency", {
+        "--rounds": "interleaved rounds (default 3; --quick 1)",
+        "--peers": "'none': without smg (default: smg)",
+        "--body-mode": "the picker's request body mode: BUFFERED (default), "
+                       "FULL_DUPLEX_STREAMED or STREAMED"}),
     "vllm": ("real vLLM CPU pools through the gateway: n-gram against plain, and what the "
              "policy learns of their acceptance", {
         "--methods": "the vLLM pools, plain among them (default plain,ngram)",
@@ -208,14 +216,18 @@ BENCHES: dict[str, tuple[str, dict[str, str]]] = {
 }
 
 
+BENCH_MODULES = {"picker": "gateway_envoy"}  # a bench whose module has another name
+
+
 def _bench(args: argparse.Namespace) -> int:
     """Run bench `args.target` from the offline distribution (bench/, `specroute-bench`)."""
     import importlib
 
     try:
-        module = importlib.import_module(f"bench.{args.target}")
+        name = f"bench.{BENCH_MODULES.get(args.target, args.target)}"
+        module = importlib.import_module(name)
     except ModuleNotFoundError as exc:
-        if exc.name not in ("bench", f"bench.{args.target}"):
+        if exc.name not in ("bench", name):
             raise
         print("specroute bench needs the offline distribution: pip install -e ./bench "
               "(from a clone of the repository)", file=sys.stderr)

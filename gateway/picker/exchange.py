@@ -18,7 +18,11 @@ the pick to the end of the stream, however it ends.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import secrets
 import time
+from collections.abc import AsyncIterator
 
 from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
@@ -41,6 +45,10 @@ from gateway.telemetry.record import Outcome
 from gateway.telemetry.spans import NO_TRACE, request_attributes, start_request
 
 BodySendMode = ProcessingMode.BodySendMode
+log = logging.getLogger("specroute.picker")
+# how long a finished picking stream waits for its observer's stream (the response side,
+# `observe`) before it records the request without the response
+OBSERVER_WAIT_S = 10.0
 
 
 def refusal(exc: GatewayError) -> ext.ProcessingResponse:
@@ -52,8 +60,14 @@ def refusal(exc: GatewayError) -> ext.ProcessingResponse:
 class Exchange:
     """Answers one stream's messages (`handle`); `close` when the stream ends."""
 
-    def __init__(self, services: PickerServices, max_endpoints: int | None = None) -> None:
+    def __init__(self, services: PickerServices, max_endpoints: int | None = None,
+                 observed: bool = False) -> None:
         self.services = services
+        # the response comes through an observer's stream (`observe`), not this one
+        self.observed = observed
+        self.key: str | None = None  # this exchange's name to its observer
+        self.watched = False  # the observer has come
+        self.wait: asyncio.TimerHandle | None = None
         self.budget = max_endpoints or services.max_endpoints
         self.headers: dict[str, str] = {}
         self.body = bytearray()
@@ -179,9 +193,17 @@ class Exchange:
         request_attributes(pick.trace, pick.request,
                            self.services.config.server.otel_capture_content)
         self.reader.streaming = pick.request.stream
+        headers: list[tuple[str, str]] = []
+        metadata: list[tuple[str, str]] = []
+        if self.observed:  # the observer finds this exchange by the header's value
+            self.key = secrets.token_hex(12)
+            self.services.exchanges[self.key] = self
+            headers.append((protocol.EXCHANGE, self.key))
+            metadata = [(k.decode(), v.decode()) for k, v in headers_for(pick.decision)]
         if not self.deferred:
-            return [protocol.pick(pick.endpoints, pick.body)]
-        answers = [protocol.pick(pick.endpoints, pick.body, phase="request_headers")]
+            return [protocol.pick(pick.endpoints, pick.body, headers, metadata=metadata)]
+        answers = [protocol.pick(pick.endpoints, pick.body, headers, "request_headers",
+                                 metadata)]
         if self.duplex_request:  # Envoy forwards what comes back: the (new) body, whole
             return [*answers, protocol.streamed("request_body", pick.body or bytes(self.body),
                                                 True)]
@@ -259,11 +281,65 @@ class Exchange:
         self.services.reporter.record(outcome, pick.trace)
 
     def close(self) -> None:
-        """The stream ended (the client left, Envoy gave up, or the response is done)."""
+        """The stream ended (the client left, Envoy gave up, or the response is done).
+        A picking stream whose response an observer reads leaves the end to the
+        observer; if none has come it waits `OBSERVER_WAIT_S` for one."""
+        if self.observed and self.key is not None and not self.closed:
+            if not self.watched and self.wait is None:
+                self.wait = asyncio.get_running_loop().call_later(OBSERVER_WAIT_S,
+                                                                  self._unobserved)
+            return
+        self.end()
+
+    def _unobserved(self) -> None:
+        if self.key is not None and self.services.exchanges.pop(self.key, None) is self:
+            log.warning("no observer stream came for a request within %g s: recorded "
+                        "without its response", OBSERVER_WAIT_S)
+            self.end()
+
+    def watch(self) -> None:
+        """The observer's stream has come; from now on it ends the exchange."""
+        self.watched = True
+        if self.wait is not None:
+            self.wait.cancel()
+
+    def end(self) -> None:
         try:
             self._finish()
         except Exception as exc:  # noqa: BLE001 - a bug must not leave the stream hanging
             internal_error(exc, "picker: recording a finished request")  # logs it
+
+
+async def observe(services: PickerServices,
+                  messages: AsyncIterator[ext.ProcessingRequest]) -> None:
+    """An observer's stream (a second ext_proc filter in `observability_mode`: Envoy sends
+    and goes on, nothing is answered): its request headers name the exchange the pick
+    made (`protocol.EXCHANGE`), its response headers and body feed that exchange as a
+    picking stream's would, and its end ends the exchange. A stream naming no live
+    exchange (not a generation, or refused) is read to its end and ignored."""
+    exchange: Exchange | None = None
+    try:
+        async for message in messages:
+            kind = message.WhichOneof("request")
+            if exchange is None:
+                if kind == "request_headers":
+                    key = next((h.raw_value.decode("latin-1") or h.value
+                                for h in message.request_headers.headers.headers
+                                if h.key == protocol.EXCHANGE), None)
+                    exchange = services.exchanges.pop(key, None) if key else None
+                    if exchange is not None:
+                        exchange.watch()
+                continue
+            try:
+                if kind == "response_headers":
+                    exchange._response_headers(message)
+                elif kind == "response_body":
+                    exchange._response_body(message)
+            except Exception as exc:  # noqa: BLE001 - a bug: logged, the request goes on
+                internal_error(exc, "picker: reading an observed response")
+    finally:
+        if exchange is not None:
+            exchange.end()
 
 
 def no_endpoint() -> GatewayError:

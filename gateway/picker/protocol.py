@@ -39,6 +39,16 @@ SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 # many endpoints this listener's cluster can use (ORIGINAL_DST takes exactly one)
 MAX_ENDPOINTS_METADATA = "x-specroute-max-endpoints"
 EXT_PROC_ATTRIBUTES = "envoy.filters.http.ext_proc"  # where Envoy puts requested attributes
+# The response side off the request's path (docs/PICKER.md, "Envoy"): a second ext_proc
+# filter in `observability_mode` ("send and go": Envoy waits for no answer) streams the
+# response to the picker; its stream says so in this gRPC metadata key ("observe"), and
+# the picking stream says that an observer follows ("observed"). The pick names its
+# exchange in a request header, which the observer's request headers then carry; the
+# gateway's x-specroute-* response headers come from dynamic metadata in SPECROUTE_NAMESPACE
+# (the route's `response_headers_to_add`), since an observer cannot change the response.
+RESPONSE_METADATA = "x-specroute-response"
+EXCHANGE = "x-specroute-exchange"
+SPECROUTE_NAMESPACE = "specroute"
 
 
 @functools.lru_cache(maxsize=4096)  # workers' URLs: few, asked several times a request
@@ -118,12 +128,13 @@ def _set(headers: Iterable[tuple[str, str]]) -> ext.HeaderMutation:
 
 
 def pick(endpoints: list[str], body: bytes | None = None,
-         headers: Iterable[tuple[str, str]] = (), phase: str = "request_body"
-         ) -> ext.ProcessingResponse:
+         headers: Iterable[tuple[str, str]] = (), phase: str = "request_body",
+         metadata: Iterable[tuple[str, str]] = ()) -> ext.ProcessingResponse:
     """The pick as the answer to `phase` (the buffered body, or the request headers when
     the body has already been seen or there is none): the destination as header and as
     `envoy.lb` metadata (the same value), with the body's new content-length when it is
-    replaced (`body`, set here in a buffered body's answer, else sent by the caller)."""
+    replaced (`body`, set here in a buffered body's answer, else sent by the caller);
+    `metadata`: string fields for the `specroute` namespace."""
     value = ",".join(endpoints)
     extra = [(DESTINATION, value), *headers]
     common = ext.CommonResponse(clear_route_cache=True)
@@ -132,11 +143,16 @@ def pick(endpoints: list[str], body: bytes | None = None,
         if phase == "request_body":
             common.body_mutation.body = body
     common.header_mutation.CopyFrom(_set(extra))
-    metadata = struct_pb2.Struct()
-    metadata.fields[LB_NAMESPACE].struct_value.fields[DESTINATION].string_value = value
+    dynamic = struct_pb2.Struct()
+    dynamic.fields[LB_NAMESPACE].struct_value.fields[DESTINATION].string_value = value
+    ours = None
+    for key, text in metadata:
+        if ours is None:
+            ours = dynamic.fields[SPECROUTE_NAMESPACE].struct_value.fields
+        ours[key].string_value = text
     answer = ext.HeadersResponse(response=common) if phase == "request_headers" \
         else ext.BodyResponse(response=common)
-    return ext.ProcessingResponse(dynamic_metadata=metadata, **{phase: answer})
+    return ext.ProcessingResponse(dynamic_metadata=dynamic, **{phase: answer})
 
 
 def streamed(phase: str, body: bytes, end: bool) -> ext.ProcessingResponse:

@@ -21,8 +21,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.picker.exchange import Exchange
-from gateway.picker.protocol import MAX_ENDPOINTS_METADATA
+from gateway.picker.exchange import Exchange, observe
+from gateway.picker.protocol import MAX_ENDPOINTS_METADATA, RESPONSE_METADATA
 from gateway.picker.services import PickerServices, running
 
 log = logging.getLogger("specroute.picker")
@@ -37,7 +37,12 @@ class Processor(ext_grpc.ExternalProcessorServicer):
 
     async def Process(self, request_iterator: AsyncIterator[ext.ProcessingRequest],  # noqa: N802
                       context: grpc.aio.ServicerContext) -> AsyncIterator[ext.ProcessingResponse]:
-        exchange = Exchange(self.services, stream_budget(context.invocation_metadata()))
+        metadata = context.invocation_metadata()
+        role = stream_role(metadata)
+        if role == "observe":  # the response side, sent and not waited on: no answers
+            await observe(self.services, request_iterator)
+            return
+        exchange = Exchange(self.services, stream_budget(metadata), role == "observed")
         try:
             async for message in request_iterator:
                 for answer in await exchange.handle(message):
@@ -53,6 +58,15 @@ def stream_budget(metadata: object) -> int | None:
         if key == MAX_ENDPOINTS_METADATA and isinstance(value, str) and value.isdigit():
             return int(value) or None
     return None
+
+
+def stream_role(metadata: object) -> str:
+    """`observe` (an observer's stream), `observed` (a pick whose response an observer
+    reads) or "" (a pick that reads its own response): `RESPONSE_METADATA`."""
+    for key, value in metadata or ():  # type: ignore[attr-defined]
+        if key == RESPONSE_METADATA and value in ("observe", "observed"):
+            return value
+    return ""
 
 
 class Health(health_pb2_grpc.HealthServicer):

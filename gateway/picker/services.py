@@ -14,7 +14,8 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 from opentelemetry.trace import Tracer
@@ -57,6 +58,8 @@ class PickerServices:
     # endpoints named per request: 1 for an ORIGINAL_DST cluster (it takes one ip:port),
     # more for Envoy's override_host policy, which walks the list on retry
     max_endpoints: int = 3
+    # picked requests whose response an observer stream will read, by exchange key
+    exchanges: dict[str, Any] = field(default_factory=dict)
 
     def worker_at(self, endpoint: str) -> tuple[Pool, Worker] | None:
         """The pool and worker behind an `ip:port` (a handful of pools: a scan is fine)."""
