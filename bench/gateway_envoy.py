@@ -10,6 +10,8 @@ spell of the shared machine hits every path:
 - envoy + epp: the same Envoy with specroute's picker as its ext_proc filter (the
   bootstrap of `gateway.picker.envoy`: GAIE's ORIGINAL_DST cluster routed by
   `x-gateway-destination-endpoint`, the response read by an observer filter);
+- envoy + epp inline: the same picker, the response read by the picking filter itself
+  (headers and body waited on: the setup before the observer);
 - specroute: the standalone gateway (`specroute gateway`, default learned policy);
 - smg: smg 1.13 (`bench.peers`), round robin.
 
@@ -48,8 +50,10 @@ from bench.gateway import (
 from workers.processes import free_port
 
 ENVOY, EPP, GATEWAY, SMG = "envoy", "envoy + epp", "specroute", "smg"
+EPP_INLINE = "envoy + epp inline"  # the response read by the picking filter: the before
 # the JSON's keys: (its prefix, the row's path)
-KEYS = (("envoy_epp", EPP), ("envoy_alone", ENVOY), ("specroute", GATEWAY), ("smg", SMG))
+KEYS = (("envoy_epp", EPP), ("envoy_epp_inline", EPP_INLINE), ("envoy_alone", ENVOY),
+        ("specroute", GATEWAY), ("smg", SMG))
 PROMPT_4KB = "word " * 800  # a 4 KB prompt: the issue's decision-latency target
 
 
@@ -81,7 +85,7 @@ def _start_envoys(procs: list[subprocess.Popen], up_port: int, tmp: Path,
     _envoy(procs, tmp, "envoy-alone", alone_bootstrap(("127.0.0.1", admin),
                                                       ("127.0.0.1", alone), [pod]),
            f"http://127.0.0.1:{admin}/ready")
-    picker, epp, admin = free_port(), free_port(), free_port()
+    picker, epp, admin, inline, admin2 = (free_port() for _ in range(5))
     config = tmp / "picker.yaml"
     config.write_text(yaml.safe_dump(picker_config(f"http://127.0.0.1:{up_port}")))
     procs.append(subprocess.Popen(
@@ -92,8 +96,14 @@ def _start_envoys(procs: list[subprocess.Popen], up_port: int, tmp: Path,
         ("127.0.0.1", picker), ("127.0.0.1", admin), {"original_dst": ("127.0.0.1", epp)},
         [pod], body_modes={"original_dst": body_mode}),
         f"http://127.0.0.1:{epp}/health")  # through the picker
+    _envoy(procs, tmp, "envoy-epp-inline", bootstrap(
+        ("127.0.0.1", picker), ("127.0.0.1", admin2),
+        {"original_dst": ("127.0.0.1", inline)}, [pod],
+        body_modes={"original_dst": body_mode}, response="inline"),
+        f"http://127.0.0.1:{inline}/health")
     return [Target(ENVOY, f"http://127.0.0.1:{alone}/v1/chat/completions"),
-            Target(EPP, f"http://127.0.0.1:{epp}/v1/chat/completions")]
+            Target(EPP, f"http://127.0.0.1:{epp}/v1/chat/completions"),
+            Target(EPP_INLINE, f"http://127.0.0.1:{inline}/v1/chat/completions")]
 
 
 def decision_latency(picks: int, upstream: str = "http://127.0.0.1:9") -> dict:
@@ -101,11 +111,12 @@ def decision_latency(picks: int, upstream: str = "http://127.0.0.1:9") -> dict:
     `Exchange.handle` to the pick (the learned policy, as `specroute picker` runs by
     default), microseconds of wall time and of the thread's CPU time (on a shared machine
     the wall p99 is the scheduler's); each exchange closed (recorded) outside the timing."""
+    from envoy.config.core.v3 import base_pb2
+    from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
+
     from gateway.config import parse_config
     from gateway.picker.exchange import Exchange
     from gateway.picker.services import build
-    from envoy.config.core.v3 import base_pb2
-    from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 
     services = build(parse_config(picker_config(upstream)), policy="learned",
                      max_endpoints=1)
@@ -161,10 +172,11 @@ def envoy_summary(targets: list[Target]) -> dict:
                 out[f"{prefix}_rps_over_smg{suffix}"] = (
                     round(row["rps_c32"] / smg["rps_c32"], 2)
                     if "rps_c32" in row and smg.get("rps_c32") else None)
-        epp, alone = (out[f"envoy_epp_added_p50_ms{suffix}"],
-                      out[f"envoy_alone_added_p50_ms{suffix}"])
-        out[f"envoy_epp_over_alone_p50_ms{suffix}"] = (
-            round(epp - alone, 3) if epp is not None and alone is not None else None)
+        alone = out[f"envoy_alone_added_p50_ms{suffix}"]
+        for prefix in ("envoy_epp", "envoy_epp_inline"):
+            epp = out[f"{prefix}_added_p50_ms{suffix}"]
+            out[f"{prefix}_over_alone_p50_ms{suffix}"] = (
+                round(epp - alone, 3) if epp is not None and alone is not None else None)
     return out
 
 
@@ -195,7 +207,7 @@ def run(n: int, seconds: float, rounds: int, body_mode: str, with_smg: bool) -> 
 
 
 def main(args: argparse.Namespace) -> int:
-    n, seconds = (150, 1.5) if args.quick else (1500, 6.0)
+    n, seconds = (150, 1.5) if args.quick else (600, 4.5)
     rounds = args.rounds or (1 if args.quick else 3)
     decision = decision_latency(300 if args.quick else 1000 * rounds)
     result = {**run(n, seconds, rounds, args.body_mode, args.peers != "none"), **decision}

