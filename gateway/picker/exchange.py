@@ -12,7 +12,9 @@ full duplex the body itself goes back: Envoy forwards only what the processor re
 The response side learns which endpoint served (`x-gateway-destination-endpoint-served`) and reads
 the usage and speculation counters as the body passes, and at the end the request is
 recorded as the gateway records it (`gateway.telemetry.record`): the policy learns in
-picker mode too. The admission slot and the worker's outstanding count are held from
+picker mode too. With the response read by an observer filter (`observe`, Envoy's
+`observability_mode`: nothing waited on), the picking stream ends at the pick and the
+observer's stream, which names the exchange in a request header, brings the response. The admission slot and the worker's outstanding count are held from
 the pick to the end of the stream, however it ends.
 """
 
@@ -133,7 +135,6 @@ class Exchange:
     async def _request_headers(self, message: ext.ProcessingRequest
                                ) -> list[ext.ProcessingResponse]:
         headers = self.headers = protocol.header_map(message.request_headers)
-        self.subset = protocol.subset_hint(message)
         route = route_of(headers.get(":path", ""))
         # a generation's span continues the caller's trace (Envoy forwards traceparent)
         trace = NO_TRACE if route is None else start_request(

@@ -119,12 +119,22 @@ def served_endpoint(request: ext.ProcessingRequest, headers: dict[str, str]) -> 
     return None
 
 
+OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+
+
+def _fill(mutation: ext.HeaderMutation, headers: Iterable[tuple[str, str]]) -> None:
+    """Set `headers` in `mutation` in place (no message built and copied per header)."""
+    for name, value in headers:
+        option = mutation.set_headers.add()
+        option.header.key = name
+        option.header.raw_value = value.encode("latin-1", "replace")
+        option.append_action = OVERWRITE
+
+
 def _set(headers: Iterable[tuple[str, str]]) -> ext.HeaderMutation:
-    return ext.HeaderMutation(set_headers=[
-        base_pb2.HeaderValueOption(
-            header=base_pb2.HeaderValue(key=name, raw_value=value.encode("latin-1", "replace")),
-            append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD)
-        for name, value in headers])
+    mutation = ext.HeaderMutation()
+    _fill(mutation, headers)
+    return mutation
 
 
 def pick(endpoints: list[str], body: bytes | None = None,
@@ -134,25 +144,26 @@ def pick(endpoints: list[str], body: bytes | None = None,
     the body has already been seen or there is none): the destination as header and as
     `envoy.lb` metadata (the same value), with the body's new content-length when it is
     replaced (`body`, set here in a buffered body's answer, else sent by the caller);
-    `metadata`: string fields for the `specroute` namespace."""
+    `metadata`: string fields for the `specroute` namespace. Built in place: one message,
+    no copies."""
     value = ",".join(endpoints)
-    extra = [(DESTINATION, value), *headers]
-    common = ext.CommonResponse(clear_route_cache=True)
+    answer = ext.ProcessingResponse()
+    common = getattr(answer, phase).response
+    common.clear_route_cache = True
+    mutation = common.header_mutation
+    _fill(mutation, ((DESTINATION, value), *headers))
     if body is not None:
-        extra.append(("content-length", str(len(body))))
+        _fill(mutation, (("content-length", str(len(body))),))
         if phase == "request_body":
             common.body_mutation.body = body
-    common.header_mutation.CopyFrom(_set(extra))
-    dynamic = struct_pb2.Struct()
-    dynamic.fields[LB_NAMESPACE].struct_value.fields[DESTINATION].string_value = value
+    fields = answer.dynamic_metadata.fields
+    fields[LB_NAMESPACE].struct_value.fields[DESTINATION].string_value = value
     ours = None
     for key, text in metadata:
         if ours is None:
-            ours = dynamic.fields[SPECROUTE_NAMESPACE].struct_value.fields
+            ours = fields[SPECROUTE_NAMESPACE].struct_value.fields
         ours[key].string_value = text
-    answer = ext.HeadersResponse(response=common) if phase == "request_headers" \
-        else ext.BodyResponse(response=common)
-    return ext.ProcessingResponse(dynamic_metadata=dynamic, **{phase: answer})
+    return answer
 
 
 def streamed(phase: str, body: bytes, end: bool) -> ext.ProcessingResponse:
@@ -185,11 +196,22 @@ def immediate(status: int, body: bytes, headers: Iterable[tuple[str, str]] = (),
 
 def go_on(phase: str, headers: Iterable[tuple[str, str]] = ()) -> ext.ProcessingResponse:
     """Continue unchanged (or with `headers` set) after `phase`, a ProcessingRequest
-    field name: request_headers, response_headers, response_body, ..."""
+    field name: request_headers, response_headers, response_body, ... Without headers
+    the answer is the same every time: built once (nothing changes a sent message)."""
+    headers = tuple(headers)
+    if not headers:
+        if phase not in _GO_ON:
+            _GO_ON[phase] = _go_on(phase, ())
+        return _GO_ON[phase]
+    return _go_on(phase, headers)
+
+
+_GO_ON: dict[str, ext.ProcessingResponse] = {}
+
+
+def _go_on(phase: str, headers: tuple[tuple[str, str], ...]) -> ext.ProcessingResponse:
     common = ext.CommonResponse()
-    mutation = list(headers)
-    if mutation:
-        common.header_mutation.CopyFrom(_set(mutation))
+    _fill(common.header_mutation, headers)
     if phase.endswith("headers"):
         return ext.ProcessingResponse(**{phase: ext.HeadersResponse(response=common)})
     if phase.endswith("body"):
