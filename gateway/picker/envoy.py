@@ -101,24 +101,24 @@ def _manager(mode: str, ext_proc: dict, timeout_s: float, body_mode: str,
                                                f"PreviousHostsPredicate"}}],
                  "host_selection_retry_max_attempts": 5}}
     # the picker names one endpoint to an ORIGINAL_DST cluster, a list to override_host
-    grpc = {"envoy_grpc": {"cluster_name": "picker"}, "timeout": "30s"}
-    picking = {**grpc, "initial_metadata": [
-        {"key": MAX_ENDPOINTS_METADATA, "value": "1" if mode == "original_dst" else "0"}]}
+    grpc: dict = {"envoy_grpc": {"cluster_name": "picker"}, "timeout": "30s"}
+    metadata = [{"key": MAX_ENDPOINTS_METADATA,
+                 "value": "1" if mode == "original_dst" else "0"}]
+    picking = {**grpc, "initial_metadata": metadata}
     modes = {**ext_proc["processing_mode"], "request_body_mode": body_mode,
              # GAIE's Envoy Gateway patch sends the trailers with a full-duplex body
              "request_trailer_mode": "SEND" if body_mode == "FULL_DUPLEX_STREAMED"
              else "SKIP"}
     added = [{"header": {"key": SERVED, "value": "%UPSTREAM_REMOTE_ADDRESS%"},
               "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]
-    filters = [{"name": "envoy.filters.http.ext_proc",
-                "typed_config": {**ext_proc, "grpc_service": picking,
-                                 "processing_mode": modes}}]
+    picker: dict = {**ext_proc, "grpc_service": picking, "processing_mode": modes}
+    filters = [{"name": "envoy.filters.http.ext_proc", "typed_config": picker}]
     if body_mode == "STREAMED":  # without waiting: the headers' answer needs the body
-        filters[0]["typed_config"]["send_body_without_waiting_for_header_response"] = True
+        picker["send_body_without_waiting_for_header_response"] = True
     if response == "observe":
-        picking["initial_metadata"].append({"key": RESPONSE_METADATA, "value": "observed"})
+        metadata.append({"key": RESPONSE_METADATA, "value": "observed"})
         modes.update(response_header_mode="SKIP", response_body_mode="NONE")
-        filters[0]["typed_config"]["metadata_options"] = {"receiving_namespaces": {
+        picker["metadata_options"] = {"receiving_namespaces": {
             "untyped": [LB_NAMESPACE, SPECROUTE_NAMESPACE]}}
         filters.append(_observer(grpc))
         added += [{"header": {"key": name,
