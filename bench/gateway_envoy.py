@@ -9,9 +9,9 @@ spell of the shared machine hits every path:
 - envoy: Envoy 1.40 alone, the router filter and a round-robin cluster of the upstream;
 - envoy + epp: the same Envoy with specroute's picker as its ext_proc filter (the
   bootstrap of `gateway.picker.envoy`: GAIE's ORIGINAL_DST cluster routed by
-  `x-gateway-destination-endpoint`, the response read by an observer filter);
-- envoy + epp inline: the same picker, the response read by the picking filter itself
-  (headers and body waited on: the setup before the observer);
+  `x-gateway-destination-endpoint`, the response read by the picking filter);
+- envoy + epp observer: the same picker, the response read by a second filter in
+  `observability_mode` (nothing waited on, one more gRPC stream per request);
 - specroute: the standalone gateway (`specroute gateway`, default learned policy);
 - smg: smg 1.13 (`bench.peers`), round robin.
 
@@ -50,9 +50,9 @@ from bench.gateway import (
 from workers.processes import free_port
 
 ENVOY, EPP, GATEWAY, SMG = "envoy", "envoy + epp", "specroute", "smg"
-EPP_INLINE = "envoy + epp inline"  # the response read by the picking filter: the before
+EPP_OBSERVE = "envoy + epp observer"  # the response read by an observer filter
 # the JSON's keys: (its prefix, the row's path)
-KEYS = (("envoy_epp", EPP), ("envoy_epp_inline", EPP_INLINE), ("envoy_alone", ENVOY),
+KEYS = (("envoy_epp", EPP), ("envoy_epp_observe", EPP_OBSERVE), ("envoy_alone", ENVOY),
         ("specroute", GATEWAY), ("smg", SMG))
 PROMPT_4KB = "word " * 800  # a 4 KB prompt: the decision-latency target
 
@@ -85,7 +85,7 @@ def _start_envoys(procs: list[subprocess.Popen], up_port: int, tmp: Path,
     _envoy(procs, tmp, "envoy-alone", alone_bootstrap(("127.0.0.1", admin),
                                                       ("127.0.0.1", alone), [pod]),
            f"http://127.0.0.1:{admin}/ready")
-    picker, epp, admin, inline, admin2 = (free_port() for _ in range(5))
+    picker, epp, admin, observer, admin2 = (free_port() for _ in range(5))
     config = tmp / "picker.yaml"
     config.write_text(yaml.safe_dump(picker_config(f"http://127.0.0.1:{up_port}")))
     procs.append(subprocess.Popen(
@@ -96,14 +96,14 @@ def _start_envoys(procs: list[subprocess.Popen], up_port: int, tmp: Path,
         ("127.0.0.1", picker), ("127.0.0.1", admin), {"original_dst": ("127.0.0.1", epp)},
         [pod], body_modes={"original_dst": body_mode}),
         f"http://127.0.0.1:{epp}/health")  # through the picker
-    _envoy(procs, tmp, "envoy-epp-inline", bootstrap(
+    _envoy(procs, tmp, "envoy-epp-observer", bootstrap(
         ("127.0.0.1", picker), ("127.0.0.1", admin2),
-        {"original_dst": ("127.0.0.1", inline)}, [pod],
-        body_modes={"original_dst": body_mode}, response="inline"),
-        f"http://127.0.0.1:{inline}/health")
+        {"original_dst": ("127.0.0.1", observer)}, [pod],
+        body_modes={"original_dst": body_mode}, response="observe"),
+        f"http://127.0.0.1:{observer}/health")
     return [Target(ENVOY, f"http://127.0.0.1:{alone}/v1/chat/completions"),
             Target(EPP, f"http://127.0.0.1:{epp}/v1/chat/completions"),
-            Target(EPP_INLINE, f"http://127.0.0.1:{inline}/v1/chat/completions")]
+            Target(EPP_OBSERVE, f"http://127.0.0.1:{observer}/v1/chat/completions")]
 
 
 def decision_latency(picks: int, upstream: str = "http://127.0.0.1:9") -> dict:
@@ -173,7 +173,7 @@ def envoy_summary(targets: list[Target]) -> dict:
                     round(row["rps_c32"] / smg["rps_c32"], 2)
                     if "rps_c32" in row and smg.get("rps_c32") else None)
         alone = out[f"envoy_alone_added_p50_ms{suffix}"]
-        for prefix in ("envoy_epp", "envoy_epp_inline"):
+        for prefix in ("envoy_epp", "envoy_epp_observe"):
             epp = out[f"{prefix}_added_p50_ms{suffix}"]
             out[f"{prefix}_over_alone_p50_ms{suffix}"] = (
                 round(epp - alone, 3) if epp is not None and alone is not None else None)
@@ -213,7 +213,7 @@ def main(args: argparse.Namespace) -> int:
     result = {**run(n, seconds, rounds, args.body_mode, args.peers != "none"), **decision}
     print(f"picker benchmark: /v1/chat/completions, {n} sequential requests then {seconds:g} s "
           f"at concurrency {CONCURRENCY} per path and mode, in {rounds} interleaved round(s); "
-          f"the picker's request body {args.body_mode}, its response read by an observer")
+          f"the picker's request body {args.body_mode}")
     print("\n".join(_table(result)))
     for key, value in result.items():
         if key != "rows" and not isinstance(value, dict):

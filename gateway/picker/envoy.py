@@ -145,7 +145,7 @@ def _manager(mode: str, ext_proc: dict, timeout_s: float, body_mode: str,
 def bootstrap(picker: tuple[str, int], admin: tuple[str, int],
               listeners: dict[str, tuple[str, int]], pods: list[tuple[str, int]] | None = None,
               timeout_s: float = 120.0, body_modes: dict[str, str] | None = None,
-              max_body_bytes: int = 4 * 1024 * 1024, response: str = "observe") -> dict:
+              max_body_bytes: int = 4 * 1024 * 1024, response: str = "inline") -> dict:
     """The whole bootstrap as a dict (dump it as YAML or JSON for `envoy -c`): one
     listener per destinations mode (`original_dst`, `override_host`) at its address,
     each with its request body mode (`body_modes`; default BUFFERED; GAIE's Envoy

@@ -42,7 +42,7 @@ def test_a_path_that_failed_has_no_ratio() -> None:
                          target(EPP, [3.0], 10), target("specroute", [3.0], 10), smg])
     assert out["envoy_epp_rps_over_smg"] is None and out["smg_added_p50_ms"] is None
     assert out["envoy_epp_added_p50_ms"] == 2.0
-    assert out["envoy_epp_inline_added_p50_ms"] is None  # not measured: no figure
+    assert out["envoy_epp_observe_added_p50_ms"] is None  # not measured: no figure
     assert {"path": "smg", "stream": False, "error": "not installed: no network"} in out["rows"]
 
 
@@ -53,7 +53,13 @@ def test_the_bootstraps_it_runs() -> None:
     [listener] = alone["static_resources"]["listeners"]
     manager = listener["filter_chains"][0]["filters"][0]["typed_config"]
     assert [f["name"] for f in manager["http_filters"]] == ["envoy.filters.http.router"]
-    epp = bootstrap(("127.0.0.1", 4), ("127.0.0.1", 5), {"original_dst": ("127.0.0.1", 6)})
+    inline = bootstrap(("127.0.0.1", 4), ("127.0.0.1", 5), {"original_dst": ("127.0.0.1", 6)})
+    manager = inline["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
+        "typed_config"]
+    [picking, _] = manager["http_filters"]  # the default: the picker reads the response
+    assert picking["typed_config"]["processing_mode"]["response_body_mode"] == "STREAMED"
+    epp = bootstrap(("127.0.0.1", 4), ("127.0.0.1", 5), {"original_dst": ("127.0.0.1", 6)},
+                    response="observe")
     manager = epp["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
         "typed_config"]
     picking, observer, _ = manager["http_filters"]

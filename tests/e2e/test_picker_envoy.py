@@ -104,7 +104,8 @@ def start_envoy(tmp: Path, name: str, picker: int, modes: list[str], pods: list[
                 body_modes: dict[str, str] | None = None, response: str = "observe"
                 ) -> tuple[subprocess.Popen, dict[str, str], str]:
     """Envoy in front of the picker: the response read by the observer filter
-    (`observe`, the default) or by the picking filter itself (`inline`)."""
+    (`observe`: the default here, so that this module runs it throughout) or by the
+    picking filter itself (`inline`, the bootstrap's default)."""
     listeners = {mode: ("127.0.0.1", free_port()) for mode in modes}
     admin = ("127.0.0.1", free_port())
     hosts = [(p.split(":")[0], int(p.split(":")[1])) for p in pods]
