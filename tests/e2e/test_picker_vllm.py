@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -44,13 +45,17 @@ def vllm_pods(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
     work = tmp_path_factory.mktemp("picker-vllm")
     model = prepare_model(resolve_model(None))
     pods: dict[str, tuple[subprocess.Popen, str]] = {}
+
+    def launch(core: int, method: str, k: int) -> None:
+        port = free_port()
+        proc = start("vllm", method, k, model, port, work, str(core), 1, cpu_dtype())
+        pods[method] = (proc, f"http://127.0.0.1:{port}")
+
     try:
-        for core, (method, k) in enumerate((("plain", 0), ("ngram", 4))):
-            port = free_port()
-            proc = start("vllm", method, k, model, port, work, str(core), 1, cpu_dtype())
-            pods[method] = (proc, f"http://127.0.0.1:{port}")
-        for proc, url in pods.values():
-            wait_http(f"{url}/health", 300, proc)
+        with ThreadPoolExecutor(2) as pool:  # both at once: each launch checks the venv
+            list(pool.map(launch, (0, 1), ("plain", "ngram"), (0, 4)))
+        for proc, url in pods.values():  # ~40 s each on an idle machine; minutes loaded
+            wait_http(f"{url}/health", 600, proc)
         yield {"work": str(work), **{m: url for m, (_, url) in pods.items()}}
     finally:
         for proc, _ in pods.values():
@@ -66,7 +71,7 @@ def picker_config(pods: dict[str, str]) -> dict:
         "server": {"health_interval_s": 1.0}}
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(1200)  # the pods' start included (pytest-timeout counts setup)
 def test_vllm_pods_behind_envoy_and_the_picker(vllm_pods: dict[str, str]) -> None:
     tmp = Path(vllm_pods["work"])
     metrics = free_port()
