@@ -25,7 +25,7 @@ import numpy as np
 
 from bench.sim.evaluation import FIXED_KS, Evaluation, PolicyResult, evaluate
 from bench.sim.scenarios import SCENARIOS
-from bench.sim.simulator import Outcome, SimConfig, default_phases
+from bench.sim.simulator import EDIT_SHARE, Outcome, SimConfig, default_phases
 from bench.sim.world import World
 from policies.decision import PolicyConfig
 
@@ -46,11 +46,13 @@ def main(args: argparse.Namespace) -> int:
     seeds = _seeds(getattr(args, "seeds", None))
     scale = QUICK_SCALE if args.quick else (1.0 if getattr(args, "full", False) else SCALE)
     fixed_ks = QUICK_FIXED_KS if args.quick else FIXED_KS
+    share = getattr(args, "edit_share", None)
+    share = EDIT_SHARE if share is None else share
     out: dict = {"fleets": {name: {} for name in FLEETS}, "seeds": list(seeds),
-                 "scale": scale}
+                 "scale": scale, "edit_share": share}
     first: Evaluation | None = None
     for seed in seeds:
-        config = SimConfig(default_phases(scale), seed=seed, world=World())
+        config = SimConfig(default_phases(scale, share), seed=seed, world=World())
         for fleet, scenario in FLEETS.items():
             fleet_started = time.perf_counter()
             evaluation = evaluate(config, PolicyConfig(seed=seed), fixed_ks,
@@ -65,7 +67,7 @@ def main(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - started
     print(f"wall {elapsed:.1f}s for {len(FLEETS)} fleets x {len(seeds)} seeds")
     if args.plot and first is not None:
-        _plot(first, SimConfig(default_phases(scale), seed=seeds[0], world=World()),
+        _plot(first, SimConfig(default_phases(scale, share), seed=seeds[0], world=World()),
               args.plot)
         print(f"plot written to {args.plot} (fleet {PRIMARY}, seed {seeds[0]})")
     if args.json:
@@ -91,7 +93,7 @@ def _shown(evaluation: Evaluation) -> list[PolicyResult]:
     results = evaluation.results
     fixed = sorted((r for n, r in results.items() if n.startswith("fixed:")),
                    key=lambda r: -r.mean_tokens_per_s)
-    head = [results[n] for n in ("adaptive", "adaptive-no-relaunch",
+    head = [results[n] for n in ("adaptive", "adaptive-no-relaunch", "adaptive-split",
                                  "oracle", "oracle-launch-k", "ceiling") if n in results]
     tail = [results[n] for n in ("sglang-adaptive", "shard-adaptive", "vllm-table", "rules", "plain") if n in results]
     return head + fixed[:5] + tail
@@ -134,13 +136,15 @@ def _headline(summary: dict, elapsed: float) -> str:
             f"(target >= 1.10)\n"
             f"adaptive / oracle              {show('vs_oracle')}  (target >= 0.95)\n"
             f"adaptive / static split        {show('vs_static_split')}\n"
+            f"adaptive / ceiling             {show('vs_ceiling')}\n"
             f"ceiling / best homogeneous     {show('ceiling_vs_best_homogeneous')}  (every "
             f"method at any k per request on every worker: what no routing can exceed)\n"
             f"recovery after drift           {summary['recovery_requests']}  (target <= 500;"
             f" null = never; per drift: {recover})\n"
             f"strategies / best homogeneous  {strategies}\n"
             f"explored {summary['adaptive_explored_fraction']:.1%} (cap 5%)   relaunches "
-            f"{summary['adaptive_relaunches']}   wall {elapsed:.1f}s")
+            f"{summary['adaptive_relaunches']}   launched {summary['launched_fleet']}   "
+            f"wall {elapsed:.1f}s")
 
 
 def _binned(outcomes: list[Outcome], edges: np.ndarray, value) -> np.ndarray:
@@ -170,7 +174,7 @@ def _plot(evaluation: Evaluation, config: SimConfig, path: str) -> None:
         top.plot(centers, _binned(outcomes[name], edges, lambda o: o.tokens_per_s), style,
                  label=name)
     ours = outcomes["adaptive"]
-    for task, color in (("code", "C2"), ("structured", "C3"), ("chat", "C4")):
+    for task, color in (("code", "C2"), ("structured", "C3"), ("chat", "C4"), ("edit", "C5")):
         mine = [o for o in ours if o.task == task]
         bottom.plot(centers, _binned(mine, edges, lambda o: o.k), color=color, label=task)
     starts = [min(o.arrival_s for o in ours if o.phase == i) for i in range(len(config.phases))]

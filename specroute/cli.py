@@ -126,6 +126,7 @@ BENCH_OPTIONS: dict[str, dict] = {
     "--cores": {"default": "0"},
     "--seeds": {"default": None},
     "--full": {"action": "store_true"},
+    "--edit-share": {"type": float, "default": None},
     "--throughput": {"action": "store_true"},
     "--engine": {"default": None, "choices": ["embedded", "vllm"]},
     "--replicates": {"type": int, "default": None},
@@ -155,6 +156,7 @@ BENCHES: dict[str, tuple[str, dict[str, str]]] = {
         "--workdir": "--compare: keep the servers' logs here"}),
     "policy": ("the learned policy in the simulator against its baselines", {
         "--seeds": "comma-separated simulation seeds (default 0,7)",
+        "--edit-share": "share of edit requests per phase (default 0.2; 0: the world before)",
         "--full": "the full workload (10,500 requests per seed; default 0.3 of it)",
         "--plot": "write a PNG of tokens/s over time",
         "--fleet": "the fleet planner's fixed-k fleet against its baselines (--seed)",

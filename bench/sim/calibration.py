@@ -44,7 +44,7 @@ from functools import cache, lru_cache
 
 import numpy as np
 
-from policies.acceptance import invert_accept_length
+from policies.acceptance import expected_accept_length, invert_accept_length
 
 COLUMNS = {"chat": 0, "code": 1, "structured": 2}  # MT-bench, HumanEval, CNN/DM
 
@@ -89,11 +89,46 @@ LOAD_CURVES = {  # name -> (batch sizes, speedups, tau_ref, reference method)
 PLAIN_KNEE = 48.0
 
 
+# The edit class (input-grounded rewrites: proofread, rename; the answer copies the
+# prompt). No paper table has it; from this repo's measurements on SmolLM2:
+# - text drafters, (tau, k) measured: n-gram greedy 4.46 at k 4 (vLLM CPU through the
+#   gateway, 50 requests, docs/results/2026-12-02-vllm.md), sampled (T 0.8) 1.2 at k 6;
+#   lookahead 2.9 greedy, 1.3 sampled at k 6, tree depth 3 (the embedded engine bench,
+#   docs/results/2026-12-01-engine.md);
+# - trained drafters (EAGLE*, Medusa, draft model): the paper's code (HumanEval) tau with
+#   its accepted drafts (tau - 1) scaled by EDIT_TRAINED_RATIO, the embedded engine's
+#   (edit - 1) / (code - 1) accept length for EAGLE, EAGLE-2 and Medusa (T 0: 0.57, 0.58,
+#   0.50; T 0.8: 0.50, 0.50, 0.75; means), at the paper's depth.
+TASKS = ("chat", "code", "structured", "edit")
+EDIT_TEXT: dict[tuple[str, str], tuple[float, int]] = {
+    ("ngram", "t0"): (4.46, 4), ("ngram", "thigh"): (1.2, 6),
+    ("lookahead", "t0"): (2.9, 3), ("lookahead", "thigh"): (1.3, 3)}
+EDIT_TRAINED_RATIO = {"t0": 0.551, "thigh": 0.583}
+
+
+@cache
+def class_target(method: str, task: str, bucket: str) -> tuple[float, int]:
+    """(tokens per step, draft depth) the world reproduces for the class: the paper's tau
+    at its depth, or the edit class's measured figure at the depth it was measured at."""
+    if task == "edit" and bucket != "tlow":
+        if (method, bucket) in EDIT_TEXT:
+            return EDIT_TEXT[(method, bucket)]
+        code_bucket = "t0" if bucket == "t0" else "thigh"
+        tau = expected_accept_length(true_accept(method, "code", code_bucket), PAPER_K[method])
+        return 1.0 + (tau - 1.0) * EDIT_TRAINED_RATIO[bucket], PAPER_K[method]
+    return expected_accept_length(true_accept(method, task, bucket), PAPER_K[method]), \
+        PAPER_K[method]
+
+
 @cache
 def true_accept(method: str, task: str, bucket: str) -> float:
     """Per-token acceptance a for (method, task class, temperature bucket)."""
     if bucket == "tlow":
         return 0.5 * (true_accept(method, task, "t0") + true_accept(method, task, "thigh"))
+    if task == "edit":
+        tau, depth = class_target(method, task, bucket)
+        a = invert_accept_length(tau, depth)  # the i.i.d. a reproducing it at its depth
+        return a
     column = COLUMNS[task]
     a0 = invert_accept_length(TABLE1[(method, "t0")][column][1], PAPER_K[method])
     if bucket == "t0":
@@ -180,8 +215,11 @@ PAPER_TREE_DEPTH = {m: PAPER_K[m] for m in ("eagle2", "medusa", "lookahead")}
 # (code 0.998, structured 1.0, chat 0.9915 correct, 2,000 each); the bench prompts are
 # phrased unlike its templates ("Show me the code for X." reads as chat), so they are
 # the out-of-distribution rate a gateway meets.
+# Edits: the classifier's edit rule (gateway/classifier/grounded.py) was not measured on
+# bench prompts; assumed right (an edit read as edit, nothing else read as edit).
 CLASSIFIER_CONFUSION: dict[str, dict[str, float]] = {
-    "code": {"code": 0.655, "structured": 0.0, "chat": 0.345},
-    "structured": {"code": 0.0, "structured": 1.0, "chat": 0.0},
-    "chat": {"code": 0.0, "structured": 0.0, "chat": 1.0},
+    "code": {"code": 0.655, "structured": 0.0, "chat": 0.345, "edit": 0.0},
+    "structured": {"code": 0.0, "structured": 1.0, "chat": 0.0, "edit": 0.0},
+    "chat": {"code": 0.0, "structured": 0.0, "chat": 1.0, "edit": 0.0},
+    "edit": {"code": 0.0, "structured": 0.0, "chat": 0.0, "edit": 1.0},
 }

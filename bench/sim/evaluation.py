@@ -22,6 +22,7 @@ import numpy as np
 from bench.sim.baselines import Learned, Oracle, SimPool, SimRequest, SimRouter, StaticRules
 from bench.sim.calibration import METHODS, PAPER_K, PAPER_TREE_DEPTH
 from bench.sim.engine_fleet import BatchSchedule, SGLangAdaptive, simulate_engine
+from bench.sim.launch import launched
 from bench.sim.measure import measured_priors
 from bench.sim.scenarios import FLEET_WORKERS, SCENARIOS, Scenario
 from bench.sim.sharding import Sharder
@@ -86,7 +87,7 @@ def ratios(ours: PolicyResult, other: PolicyResult) -> list[float]:
 
 
 # every strategy for fixed-k fleets the report measures (docs/POLICY.md); `adaptive` ships
-STRATEGIES = ("adaptive", "adaptive-no-relaunch", "shard-adaptive")
+STRATEGIES = ("adaptive", "adaptive-no-relaunch", "adaptive-split", "shard-adaptive")
 
 
 def worker_priors(scenario: Scenario, world: World, model: str, seed: int = 0
@@ -157,13 +158,25 @@ def routers(config: SimConfig, policy_config: PolicyConfig | None = None,
     if scenario.fixed_k:  # the operator sets the real restart time (docs/POLICY.md)
         policy_config = replace(policy_config, relaunch_cost_s=scenario.relaunch_s)
     priors = worker_priors(scenario, config.world, config.model, config.seed)
+    # the shipped strategy: on a fixed-k fleet, launch the pools the benchmark of every
+    # (method, k) says (bench/sim/launch.py), then route and relaunch as learned; the
+    # configured split routed by the same policy is `adaptive-split`
+    served, served_priors = fleet, priors
+    if scenario.fixed_k:
+        launch, _, served_priors = launched(scenario, config.world, config.seed,
+                                            base_step_s=config.base_step_s,
+                                            model=config.model)
+        served = launch.fleet
+        factories["adaptive-split"] = lambda: Learned(
+            "adaptive-split", fleet, policy_config, relaunch_s=scenario.relaunch_s,
+            relaunch_interval_s=scenario.relaunch_interval_s, worker_priors=priors)
     factories["adaptive"] = lambda: Learned(
-        "adaptive", fleet, policy_config, relaunch_s=scenario.relaunch_s,
-        relaunch_interval_s=scenario.relaunch_interval_s, worker_priors=priors)
+        "adaptive", served, policy_config, relaunch_s=scenario.relaunch_s,
+        relaunch_interval_s=scenario.relaunch_interval_s, worker_priors=served_priors)
     if scenario.fixed_k:
         factories["adaptive-no-relaunch"] = lambda: Learned(
-            "adaptive-no-relaunch", fleet, policy_config, relaunch=False,
-            worker_priors=priors)
+            "adaptive-no-relaunch", served, policy_config, relaunch=False,
+            worker_priors=served_priors)
     scales = tuple(p.drafter_scale for p in config.phases)
     # the per-class oracle over every pool x k the policy may choose (a fixed-k pool at any
     # k up to its max_k, as if relaunched for free: an upper bound), and the same oracle
@@ -216,6 +229,11 @@ def evaluate(config: SimConfig, policy_config: PolicyConfig | None = None,
                                if "oracle-launch-k" in results else None),
         "oracle_vs_best_homogeneous": ratios(oracle, best_fixed),
         "ceiling_vs_best_homogeneous": ratios(results.get("ceiling", oracle), best_fixed),
+        "vs_ceiling": ratios(ours, results.get("ceiling", oracle)),
+        "launched_fleet": (launched(scenario, config.world, config.seed,
+                                    base_step_s=config.base_step_s,
+                                    model=config.model)[1].describe()
+                           if scenario.fixed_k else None),
         "recovery_requests": None if never else max(recover, default=0),
         "best_homogeneous": [r.name for r in top],
         "strategies": {name: {"vs_best_homogeneous": ratios(results[name], best_fixed),

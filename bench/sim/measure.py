@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from bench.sim.baselines import SimPool
-from bench.sim.calibration import COLUMNS, draft_cost
+from bench.sim.calibration import TASKS, draft_cost
 from bench.sim.scenarios import Scenario
 from bench.sim.simulator import uniform_step_s
 from bench.sim.steplaw import law
@@ -63,7 +63,7 @@ def _step(rng: np.random.Generator, world: World, spec: SimPool, b: int, k: int,
 def _engine_bench(rng: np.random.Generator, world: World, spec: SimPool, model: str,
                   base_step_s: float) -> Measured:
     entries = []
-    for task in COLUMNS:
+    for task in TASKS:
         for temperature in BENCH_TEMPERATURES:
             length = _accept_length(rng, world, spec, [task] * BENCH_PROMPTS,
                                     [temperature] * BENCH_PROMPTS, BENCH_TOKENS)
@@ -92,7 +92,7 @@ def measured_priors(scenario: Scenario, world: World, model: str, seed: int,
             out[spec.name] = WorkerPrior.from_measured(
                 model, spec.method, _engine_bench(rng, world, spec, model, base_step_s))
             continue
-        tasks = [list(COLUMNS)[j % len(COLUMNS)] for j in range(SERVER_PROMPTS)]
+        tasks = [TASKS[j % len(TASKS)] for j in range(SERVER_PROMPTS)]
         temperatures = [0.0 if j % 2 == 0 else 1.0 for j in range(SERVER_PROMPTS)]
         length = _accept_length(rng, world, spec, tasks, temperatures, SERVER_TOKENS)
         out[spec.name] = WorkerPrior.from_server_average(model, spec.method, length, spec.k)

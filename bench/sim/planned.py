@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from bench.sim.baselines import Learned, SimPool
-from bench.sim.scenarios import SGLANG_CURVES, SGLANG_POOLS, SGLANG_RELAUNCH_S, Scenario
+from bench.sim import relaunch
+from bench.sim.baselines import Learned
+from bench.sim.scenarios import SGLANG_POOLS, SGLANG_RELAUNCH_S, Scenario
 from bench.sim.simulator import Fleet, Worker
 from policies.planner import (
     FleetPlan,
@@ -32,19 +33,30 @@ from policies.planner import (
 )
 from policies.types import PoolView
 
+
 # The static split's pools, plus EAGLE-3 at the other k of the fixed baselines' grid
 # (bench/sim/evaluation.py FIXED_KS), with no workers to begin with: the planner may
 # fill any of them (all in one pool, plain only, or a split), so every single fixed
 # EAGLE-3 configuration the baselines run is a fleet it can reach.
-_EXTRA = tuple((f"eagle3-k{k}", "eagle3", k) for k in (1, 2, 4, 6, 8))
-PLANNED_FLEET = SGLANG_POOLS.fleet + tuple(
-    SimPool(name, "sglang", method, k, False, 0, 12, SGLANG_CURVES[method], group=name,
-            law="sglang-h100")
-    for name, method, k in _EXTRA)
-PLANNED = Scenario("sglang-planned", PLANNED_FLEET, SGLANG_CURVES, SGLANG_POOLS.rules,
-                   "eagle3", relaunch_s=SGLANG_RELAUNCH_S,
-                   notes="SGLang fixed-k pools, workers moved between them by the fleet "
-                         "planner (starts as the static split; one relaunch at a time)")
+def planned_scenario(base: Scenario) -> Scenario:
+    """`base`'s pools plus empty EAGLE-3 pools at every other k its EAGLE-3 may run."""
+    have = {s.name for s in base.fleet}
+    top = max((s.max_k for s in base.fleet if s.method == "eagle3"), default=8)
+    template = next(s for s in base.fleet if s.method == "eagle3")
+    extra = tuple(replace(template, name=f"eagle3-k{k}", k=k, workers=0, max_k=top,
+                          group=f"eagle3-k{k}")
+                  for k in (1, 2, 3, 4, 6, 8, 12) if k <= top and f"eagle3-k{k}" not in have)
+    return Scenario(f"{base.name}-planned", base.fleet + extra, base.curves, base.rules,
+                    base.chain_method, relaunch_s=base.relaunch_s, law=base.law,
+                    notes=f"{base.name} fixed-k pools, workers moved between them by the "
+                          "fleet planner (starts as the static split; one relaunch at a time)")
+
+
+PLANNED = planned_scenario(SGLANG_POOLS)
+PLANNED_FLEET = PLANNED.fleet
+# the server start a planner move pays after its simulated drain (bench/sim/relaunch.py):
+# SGLang's start-up; a vLLM CPU server's eager start (its 93 s relaunch includes the drain)
+START_S = {"sglang": relaunch.read("sglang"), "vllm": relaunch.read("vllm-eager-start")}
 
 
 @dataclass
@@ -200,28 +212,31 @@ class FleetComparison:
 
 
 def compare(config, policy_config, fixed_ks: tuple[int, ...],
-            relaunch_s: float = SGLANG_RELAUNCH_S) -> FleetComparison:
+            relaunch_s: float = SGLANG_RELAUNCH_S, base: Scenario = SGLANG_POOLS
+            ) -> FleetComparison:
     """The planner's fleet, the static split (learned routing, per-pool k relaunches),
-    SGLang's adaptive EAGLE pool and every single fixed configuration, on one workload."""
+    the launched fleet (the shipped `adaptive`), SGLang's adaptive EAGLE pool and every
+    single fixed configuration, on one workload; `base` the engine's fleet."""
     from bench.sim.evaluation import engine_baselines, routers, summarize, worker_priors
     from bench.sim.simulator import simulate, workload
 
     requests = workload(config)
     n = len(config.phases)
-    made = routers(config, policy_config, fixed_ks, SGLANG_POOLS)
-    wanted = {"static-split": made["adaptive"],
+    made = routers(config, policy_config, fixed_ks, base)
+    wanted = {"static-split": made["adaptive-split"], "launched": made["adaptive"],
               **{name: f for name, f in made.items() if name.startswith("fixed:")}}
     results = {}
     for name, factory in wanted.items():
         router = factory()
         router.name = name
         results[name] = summarize(name, simulate(router, config, requests), n)
-    adaptive = engine_baselines(config, SGLANG_POOLS)["sglang-adaptive"]
+    adaptive = engine_baselines(config, base)["sglang-adaptive"]
     results["sglang-adaptive"] = summarize("sglang-adaptive", adaptive(requests), n)
-    priors = worker_priors(PLANNED, config.world, config.model, config.seed)
+    planned = planned_scenario(base)
+    priors = worker_priors(planned, config.world, config.model, config.seed)
     moves, plans = {}, {}
     for name, (launched, moving) in PLANNER_ROWS.items():
-        planner = planned_router(name, PLANNED, policy_config, priors, config.slo_itl_s,
+        planner = planned_router(name, planned, policy_config, priors, config.slo_itl_s,
                                  relaunch_s, launched, moving)
         results[name] = summarize(name, simulate(planner, config, requests), n)
         assert planner._fleet is not None

@@ -33,12 +33,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from bench.sim.baselines import SimPool
+from bench.sim.relaunch import relaunch_s
 
 FLEET_WORKERS = 12
 # SGLang start-up before a relaunched server serves again (load weights, capture CUDA
 # graphs, start the HTTP server): 1-2 minutes in sglang issue #509; its midpoint.
-SGLANG_RELAUNCH_S = 90.0
-VLLM_RELAUNCH_S = 93.0  # a vLLM CPU pool's drain + relaunch, measured (2026-12-01)
+# read from the repo's records (bench/sim/relaunch.py): SGLang 90 s, vLLM CPU 93 s
+SGLANG_RELAUNCH_S = relaunch_s("sglang")
+VLLM_RELAUNCH_S = relaunch_s("vllm")  # a vLLM CPU pool's drain + relaunch, measured
 Rules = dict[tuple[str, str], tuple[str, "int | None"]]
 
 
@@ -71,11 +73,12 @@ class Scenario:
                         self.curves.get(method, "sglang-eagle1"), law=self.law),)
 
 
-def _rules(code: tuple, structured: tuple, chat: tuple, chat_hot: tuple) -> Rules:
+def _rules(code: tuple, structured: tuple, chat: tuple, chat_hot: tuple,
+           edit: tuple) -> Rules:
     """What an operator would write: code and structured output to the strongest drafter,
-    chat to it too except at high temperature (plain or a small k)."""
+    chat to it too except at high temperature (plain or a small k), edits to n-gram."""
     return {("code", "*"): code, ("structured", "*"): structured, ("chat", "*"): chat,
-            ("chat", "thigh"): chat_hot}
+            ("chat", "thigh"): chat_hot, ("edit", "*"): edit}
 
 
 SGLANG_CURVES = {"eagle3": "sglang-eagle3", "eagle2": "sglang-eagle1", "eagle": "sglang-eagle1",
@@ -95,7 +98,8 @@ SGLANG_POOLS = Scenario(
     tuple(SimPool(name, "sglang", method, k, False, workers, 12, SGLANG_CURVES[method],
                   group=name, law="sglang-h100") for name, method, k, workers in _POOLS),
     SGLANG_CURVES,
-    _rules(("eagle3-k3", None), ("eagle3-k3", None), ("eagle2-n8", None), ("plain", None)),
+    _rules(("eagle3-k3", None), ("eagle3-k3", None), ("eagle2-n8", None), ("plain", None),
+           ("ngram-k4", None)),
     "eagle3", relaunch_s=SGLANG_RELAUNCH_S,
     notes="SGLang fixed-k pools (EAGLE-3 k3 x4, EAGLE-2 8 nodes x2, n-gram k4 x2, "
           "draft k4 x2, plain x2), relaunch to change k (deployable)")
@@ -103,14 +107,15 @@ SGLANG_POOLS = Scenario(
 EMBEDDED = Scenario(
     "embedded", EMBEDDED_FLEET,
     {m: c for m, c in SGLANG_CURVES.items() if m != "eagle3"},
-    _rules(("eagle2", None), ("eagle2", None), ("eagle2", None), ("eagle", 2)),
+    _rules(("eagle2", None), ("eagle2", None), ("eagle2", None), ("eagle", 2), ("ngram", None)),
     "eagle",
     notes="embedded engine: every method on every worker, k per request (deployable)",
     law="embedded-cpu")
 
 SGLANG_SHARED = Scenario(
     "sglang-shared", SHARED_FLEET, SGLANG_CURVES,
-    _rules(("eagle3", None), ("eagle3", None), ("eagle3", None), ("eagle3", 2)),
+    _rules(("eagle3", None), ("eagle3", None), ("eagle3", None), ("eagle3", 2),
+           ("ngram", None)),
     "eagle3", deployable=False,
     notes="every SGLang method on every worker, k per request (NOT deployable: SGLang "
           "fixes method and k at launch)")
@@ -126,7 +131,8 @@ VLLM_FLEET = tuple(SimPool(name, "vllm", method, k, False, 2, VLLM_MAX_K[method]
 
 VLLM = Scenario(
     "vllm", VLLM_FLEET, VLLM_CURVES,
-    _rules(("eagle3-k5", None), ("eagle3-k5", None), ("eagle3-k2", None), ("plain", None)),
+    _rules(("eagle3-k5", None), ("eagle3-k5", None), ("eagle3-k2", None), ("plain", None),
+           ("ngram-k4", None)),
     "eagle3", relaunch_s=VLLM_RELAUNCH_S,
     notes="vLLM 0.33, six (method, k) pools of 2 workers, relaunch to change k (deployable)",
     law="vllm-h100")

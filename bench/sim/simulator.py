@@ -57,17 +57,32 @@ class SimConfig:
     world: World = World.ideal()
 
 
-def default_phases(scale: float = 1.0) -> tuple[Phase, ...]:
+EDIT_SHARE = 0.2  # of every phase's requests: the edit class (bench/sim/calibration.py)
+
+
+def default_phases(scale: float = 1.0, edit_share: float = EDIT_SHARE) -> tuple[Phase, ...]:
+    """The four phases; `edit_share` of each phase's requests are edits (greedy, or at
+    T 1 in the sampled-chat phase), the rest keep their mix (0: the world before edits,
+    docs/results/2026-12-02-fleet-policy.md). The share is an assumption, set before
+    any run and not varied to make a figure."""
     n = max(int(2500 * scale), 50)
+
+    def mix(*entries: tuple[str, float, float], edit_t: float = 0.0
+            ) -> tuple[tuple[str, float, float], ...]:
+        if edit_share <= 0:
+            return entries
+        rest = tuple((task, t, w * (1.0 - edit_share)) for task, t, w in entries)
+        return (*rest, ("edit", edit_t, edit_share * sum(w for _, _, w in entries)))
+
     return (
-        Phase("code-greedy", n, (("code", 0.0, 0.7), ("structured", 0.0, 0.2),
-                                 ("chat", 0.0, 0.1)), 30.0, 30.0),
-        Phase("chat-t1", n, (("chat", 1.0, 0.75), ("code", 1.0, 0.15),
-                             ("structured", 0.5, 0.1)), 30.0, 30.0),
-        Phase("saturation", int(n * 1.2), (("chat", 1.0, 0.4), ("code", 0.0, 0.3),
-                                           ("structured", 0.0, 0.3)), 40.0, 110.0),
-        Phase("fine-tuned", n, (("code", 0.0, 0.5), ("chat", 0.0, 0.3),
-                                ("structured", 0.0, 0.2)), 30.0, 30.0, drafter_scale=0.7),
+        Phase("code-greedy", n, mix(("code", 0.0, 0.7), ("structured", 0.0, 0.2),
+                                    ("chat", 0.0, 0.1)), 30.0, 30.0),
+        Phase("chat-t1", n, mix(("chat", 1.0, 0.75), ("code", 1.0, 0.15),
+                                ("structured", 0.5, 0.1), edit_t=1.0), 30.0, 30.0),
+        Phase("saturation", int(n * 1.2), mix(("chat", 1.0, 0.4), ("code", 0.0, 0.3),
+                                              ("structured", 0.0, 0.3)), 40.0, 110.0),
+        Phase("fine-tuned", n, mix(("code", 0.0, 0.5), ("chat", 0.0, 0.3),
+                                   ("structured", 0.0, 0.2)), 30.0, 30.0, drafter_scale=0.7),
     )
 
 

@@ -36,10 +36,10 @@ import numpy as np
 from bench.sim.calibration import (
     CLASSIFIER_CONFUSION,
     FAMILY_CORRELATION,
-    PAPER_K,
     PAPER_TREE_DEPTH,
     PROMPT_LOGIT_STD,
     REJECT_GROWTH,
+    class_target,
     true_accept,
 )
 
@@ -159,10 +159,7 @@ def _shift(a: float, delta: float) -> float:
 def _first_accept(method: str, task: str, bucket: str, decay: float) -> float:
     """Bisection on a: positional_length(a, decay, paper depth) = the i.i.d. law's E at the
     paper's depth for the class's Table 1 acceptance (true_accept)."""
-    from policies.acceptance import expected_accept_length
-
-    depth = PAPER_K[method]
-    target = expected_accept_length(true_accept(method, task, bucket), depth)
+    target, depth = class_target(method, task, bucket)
     if decay == 1.0:
         return true_accept(method, task, bucket)
     low, high = 0.0, A_CAP

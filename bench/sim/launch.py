@@ -1,0 +1,126 @@
+"""The launch benchmark in the world, and the fleet launched from it (policies/planner/
+launch.py): the shipped strategy for fixed-k fleets.
+
+Before serving, the operator benchmarks every (method, k) the fleet's engine may run, as
+one would with `specroute bench engine` and `specroute bench batching` on one server per
+configuration: accept length per class (task x greedy / T 1) on `PROMPTS` held-out
+prompts of `TOKENS` tokens each (their own per-prompt draws, sampled verify steps), and
+step time at batches 1-64 all at that k with `TIMING_NOISE` of timing error
+(bench/sim/measure.py's benchmark). Never the world's expected values. The plan assumes
+an even class mix (nothing is known of the traffic before it arrives) and `BATCH`
+requests per worker; the learned policy then routes over the launched pools and
+relaunches a pool at its desired k as on any fixed-k fleet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from bench.sim.baselines import SimPool
+from bench.sim.calibration import PAPER_K, PAPER_TREE_DEPTH, TASKS
+from bench.sim.measure import BENCH_BATCHES, _accept_length, _step
+from bench.sim.scenarios import FLEET_WORKERS, Scenario
+from bench.sim.world import World
+from policies.planner.launch import Benchmarked, LaunchPlan, plan_launch
+from policies.prior import Measured, MeasuredEntry, WorkerPrior
+from policies.types import temperature_bucket
+
+PROMPTS = 16
+TOKENS = 256
+TEMPERATURES = (0.0, 1.0)
+LAUNCH_KS = (1, 2, 3, 4, 6, 8, 12)
+BATCH = 8.0
+
+
+def _configs(scenario: Scenario) -> list[tuple[SimPool, int]]:
+    """(a pool spec of the method, k) for every configuration the engine may launch."""
+    out: list[tuple[SimPool, int]] = []
+    seen = set()
+    for spec in scenario.fleet:
+        if spec.method in seen:
+            continue
+        seen.add(spec.method)
+        if spec.method == "plain":
+            out.append((spec, 0))
+            continue
+        top = max(s.max_k for s in scenario.fleet if s.method == spec.method)
+        for k in LAUNCH_KS:
+            if k <= top and (spec.method not in PAPER_TREE_DEPTH or k <= PAPER_K[spec.method]):
+                out.append((spec, k))
+    if not any(k == 0 for _, k in out):
+        base = scenario.fleet[0]
+        out.append((replace(base, name="plain", method="plain", k=0), 0))
+    return out
+
+
+def launch_bench(scenario: Scenario, world: World, seed: int,
+                 base_step_s: float = 0.015) -> list[Benchmarked]:
+    out = []
+    for i, (spec, k) in enumerate(_configs(scenario)):
+        rng = np.random.default_rng([seed, 9002, i])  # apart from traffic and the prior
+        at_k = replace(spec, k=k)
+        lengths = {}
+        for task in TASKS:
+            for temperature in TEMPERATURES:
+                cls = (task, temperature_bucket(temperature))
+                lengths[cls] = (1.0 if k == 0 else _accept_length(
+                    rng, world, at_k, [task] * PROMPTS, [temperature] * PROMPTS, TOKENS))
+        steps = tuple(_step(rng, world, at_k, b, k, base_step_s) for b in BENCH_BATCHES)
+        out.append(Benchmarked(spec.method, k, lengths, BENCH_BATCHES, steps))
+    return out
+
+
+def even_mix() -> dict[tuple[str, str], float]:
+    return {(task, temperature_bucket(t)): 1.0 for task in TASKS for t in TEMPERATURES}
+
+
+def launched(scenario: Scenario, world: World, seed: int, batch: float = BATCH,
+             base_step_s: float = 0.015, model: str = "base"
+             ) -> tuple[Scenario, LaunchPlan, dict[str, WorkerPrior]]:
+    """The scenario with its fleet replaced by the launch plan's pools, and the pools'
+    prior: the benchmark's accept length per class at the pool's k (what the operator
+    measured and planned from; a server's own average is one figure for every class)."""
+    key = (scenario.name, world, seed, batch, base_step_s, model)
+    if key in _LAUNCHED:
+        return _LAUNCHED[key]
+    bench = launch_bench(scenario, world, seed, base_step_s)
+    plan = plan_launch(bench, even_mix(), FLEET_WORKERS, batch)
+    specs = {s.method: s for s in scenario.fleet}
+    fleet = []
+    for pool in plan.pools:
+        spec = specs.get(pool.method, scenario.fleet[0])
+        top = max((s.max_k for s in scenario.fleet if s.method == pool.method),
+                  default=pool.k)
+        fleet.append(SimPool(pool.name, spec.engine, pool.method, pool.k, False,
+                             pool.workers, max(top, pool.k),
+                             scenario.curves.get(pool.method, spec.curve),
+                             group=pool.name, law=scenario.law))
+    notes = f"launched from the benchmark: {plan.describe()}"
+    out = (replace(scenario, name=f"{scenario.name}-launched", fleet=tuple(fleet),
+                   notes=notes), plan, _priors(bench, plan, model, base_step_s))
+    _LAUNCHED[key] = out
+    return out
+
+
+_LAUNCHED: dict[tuple, tuple[Scenario, LaunchPlan, dict[str, WorkerPrior]]] = {}
+
+
+def _priors(bench: list[Benchmarked], plan: LaunchPlan, model: str, base_step_s: float
+            ) -> dict[str, WorkerPrior]:
+    by_config = {(b.method, b.k): b for b in bench}
+    plain = by_config.get(("plain", 0))
+    out = {}
+    for pool in plan.pools:
+        if pool.method == "plain" or pool.k <= 0:
+            continue
+        b = by_config[(pool.method, pool.k)]
+        plain_s = plain.step_s[0] if plain is not None else base_step_s
+        entries = tuple(
+            MeasuredEntry(pool.method, pool.k, task, 0.0 if bucket == "t0" else 1.0, length,
+                          length / b.step_s[0], length * plain_s / b.step_s[0], PROMPTS)
+            for (task, bucket), length in b.accept_length.items())
+        out[pool.name] = WorkerPrior.from_measured(
+            model, pool.method, Measured(model, "launch benchmark", "", "simulated", entries))
+    return out
