@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+import orjson
 import pytest
 import redis
 
@@ -25,7 +26,9 @@ def _records(start: float) -> list[RequestRecord]:
     for i in range(60):  # two contexts, a pinned record, and two era boundaries crossed
         t = start + i * era / 20
         out.append(replace(base, timestamp=t, task="code" if i % 3 else "chat",
-                           load=i % 2, pinned=i == 7, output_tokens=30 + i))
+                           load=i % 2, pinned=i == 7, output_tokens=30 + i,
+                           batch=2.5 if i % 5 else None, extra={"explored": True} if i % 4
+                           else {}))
     return out
 
 
@@ -51,6 +54,8 @@ def test_same_aggregates_as_one_by_one(redis_url: str, batch: int) -> None:
         store._client.close()
     (ours, our_len), (theirs, their_len) = states[1], states[0]
     assert our_len == their_len == len(records)
+    entries = [fields[b"r"] for _, fields in client.xrange(STREAM_KEY)]
+    assert entries == [orjson.dumps(r.to_dict()) for r in records]  # the same bytes
     assert ours.keys() == theirs.keys() and len(ours) == 4  # (chat, code) x (load 0, 1)
     for context, fields in theirs.items():
         assert ours[context].keys() == fields.keys()
