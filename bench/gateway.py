@@ -16,8 +16,8 @@ Last, classify + decide CPU p99 on a 4 KB prompt (`bench.classifier.cost`).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import asyncio
+import hashlib
 import json
 import subprocess
 import sys
