@@ -87,13 +87,15 @@ async def _scrape(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
 
 
 def lag_p99_ms(buckets: dict[float, float]) -> float | None:
-    """The upper bound (ms) of the histogram bucket holding the 99th percentile."""
+    """The upper bound (ms) of the histogram bucket holding the 99th percentile; None
+    when there are no samples or the p99 is past the last finite bound (JSON has no
+    infinity; the max is reported beside it)."""
     total = buckets.get(float("inf"), 0.0)
     if not total:
         return None
     for le in sorted(buckets):
         if buckets[le] >= 0.99 * total:
-            return le * 1000
+            return le * 1000 if le != float("inf") else None
     return None
 
 

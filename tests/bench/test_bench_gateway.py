@@ -99,3 +99,10 @@ def test_json_gives_every_ratio_the_issue_asks_for() -> None:
     assert result["loop_lag_p99_ms"] == 2.0
     assert result["classify_decide_p99_us"] == 87.5
     assert orjson.loads(orjson.dumps(result)) == result  # one JSON object
+
+
+def test_loop_lag_past_the_last_bucket_is_no_number() -> None:
+    from bench.gateway import lag_p99_ms
+
+    assert lag_p99_ms({0.5: 10.0, float("inf"): 100.0}) is None  # JSON has no Infinity
+    assert lag_p99_ms({0.001: 99.0, 0.5: 100.0, float("inf"): 100.0}) == 1.0
