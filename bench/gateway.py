@@ -1,19 +1,23 @@
 """`specroute bench gateway`: specroute beside other gateways, in one run.
 
-Starts a trivial upstream (`bench.upstream`) and, in front of it, the gateway (its
-default learned policy, one `engine: sglang` pool), a minimal raw-ASGI + aiohttp
-pass-through (`bench.minproxy`, the floor any Python proxy pays here), sglang-router and
-LiteLLM proxy (`bench.peers`, installed into their own virtualenvs on first use). One load
+Starts a trivial upstream (`bench.upstream`), Redis, and in front of the upstream the
+gateway in its production configuration (default learned policy, one `engine: sglang`
+pool, a tenant with an API key, Redis telemetry), a minimal raw-ASGI + aiohttp
+pass-through (`bench.minproxy`, the floor any Python proxy pays here), smg,
+sglang-router and LiteLLM proxy (`bench.peers`, installed into their own virtualenvs on
+first use). One load
 client sends the same `/v1/chat/completions` body everywhere; rounds are interleaved (each
 round visits every path in turn), so a slow spell of the shared machine hits all of them.
 Per path, streaming and not: sequential p50/p99 and the p50 added over the direct call,
 then requests/s at concurrency 32. The load client shares the cores with the servers.
+Last, classify + decide CPU p99 on a 4 KB prompt (`bench.classifier.cost`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import subprocess
 import sys
@@ -26,9 +30,11 @@ import aiohttp
 import yaml
 
 from bench import peers
-from workers.processes import free_port, wait_http
+from bench.classifier import cost as classifier_cost
+from workers.processes import free_port, start_redis, wait_http
 
 CONCURRENCY = 32
+RATIO_PEERS = ("minimal proxy", "smg", "sglang-router", "litellm")  # specroute_rps_over_<peer>
 BODY = {"model": "bench", "messages": [{"role": "user", "content": "hello"}],
         "max_tokens": 8, "temperature": 0}
 HEADERS = {"Authorization": f"Bearer {peers.API_KEY}"}
@@ -81,13 +87,15 @@ async def _scrape(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
 
 
 def lag_p99_ms(buckets: dict[float, float]) -> float | None:
-    """The upper bound (ms) of the histogram bucket holding the 99th percentile."""
+    """The upper bound (ms) of the histogram bucket holding the 99th percentile; None
+    when there are no samples or the p99 is past the last finite bound (JSON has no
+    infinity; the max is reported beside it)."""
     total = buckets.get(float("inf"), 0.0)
     if not total:
         return None
     for le in sorted(buckets):
         if buckets[le] >= 0.99 * total:
-            return le * 1000
+            return le * 1000 if le != float("inf") else None
     return None
 
 
@@ -154,8 +162,10 @@ def _add_lag(target: Target, before: dict[str, float], after: dict[str, float]) 
                            after.get("specroute_event_loop_lag_max_seconds", 0.0))
 
 
-def summarize(targets: list[Target]) -> dict:
-    """Rows per path and mode, plus specroute's throughput over each peer's."""
+def summarize(targets: list[Target], classify_decide_p99_us: float | None = None) -> dict:
+    """Rows per path and mode; specroute's throughput over each peer's (None where either
+    side was not measured), its added p50, its loop lag under c32 and the given classify
+    + decide CPU p99."""
     direct = targets[0]
     rows = []
     for stream in (False, True):
@@ -181,21 +191,32 @@ def summarize(targets: list[Target]) -> dict:
     ours_names = [t.name for t in targets if t.name.startswith("specroute")]
     for name in ours_names:  # "specroute", "specroute x2" -> specroute_x2_rps_over_...
         prefix = name.replace(" ", "_")
-        for peer, key in (("sglang-router", "sglang_router"), ("litellm", "litellm")):
+        for peer in RATIO_PEERS:
+            key = peer.replace(" ", "_").replace("-", "_")
             for stream, suffix in ((False, ""), (True, "_stream")):
                 ours, theirs = by.get((name, stream)), by.get((peer, stream))
                 ratio = None
                 if ours and theirs and "rps_c32" in ours and "rps_c32" in theirs:
                     ratio = round(ours["rps_c32"] / theirs["rps_c32"], 2)
                 out[f"{prefix}_rps_over_{key}{suffix}"] = ratio
+    for stream, suffix in ((False, ""), (True, "_stream")):
+        row = by.get(("specroute", stream), {})
+        out[f"specroute_added_p50_ms{suffix}"] = row.get("added_p50_ms")
+    out["loop_lag_p99_ms"] = out.get("specroute_process", {}).get("specroute", {}).get(
+        "loop_lag_p99_ms_c32")
+    out["classify_decide_p99_us"] = classify_decide_p99_us
     return out
 
 
 def _start_specroute(procs: list[subprocess.Popen], upstream: str, tmp: Path,
-                     workers: int) -> Target:
-    """The gateway (default learned policy) with `workers` processes on one port."""
+                     workers: int, redis_url: str) -> Target:
+    """The gateway in its production configuration (default learned policy, a tenant
+    with an API key, Redis telemetry) with `workers` processes on one port."""
     port = free_port()
     config = {"server": {"host": "127.0.0.1", "port": port, "log_level": "warning"},
+              "redis_url": redis_url,
+              "tenants": [{"name": "bench", "api_key_sha256": [
+                  hashlib.sha256(peers.API_KEY.encode()).hexdigest()]}],
               "pools": [{"name": "bench", "engine": "sglang", "model": "bench",
                          "method": "eagle", "k": 3, "workers": [upstream]}]}
     path = tmp / f"gateway-{workers}.yaml"
@@ -242,6 +263,8 @@ def run(names: list[str], n: int, seconds: float, rounds: int,
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         try:
+            redis, redis_url = start_redis(tmp)
+            procs.append(redis.proc)
             _start(procs, [sys.executable, "-m", "bench.upstream", "--port", str(up_port)],
                    f"{upstream}/health", "upstream", tmp / "upstream.log")
             _start(procs, [sys.executable, "-m", "bench.minproxy", "--port", str(min_port),
@@ -249,7 +272,8 @@ def run(names: list[str], n: int, seconds: float, rounds: int,
                    "minimal proxy", tmp / "minproxy.log")
             targets = [Target("direct", f"{upstream}/v1/chat/completions"),
                        Target("minimal proxy", f"http://127.0.0.1:{min_port}/v1/chat/completions")]
-            targets += [_start_specroute(procs, upstream, tmp, w) for w in gateway_workers]
+            targets += [_start_specroute(procs, upstream, tmp, w, redis_url)
+                        for w in gateway_workers]
             targets += [_start_peer(procs, peers.PEERS[name], upstream, tmp) for name in names]
             asyncio.run(_measure(targets, n, seconds, rounds))
         finally:
@@ -260,7 +284,9 @@ def run(names: list[str], n: int, seconds: float, rounds: int,
                     proc.wait(15)
                 except subprocess.TimeoutExpired:
                     proc.kill()
-    return summarize(targets)
+    # classify + decide on the slowest 4 KB prompt, in this process (bench/classifier.py)
+    p99 = classifier_cost(3000)["classify + route"]["cpu"]["p99_us"]
+    return summarize(targets, p99)
 
 
 def _table(result: dict) -> list[str]:
@@ -299,6 +325,9 @@ def main(args: argparse.Namespace) -> int:
     for key, value in result.items():
         if "_rps_over_" in key:
             print(f"{key}: {value if value is not None else 'n/a'}")
+    for key in ("specroute_added_p50_ms", "specroute_added_p50_ms_stream",
+                "classify_decide_p99_us", "loop_lag_p99_ms"):
+        print(f"{key}: {result.get(key) if result.get(key) is not None else 'n/a'}")
     for name, facts in result.get("specroute_process", {}).items():
         p99 = facts["loop_lag_p99_ms_c32"]
         print(f"{name}: idle RSS {facts['rss_idle_mb']:.0f} MB; event-loop lag under c32 "

@@ -115,7 +115,7 @@ BENCH_OPTIONS: dict[str, dict] = {
     "--workdir": {"default": None},
     "--records": {"default": None},
     "--plot": {"default": None},
-    "--peers": {"default": "sglang-router,litellm"},
+    "--peers": {"default": "smg,sglang-router,litellm"},
     "--gateway-workers": {"default": "1"},
     "--faults": {"default": "worker,redis"},
     "--write-costs": {"default": None, "metavar": "PATH"},
@@ -141,7 +141,7 @@ BENCHES: dict[str, tuple[str, dict[str, str]]] = {
     "gateway": ("the gateway's own overhead beside other gateways, side by side", {
         "--rounds": "interleaved rounds (default 3; --quick 1)",
         "--peers": "other gateways measured beside specroute, installed on first use "
-                   "(default: sglang-router,litellm; 'none' for none)",
+                   "(default: smg,sglang-router,litellm; 'none' for none)",
         "--gateway-workers": "specroute process counts to measure, e.g. 1,2 (default 1)"}),
     "engine": ("the embedded engine: every method against plain decoding", {
         "--model": MODEL_HELP, "--methods": "methods to compare (default: every method)",

@@ -29,15 +29,30 @@ _EDIT = re.compile(
     r"style|formatting)|add\s+(?:type\s+hints|docstrings?|comments)|convert\s+(?:it|this|the\s+"
     r"\w+)\s+to\s+(?:f-strings|snake_case|camelcase|a\s+list\s+comprehension))\w*\b",
     re.IGNORECASE)
+# What every `_EDIT` alternative starts with: in ASCII text a match needs one of them in
+# the lowercased text, a few substring searches where the case-blind regex costs
+# ~1 us a character (~0.3 ms of a 4 KB prompt's classification). Non-ASCII text goes to
+# the regex directly: Unicode case folding matches more than `str.lower` shows.
+_EDIT_STEMS = ("fix", "correct", "proofread", "rewrite", "re-write", "rephrase", "reword",
+               "edit", "revise", "refactor", "rename", "reformat", "re-indent", "reindent",
+               "polish", "tidy", "clean", "improve", "add", "convert")
+
+
+def _may_hold_verb(edge: str) -> bool:
+    if not edge.isascii():
+        return True
+    lower = edge.lower()
+    return any(stem in lower for stem in _EDIT_STEMS)
 
 
 def edit_evidence(user: str) -> str | None:
     """Why `user` is an edit request, or None (see the module docstring)."""
     if len(user) < MIN_MATERIAL_CHARS:
         return None
-    verb = _EDIT.search(user, 0, EDGE_CHARS)
-    if verb is None:
-        verb = _EDIT.search(user, max(len(user) - EDGE_CHARS, 0))
+    tail = max(len(user) - EDGE_CHARS, 0)
+    verb = _EDIT.search(user, 0, EDGE_CHARS) if _may_hold_verb(user[:EDGE_CHARS]) else None
+    if verb is None and _may_hold_verb(user[tail:]):
+        verb = _EDIT.search(user, tail)
     if verb is None:
         return None
     material = _material(user, verb.start(), verb.end())

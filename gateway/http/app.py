@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import sys
 import time
 from collections.abc import AsyncIterator
 
@@ -77,6 +78,8 @@ from gateway.tenants.limits import Limits
 from gateway.upstream.adapters import make_adapters
 from gateway.upstream.dispatch import Dispatcher
 from gateway.upstream.watchers import UpstreamWatchers
+
+GIL_SWITCH_S = 0.001  # see the lifespan
 
 log = logging.getLogger("specroute.gateway")
 access_log = logging.getLogger("specroute.access")
@@ -209,6 +212,10 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
             planning = app.state.planning = fleet_planning(config, pools, routing)
             console = app.state.console = Console(app.state.gateway, routing, planning, recent,
                                                   tenant_metrics, priors.sources)
+            # The policy's refit and the telemetry store's flush are Python threads: while
+            # one runs, the loop waits for the GIL up to the switch interval (5 ms by
+            # default); 1 ms bounds what a refit or a flush can add to a request.
+            sys.setswitchinterval(GIL_SWITCH_S)
             routing.start()
             app.state.loop_lag.start()
             await watchers.start()

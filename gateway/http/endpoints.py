@@ -63,10 +63,12 @@ async def read_body(receive: Receive, limit: int, content_length: int | None,
                     timeout_s: float) -> bytes:
     """The whole body, at most `limit` bytes, within `timeout_s` of the headers: a client
     trickling its body (slow loris) gets a 408 instead of holding the connection."""
-    too_large = PayloadTooLarge(f"Request body is larger than {limit} bytes",
-                                code="request_too_large")
+    def too_large() -> PayloadTooLarge:  # built only when raised
+        return PayloadTooLarge(f"Request body is larger than {limit} bytes",
+                               code="request_too_large")
+
     if content_length is not None and content_length > limit:
-        raise too_large
+        raise too_large()
     chunks, size = [], 0
     try:
         async with asyncio.timeout(timeout_s):
@@ -77,7 +79,7 @@ async def read_body(receive: Receive, limit: int, content_length: int | None,
                 chunk = message.get("body", b"")
                 size += len(chunk)
                 if size > limit:
-                    raise too_large
+                    raise too_large()
                 chunks.append(chunk)
                 if not message.get("more_body", False):
                     return b"".join(chunks)

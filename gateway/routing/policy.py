@@ -1,8 +1,8 @@
 """The routing policy a gateway process runs, chosen by name, with its lifecycle.
 
 - `learned` (the default): `policies.decision.Policy` over a telemetry store — the shared
-  Redis `TelemetryStore` when `redis_url` is set, so replicas learn from each other's
-  traffic and agree, else an in-process `LocalTelemetry`. Every finished request is fed
+  Redis `TelemetryStore` (its flush coalesced: `gateway.routing.telemetry_store`) when
+  `redis_url` is set, so replicas learn from each other's traffic and agree, else an in-process `LocalTelemetry`. Every finished request is fed
   back (`record`: an O(1) enqueue in either store; the store's thread folds and writes
   Redis, the policy's thread refits about every second), so nothing here blocks the
   event loop.
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from gateway.config import GatewayConfig
 from gateway.routing.router import Decide
+from gateway.routing.telemetry_store import CoalescingTelemetryStore
 from policies.decision import Policy
 from policies.prior import WorkerPrior
 from policies.rules import POLICY_NAMES, first_healthy, static_rules
@@ -52,7 +53,8 @@ class LearnedRoutingPolicy(RoutingPolicy):
     def __init__(self, config: GatewayConfig) -> None:
         tau_s = config.policy.decay_tau_s
         self.store: Telemetry = (
-            TelemetryStore(config.redis_url, TelemetryConfig(tau_s=tau_s)) if config.redis_url
+            CoalescingTelemetryStore(config.redis_url, TelemetryConfig(tau_s=tau_s))
+            if config.redis_url
             else LocalTelemetry(tau_s))
         self.policy = Policy(self.store, config.policy)
         super().__init__(self.policy.decide, "learned", self.policy.predict)

@@ -9,7 +9,7 @@ and ends the request's trace.
 from __future__ import annotations
 
 import asyncio
-import functools
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +24,8 @@ from gateway.telemetry.spans import RequestTrace, Trace
 from gateway.telemetry.worker_stats import SpecStats, Usage
 from policies.types import Decision, RequestProfile, RequestRecord
 from workers.tracer_provider import ListeningTracerProvider
+
+log = logging.getLogger("specroute.gateway")
 
 
 @dataclass(slots=True)
@@ -140,12 +142,14 @@ class Reporter:
         self.spend = spend
         self.tracer = tracer
         self.provider = provider  # None: always emit spans
+        self._pending: list[tuple[float, Outcome, Trace | None]] = []
 
     def record(self, outcome: Outcome, trace: Trace | None = None) -> None:
         """Report one finished request to the recorder and end its trace (`trace`; None:
         one span for the whole request, made then).
 
-        Timed now; reported on the event loop's next turn when one is running, after the
+        Timed now; reported on the event loop's next turn when one is running (every
+        request that ended in one turn by one callback, in order), after the
         response's bytes have been flushed (`gateway.http.serve.CoalescingTransport` flushes
         on that turn too, first): the ~30 µs of Prometheus, policy feed, token accounting
         and span never delay the answer. Without a running loop (tests), at once.
@@ -154,13 +158,23 @@ class Reporter:
         time the worker reported (`SpecStats.decode_s`), else one verify step's share of the
         end-to-end time, prefill then spread over the steps (which reads a request of few
         steps — high acceptance — as slow steps)."""
-        report = functools.partial(self._report, time.perf_counter(), outcome, trace)
+        end = time.perf_counter()
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            report()
-        else:
-            loop.call_soon(report)
+            self._report(end, outcome, trace)
+            return
+        self._pending.append((end, outcome, trace))
+        if len(self._pending) == 1:  # one callback for all the requests that end this turn
+            loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        pending, self._pending = self._pending, []
+        for end, outcome, trace in pending:
+            try:
+                self._report(end, outcome, trace)
+            except Exception:  # noqa: BLE001 - one bad report must not drop the others
+                log.exception("reporting a finished request failed")
 
     def _report(self, end: float, outcome: Outcome, trace: Trace | None) -> None:
         entry, e2e = request_record(outcome, end)

@@ -50,12 +50,21 @@ class TenantMetrics:
                                 "(bonus included) per pool and request class",
                                 ("pool", "task"), buckets=ACCEPT_BUCKETS, registry=registry)
         self._series: dict[str, tuple] = {}  # tenant -> its children (label lookups cost)
+        self._children: dict[tuple, object] = {}  # (metric, *labels) -> child, the rest
+
+    def _child(self, metric, *labels: str):  # noqa: ANN001, ANN202 - any prometheus metric
+        """The metric's child for `labels`, looked up once (`labels()` costs ~5 us)."""
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     # Recorder
     def record(self, record: RequestRecord) -> None:
         tenant = record.tenant
         if not record.ok:
-            self.requests.labels(tenant, "failed").inc()
+            self._child(self.requests, tenant, "failed").inc()
             return
         series = self._series.get(tenant)
         if series is None:
@@ -67,21 +76,21 @@ class TenantMetrics:
         met, missed, attainment, ttft, itl, goodput, recent = series
         (met if record.slo_met else missed).inc()
         recent.append(record.slo_met)
-        attainment.set(sum(recent) / len(recent))
+        attainment.set(recent.count(True) / len(recent))
         ttft.observe(record.ttft_s)
         if record.output_tokens > 1:
             itl.observe(record.itl_s)
         if record.slo_met:
             goodput.inc(record.output_tokens)
         if record.accept_length > 0:
-            self.accept.labels(record.pool, record.task).observe(record.accept_length)
+            self._child(self.accept, record.pool, record.task).observe(record.accept_length)
 
     # AdmissionMetrics
     def queue_depth(self, pool: str, depth: int) -> None:
-        self.depth.labels(pool).set(depth)
+        self._child(self.depth, pool).set(depth)
 
     def queue_wait(self, pool: str, seconds: float) -> None:
-        self.wait.labels(pool).observe(seconds)
+        self._child(self.wait, pool).observe(seconds)
 
     def shed(self, tenant: str, reason: str) -> None:
         self.shed_total.labels(tenant, reason).inc()
@@ -90,4 +99,4 @@ class TenantMetrics:
         self.limited_total.labels(tenant, code).inc()
 
     def decided(self, reason: str) -> None:
-        self.decisions.labels(reason).inc()
+        self._child(self.decisions, reason).inc()

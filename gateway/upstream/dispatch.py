@@ -92,6 +92,11 @@ def _lease(pool: Pool, worker: Worker, decision: Decision) -> Lease:
     return Lease(pool=pool, worker=worker, decision=decision, load=load, workers=workers)
 
 
+def no_worker(decision: Decision) -> NoHealthyWorker:
+    return NoHealthyWorker(f"no healthy worker in pool {decision.pool!r}",
+                           code="no_healthy_worker")
+
+
 RETRYABLE = (UpstreamUnavailable, UpstreamTimeout)
 ALIVE_PROBE_S = 2.0  # at most this long to ask a timed-out worker whether it answers
 
@@ -136,13 +141,15 @@ class Dispatcher:
         a cancellation that lands while aiohttp's own timer fires can be swallowed."""
         total = self.server.total_timeout_s
         deadline = time.monotonic() + total
-        expired = UpstreamTimeout(f"no answer within server.total_timeout_s ({total:g} s)",
-                                  code="upstream_timeout")
-        error: GatewayError = NoHealthyWorker(
-            f"no healthy worker in pool {decision.pool!r}", code="no_healthy_worker")
+
+        def expired() -> UpstreamTimeout:  # the errors are built only when raised
+            return UpstreamTimeout(f"no answer within server.total_timeout_s ({total:g} s)",
+                                   code="upstream_timeout")
+
+        error: GatewayError | None = None
         for pool, worker, attempt in self._candidates(pools, decision):
             if time.monotonic() >= deadline:
-                raise expired
+                raise expired()
             lease = _lease(pool, worker, attempt)
             adapter = self.adapters[pool.config.engine]
             try:
@@ -151,8 +158,9 @@ class Dispatcher:
                         result = await adapter.generate(
                             worker.url, self.prepare(request, pool), pool.config, attempt.k)
             except TimeoutError as exc:  # the deadline itself
-                lease.failed(expired)
-                raise expired from exc
+                timed_out = expired()
+                lease.failed(timed_out)
+                raise timed_out from exc
             except RETRYABLE as exc:
                 lease.failed(exc)
                 error = exc
@@ -171,8 +179,8 @@ class Dispatcher:
             finally:
                 lease.release()
         if time.monotonic() >= deadline:
-            raise expired
-        raise error
+            raise expired()
+        raise error or no_worker(decision)
 
     async def _was_generating(self, adapter: Adapter, worker: Worker, exc: GatewayError,
                               deadline: float) -> bool:
@@ -187,8 +195,7 @@ class Dispatcher:
                           pools: list[Pool], trace: Trace = NO_TRACE
                           ) -> tuple[Lease, StreamItem, AsyncIterator[StreamItem]]:
         """Start a stream and wait for its first item; the caller releases the lease."""
-        error: GatewayError = NoHealthyWorker(
-            f"no healthy worker in pool {decision.pool!r}", code="no_healthy_worker")
+        error: GatewayError | None = None
         for pool, worker, attempt in self._candidates(pools, decision):
             lease = _lease(pool, worker, attempt)
             items = self.adapters[pool.config.engine].stream(
@@ -211,7 +218,7 @@ class Dispatcher:
                 return lease, first, items
             lease.release()
             await items.aclose()  # type: ignore[attr-defined]
-        raise error
+        raise error or no_worker(decision)
 
     def _candidates(self, pools: list[Pool], decision: Decision
                     ) -> Iterator[tuple[Pool, Worker, Decision]]:

@@ -77,3 +77,32 @@ def test_summary_keeps_failed_peers_and_gives_ratios() -> None:
     assert rows[("litellm", False)]["error"] == "not installed: no network"
     assert rows[("specroute", False)]["added_p50_ms"] == 0.5
     assert any("not installed: no network" in line for line in _table(result))
+
+
+def test_json_gives_every_ratio_the_issue_asks_for() -> None:
+    """The keys `--json` ends with: throughput over the minimal proxy, smg, LiteLLM (and
+    streamed), added p50, loop lag p99 (the bucket's bound) and classify + decide p99."""
+    ours = _measured("specroute", 1.2, 1700)
+    ours.metrics = "http://x/metrics"
+    ours.lag_buckets = {0.001: 50.0, 0.002: 99.5, 0.005: 100.0, float("inf"): 100.0}
+    targets = [_measured("direct", 0.5, 4000), _measured("minimal proxy", 0.9, 2000), ours,
+               _measured("smg", 0.8, 3400), _measured("litellm", 14.0, 85)]
+    result = summarize(targets, classify_decide_p99_us=87.5)
+    assert result["specroute_rps_over_minimal_proxy"] == 0.85
+    assert result["specroute_rps_over_minimal_proxy_stream"] == 0.85
+    assert result["specroute_rps_over_smg"] == 0.5
+    assert result["specroute_rps_over_smg_stream"] == 0.5
+    assert result["specroute_rps_over_litellm"] == 20.0
+    assert result["specroute_rps_over_sglang_router"] is None  # not in this run
+    assert result["specroute_added_p50_ms"] == 0.7
+    assert result["specroute_added_p50_ms_stream"] == 0.7
+    assert result["loop_lag_p99_ms"] == 2.0
+    assert result["classify_decide_p99_us"] == 87.5
+    assert orjson.loads(orjson.dumps(result)) == result  # one JSON object
+
+
+def test_loop_lag_past_the_last_bucket_is_no_number() -> None:
+    from bench.gateway import lag_p99_ms
+
+    assert lag_p99_ms({0.5: 10.0, float("inf"): 100.0}) is None  # JSON has no Infinity
+    assert lag_p99_ms({0.001: 99.0, 0.5: 100.0, float("inf"): 100.0}) == 1.0
