@@ -96,6 +96,7 @@ class Minute:
     errors: Counter = field(default_factory=Counter)
     latencies: list[float] = field(default_factory=list)
     rss_mb: float = 0.0
+    backlog: int | None = None  # requests answered that Redis has no record of yet
 
 
 async def one(session, url: str, stream: bool) -> str:  # noqa: ANN001
@@ -111,17 +112,18 @@ async def one(session, url: str, stream: bool) -> str:  # noqa: ANN001
             if not stream:
                 answer = orjson.loads(await resp.read())
                 return "ok" if answer["choices"][0]["text"] == "".join(WORDS) else "wrong_text"
-            text, done = [], False
+            text: list[str] = []
+            done = False
             async for line in resp.content:
                 if line.startswith(b"data: [DONE]"):
                     done = True
                 elif line.startswith(b"data: "):
                     event = orjson.loads(line[6:])
                     if "error" in event:
-                        return "error_event"
+                        return "error_event" + ("_after_first_token" if text else "")
                     text.extend(c.get("text", "") for c in event.get("choices", []))
             if not done:
-                return "cut"
+                return "cut" + ("_after_first_token" if text else "")
             return "ok" if "".join(text) == "".join(WORDS) else "wrong_text"
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError):
         return "transport"
@@ -130,7 +132,7 @@ async def one(session, url: str, stream: bool) -> str:  # noqa: ANN001
 
 
 async def load(url: str, concurrency: int, seconds: float, minutes: list[Minute],
-               started: float) -> None:
+               started: float, done: Counter) -> None:
     import aiohttp
 
     timeout = aiohttp.ClientTimeout(total=60)
@@ -143,6 +145,7 @@ async def load(url: str, concurrency: int, seconds: float, minutes: list[Minute]
                 kind = await one(session, url, stream=n % 2 == 0)
                 minute = minutes[min(int((now - started) // 60), len(minutes) - 1)]
                 minute.requests += 1
+                done["requests"] += 1
                 minute.latencies.append(time.monotonic() - now)
                 if kind != "ok":
                     minute.errors[kind] += 1
@@ -167,11 +170,27 @@ def scrape(url: str, name: str) -> float:
     raise LookupError(name)
 
 
+def xadds(redis_port: int) -> int | None:
+    """Telemetry records Redis took since it started (one XADD each), None if it is down."""
+    import redis
+
+    client = redis.Redis(port=redis_port, socket_timeout=1, socket_connect_timeout=1)
+    try:
+        return int(client.info("commandstats").get("cmdstat_xadd", {}).get("calls", 0))
+    except redis.RedisError:
+        return None
+    finally:
+        client.close()
+
+
 # ------------------------------------------------------------------ the run
 
 async def soak(url: str, gateway_pid: int, concurrency: int, seconds: float,
-               faults: list[tuple[float, str, object]]) -> tuple[list[Minute], list[str]]:
-    """The load, the per-5-s memory sampler and the fault schedule, together."""
+               faults: list[tuple[float, str, object]], redis_port: int, done: Counter
+               ) -> tuple[list[Minute], list[str]]:
+    """The load, the per-5-s sampler (memory, telemetry backlog) and the fault schedule.
+    The backlog: requests answered less records in Redis (those in the Redis killed
+    included, counted just before the kill); `done["flushed_before"]` keeps that count."""
     import psutil
 
     minutes = [Minute() for _ in range(max(1, int(-(-seconds // 60))))]
@@ -181,17 +200,22 @@ async def soak(url: str, gateway_pid: int, concurrency: int, seconds: float,
 
     async def sample() -> None:
         while (elapsed := time.monotonic() - started) < seconds:
-            minutes[min(int(elapsed // 60), len(minutes) - 1)].rss_mb = \
-                gateway.memory_info().rss / 2**20
+            minute = minutes[min(int(elapsed // 60), len(minutes) - 1)]
+            minute.rss_mb = gateway.memory_info().rss / 2**20
+            if (stored := await asyncio.to_thread(xadds, redis_port)) is not None:
+                minute.backlog = done["requests"] - done["flushed_before"] - stored
             await asyncio.sleep(min(5.0, max(0.1, seconds - elapsed)))
 
     async def inject() -> None:
         for at, what, action in faults:
             await asyncio.sleep(max(0.0, started + at - time.monotonic()))
+            rss = gateway.memory_info().rss / 2**20
             await asyncio.to_thread(action)  # type: ignore[arg-type]
-            events.append(f"{time.monotonic() - started:6.1f}s  {what}")
+            events.append(f"{time.monotonic() - started:6.1f}s  {what} "
+                          f"(gateway RSS {rss:.1f} MB just before)")
 
-    await asyncio.gather(load(url, concurrency, seconds, minutes, started), sample(), inject())
+    await asyncio.gather(load(url, concurrency, seconds, minutes, started, done), sample(),
+                         inject())
     return minutes, events
 
 
@@ -207,6 +231,7 @@ def idle_figures(url: str, pid: int, worker_ports: set[int]) -> dict:
 
 
 def main(args: argparse.Namespace) -> int:
+    import psutil
     import yaml
 
     from workers.processes import Child, free_port, spawn, start_redis, wait_child
@@ -253,6 +278,7 @@ def main(args: argparse.Namespace) -> int:
                 wait_child(f"http://127.0.0.1:{ports[0]}/health", children[1], 30)
 
             def kill_redis() -> None:
+                done["flushed_before"] += xadds(redis_port) or 0
                 children[0].proc.kill()
                 children[0].proc.wait()
 
@@ -266,10 +292,14 @@ def main(args: argparse.Namespace) -> int:
             chosen = set(args.faults.split(","))
             faults = [f for f in faults if f[0] < seconds - 5
                       and ("worker" if "worker" in f[1] else "redis") in chosen]
+            done: Counter = Counter()
             minutes, events = asyncio.run(soak(url, gateway.proc.pid, concurrency, seconds,
-                                               faults))
+                                               faults, redis_port, done))
+            stored = xadds(redis_port) or 0
             time.sleep(7.0)  # past the client keep-alive timeout (5 s)
             after = idle_figures(url, gateway.proc.pid, set(ports))
+            after["flushed_after_load"] = (xadds(redis_port) or 0) - stored
+            after["rss_mb"] = psutil.Process(gateway.proc.pid).memory_info().rss / 2**20
         finally:
             for child in reversed(children):
                 if child.proc.poll() is None:
@@ -296,22 +326,29 @@ def report(minutes: list[Minute], events: list[str], idle: dict, after: dict,
     print("faults:")
     for event in events:
         print(f"  {event}")
-    print("| minute | requests | req/s | errors | p50 ms | p99 ms | gateway RSS MB |")
-    print("|---|---|---|---|---|---|---|")
+    print("| minute | requests | req/s | errors | p50 ms | p99 ms | gateway RSS MB | "
+          "telemetry backlog |")
+    print("|---|---|---|---|---|---|---|---|")
     for i, m in enumerate(minutes, 1):
         errors = ", ".join(f"{k} {v}" for k, v in sorted(m.errors.items())) or "0"
         span = min(60.0, length * 60 - (i - 1) * 60)
         print(f"| {i} | {m.requests} | {m.requests / span:.0f} | {errors} | "
-              f"{pct(m.latencies, 0.5):.1f} | {pct(m.latencies, 0.99):.1f} | {m.rss_mb:.1f} |")
+              f"{pct(m.latencies, 0.5):.1f} | {pct(m.latencies, 0.99):.1f} | {m.rss_mb:.1f} | "
+              f"{'-' if m.backlog is None else m.backlog} |")
+    lost = sum(v for k, v in total.items() if not k.endswith("_after_first_token"))
     print(f"total: {requests} requests, errors {dict(total) or 0} "
-          f"({sum(total.values()) / max(requests, 1) * 100:.3f}%)")
+          f"({sum(total.values()) / max(requests, 1) * 100:.3f}%); lost before the first "
+          f"token: {lost} (a stream cut after its first token cannot be retried)")
     if growth is not None:
         print(f"gateway RSS from minute 2 to the end: {growth:+.1f}% (target < +10%)")
     print(f"after the load (7 s later) vs idle: open fds {after['fds']} vs {idle['fds']} "
           f"(upstream keep-alive connections {after['upstream_keepalive']} vs "
-          f"{idle['upstream_keepalive']}), asyncio tasks {after['tasks']} vs {idle['tasks']}")
+          f"{idle['upstream_keepalive']}), asyncio tasks {after['tasks']} vs {idle['tasks']}; "
+          f"telemetry records flushed after the load stopped {after['flushed_after_load']}, "
+          f"gateway RSS then {after['rss_mb']:.1f} MB")
     if as_json:
-        print(json.dumps({"requests": requests, "errors": dict(total), "rss_mb": rss,
+        print(json.dumps({"requests": requests, "errors": dict(total), "lost": lost,
+                          "rss_mb": rss,
                           "rss_growth_pct": growth, "idle": idle, "after": after,
                           "faults": events}))
     return 0

@@ -39,8 +39,7 @@ class ServerConfig:
     connect_timeout_s: float = 5.0
     first_token_timeout_s: float = 120.0  # a stream's first token (prefill included)
     read_timeout_s: float = 300.0  # longest silence between upstream bytes (inter-token)
-    total_timeout_s: float = 1800.0  # a whole non-streamed request, failover included;
-    #                                  one whole worker call when streaming
+    total_timeout_s: float = 1800.0  # a whole request, failover included, streamed or not
     default_max_tokens: int = 1024  # a chat request without max_tokens (bounded by context)
     admin_api_key_sha256: str | None = None  # guards /metrics and /ready's detail
     health_interval_s: float = 2.0  # how often each worker's /health is polled

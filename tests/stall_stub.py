@@ -7,7 +7,8 @@ token, yet never silent); STALL_MID sends one token, then nothing; TRICKLE sends
 every 0.3 s forever; GARBAGE_FIRST / GARBAGE_MID send an event whose `choices` entry is
 not an object, before / after a first token; BUG_FIRST / BUG_MID send a well-formed event
 marked `"bug": true`, which the fault test's gateway trips over on purpose (its adapter
-is wrapped to raise: a stand-in for a bug); anything else gets a normal answer.
+is wrapped to raise: a stand-in for a bug); anything else gets a normal answer. `GET /stats`: `open_streams`, the streams whose
+client (the gateway) has not gone yet: a stream the gateway cut must come back to 0.
 
     python tests/stall_stub.py --port P
 """
@@ -21,6 +22,7 @@ import orjson
 from aiohttp import web
 
 FOREVER = 3600.0
+OPEN = {"streams": 0}
 META = {"prompt_tokens": 1, "completion_tokens": 1, "finish_reason": {"type": "stop"}}
 
 
@@ -34,6 +36,15 @@ async def behave(request: web.Request, prompt: str, token: bytes, garbage: bytes
         await asyncio.sleep(FOREVER)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
+    OPEN["streams"] += 1
+    try:
+        return await misbehave(response, prompt, token, garbage)
+    finally:
+        OPEN["streams"] -= 1
+
+
+async def misbehave(response: web.StreamResponse, prompt: str, token: bytes,
+                    garbage: bytes) -> web.StreamResponse:
     if "STALL_FIRST" in prompt:
         while True:
             await response.write(b": still here\n\n")
@@ -75,11 +86,16 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
+async def stats(request: web.Request) -> web.Response:
+    return web.json_response({"open_streams": OPEN["streams"]})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
     app = web.Application()
     app.router.add_get("/health", health)
+    app.router.add_get("/stats", stats)
     app.router.add_post("/generate", generate)
     app.router.add_post("/v1/chat/completions", chat)
     web.run_app(app, host="127.0.0.1", port=parser.parse_args().port, print=None,

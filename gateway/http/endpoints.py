@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 
@@ -310,14 +312,26 @@ class TokenEndpoint:
     async def relay(self, send: Send, writer: ChunkWriter, item: StreamItem,
                     items: AsyncIterator[StreamItem], timer: Timer,
                     lease: Lease) -> Final | None:
-        """Forward items as SSE until the `Final` one; None if the stream broke off."""
+        """Forward items as SSE until the `Final` one; None if the stream broke off or
+        reached `lease.deadline` (server.total_timeout_s): then it ends the way a
+        max_tokens cut does, `finish_reason: "length"` (`ChunkWriter.cut`), and the
+        caller closes the upstream, which frees the worker's slot."""
+        left = lease.deadline - time.monotonic()
         try:
-            while not isinstance(item, Final):
-                if body := writer.delta(item):
-                    timer.token()
-                    await send({"type": "http.response.body", "body": body, "more_body": True})
-                item = await anext(items)
+            async with asyncio.timeout(left if left < math.inf else None):
+                while not isinstance(item, Final):
+                    if body := writer.delta(item):
+                        timer.token()
+                        await send({"type": "http.response.body", "body": body,
+                                    "more_body": True})
+                    item = await anext(items)
+        except TimeoutError:
+            await self.cut(send, writer, lease)
+            return None
         except GatewayError as exc:
+            if time.monotonic() >= lease.deadline:  # aiohttp's own total timer won the race
+                await self.cut(send, writer, lease)
+                return None
             log.warning("stream failed after it started: %s", exc.message)
             lease.failed(exc)
             await send({"type": "http.response.body", "body": writer.error(exc.body()),
@@ -337,6 +351,12 @@ class TokenEndpoint:
         await send({"type": "http.response.body", "body": writer.final(item),
                     "more_body": True})
         return item
+
+    @staticmethod
+    async def cut(send: Send, writer: ChunkWriter, lease: Lease) -> None:
+        log.info("stream on worker %s ended at server.total_timeout_s", lease.worker.url)
+        await send({"type": "http.response.body", "more_body": True,
+                    "body": writer.cut("server.total_timeout_s")})
 
 
 class ExplainEndpoint:

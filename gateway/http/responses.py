@@ -174,3 +174,14 @@ class ChunkWriter:
     def error(self, body: dict) -> bytes:
         """An error after the stream started: OpenAI clients raise on an `error` event."""
         return self._event(body) + DONE
+
+    def cut(self, limit: str) -> bytes:
+        """The gateway ends the stream at a limit (its deadline): `finish_reason:
+        "length"`, as a max_tokens cut, which OpenAI clients take as a normal end (an
+        `error` event would make them raise `APIError` with the text already shown),
+        `specroute.cut` naming the limit; no usage chunk: the worker never sent its count."""
+        facts = {**spec_facts(self.decision, SpecStats(), Usage()), "cut": limit}
+        others = [self._choice("", {}, self.finish.get(index, "length"), index)
+                  for index in sorted(self.role_sent | set(self.finish)) if index]
+        return self._event({**self.base, "specroute": facts, "choices": [
+            self._choice("", {}, "length"), *others]}) + DONE

@@ -150,6 +150,11 @@ class NativeWriter(ChunkWriter):
     def error(self, body: dict) -> bytes:
         return _sse(body) + DONE  # SGLang's stream error: data: {"error": {...}}
 
+    def cut(self, limit: str) -> bytes:
+        """SGLang's native stream has no chunk of the gateway's own to end with: an error."""
+        return self.error({"error": {"message": f"stream ended at {limit}",
+                                     "type": "timeout", "code": "upstream_timeout"}})
+
 
 class GenerateEndpoint(TokenEndpoint):
     """`POST /generate`: the token route's steps (authenticate, rate limit, classify, route,

@@ -9,9 +9,11 @@ wrong shape. A worker's 4xx is final. So is the read timeout of a non-streamed r
 on a worker that still answers (`alive`): it was generating, and another worker would
 start it over from scratch (issue 24: a runaway tool call ran 300 s, then 300 s again);
 a worker that no longer answers is known dead, and then the request is retried. The
-whole of a non-streamed request, failover included, ends at `server.total_timeout_s`
-with a 504. Every request gets a token budget first (`gateway.upstream.budget`). Once a stream's first token has arrived the client owns that worker's
-answer: no retry can happen after tokens were sent. Every outcome feeds the worker's
+whole of a request, failover included, ends at `server.total_timeout_s`: with a 504
+if no token was sent yet, else the stream is ended (`gateway.http.endpoints`). Every
+request gets a token budget first (`gateway.upstream.budget`). Once a stream's first
+token has arrived the client owns that worker's answer: no retry can happen after
+tokens were sent. Every outcome feeds the worker's
 circuit breaker (`gateway.pools`).
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, replace
@@ -45,6 +48,7 @@ class Lease:
     load: int
     workers: int = 1  # available workers in the pool at dispatch
     released: bool = False
+    deadline: float = math.inf  # time.monotonic() a stream must end by (total_timeout_s)
 
     def release(self) -> None:
         if not self.released:
@@ -194,16 +198,23 @@ class Dispatcher:
     async def open_stream(self, request: GenerationRequest, decision: Decision,
                           pools: list[Pool], trace: Trace = NO_TRACE
                           ) -> tuple[Lease, StreamItem, AsyncIterator[StreamItem]]:
-        """Start a stream and wait for its first item; the caller releases the lease."""
+        """Start a stream and wait for its first item; the caller releases the lease and
+        ends the stream at `lease.deadline`: `total_timeout_s` after this call, failover
+        to the first token included (a 504 if it passes before that token)."""
+        total = self.server.total_timeout_s
+        deadline = time.monotonic() + total
         error: GatewayError | None = None
         for pool, worker, attempt in self._candidates(pools, decision):
+            if (left := deadline - time.monotonic()) <= 0:
+                break
             lease = _lease(pool, worker, attempt)
+            lease.deadline = deadline
             items = self.adapters[pool.config.engine].stream(
                 worker.url, self.prepare(request, pool), pool.config, attempt.k)
             try:
                 with trace.upstream(worker.url, pool.name, attempt.k):  # to the first token
                     first = await first_item(items, worker.url,
-                                             self.server.first_token_timeout_s)
+                                             min(self.server.first_token_timeout_s, left))
             except RETRYABLE as exc:
                 lease.failed(exc)
                 error = exc
@@ -218,6 +229,9 @@ class Dispatcher:
                 return lease, first, items
             lease.release()
             await items.aclose()  # type: ignore[attr-defined]
+        if time.monotonic() >= deadline:
+            raise UpstreamTimeout(f"no first token within server.total_timeout_s ({total:g} s)",
+                                  code="upstream_timeout")
         raise error or no_worker(decision)
 
     def _candidates(self, pools: list[Pool], decision: Decision

@@ -19,9 +19,10 @@ def test_soak_runs_and_reports() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     lines = done.stdout.splitlines()
     assert lines[0].startswith("soak: 0.2 min at concurrency 8")
-    assert "| minute | requests | req/s | errors | p50 ms | p99 ms | gateway RSS MB |" in lines
+    assert ("| minute | requests | req/s | errors | p50 ms | p99 ms | gateway RSS MB | "
+            "telemetry backlog |") in lines
     summary = json.loads(lines[-1])
-    assert summary["requests"] > 0 and summary["errors"] == {}
+    assert summary["requests"] > 0 and summary["errors"] == {} and summary["lost"] == 0
     assert summary["faults"] == []
     assert summary["idle"]["tasks"] >= 1 and summary["after"]["fds"] > 0
     assert len(summary["rss_mb"]) == 1 and summary["rss_mb"][0] > 0

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from collections.abc import AsyncIterator
@@ -199,7 +200,8 @@ async def relayed(request: GenerationRequest, items: list[StreamItem]) -> bytes:
 
     writer = ChunkWriter(request, Decision(pool="p", method="plain", k=0, reason="r"))
     final = await TokenEndpoint("completions").relay(
-        send, writer, items[0], upstream(), Timer(), None)  # type: ignore[arg-type]
+        send, writer, items[0], upstream(), Timer(),
+        SimpleNamespace(deadline=math.inf))  # type: ignore[arg-type]  # a lease's deadline only
     assert final is items[-1]
     return b"".join(sent)
 
