@@ -1,7 +1,8 @@
-"""The inference layout of the model (fused q/k/v and gate/up weights, oneDNN-packed copies
-for multi-row products, the one-op RoPE) computes what the plain layout computes: the
-logits of a fused model equal those of an unfused copy within float rounding, in prefill,
-decode, a tree verify and a ragged batch; training still reaches every parameter."""
+"""The inference layout of the model (oneDNN-packed copies of the fused q/k/v, gate/up and
+other weights for multi-row products; the three-op RoPE; GQA attention without copies)
+computes what the plain layout computes: the logits of a fused model equal those of an
+unfused copy within float rounding, in decode, a tree verify and a ragged batch; training
+still reaches every parameter."""
 
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ def _logits(model: LlamaForCausalLM, items: list[tuple[list[int], int, torch.Ten
 
 def test_fused_logits_equal_the_unfused_model() -> None:
     reference, fused = _pair()
-    assert fused.model.layers[0].self_attn.qkv is not None and reference.model.layers[0].self_attn.qkv is None
+    assert fused.model.layers[0].self_attn.packed is not None
+    assert reference.model.layers[0].self_attn.packed is None
     prompt = list(range(5, 45))
     tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
     items = [([7], 40, None),  # a decode step
@@ -60,14 +62,12 @@ def test_fused_logits_equal_the_unfused_model() -> None:
             assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
 
 
-def test_fused_weights_are_views_of_the_parameters() -> None:
-    """The fused weight shares storage with q/k/v: the state dict is unchanged and an
-    in-place load updates what the fused path reads (the packed copy is rebuilt by fuse
-    on a fresh model, which is how the engine loads)."""
+def test_fuse_leaves_the_parameters_alone() -> None:
+    """The packed copies are extra: parameters (the checkpoint's tensors) and the state
+    dict are unchanged, so one-row forwards and training read what they read before."""
     reference, fused = _pair()
-    attn = fused.model.layers[1].self_attn
-    assert attn.qkv is not None
-    assert attn.q_proj.weight.data_ptr() == attn.qkv.data_ptr()
+    assert fused.model.layers[1].self_attn.packed is not None
+    assert fused.model.layers[1].mlp.packed is not None and fused.lm_packed is not None
     assert set(fused.state_dict()) == set(reference.state_dict())
     for name, tensor in reference.state_dict().items():
         assert torch.equal(fused.state_dict()[name], tensor), name

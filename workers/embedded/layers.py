@@ -1,7 +1,7 @@
 """The Llama blocks' small parts, and the weight layouts the inference path reads.
 
 RMSNorm; RoPE tables and their application; the attention mask of a forward; fused
-projection weights (`fuse_linears`) and oneDNN-packed copies (`pack`, `linear`).
+projection weights (`fuse_linears`) and their oneDNN-packed copies (`pack`, `linear`).
 
 Legend: B batch, T new tokens, L cached tokens, hs head size, C hidden size.
 """
@@ -91,35 +91,31 @@ def attention_inputs(
 
 
 def fuse_linears(*linears: nn.Linear) -> torch.Tensor:
-    """One weight whose rows are the given bias-free linears' weights, in order; each
-    linear's weight becomes a view of its rows (no second copy is kept)."""
-    fused = torch.cat([lin.weight.detach() for lin in linears]).contiguous()
-    row = 0
-    for lin in linears:
-        n = lin.weight.shape[0]
-        lin.weight = nn.Parameter(fused[row : row + n], requires_grad=lin.weight.requires_grad)
-        row += n
-    return fused
-
+    """One (sum of N_i) x C weight whose rows are the given bias-free linears' weights."""
+    return torch.cat([lin.weight.detach() for lin in linears])
 
 
 def pack(weight: torch.Tensor) -> PackedWeight | None:
     """A oneDNN-packed copy of a float32 CPU weight (N, C), or None where oneDNN is not
     there. Multiplying by it skips the per-call repacking of the weight that a plain
     GEMM does, which on this CPU (AMD EPYC, AVX2, no AVX-512) makes a 4-row product of
-    SmolLM2's linears ~1.45x faster than `F.linear`; one row is ~1.25x slower, so `linear`
-    keeps the plain weight for one-row products (measured: docs/WORKER.md, "The decode
-    step"). vLLM CPU packs every linear the same way: `dispatch_cpu_unquantized_gemm` in
+    SmolLM2's linears ~1.45x faster than `F.linear`; one row is ~1.25x slower, so one-row
+    products stay on the plain weight (measured: docs/WORKER.md, "The decode step").
+    vLLM CPU packs every linear the same way: `dispatch_cpu_unquantized_gemm` in
     vllm/model_executor/layers/utils.py (0.32) builds `create_onednn_mm(weight.t(), 32)`."""
     if (weight.device.type != "cpu" or weight.dtype != torch.float32
             or not torch.backends.mkldnn.is_available()
             or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
         return None
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, packed: PackedWeight | None) -> torch.Tensor:
-    """x (..., C) @ weight.T: through the packed copy when x has more than one row."""
-    if packed is not None and x.numel() > x.shape[-1]:
-        return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-    return F.linear(x, weight)
+def pack_all(first: torch.Tensor, second: torch.Tensor) -> tuple[PackedWeight, PackedWeight] | None:
+    """Packed copies of both weights, or None if they cannot be packed."""
+    a, b = pack(first), pack(second)
+    return None if a is None or b is None else (a, b)
+
+
+def linear(x: torch.Tensor, packed: PackedWeight) -> torch.Tensor:
+    """x (..., C) @ W.T through W's packed copy."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")

@@ -29,12 +29,12 @@ from workers.embedded.layers import (
     fuse_linears,
     linear,
     pack,
+    pack_all,
     rope_tables,
     signed,
 )
 
 __all__ = ["KVCache", "RMSNorm", "apply_rope", "attention_inputs", "rope_tables", "signed"]
-
 
 @dataclass
 class ModelConfig:
@@ -107,11 +107,13 @@ class RaggedBatch:
 
 
 class Attention(nn.Module):
-    """Grouped-query attention. `fuse()` adds one (nh + 2 nkv) hs x C weight whose rows
-    are q, k, v: one projection instead of three and RoPE on q and k in one call, used
-    when autograd is off (inference); with gradients on, the three projections run (their
-    weights are views of the fused one, so training updates both). Fuse after any
-    `.to()`: the fused weight is a plain tensor, not a parameter."""
+    """Grouped-query attention. `fuse()` (inference) adds oneDNN-packed copies of the
+    concatenated q/k/v weight, (nh + 2 nkv) hs x C, and of o: a forward over more than
+    one row (prefill, verify, a batch) runs one packed q/k/v projection and RoPE on q and
+    k in one call. A one-row forward, and any forward with autograd on, runs the three
+    parameters themselves (memory-mapped from the checkpoint and shared between workers;
+    `layers.pack` says why one row stays on them). Fuse after any `.to()` and after the
+    weights are final: the packed copies are not parameters."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -122,16 +124,14 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(c, self.n_kv * hs, bias=False)
         self.v_proj = nn.Linear(c, self.n_kv * hs, bias=False)
         self.o_proj = nn.Linear(self.n_head * hs, c, bias=False)
-        self.qkv: torch.Tensor | None = None  # fused weight, set by fuse()
-        self.packed: tuple[PackedWeight | None, PackedWeight | None] = (None, None)  # qkv, o
+        self.packed: tuple[PackedWeight, PackedWeight] | None = None  # (qkv, o), by fuse()
 
     def fuse(self) -> None:
         """Concatenate q, k, v into one weight (a copy, made once), and make the three
         parameters views of it, so the state dict and in-place updates stay in step."""
-        if self.qkv is not None:
-            return
-        self.qkv = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
-        self.packed = (pack(self.qkv), pack(self.o_proj.weight))
+        if self.packed is None:
+            self.packed = pack_all(fuse_linears(self.q_proj, self.k_proj, self.v_proj),
+                                   self.o_proj.weight)
 
     def forward(
         self,
@@ -145,9 +145,9 @@ class Attention(nn.Module):
         """x (B, T, C); cos, sin (1, 1, T, hs), sin signed (`apply_rope`)."""
         b, t, _ = x.shape
         nh, nkv, hs = self.n_head, self.n_kv, self.hs
-        fused = self.qkv is not None and not torch.is_grad_enabled()
-        if fused:
-            qkv = linear(x, self.qkv, self.packed[0]).view(b, t, nh + 2 * nkv, hs)  # (B, T, nh+2nkv, hs)
+        packed = self.packed if b * t > 1 and not torch.is_grad_enabled() else None
+        if packed is not None:
+            qkv = linear(x, packed[0]).view(b, t, nh + 2 * nkv, hs)  # (B, T, nh+2nkv, hs)
             qk = apply_rope(qkv[:, :, : nh + nkv], cos.transpose(1, 2), sin.transpose(1, 2))
             q = qk[:, :, :nh].transpose(1, 2)  # (B, nh, T, hs)
             k = qk[:, :, nh:].transpose(1, 2)  # (B, nkv, T, hs)
@@ -169,7 +169,7 @@ class Attention(nn.Module):
                 k, v = cache.append(layer, k, v)  # (B, nkv, L+T, hs)
             y = self._attend(q, k, v, mask)
         y = y.transpose(1, 2).reshape(b, t, nh * hs)  # (B, T, C)
-        return linear(y, self.o_proj.weight, self.packed[1]) if fused else self.o_proj(y)
+        return self.o_proj(y) if packed is None else linear(y, packed[1])
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 mask: torch.Tensor | None) -> torch.Tensor:
@@ -185,8 +185,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU; `fuse()` makes gate and up one 2F x C weight, one projection when autograd
-    is off (as `Attention.fuse`)."""
+    """SwiGLU; `fuse()` adds packed copies of gate and up as one 2F x C weight and of
+    down, used by forwards over more than one row with autograd off (as `Attention.fuse`)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -194,18 +194,17 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(c, f, bias=False)
         self.up_proj = nn.Linear(c, f, bias=False)
         self.down_proj = nn.Linear(f, c, bias=False)
-        self.gate_up: torch.Tensor | None = None  # fused weight, set by fuse()
-        self.packed: tuple[PackedWeight | None, PackedWeight | None] = (None, None)  # gate_up, down
+        self.packed: tuple[PackedWeight, PackedWeight] | None = None  # (gate_up, down)
 
     def fuse(self) -> None:
-        if self.gate_up is None:
-            self.gate_up = fuse_linears(self.gate_proj, self.up_proj)
-            self.packed = (pack(self.gate_up), pack(self.down_proj.weight))
+        if self.packed is None:
+            self.packed = pack_all(fuse_linears(self.gate_proj, self.up_proj),
+                                   self.down_proj.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up is not None and not torch.is_grad_enabled():
-            gate, up = linear(x, self.gate_up, self.packed[0]).chunk(2, dim=-1)
-            return linear(F.silu(gate).mul_(up), self.down_proj.weight, self.packed[1])
+        if self.packed is not None and x.numel() > x.shape[-1] and not torch.is_grad_enabled():
+            gate, up = linear(x, self.packed[0]).chunk(2, dim=-1)
+            return linear(F.silu(gate).mul_(up), self.packed[1])
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -259,20 +258,21 @@ class LlamaForCausalLM(nn.Module):
         self.lm_packed: PackedWeight | None = None  # set by fuse()
 
     def fuse(self) -> LlamaForCausalLM:
-        """Fuse every layer's q/k/v and gate/up projections (for inference: see
-        `Attention.fuse`); the outputs equal the unfused model's within float rounding."""
+        """Packed, fused copies of every layer's projections and of the LM head (for
+        inference: see `Attention.fuse`); outputs equal the unfused model's within float
+        rounding. Without oneDNN (or off float32 CPU) nothing changes."""
         for layer in self.model.layers:
-            layer.fuse()
+            DecoderLayer.fuse(layer)  # type: ignore[arg-type]  # a ModuleList of them
         if self.lm_packed is None:
-            self.lm_packed = pack(self.lm_head.weight)
+            self.lm_packed = pack(self.lm_head.weight.detach())
         return self
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head over hidden (..., C): logits (..., V) float32; several rows go through
         the packed copy once `fuse()` made one (`layers.linear`)."""
-        if self.lm_packed is None or torch.is_grad_enabled():
+        if self.lm_packed is None or hidden.numel() == hidden.shape[-1] or torch.is_grad_enabled():
             return self.lm_head(hidden).float()
-        return linear(hidden, self.lm_head.weight, self.lm_packed).float()
+        return linear(hidden, self.lm_packed).float()
 
     def forward(
         self,
