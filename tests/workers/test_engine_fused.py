@@ -94,3 +94,13 @@ def test_rope_matches_rotate_half() -> None:
     half = x.shape[-1] // 2
     expected = x * c + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * s
     torch.testing.assert_close(apply_rope(x, c, signed(s)), expected)
+
+
+def test_packing_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SPECROUTE_PACKED_WEIGHTS=0: no private copies, the plain layout's results."""
+    monkeypatch.setenv("SPECROUTE_PACKED_WEIGHTS", "0")
+    reference, fused = _pair()
+    assert fused.lm_packed is None and fused.model.layers[0].self_attn.packed is None
+    items = [([7, 8, 9], 40, None)]
+    torch.testing.assert_close(_logits(fused, items, list(range(5, 45)))[0],
+                               _logits(reference, items, list(range(5, 45)))[0], atol=0, rtol=0)

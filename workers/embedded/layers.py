@@ -8,6 +8,7 @@ Legend: B batch, T new tokens, L cached tokens, hs head size, C hidden size.
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import torch
@@ -102,8 +103,10 @@ def pack(weight: torch.Tensor) -> PackedWeight | None:
     SmolLM2's linears ~1.45x faster than `F.linear`; one row is ~1.25x slower, so one-row
     products stay on the plain weight (measured: docs/WORKER.md, "The decode step").
     vLLM CPU packs every linear the same way: `dispatch_cpu_unquantized_gemm` in
-    vllm/model_executor/layers/utils.py (0.32) builds `create_onednn_mm(weight.t(), 32)`."""
-    if (weight.device.type != "cpu" or weight.dtype != torch.float32
+    vllm/model_executor/layers/utils.py (0.32) builds `create_onednn_mm(weight.t(), 32)`.
+    The copies are private memory (538 MB per SmolLM2 worker); SPECROUTE_PACKED_WEIGHTS=0
+    turns them off (a stack of many workers on little memory)."""
+    if (os.environ.get("SPECROUTE_PACKED_WEIGHTS", "1") == "0" or weight.device.type != "cpu" or weight.dtype != torch.float32
             or not torch.backends.mkldnn.is_available()
             or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
         return None
