@@ -9,14 +9,19 @@ Legend: B batch, T new tokens, L cached tokens, hs head size, C hidden size.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-if TYPE_CHECKING:
-    from workers.embedded.model import ModelConfig
+
+class RopeShape(Protocol):
+    """What the RoPE tables read of a model's config (`model.ModelConfig` is one)."""
+
+    head_dim: int
+    rope_theta: float
+    max_position_embeddings: int
 
 PackedWeight = torch.Tensor  # a weight in oneDNN's blocked layout (torch._mkldnn)
 
@@ -35,7 +40,7 @@ class RMSNorm(nn.Module):
         return (x32 * self.weight.float()).to(x.dtype)
 
 
-def rope_tables(config: ModelConfig, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(config: RopeShape, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     hs = config.head_dim
     # device="cpu": real tables even when the model is built under torch.device("meta")
     arange = torch.arange(0, hs, 2, dtype=torch.float32, device="cpu")
