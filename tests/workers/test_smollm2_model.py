@@ -13,7 +13,7 @@ from workers.embedded.chat_template import apply_chat_template
 from workers.embedded.engine import Engine, SamplingParams
 from workers.embedded.fetch_model import ensure_smollm2
 from workers.embedded.gguf_import import permute_qk, unpermute_qk
-from workers.embedded.model import Attention, ModelConfig, load_config, rope_tables
+from workers.embedded.model import Attention, ModelConfig, load_config, rope_tables, signed
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +73,7 @@ def test_gguf_rows_with_interleaved_rope_equal_unpermuted_rows_with_rotate_half(
     attn.v_proj.weight.copy_(v_w)
     attn.o_proj.weight.copy_(o_w)
     cos, sin = rope_tables(config)
+    sin = signed(sin)  # the table Attention reads (apply_rope)
     ours = attn(x, cos[positions][None, None], sin[positions][None, None], None, None, 0)
     torch.testing.assert_close(ours, expected, atol=1e-3, rtol=1e-4)
 

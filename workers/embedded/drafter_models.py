@@ -36,6 +36,7 @@ from workers.embedded.model import (
     ModelConfig,
     attention_inputs,
     rope_tables,
+    signed,
 )
 
 
@@ -145,7 +146,7 @@ class EagleHead(nn.Module):
         self.layer = DecoderLayer(self.layer_config)
         cos, sin = rope_tables(self.layer_config)
         self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        self.register_buffer("rope_sin", signed(sin), persistent=False)  # apply_rope's table
         self.vocabulary = _vocabulary(config.hidden_size, config.vocab_size,
                                       config.draft_vocab_size)
 
@@ -202,4 +203,7 @@ def load_drafter(folder: str | Path, dtype: torch.dtype = torch.bfloat16,
     known = {k: v for k, v in meta.items() if k in names}
     module = module_cls(config_cls(**known))
     module.load_state_dict(load_file(str(Path(folder) / "model.safetensors")))
-    return module.to(device=device, dtype=dtype).eval()
+    module = module.to(device=device, dtype=dtype).eval()
+    if isinstance(module, EagleHead):
+        module.layer.fuse()  # its one decoder layer, as the base model's (inference only)
+    return module

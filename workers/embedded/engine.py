@@ -92,7 +92,7 @@ class Engine:
         methods: dict[str, Method],
         max_k: int,
     ) -> None:
-        self.model = model
+        self.model = model.fuse()  # fused projections (inference; see model.Attention)
         self.tokenizer = tokenizer
         self.max_k = max_k
         self.max_context = model.config.max_position_embeddings

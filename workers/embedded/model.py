@@ -21,7 +21,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from workers.embedded.kv_cache import KVCache
+from workers.embedded.layers import (
+    PackedWeight,
+    RMSNorm,
+    apply_rope,
+    attention_inputs,
+    fuse_linears,
+    linear,
+    pack,
+    pack_all,
+    rope_tables,
+    signed,
+)
 
+__all__ = ["KVCache", "RMSNorm", "apply_rope", "attention_inputs", "rope_tables", "signed"]
 
 @dataclass
 class ModelConfig:
@@ -59,65 +72,6 @@ class ModelConfig:
         return out
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (x32 * self.weight.float()).to(x.dtype)
-
-
-def rope_tables(config: ModelConfig, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    hs = config.head_dim
-    # device="cpu": real tables even when the model is built under torch.device("meta")
-    arange = torch.arange(0, hs, 2, dtype=torch.float32, device="cpu")
-    inv_freq = 1.0 / (config.rope_theta ** (arange / hs))
-    t = torch.arange(config.max_position_embeddings, dtype=torch.float32, device="cpu")
-    freqs = torch.outer(t, inv_freq)  # (Lmax, hs/2)
-    emb = torch.cat([freqs, freqs], dim=-1)  # (Lmax, hs)
-    return emb.cos().to(device), emb.sin().to(device)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (B, h, T, hs); cos/sin (B or 1, 1, T, hs)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
-
-
-def attention_inputs(
-    rope_cos: torch.Tensor,
-    rope_sin: torch.Tensor,
-    positions: torch.Tensor,
-    past: int,
-    tree_mask: torch.Tensor | None,
-    dtype: torch.dtype,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """RoPE rows for `positions` and the attention mask for T new tokens after `past` cached.
-
-    The mask is None when plain causal attention (or a single query) suffices; otherwise
-    (1, 1, T, L+T) bool: every cached entry visible, new tokens per `tree_mask` (T, T)
-    or causal. A `tree_mask` of shape (T, L+T) is taken as the whole mask (a draft tree
-    whose earlier levels are already in the cache).
-    """
-    t = positions.shape[0]
-    cos = rope_cos[positions][None, None].to(dtype)  # (1, 1, T, hs)
-    sin = rope_sin[positions][None, None].to(dtype)
-    if tree_mask is None and (past == 0 or t == 1):
-        return cos, sin, None
-    if tree_mask is not None and tree_mask.shape[-1] == past + t:
-        return cos, sin, tree_mask[None, None]
-    device = positions.device
-    local = tree_mask if tree_mask is not None else torch.ones(t, t, dtype=torch.bool, device=device).tril()
-    full = torch.ones(t, past + t, dtype=torch.bool, device=device)
-    full[:, past:] = local
-    return cos, sin, full[None, None]  # (1, 1, T, L+T)
-
-
 @dataclass
 class SequenceInput:
     """One sequence's share of a ragged batch forward (`LlamaForCausalLM.forward_batch`).
@@ -153,6 +107,14 @@ class RaggedBatch:
 
 
 class Attention(nn.Module):
+    """Grouped-query attention. `fuse()` (inference) adds oneDNN-packed copies of the
+    concatenated q/k/v weight, (nh + 2 nkv) hs x C, and of o: a forward over more than
+    one row (prefill, verify, a batch) runs one packed q/k/v projection and RoPE on q and
+    k in one call. A one-row forward, and any forward with autograd on, runs the three
+    parameters themselves (memory-mapped from the checkpoint and shared between workers;
+    `layers.pack` says why one row stays on them). Fuse after any `.to()` and after the
+    weights are final: the packed copies are not parameters."""
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         c, hs = config.hidden_size, config.head_dim
@@ -162,6 +124,14 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(c, self.n_kv * hs, bias=False)
         self.v_proj = nn.Linear(c, self.n_kv * hs, bias=False)
         self.o_proj = nn.Linear(self.n_head * hs, c, bias=False)
+        self.packed: tuple[PackedWeight, PackedWeight] | None = None  # (qkv, o), by fuse()
+
+    def fuse(self) -> None:
+        """Concatenate q, k, v into one weight (a copy, made once), and make the three
+        parameters views of it, so the state dict and in-place updates stay in step."""
+        if self.packed is None:
+            self.packed = pack_all(fuse_linears(self.q_proj, self.k_proj, self.v_proj),
+                                   self.o_proj.weight)
 
     def forward(
         self,
@@ -172,45 +142,69 @@ class Attention(nn.Module):
         cache: KVCache | RaggedBatch | None,
         layer: int,
     ) -> torch.Tensor:
+        """x (B, T, C); cos, sin (1, 1, T, hs), sin signed (`apply_rope`)."""
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.n_head, self.hs).transpose(1, 2)  # (B, nh, T, hs)
-        k = self.k_proj(x).view(b, t, self.n_kv, self.hs).transpose(1, 2)  # (B, nkv, T, hs)
-        v = self.v_proj(x).view(b, t, self.n_kv, self.hs).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        nh, nkv, hs = self.n_head, self.n_kv, self.hs
+        packed = self.packed if b * t > 1 and not torch.is_grad_enabled() else None
+        if packed is not None:
+            qkv = linear(x, packed[0]).view(b, t, nh + 2 * nkv, hs)  # (B, T, nh+2nkv, hs)
+            qk = apply_rope(qkv[:, :, : nh + nkv], cos.transpose(1, 2), sin.transpose(1, 2))
+            q = qk[:, :, :nh].transpose(1, 2)  # (B, nh, T, hs)
+            k = qk[:, :, nh:].transpose(1, 2)  # (B, nkv, T, hs)
+            v = qkv[:, :, nh + nkv :].transpose(1, 2)
+        else:
+            q = self.q_proj(x).view(b, t, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+            k = self.k_proj(x).view(b, t, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
+            v = self.v_proj(x).view(b, t, nkv, hs).transpose(1, 2)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if isinstance(cache, RaggedBatch):  # (1, nh, N, hs): each sequence on its own cache
-            y = torch.cat([
+            parts = [
                 self._attend(q[:, :, s.rows],
                              *s.cache.append(layer, k[:, :, s.rows], v[:, :, s.rows]), s.mask)
                 for s in cache.sequences
-            ], dim=2)
+            ]
+            y = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
         else:
             if cache is not None:
                 k, v = cache.append(layer, k, v)  # (B, nkv, L+T, hs)
             y = self._attend(q, k, v, mask)
-        y = y.transpose(1, 2).reshape(b, t, self.n_head * self.hs)  # (B, T, C)
-        return self.o_proj(y)
+        y = y.transpose(1, 2).reshape(b, t, nh * hs)  # (B, T, C)
+        return self.o_proj(y) if packed is None else linear(y, packed[1])
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 mask: torch.Tensor | None) -> torch.Tensor:
-        """q (B, nh, T, hs) over k, v (B, nkv, L+T, hs); mask None = causal (or one query)."""
-        if self.n_kv != self.n_head:
-            rep = self.n_head // self.n_kv
-            k = k.repeat_interleave(rep, dim=1)  # (B, nh, L+T, hs)
-            v = v.repeat_interleave(rep, dim=1)
+        """q (B, nh, T, hs) over k, v (B, nkv, L+T, hs); mask None = causal (or one query).
+        enable_gqa: each k/v head serves nh / nkv query heads with no repeat_interleave
+        copy of the cache."""
+        gqa = self.n_kv != self.n_head
         if mask is None:
-            return F.scaled_dot_product_attention(q, k, v, is_causal=q.shape[2] > 1)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, nh, T, hs)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=q.shape[2] > 1,
+                                                  enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                              enable_gqa=gqa)  # (B, nh, T, hs)
 
 
 class MLP(nn.Module):
+    """SwiGLU; `fuse()` adds packed copies of gate and up as one 2F x C weight and of
+    down, used by forwards over more than one row with autograd off (as `Attention.fuse`)."""
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         c, f = config.hidden_size, config.intermediate_size
         self.gate_proj = nn.Linear(c, f, bias=False)
         self.up_proj = nn.Linear(c, f, bias=False)
         self.down_proj = nn.Linear(f, c, bias=False)
+        self.packed: tuple[PackedWeight, PackedWeight] | None = None  # (gate_up, down)
+
+    def fuse(self) -> None:
+        if self.packed is None:
+            self.packed = pack_all(fuse_linears(self.gate_proj, self.up_proj),
+                                   self.down_proj.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None and x.numel() > x.shape[-1] and not torch.is_grad_enabled():
+            gate, up = linear(x, self.packed[0]).chunk(2, dim=-1)
+            return linear(F.silu(gate).mul_(up), self.packed[1])
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -221,6 +215,10 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(config)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
+
+    def fuse(self) -> None:
+        self.self_attn.fuse()
+        self.mlp.fuse()
 
     def forward(self, x, cos, sin, mask, cache, layer) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, layer)
@@ -256,7 +254,25 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         cos, sin = rope_tables(config)
         self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        self.register_buffer("rope_sin", signed(sin), persistent=False)  # apply_rope's table
+        self.lm_packed: PackedWeight | None = None  # set by fuse()
+
+    def fuse(self) -> LlamaForCausalLM:
+        """Packed, fused copies of every layer's projections and of the LM head (for
+        inference: see `Attention.fuse`); outputs equal the unfused model's within float
+        rounding. Without oneDNN (or off float32 CPU) nothing changes."""
+        for layer in self.model.layers:
+            DecoderLayer.fuse(layer)  # type: ignore[arg-type]  # a ModuleList of them
+        if self.lm_packed is None:
+            self.lm_packed = pack(self.lm_head.weight.detach())
+        return self
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """LM head over hidden (..., C): logits (..., V) float32; several rows go through
+        the packed copy once `fuse()` made one (`layers.linear`)."""
+        if self.lm_packed is None or hidden.numel() == hidden.shape[-1] or torch.is_grad_enabled():
+            return self.lm_head(hidden).float()
+        return linear(hidden, self.lm_packed).float()
 
     def forward(
         self,
@@ -285,7 +301,7 @@ class LlamaForCausalLM(nn.Module):
         for i, layer in enumerate(self.model.layers):
             x = layer(x, cos, sin, mask, cache, i)
         hidden = self.model.norm(x)  # (B, T, C)
-        logits = self.lm_head(hidden[:, -1:] if last_only else hidden).float()  # (B, T or 1, V)
+        logits = self.logits(hidden[:, -1:] if last_only else hidden)  # (B, T or 1, V)
         return ForwardOutput(logits=logits, hidden=hidden)
 
     def forward_batch(self, inputs: list[SequenceInput]) -> list[ForwardOutput]:
@@ -316,7 +332,7 @@ class LlamaForCausalLM(nn.Module):
             x = layer(x, cos, sin, None, batch, i)
         hidden = self.model.norm(x)[0]  # (N, C)
         index = torch.tensor([r for rows in logit_rows for r in rows], device=device)
-        logits = self.lm_head(hidden.index_select(0, index)).float()  # (sum of rows, V)
+        logits = self.logits(hidden.index_select(0, index))  # (sum of rows, V)
         outputs: list[ForwardOutput] = []
         start = 0
         for seq, rows in zip(sequences, logit_rows, strict=True):
@@ -369,7 +385,7 @@ def load_model(
         raise ValueError(f"checkpoint mismatch: missing {missing}, unexpected {unexpected}")
     if config.tie_word_embeddings:  # assign replaced embed_tokens.weight: tie again
         model.lm_head.weight = model.model.embed_tokens.weight
-    return model.to(device=device, dtype=dtype).eval()
+    return model.to(device=device, dtype=dtype).eval().fuse()
 
 
 def save_model(model: LlamaForCausalLM, model_dir: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:
