@@ -47,7 +47,7 @@ from bench.gateway import (
     _table,
     summarize,
 )
-from workers.processes import free_port
+from workers.processes import free_port, start_redis
 
 ENVOY, EPP, GATEWAY, SMG = "envoy", "envoy + epp", "specroute", "smg"
 EPP_OBSERVE = "envoy + epp observer"  # the response read by an observer filter
@@ -189,9 +189,11 @@ def run(n: int, seconds: float, rounds: int, body_mode: str, with_smg: bool) -> 
         try:
             _start(procs, [sys.executable, "-m", "bench.upstream", "--port", str(up_port)],
                    f"{upstream}/health", "upstream", tmp / "upstream.log")
+            redis, redis_url = start_redis(tmp)  # the standalone gateway's production config
+            procs.append(redis.proc)
             targets = [Target("direct", f"{upstream}/v1/chat/completions"),
                        *_start_envoys(procs, up_port, tmp, body_mode),
-                       _start_specroute(procs, upstream, tmp, 1)]
+                       _start_specroute(procs, upstream, tmp, 1, redis_url)]
             if with_smg:
                 targets.append(_start_peer(procs, peers.PEERS[SMG], upstream, tmp))
             asyncio.run(_measure(targets, n, seconds, rounds))
