@@ -208,6 +208,16 @@ def summarize(targets: list[Target], classify_decide_p99_us: float | None = None
     return out
 
 
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    """Terminate every process the bench started, then kill what is still up after 15 s."""
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
 def _start_specroute(procs: list[subprocess.Popen], upstream: str, tmp: Path,
                      workers: int, redis_url: str) -> Target:
     """The gateway in its production configuration (default learned policy, a tenant
@@ -277,13 +287,7 @@ def run(names: list[str], n: int, seconds: float, rounds: int,
             targets += [_start_peer(procs, peers.PEERS[name], upstream, tmp) for name in names]
             asyncio.run(_measure(targets, n, seconds, rounds))
         finally:
-            for proc in procs:
-                proc.terminate()
-            for proc in procs:
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            stop_all(procs)
     # classify + decide on the slowest 4 KB prompt, in this process (bench/classifier.py)
     p99 = classifier_cost(3000)["classify + route"]["cpu"]["p99_us"]
     return summarize(targets, p99)

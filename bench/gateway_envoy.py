@@ -45,6 +45,7 @@ from bench.gateway import (
     _start_peer,
     _start_specroute,
     _table,
+    stop_all,
     summarize,
 )
 from workers.processes import free_port, start_redis
@@ -198,13 +199,7 @@ def run(n: int, seconds: float, rounds: int, body_mode: str, with_smg: bool) -> 
                 targets.append(_start_peer(procs, peers.PEERS[SMG], upstream, tmp))
             asyncio.run(_measure(targets, n, seconds, rounds))
         finally:
-            for proc in procs:
-                proc.terminate()
-            for proc in procs:
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            stop_all(procs)
     return envoy_summary(targets)
 
 

@@ -46,18 +46,18 @@ KEY = "sk-bench"
 BODY = orjson.dumps({**bench_gateway.BODY, "stream": False})
 
 
-def scope_for(body: bytes) -> dict:
+def scope_for(body: bytes, key: str = KEY) -> dict:
     return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
             "method": "POST", "scheme": "http", "path": "/v1/chat/completions",
             "raw_path": b"/v1/chat/completions", "query_string": b"", "root_path": "",
             "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000),
             "headers": [(b"host", b"gateway"), (b"content-type", b"application/json"),
-                        (b"authorization", f"Bearer {KEY}".encode()),
+                        (b"authorization", f"Bearer {key}".encode()),
                         (b"content-length", str(len(body)).encode())]}
 
 
-async def post(app, body: bytes) -> int:  # noqa: ANN001 - any ASGI app
-    """One request through the app's ASGI entry; its status."""
+async def post(app, body: bytes, key: str = KEY) -> int:  # noqa: ANN001 - any ASGI app
+    """One request through the app's ASGI entry, with `key` as its bearer; its status."""
     sent, status = False, 0
     finished = asyncio.Event()
 
@@ -76,7 +76,7 @@ async def post(app, body: bytes) -> int:  # noqa: ANN001 - any ASGI app
         elif not message.get("more_body", False):
             finished.set()
 
-    await app(scope_for(body), receive, send)
+    await app(scope_for(body, key), receive, send)
     return status
 
 

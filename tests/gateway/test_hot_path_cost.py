@@ -25,6 +25,7 @@ import orjson
 import pytest
 from conftest import free_port, start_process, stop_process, wait_http
 
+from bench.hot_path import post
 from gateway.config import parse_config
 from gateway.http.app import create_app
 
@@ -51,37 +52,6 @@ async def _lifespan(app, events: asyncio.Queue, done: asyncio.Queue) -> None:
         await done.put(message["type"])
 
     await app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, receive, send)
-
-
-async def _post(app, body: bytes, stream: bool) -> int:
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
-             "method": "POST", "scheme": "http", "path": "/v1/chat/completions",
-             "raw_path": b"/v1/chat/completions", "query_string": b"", "root_path": "",
-             "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000),
-             "headers": [(b"host", b"gateway"), (b"content-type", b"application/json"),
-                         (b"authorization", f"Bearer {KEY}".encode()),
-                         (b"content-length", str(len(body)).encode())]}
-    sent = False
-    finished = asyncio.Event()
-    status = 0
-
-    async def receive() -> dict:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await finished.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict) -> None:
-        nonlocal status
-        if message["type"] == "http.response.start":
-            status = message["status"]
-        elif not message.get("more_body", False):
-            finished.set()
-
-    await app(scope, receive, send)
-    return status
 
 
 @pytest.fixture
@@ -122,7 +92,7 @@ async def test_cpu_per_request_within_budget(upstream: str, redis_url: str) -> N
         async def batch(n: int) -> None:
             for start in range(0, n, CONCURRENCY):
                 statuses = await asyncio.gather(*(
-                    _post(app, bodies[(start + i) % 2 == 1], (start + i) % 2 == 1)
+                    post(app, bodies[(start + i) % 2 == 1], KEY)
                     for i in range(CONCURRENCY)))
                 assert set(statuses) == {200}
 
