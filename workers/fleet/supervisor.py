@@ -168,6 +168,26 @@ class Supervisor:
             proc.wait()
         except ProcessLookupError:
             proc.wait()
+        self._reap_group(proc.pid)
+
+    def _reap_group(self, pgid: int) -> None:
+        """Kill what the server left behind in its process group. vLLM's API server can
+        exit while its engine core and worker processes still run (a worker was seen
+        spinning on its core for minutes after its server stopped, which starved the
+        relaunched server bound to the same core), so the group is waited on and then
+        SIGKILLed, not only its leader."""
+        deadline = time.monotonic() + min(self.settings.stop_timeout_s, 10.0)
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+        logger.warning("pool %s: the server's children outlived it, killing them", self.pool.name)
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
     def _launch(self, k: int) -> None:
         """Start the server with `k`, wait for /health, announce it."""
