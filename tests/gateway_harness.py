@@ -3,7 +3,10 @@ policy is chosen by name (learned, static or first), with the gateway's log leve
 
 from __future__ import annotations
 
+import signal
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -71,6 +74,27 @@ def start_gateway(tmp: Path, config: dict, policy: str = "first",
     proc = start_process(["-c", script, str(path), str(port), policy],
                          tmp / f"{name}.log", env=env)
     return proc, healthy(proc, port, 30)
+
+
+@contextmanager
+def gateway_over(tmp: Path, config: dict, procs: dict[str, subprocess.Popen]) -> Iterator[str]:
+    """A gateway (`start_gateway`, name "gw") in front of the stub `procs`; yields its URL.
+    On the way out, or if it never starts, it and every stub are stopped (a stub a test
+    paused with SIGSTOP is resumed first, so that it can exit)."""
+    try:
+        gw, url = start_gateway(tmp, config, name="gw")
+    except BaseException:
+        for proc in procs.values():
+            stop_process(proc)
+        raise
+    try:
+        yield url
+    finally:
+        stop_process(gw)
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+            stop_process(proc)
 
 
 def stats(url: str) -> dict:

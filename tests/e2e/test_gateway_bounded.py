@@ -13,8 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import stop_process
-from gateway_harness import start_gateway, start_stubs, stats
+from gateway_harness import gateway_over, start_stubs, stats
 
 from gateway.config import hash_api_key
 
@@ -46,20 +45,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
                            "may_pin": True},
                           {"name": "capped", "api_key_sha256": [hash_api_key(CAPPED)],
                            "may_pin": True, "max_tokens": 40}]}
-    try:
-        gw, url = start_gateway(tmp, config, name="gw")
-    except BaseException:
-        for proc in procs.values():
-            stop_process(proc)
-        raise
-    try:
+    with gateway_over(tmp, config, procs) as url:
         yield {"url": url, "urls": urls, "procs": procs, "log": tmp / "gw.log"}
-    finally:
-        stop_process(gw)
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGCONT)
-            stop_process(proc)
 
 
 def post(stack: dict, body: dict, pool_name: str, key: str = KEY,

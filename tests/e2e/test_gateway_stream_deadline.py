@@ -19,8 +19,7 @@ import httpx
 import openai
 import orjson
 import pytest
-from conftest import stop_process
-from gateway_harness import start_gateway, start_stubs
+from gateway_harness import gateway_over, start_stubs
 
 TIMEOUTS = {"first_token_timeout_s": 2.0, "read_timeout_s": 2.0, "total_timeout_s": 3.0,
             "max_attempts": 3, "breaker_failures": 1000, "health_interval_s": 0.5}
@@ -35,20 +34,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     config = {"server": TIMEOUTS,
               "pools": [{"name": "p", "engine": "sglang", "method": "plain", "k": 0,
                          "model": "m", "workers": sorted(urls.values())}]}
-    try:
-        gw, url = start_gateway(tmp, config, name="gw")
-    except BaseException:
-        for proc in procs.values():
-            stop_process(proc)
-        raise
-    try:
+    with gateway_over(tmp, config, procs) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
                                timeout=30)
         yield {"client": client, "workers": list(urls.values()), "log": tmp / "gw.log"}
-    finally:
-        stop_process(gw)
-        for proc in procs.values():
-            stop_process(proc)
 
 
 def open_streams(stack: dict) -> int:
