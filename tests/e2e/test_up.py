@@ -90,6 +90,17 @@ def children_of(pid: int) -> set[int]:
     return found
 
 
+def descendants(pid: int) -> set[int]:
+    """Every process below `pid` (children, theirs, and so on)."""
+    found, todo = set(), [pid]
+    while todo:
+        for child in children_of(todo.pop()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
 def assert_stops_cleanly(proc: subprocess.Popen, pids: set[int] | list[int],
                          stop_signal: int = signal.SIGTERM, exit_s: float = 30,
                          linger_s: float = 10) -> None:
@@ -105,8 +116,8 @@ def assert_stops_cleanly(proc: subprocess.Popen, pids: set[int] | list[int],
 
 def kill_stack(proc: subprocess.Popen, pids: set[int]) -> None:
     """After a test, whatever happened: the stack and every process it started are gone."""
-    if proc.poll() is None:
-        pids |= children_of(proc.pid)
+    if proc.poll() is None:  # every descendant, also those started since `pids` was taken
+        pids |= descendants(proc.pid)
         proc.kill()
         proc.wait()
     for pid in pids:

@@ -23,22 +23,12 @@ import pytest
 from conftest import free_port, start_process, wait_http
 
 from policies.fleet import resolve_model
-from tests.e2e.test_up import assert_stops_cleanly, children_of, kill_stack
+from tests.e2e.test_up import assert_stops_cleanly, children_of, descendants, kill_stack
 
 VENV = os.environ.get("SPECROUTE_VLLM_VENV")
 MODEL = "smollm2-135m-instruct"
 EDIT = ("Repeat this sentence exactly, replacing 'cat' with 'dog': The cat sat on the mat "
         "and looked at the cat next door, and the cat next door looked back.")
-
-
-def descendants(pid: int) -> set[int]:
-    found, todo = set(), [pid]
-    while todo:
-        for child in children_of(todo.pop()):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
 
 
 def engine_accept_length(port: int, timeout_s: float = 15.0) -> float:
