@@ -5,15 +5,14 @@ gateway offers (E from arXiv 2211.17192; `a` and step time from the learner's la
 `PolicyState`). It only reads in-process state — a few dict lookups per pool, memoised
 per (pool, context, load) until the next refit — so it stays in the tens of microseconds.
 
-On a per-request-k pool that the request should speculate on (its own best k > 0), the
-k >= 1 is then chosen by the batch gain (`policies.options.batch_gain`, SmartSpec's
-goodput, arXiv 2406.14066), not by the request's own tokens/s, which hardly feels its own
-k on a busy worker; pools are still ranked by the request's own tokens/s at its best k.
+On a per-request-k pool k is chosen by what the worker's batch emits (with a measured
+batch cost `options.mixed_batch`, else the batch gain `options.batch_gain`: SmartSpec's
+goodput, arXiv 2406.14066), not by the request's own tokens/s, which hardly feels its
+own k on a busy worker; pools are ranked by the request's own tokens/s at its best k.
 
 Around the greedy choice:
 - hysteresis: keep the fleet's incumbent (pool, k) for this context unless a challenger
-  is predicted better by `hysteresis`; the incumbent comes from shared telemetry, so
-  replicas agree;
+  is predicted better by `hysteresis`; the incumbent is shared telemetry's (replicas agree);
 - no speculation when the best predicted speedup over plain is below 1;
 - cold start (3 tries per (pool, context), within `explore_cap`; off with exploration,
   so replicas stay deterministic): a pool whose workers did not measure their step cost
@@ -36,6 +35,7 @@ import dataclasses
 import logging
 import random
 import threading
+import time
 from dataclasses import dataclass
 
 from policies.acceptance import A_MAX, acceptance_std
@@ -47,8 +47,11 @@ from policies.options import (
     Option,
     batch_gain,
     candidate_ks,
+    fallbacks,
     make_option,
+    mixed_batch,
     quantize_load,
+    reason_line,
     trusted_top_k,
 )
 from policies.prior import WorkerPrior, merge
@@ -76,6 +79,10 @@ class PolicyConfig:
     # k per request by what it adds to its worker's batch (`batch_gain`), not by its own
     # tokens/s; off only for a world without co-batching (each request its own step)
     batch_aware_k: bool = True
+    # per-request-k pools with a measured batch cost: k by the whole batch's output with
+    # this context's share of it at k, the rest as they draft (`options.mixed_batch`);
+    batch_mix: bool = True
+    accept_tilt: bool = True  # and a read at each k along its slope (policies/kslope.py)
     # the load a decision assumes is at least the batch the pool's workers reported on the
     # gateway's latest answers (`PoolView.reported_batch`, fading in seconds; an earlier
     # floor from the telemetry's decayed sums moved only with new records of the pool, so a
@@ -174,7 +181,8 @@ class Policy:
                 option = cache[key] = self._evaluate(
                     state, pool, model, task, bucket, LOAD_SLOTS[slot],
                     top_k=trusted_top_k(pool, state, self.config.k_trust_margin),
-                    batch_aware=self.config.batch_aware_k)
+                    batch_aware=self.config.batch_aware_k, mix=self.config.batch_mix,
+                    tilted=self.config.accept_tilt)
             options.append(option)
         if not options:
             raise ValueError("no healthy pool to decide between")
@@ -204,11 +212,11 @@ class Policy:
                   plain_tps: float, explored: bool) -> Decision:
         return Decision(
             pool=chosen.pool.name, method=chosen.pool.method if chosen.k else "plain",
-            k=chosen.k, reason=self._reason(chosen, profile.task, profile.temperature_bucket,
-                                            plain_tps, explored),
+            k=chosen.k, reason=reason_line(chosen, profile.task, profile.temperature_bucket,
+                                              plain_tps, explored),
             predicted_accept_length=chosen.accept_length,
             predicted_tokens_per_s=chosen.tokens_per_s, explored=explored,
-            fallbacks=self._fallbacks(options, chosen))
+            fallbacks=fallbacks(options, chosen))
 
     def observe(self, record: RequestRecord) -> None:
         """Hand a finished request to the store (enqueue only; learning happens in refit)."""
@@ -218,24 +226,29 @@ class Policy:
     @staticmethod
     def _evaluate(state: PolicyState, pool: PoolView, model: str, task: str, bucket: str,
                   load: float, accept: float | None = None, top_k: int | None = None,
-                  batch_aware: bool = True) -> Option:
-        """On a pool whose workers measured their step cost across batch sizes
-        (`PolicyState.cost_measured`): the k with the best tokens/s with the whole batch
-        at that k — every request of a context gets the same answer, so batch-mates move
-        together, and the measured per-token cost at this load says what that costs.
-        Elsewhere the per-token cost is a fit that seldom sees k vary at one load and
-        reads low on busy workers; there, the k >= 1 with the largest batch gain, or
-        k = 0 where that is the request's own best; scored (`pool_score`) by the request's own tokens/s at its own
-        best k, so that pools compare on the same footing whatever their cost fits say
-        about batch-mates. Whether to speculate stays the request's own call: a gain
-        that went to k = 0 would stop the cost model from seeing k vary, and a per-token
-        cost measured at batch 1 (a worker's prior) then held busy pools at k = 0 for
-        good (the simulator's `embedded` fleet: 0.72 of the oracle with it, 0.89 without)."""
+                  batch_aware: bool = True, mix: bool = False, tilted: bool = False) -> Option:
+        """Measured batch cost (`PolicyState.cost_measured`): the k with which the
+        worker's batch emits most, this context's share of it at k and the rest drafting
+        what they draft (`options.mixed_batch`; `mix` off: the whole batch at k).
+        Elsewhere (a per-token fit that seldom sees k vary at one load): the k >= 1 with
+        the largest batch gain, or k = 0 where that is the request's own best — a gain at
+        k = 0 stopped the fit seeing k vary, and a batch-1 per-token prior then held busy
+        pools at k = 0 (the simulator's `embedded` fleet: 0.72 of the oracle, 0.89
+        without). Scored (`pool_score`) by the request's own tokens/s at its own best k,
+        so pools compare alike whatever their fits say about batch-mates. `tilted`: `a`
+        read at each k along the context's slope in k (`PolicyState.accept_tilt`)."""
         a, n = state.accept(model, pool.method, task, bucket)
         if accept is not None:
             a = accept
-        options = [make_option(state, pool, k, a, n, load) for k in candidate_ks(pool, top_k)]
+        ks = candidate_ks(pool, top_k)
+        tilt = (state.accept_tilt.get((model, pool.method, task, bucket))
+                if tilted and pool.per_request_k else None)
+        options = [make_option(state, pool, k, a, n, load, tilt) for k in ks]
         own = max(options, key=lambda o: o.tokens_per_s)
+        if mix and batch_aware and len(ks) > 1 and pool.name in state.cost_measured:
+            share = state.batch_share.get((pool.name, model, task, bucket), 0.0)
+            return dataclasses.replace(mixed_batch(state, pool, ks, a, n, load, share, tilt),
+                                       pool_score=own.tokens_per_s)
         if (len(options) == 1 or not batch_aware or own.k == 0
                 or pool.name in state.cost_measured):
             return own
@@ -312,7 +325,8 @@ class Policy:
             hopeful = self._evaluate(
                 state, option.pool, model, task, bucket, load, upper,
                 top_k=trusted_top_k(option.pool, state, self.config.k_trust_margin),
-                batch_aware=self.config.batch_aware_k)
+                batch_aware=self.config.batch_aware_k, mix=self.config.batch_mix,
+                tilted=self.config.accept_tilt)
             if hopeful.pool_score > best_tps and hopeful.k > 0:
                 best, best_tps = (option, hopeful, load), hopeful.pool_score
         if best is None:
@@ -334,21 +348,6 @@ class Policy:
             return None
         return make_option(state, pool, k, chosen.accept, chosen.samples, loads[pool.name])
 
-    @staticmethod
-    def _fallbacks(options: list[Option], chosen: Option) -> tuple[str, ...]:
-        rest = [o for o in options if o.pool.name != chosen.pool.name]
-        rest.sort(key=lambda o: (o.pool.method == "plain", -o.pool_score))
-        return tuple(o.pool.name for o in rest)
-
-    @staticmethod
-    def _reason(option: Option, task: str, bucket: str, plain_tps: float,
-                explored: bool) -> str:
-        method = option.pool.method if option.k else "plain"
-        speedup = option.tokens_per_s / plain_tps if plain_tps > 0 else 1.0
-        tag = " (exploring)" if explored else ""
-        return (f"{task}/{bucket}: {option.pool.name} {method} k={option.k} predicted "
-                f"{option.accept_length:.1f} tok/step, {speedup:.1f}x plain{tag}")
-
     # -- learning, off the request path ----------------------------------------------------
     def set_worker_prior(self, pool: str, prior: WorkerPrior) -> None:
         """What a pool's workers measured about themselves (policies/prior.py); used from
@@ -361,7 +360,9 @@ class Policy:
         state = self.learner.fit(
             self.store.snapshot(), merge(m.acceptance for m in measured.values()),
             {pool: m.draft_cost for pool, m in measured.items() if m.draft_cost is not None},
-            {pool: m.step_curve for pool, m in measured.items() if m.step_curve})
+            {pool: m.step_curve for pool, m in measured.items() if m.step_curve},
+            {name: f"engine:{p.engine}" for name, p in pools.items() if p.per_request_k},
+            (getattr(self.store, "clock", time.time)(), self.store.tau_s))
         self._current = (state, {})
         self.desired_k.publish(self.store, state, pools,
                                lambda pool: self._load(state, pool))

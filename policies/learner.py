@@ -19,6 +19,7 @@ requests). Steps:
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 
 from policies.acceptance import (
     blend,
+    draft_depth,
     invert_method_accept_length,
     method_accept_length,
     observed_depth,
@@ -40,6 +42,7 @@ from policies.cost import (
     fit_step_cost,
     generic_trend,
 )
+from policies.kslope import KWindow, Tilt, tilted_accept
 from policies.methods import TREE_DEPTH
 from policies.prior import AcceptKey, CurvePoint
 
@@ -55,6 +58,13 @@ class LearnerConfig:
     # a drift: ~3 standard errors of a 10-request mean at typical accept lengths.
     drift_min_delta: float = 0.04
     drift_min_requests: float = 10.0
+    # acceptance rising with k (policies/kslope.py): the slope of logit(a) in log k
+    # between k's served at once, shrunk by `tilt_ridge` (in the variance of log k)
+    tilt_ridge: float = 0.02
+    tilt_range: tuple[float, float] = (-0.5, 1.0)
+    # the last seconds' acceptance (policies/kslope.py's fresh view) replaces the estimate
+    # where it rests on this many requests and differs by more than `drift_min_delta`
+    fresh_min_requests: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -84,6 +94,14 @@ class PolicyState:
     # requests with reported steps per (pool, k), decayed: how well each k a pool ran is
     # measured (a fixed-k pool's desired k waits for its current k to be measured)
     pool_k_known: dict[tuple[str, int], float] = field(default_factory=dict)
+    # per (pool, model, task, bucket): the context's share of the verify steps of the
+    # batches it rides (its pool's recent steps over its co-batching group's: per-request-k
+    # pools of one engine, `Learner.fit`'s `groups`); per pool, the group's recent tokens
+    # per verify step (what a request's batch-mates emit)
+    batch_share: dict[tuple[str, str, str, str], float] = field(default_factory=dict)
+    group_accept_length: dict[str, float] = field(default_factory=dict)
+    # per acceptance context: how its a rises with k (policies/kslope.py)
+    accept_tilt: dict[AcceptKey, Tilt] = field(default_factory=dict)
 
     def accept(self, model: str, method: str, task: str, bucket: str) -> tuple[float, float]:
         """(blended a, request count) for a context; the prior when unseen."""
@@ -96,8 +114,12 @@ class PolicyState:
     def cost(self, pool: str) -> StepCost:
         return self.costs.get(pool, self.fleet_cost)
 
-    def accept_length(self, a: float, method: str, k: int) -> float:
-        """Expected tokens per verify step of `method` at k (tree depth capped)."""
+    def accept_length(self, a: float, method: str, k: int, tilt: Tilt | None = None
+                      ) -> float:
+        """Expected tokens per verify step of `method` at k (tree depth capped); with a
+        `tilt`, `a` is read at k's depth along the context's slope in k."""
+        if tilt is not None and k > 0:
+            a = tilted_accept(a, draft_depth(method, k, self.depths), tilt)
         return method_accept_length(a, method, k, self.depths)
 
 
@@ -105,32 +127,70 @@ class Learner:
     def __init__(self, config: LearnerConfig | None = None) -> None:
         self.config = config or LearnerConfig()
         self._version = 0
+        self._window = KWindow(self.config.tilt_ridge, self.config.tilt_range)
+        self._no_tilt_until: dict[AcceptKey, float] = {}
+        self._now, self._tau = 0.0, 0.0
 
     def fit(self, snapshot: dict[str, ContextStats],
             prior: Mapping[AcceptKey, float] | None = None,
             draft_cost: Mapping[str, float] | None = None,
-            step_curves: Mapping[str, Sequence[CurvePoint]] | None = None) -> PolicyState:
+            step_curves: Mapping[str, Sequence[CurvePoint]] | None = None,
+            groups: Mapping[str, str] | None = None,
+            clock: tuple[float, float] | None = None) -> PolicyState:
         """`prior`: per-context acceptance the workers measured (policies/prior.py);
         `draft_cost`: per pool, a drafted token's cost as a fraction of a plain step;
-        `step_curves`: per pool, the step cost across batch sizes its workers measured."""
+        `step_curves`: per pool, the step cost across batch sizes its workers measured;
+        `groups`: per pool, the pools whose requests share its batches (the policy
+        passes per-request-k pools by engine; a pool not in it is its own group);
+        `clock`: (now, the telemetry's tau) — without it no slope of a in k is fitted."""
         contexts = [(ContextKey.decode(key), stats) for key, stats in snapshot.items()
                     if stats.n > 1e-6]
         prior = dict(prior or {})
         default = self.config.default_accept
         depths = self._depths(contexts)
         evidence = self._evidence(contexts)
+        tilts = self._window.update(snapshot, *clock, depths) if clock is not None else {}
+        self._now, self._tau = clock if clock is not None else (0.0, 0.0)
         acceptance = {
             key: (blend(a, evidence.get(key, n), prior.get(key, default),
                         self.config.prior_weight), n)
-            for key, (a, n, _) in self._acceptance(contexts, depths).items()}
+            for key, (a, n, _) in self._acceptance(contexts, depths, groups or {}).items()}
+        tilts = {key: tilt for key, tilt in tilts.items()
+                 if self._now >= self._no_tilt_until.get(key, -math.inf)}
         fleet_cost, costs = self._costs(contexts, draft_cost or {}, step_curves or {})
         incumbent, traffic = self._traffic(contexts)
+        share, group_length = self._batch_mix(contexts, groups or {})
         self._version += 1
         return PolicyState(self._version, acceptance, prior, costs, fleet_cost, incumbent,
                            traffic, default, self._measured_k(contexts), depths,
                            self._pool_accept_length(contexts),
                            frozenset(p for p, points in (step_curves or {}).items() if points),
-                           self._pool_draft_k(contexts), self._per_k(contexts))
+                           self._pool_draft_k(contexts), self._per_k(contexts),
+                           share, group_length, tilts)
+
+    @staticmethod
+    def _batch_mix(contexts: list[tuple[ContextKey, ContextStats]], groups: Mapping[str, str]
+                   ) -> tuple[dict[tuple[str, str, str, str], float], dict[str, float]]:
+        """Each (pool, model, task, bucket)'s share of its group's verify steps (a step
+        is a request's seat in a batch) and each pool's group's tokens per verify step,
+        from the recent view: what the batches hold now, not minutes ago."""
+        steps: dict[tuple[str, str, str, str], float] = defaultdict(float)
+        sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        for ctx, long in contexts:
+            stats = long.recent if long.recent is not None else long
+            if stats.steps > 0:
+                steps[(ctx.pool, ctx.model, ctx.task, ctx.temperature_bucket)] += stats.steps
+                group = sums[groups.get(ctx.pool, "pool:" + ctx.pool)]
+                group[0] += stats.tokens
+                group[1] += stats.steps
+        share = {key: n / sums[groups.get(key[0], "pool:" + key[0])][1]
+                 for key, n in steps.items()}
+        length = {}
+        for pool in {ctx.pool for ctx, _ in contexts}:
+            tokens, n = sums.get(groups.get(pool, "pool:" + pool), (0.0, 0.0))
+            if n > 0:
+                length[pool] = tokens / n
+        return share, length
 
     @staticmethod
     def _evidence(contexts: list[tuple[ContextKey, ContextStats]]) -> dict[AcceptKey, float]:
@@ -190,9 +250,16 @@ class Learner:
         return out
 
     def _acceptance(self, contexts: list[tuple[ContextKey, ContextStats]],
-                    depths: Mapping[str, int]) -> dict[AcceptKey, tuple[float, float, float]]:
+                    depths: Mapping[str, int], grouped: Mapping[str, str] | None = None
+                    ) -> dict[AcceptKey, tuple[float, float, float]]:
         """(a, requests, mean k) per acceptance context, k's pooled by verify steps; the
-        recent view replaces the long one when they disagree beyond noise (a drift)."""
+        recent view replaces the long one when they disagree beyond noise (a drift), and
+        the fresh view (policies/kslope.py) replaces either likewise for contexts served
+        on `grouped` pools (per-request-k: on fixed-k fleets it moved requests between
+        pools sooner and cost the fine-tuned phase 0.5%). Either marks the context as
+        drifted: no slope in k is fitted for it for the telemetry's time constant."""
+        fast = {(c.model, c.method, c.task, c.temperature_bucket) for c, _ in contexts
+                if c.pool in (grouped or {})}
         long = self._pool_acceptance(((ctx, stats) for ctx, stats in contexts), depths)
         recent = self._pool_acceptance(((ctx, stats.recent) for ctx, stats in contexts
                                         if stats.recent is not None), depths)
@@ -202,6 +269,14 @@ class Learner:
             drifted = (n_recent >= self.config.drift_min_requests
                        and abs(a_recent - a) > self.config.drift_min_delta)
             out[key] = (a_recent, n_recent, k_recent) if drifted else (a, n, k_mean)
+            fresh = self._window.fresh.get(key)
+            if (fresh is not None and fresh[2] >= self.config.fresh_min_requests
+                    and abs(fresh[0] / fresh[1] - out[key][0]) > self.config.drift_min_delta):
+                if key in fast:
+                    out[key] = (fresh[0] / fresh[1], fresh[2], out[key][2])
+                drifted = True
+            if drifted:  # no slope in k for a while: its data mix the two regimes
+                self._no_tilt_until[key] = self._now + self._tau
         return out
 
     @staticmethod

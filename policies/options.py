@@ -34,14 +34,14 @@ class Option:
 
 
 def make_option(state: PolicyState, pool: PoolView, k: int, a: float, samples: float,
-                load: float) -> Option:
+                load: float, tilt: tuple[float, float] | None = None) -> Option:
     """One (pool, k) at acceptance `a` and per-worker `load`, predicted (tree drafters'
     accept length capped at their depth, policies/acceptance.py). The step cost's `k` is
     the batch's draft tokens per request (policies/cost.py): at k >= 1 the whole batch is
     taken at this k (every request of a context gets the same answer), at k = 0 the
     batch-mates at what the pool's traffic drafts (`mates_draft`)."""
     cost = state.cost(pool.name)
-    e = state.accept_length(a, pool.method, k) if k > 0 else 1.0
+    e = state.accept_length(a, pool.method, k, tilt) if k > 0 else 1.0
     plain_step = cost.step_s(mates_draft(state, pool, load), load)
     tps = e / (cost.step_s(k, load) if k > 0 else plain_step)
     return Option(pool, k, a, samples, e, tps, 1.0 / plain_step, tps)
@@ -55,6 +55,34 @@ def mates_draft(state: PolicyState, pool: PoolView, load: float) -> float:
     if load <= 1.0:
         return 0.0
     return state.pool_draft_k.get(pool.name, 0.0) * (load - 1.0) / load
+
+
+def mixed_batch(state: PolicyState, pool: PoolView, ks, a: float, samples: float,
+                load: float, share: float, tilt: tuple[float, float] | None = None) -> Option:
+    """The k whose batch emits the most tokens/s on a worker of `load` requests, where
+    this request and `share` of its batch-mates (its context's share of the batch's
+    verify steps) run k and the other batch-mates draft what the batch drafts now
+    (`pool_draft_k`) and emit what its group's requests emit per step
+    (`group_accept_length`). With share 1 this is the k with the best tokens/s with the
+    whole batch at k; with share 0 it is what one request adds to the batch (the
+    simulator's oracle). Scored by the request's own tokens/s at that k."""
+    cost = state.cost(pool.name)
+    mates = max(load - 1.0, 0.0)
+    moving = 1.0 + mates * share  # requests at this k, this one included
+    rest = mates * (1.0 - share)
+    draft = state.pool_draft_k.get(pool.name, 0.0)
+    others = state.group_accept_length.get(pool.name)
+    best = None
+    for k in ks:
+        e = state.accept_length(a, pool.method, k, tilt) if k > 0 else 1.0
+        step = cost.step_s((moving * k + rest * draft) / load if load > 0 else k, load)
+        length = others if others is not None else e
+        gain = (moving * e + rest * length) / step
+        if best is None or gain > best[0]:
+            best = (gain, k, e, step)
+    _, k, e, step = best
+    plain_step = cost.step_s(rest * draft / load if load > 0 else 0.0, load)
+    return Option(pool, k, a, samples, e, e / step, 1.0 / plain_step, e / step)
 
 
 def batch_gain(option: Option, cost: StepCost, load: float, others_length: float) -> float:
@@ -96,3 +124,20 @@ def trusted_top_k(pool: PoolView, state: PolicyState, margin: int | None) -> int
     if margin is None:
         return None
     return max(state.measured_k.get(pool.name, 0), pool.k) + margin
+
+
+def fallbacks(options: list[Option], chosen: Option) -> tuple[str, ...]:
+    """The other pools by predicted tokens/s, plain last."""
+    rest = [o for o in options if o.pool.name != chosen.pool.name]
+    rest.sort(key=lambda o: (o.pool.method == "plain", -o.pool_score))
+    return tuple(o.pool.name for o in rest)
+
+
+def reason_line(option: Option, task: str, bucket: str, plain_tps: float,
+                explored: bool) -> str:
+    """The decision's one-line reason."""
+    method = option.pool.method if option.k else "plain"
+    speedup = option.tokens_per_s / plain_tps if plain_tps > 0 else 1.0
+    tag = " (exploring)" if explored else ""
+    return (f"{task}/{bucket}: {option.pool.name} {method} k={option.k} predicted "
+            f"{option.accept_length:.1f} tok/step, {speedup:.1f}x plain{tag}")
