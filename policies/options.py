@@ -72,7 +72,7 @@ def mixed_batch(state: PolicyState, pool: PoolView, ks, a: float, samples: float
     rest = mates * (1.0 - share)
     draft = state.pool_draft_k.get(pool.name, 0.0)
     others = state.group_accept_length.get(pool.name)
-    best = None
+    best: tuple[float, int, float, float] | None = None
     for k in ks:
         e = state.accept_length(a, pool.method, k, tilt) if k > 0 else 1.0
         step = cost.step_s((moving * k + rest * draft) / load if load > 0 else k, load)
@@ -80,6 +80,7 @@ def mixed_batch(state: PolicyState, pool: PoolView, ks, a: float, samples: float
         gain = (moving * e + rest * length) / step
         if best is None or gain > best[0]:
             best = (gain, k, e, step)
+    assert best is not None, "ks is never empty"
     _, k, e, step = best
     plain_step = cost.step_s(rest * draft / load if load > 0 else 0.0, load)
     return Option(pool, k, a, samples, e, e / step, 1.0 / plain_step, e / step)
