@@ -35,7 +35,6 @@ import dataclasses
 import logging
 import random
 import threading
-import time
 from dataclasses import dataclass
 
 from policies.acceptance import A_MAX, acceptance_std
@@ -362,7 +361,7 @@ class Policy:
             {pool: m.draft_cost for pool, m in measured.items() if m.draft_cost is not None},
             {pool: m.step_curve for pool, m in measured.items() if m.step_curve},
             {name: f"engine:{p.engine}" for name, p in pools.items() if p.per_request_k},
-            (getattr(self.store, "clock", time.time)(), self.store.tau_s))
+            (self.store.clock(), self.store.tau_s))
         self._current = (state, {})
         self.desired_k.publish(self.store, state, pools,
                                lambda pool: self._load(state, pool))

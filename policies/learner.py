@@ -174,20 +174,23 @@ class Learner:
         """Each (pool, model, task, bucket)'s share of its group's verify steps (a step
         is a request's seat in a batch) and each pool's group's tokens per verify step,
         from the recent view: what the batches hold now, not minutes ago."""
+        def group_of(pool: str) -> str:  # a pool in no group is its own
+            return groups.get(pool, "pool:" + pool)
+
         steps: dict[tuple[str, str, str, str], float] = defaultdict(float)
         sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
         for ctx, long in contexts:
             stats = long.recent if long.recent is not None else long
             if stats.steps > 0:
                 steps[(ctx.pool, ctx.model, ctx.task, ctx.temperature_bucket)] += stats.steps
-                group = sums[groups.get(ctx.pool, "pool:" + ctx.pool)]
+                group = sums[group_of(ctx.pool)]
                 group[0] += stats.tokens
                 group[1] += stats.steps
-        share = {key: n / sums[groups.get(key[0], "pool:" + key[0])][1]
+        share = {key: n / sums[group_of(key[0])][1]
                  for key, n in steps.items()}
         length = {}
         for pool in {ctx.pool for ctx, _ in contexts}:
-            tokens, n = sums.get(groups.get(pool, "pool:" + pool), (0.0, 0.0))
+            tokens, n = sums.get(group_of(pool), (0.0, 0.0))
             if n > 0:
                 length[pool] = tokens / n
         return share, length

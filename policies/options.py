@@ -8,6 +8,7 @@ fitted `StepCost` (`policies.cost`).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from policies.cost import StepCost
@@ -57,7 +58,7 @@ def mates_draft(state: PolicyState, pool: PoolView, load: float) -> float:
     return state.pool_draft_k.get(pool.name, 0.0) * (load - 1.0) / load
 
 
-def mixed_batch(state: PolicyState, pool: PoolView, ks, a: float, samples: float,
+def mixed_batch(state: PolicyState, pool: PoolView, ks: Sequence[int], a: float, samples: float,
                 load: float, share: float, tilt: tuple[float, float] | None = None) -> Option:
     """The k whose batch emits the most tokens/s on a worker of `load` requests, where
     this request and `share` of its batch-mates (its context's share of the batch's

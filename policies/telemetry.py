@@ -60,6 +60,8 @@ class Telemetry(Protocol):
     @property
     def tau_s(self) -> float: ...  # decay time constant of the aggregates
 
+    clock: Callable[[], float]  # the time the aggregates decay by
+
     def record(self, rec: RequestRecord) -> None: ...
 
     def snapshot(self) -> dict[str, ContextStats]: ...
