@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sys
@@ -32,6 +33,7 @@ EMBEDDED_TEMPLATE = ("{python} -m specroute.cli worker --method plain --port {po
 BUILTIN_TEMPLATE = f"{{python}} {Path(__file__).resolve()} --port {{port}} --k {{k}}"
 WORKER_TEMPLATE = os.environ.get("SPECROUTE_SUPERVISOR_TEST_COMMAND", BUILTIN_TEMPLATE)
 FAILING_K = 13  # the builtin worker refuses to start with this k
+HANGING_K = 14  # its first start with this k hangs (marked in $SPECROUTE_TEST_HANG_MARK)
 
 
 def reported_k(base_url: str) -> int:
@@ -176,6 +178,34 @@ def test_k_that_fails_to_start_falls_back(make_supervisor, redis_url: str) -> No
     assert sup.poll_once() == "idle"  # the failed k is not retried in a loop
 
 
+def test_a_start_that_hangs_is_tried_again(make_supervisor, redis_url: str, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch,
+                                           caplog: pytest.LogCaptureFixture) -> None:
+    """A server that neither serves nor exits within health_timeout_s is killed and started
+    again at the same k; the k is kept, not given up; the log says what the hung server's
+    processes were waiting on."""
+    import redis
+
+    from policies.fleet import desired_k_key
+    from workers.fleet.registry import list_workers
+
+    if WORKER_TEMPLATE != BUILTIN_TEMPLATE:
+        pytest.skip("needs the builtin worker's hanging start")
+    monkeypatch.setenv("SPECROUTE_TEST_HANG_MARK", str(tmp_path / "hung-once"))
+    sup = make_supervisor(k=3, health_timeout_s=3.0)
+    sup.start()
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client.set(desired_k_key("eagle"), str(HANGING_K))
+    with caplog.at_level(logging.WARNING, logger="workers.fleet.supervisor"):
+        assert sup.poll_once() == "relaunched"
+    assert (tmp_path / "hung-once").exists()  # the first start did hang
+    hung = [r.getMessage() for r in caplog.records if "its processes" in r.getMessage()]
+    assert len(hung) == 1 and " S " in hung[0] and f"--k {HANGING_K}" in hung[0]  # asleep
+    assert sup.launches == 3  # k 3, the hung start at k 14, the one that served
+    assert reported_k(sup.settings.url) == HANGING_K
+    assert [w.k for w in list_workers(client, "eagle")] == [HANGING_K]
+
+
 def test_crashed_server_is_restarted(make_supervisor, redis_url: str) -> None:
     import redis
 
@@ -314,6 +344,10 @@ def test_in_flight_reads_sglang_metrics() -> None:
 def _serve(port: int, k: int) -> None:
     if k == FAILING_K:
         sys.exit(3)
+    mark = Path(os.environ.get("SPECROUTE_TEST_HANG_MARK", "/nonexistent/mark"))
+    if k == HANGING_K and mark.parent.is_dir() and not mark.exists():
+        mark.touch()
+        time.sleep(3600)  # hung: no /health, no exit (killed by the supervisor)
     lock, running = threading.Lock(), [0]
 
     class Handler(BaseHTTPRequestHandler):

@@ -17,6 +17,11 @@ from workers.fleet.supervisor import (
     advertised_url,
 )
 
+# how long a start may take before it counts as hung (then it is tried again): SGLang
+# loads weights and captures CUDA graphs (the settings' 900 s); vLLM CPU eager starts in
+# 30-40 s on a quiet 2-core machine and took up to ~75 s beside the test suite
+START_TIMEOUT_S = {"vllm": 240.0}
+
 
 def supervise(config_path: str, pool: str, command_template: str | None, port: int | None,
               redis_url: str | None, follow_fleet: bool = False, min_workers: int = 1) -> int:
@@ -33,7 +38,10 @@ def supervise(config_path: str, pool: str, command_template: str | None, port: i
         raise SupervisorError("no Redis: pass --redis-url, set REDIS_URL or redis_url in config")
     advertised, listen_port = advertised_url(
         spec, port, os.environ.get("SPECROUTE_ADVERTISE_URL"))
-    settings = SupervisorSettings(url=advertised, port=listen_port)
+    start_timeout_s = float(os.environ.get("SPECROUTE_START_TIMEOUT_S")
+                            or START_TIMEOUT_S.get(spec.engine, 900.0))
+    settings = SupervisorSettings(url=advertised, port=listen_port,
+                                  health_timeout_s=start_timeout_s)
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())

@@ -9,7 +9,11 @@ a decimal string); the supervisor applies it when it is worth it:
                    -> stop the server -> launch with the new k -> wait for /health
                    -> re-register with the new k -> clear drain flag
 
-A server that exits on its own is restarted with exponential backoff. `Supervisor` does
+A server that exits on its own is restarted with exponential backoff. A start that
+neither serves nor exits within `health_timeout_s` is killed and tried again at the same
+k (`start_attempts`) before that k is given up: a vLLM CPU server relaunched after a
+drain sometimes hung before starting its engine (no log line for minutes), while a fresh
+start after a crash served. `Supervisor` does
 one unit of work per `poll_once()` call, so tests drive it without sleeping loops;
 `workers.fleet.service.supervise()` is the blocking loop behind `specroute supervise`.
 """
@@ -43,6 +47,10 @@ class SupervisorError(RuntimeError):
     """The config is unusable, or the server could not be launched or never became healthy."""
 
 
+class StartTimeout(SupervisorError):
+    """The server neither became healthy nor exited within `health_timeout_s`."""
+
+
 def advertised_url(pool: FleetPool, port: int | None, override: str | None) -> tuple[str, int]:
     """(URL gateways use, port the server listens on): the override, else the pool's
     worker URL with that port, else the first worker URL, else 127.0.0.1."""
@@ -60,6 +68,7 @@ class SupervisorSettings:
     port: int
     min_relaunch_interval_s: float = 30.0
     health_timeout_s: float = 900.0  # SGLang loads weights and captures CUDA graphs first
+    start_attempts: int = 2  # starts at one k that time out before the k is given up
     drain_notice_s: float = 3.0  # > gateway discovery_interval_s (2 s): it sees the flag
     drain_timeout_s: float = 120.0
     drain_grace_s: float = 10.0  # wait used when the server does not report its load
@@ -98,6 +107,23 @@ def in_flight_requests(base_url: str, client: httpx.Client) -> int | None:
     except (httpx.HTTPError, ValueError):
         return None
     return None
+
+
+def group_snapshot(pgid: int) -> str:
+    """The processes of group `pgid` as `pid state wchan command` (from /proc), for the
+    log of a start that hung: which process waits, and on what."""
+    rows = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) != pgid:  # after ')': state, ppid, pgrp, ...
+                continue
+            wchan = (stat.parent / "wchan").read_text() or "-"
+            command = (stat.parent / "cmdline").read_bytes().replace(b"\0", b" ")[:120]
+        except (OSError, IndexError, ValueError):
+            continue  # it exited while we looked
+        rows.append(f"{stat.parent.name} {fields[0]} {wchan} {command.decode(errors='replace')}")
+    return "; ".join(sorted(rows)) or "none"
 
 
 class Supervisor:
@@ -152,8 +178,8 @@ class Supervisor:
             self._stopping.wait(0.2)
         if self._stopping.is_set():  # told to stop while it was starting: not a failure
             raise SupervisorError(f"stopping before {self.settings.url} was healthy")
-        raise SupervisorError(f"{self.settings.url}/health not ready in "
-                              f"{self.settings.health_timeout_s:.0f}s")
+        raise StartTimeout(f"{self.settings.url}/health not ready in "
+                           f"{self.settings.health_timeout_s:.0f}s")
 
     def _terminate(self) -> None:
         proc, self.process = self.process, None
@@ -191,12 +217,23 @@ class Supervisor:
 
     def _launch(self, k: int) -> None:
         """Start the server with `k`, wait for /health, announce it."""
-        self._spawn(k)
-        try:
-            self._wait_healthy()
-        except SupervisorError:
-            self._terminate()
-            raise
+        for attempt in range(1, self.settings.start_attempts + 1):
+            self._spawn(k)
+            try:
+                self._wait_healthy()
+                break
+            except StartTimeout as exc:
+                assert self.process is not None
+                logger.warning("pool %s: k=%d start hung; its processes: %s", self.pool.name,
+                               k, group_snapshot(self.process.pid))
+                self._terminate()
+                if attempt == self.settings.start_attempts:
+                    raise
+                logger.warning("pool %s: k=%d start hung (%s); starting it again",
+                               self.pool.name, k, exc)
+            except SupervisorError:
+                self._terminate()
+                raise
         self.k = k
         assert self.process is not None
         if self.registration is None:
