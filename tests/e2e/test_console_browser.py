@@ -209,8 +209,13 @@ def test_the_console_updates_live_in_chromium(stack: dict) -> None:
             assert tenant["acme"]["requests"] == 16 and tenant["acme"]["ttft_p99_ms"] > 0
             assert state["gateway"]["registry_error"] is None
             assert state["gateway"]["registry_read_at"] is not None
-            eagle = next(p for p in state["fleet"][0]["pools"] if p["pool"] == "eagle")
-            assert isinstance(eagle["desired_k"], int)  # the policy's wish, read from Redis
+
+            def eagle_desired_k() -> object:  # the policy's wish, as the console read it
+                fleet = admin_state(gateway)["fleet"][0]["pools"]
+                return next(p for p in fleet if p["pool"] == "eagle")["desired_k"]
+
+            # published by the next refit's telemetry flush, read by the console's next tick
+            wait_for(lambda: isinstance(eagle_desired_k(), int), 30, "eagle's desired k")
             pools = {p["pool"]: p for p in state["pools"]}
 
             def accepts(pool: str) -> list[float]:
