@@ -67,10 +67,12 @@ class Settings:
     ks: tuple[str, ...] | None = None
     model: str | None = None
     classes: tuple[str, ...] = CLASSES
+    follow_fleet: bool = False  # the adaptive fleet's servers follow the fleet planner
 
     def describe(self, model: str) -> str:
-        return (f"engine {self.engine}, model {model}; adaptive fleet {'+'.join(self.methods)} "
-                f"against {len(self.methods)} x each of {', '.join(self.homogeneous)}; "
+        follows = " (servers follow the fleet planner)" if self.follow_fleet else ""
+        return (f"engine {self.engine}, model {model}; adaptive fleet {'+'.join(self.methods)}"
+                f"{follows} against {len(self.methods)} x each of {', '.join(self.homogeneous)}; "
                 f"{self.per_class} fresh prompts per class, replicate and concurrency; "
                 f"{self.replicates} replicate(s), seed {self.seed}; max_tokens "
                 f"{self.max_tokens}; concurrency {','.join(map(str, self.concurrency))}; "
@@ -89,7 +91,8 @@ def run_fleets(group: list[Fleet], settings: Settings, prompts: Plan, replicate:
     """Start the fleets' stacks (all up at once), warm them, measure every concurrency
     with each block going to every configuration of every fleet in the group in a fresh
     random order (so the machine's drift hits them alike), audit, stop."""
-    stacks = [Stack(f, settings.engine, settings.model, workdir / f"r{replicate}-{f.name}")
+    stacks = [Stack(f, settings.engine, settings.model, workdir / f"r{replicate}-{f.name}",
+                    follow_fleet=settings.follow_fleet and f.name == ADAPTIVE)
               for f in group]
     records: list[Record] = []
     warm: dict[str, list[Record]] = {}
@@ -209,7 +212,12 @@ def main(args: argparse.Namespace) -> int:
         replicates=args.replicates or (1 if args.quick else 3),
         seed=args.seed, model=args.model,
         ks=tuple(args.ks.split(",")) if args.ks else None,
-        classes=tuple(args.classes.split(",")) if args.classes else CLASSES)
+        classes=tuple(args.classes.split(",")) if args.classes else CLASSES,
+        follow_fleet=args.follow_fleet)
+    if settings.follow_fleet and engine != "vllm":
+        print("bench live: --follow-fleet needs --engine vllm (embedded workers are not "
+              "supervised)", file=sys.stderr)
+        return 2
     unknown = set(settings.classes) - set(CLASSES)
     if unknown:
         print(f"bench live: unknown classes {sorted(unknown)}; expected some of "

@@ -128,7 +128,8 @@ class Record:
 class Stack:
     """One `specroute up` of a fleet."""
 
-    def __init__(self, fleet: Fleet, engine: str, model: str | None, workdir: Path) -> None:
+    def __init__(self, fleet: Fleet, engine: str, model: str | None, workdir: Path,
+                 follow_fleet: bool = False) -> None:
         self.fleet = fleet
         self.work = workdir
         workdir.mkdir(parents=True, exist_ok=True)
@@ -137,6 +138,7 @@ class Stack:
                 "--workdir", str(workdir), "--methods", ",".join(fleet.methods)]
         args += ["--engine", "vllm"] if engine == "vllm" else []
         args += ["--model", model] if model else []
+        args += ["--follow-fleet"] if follow_fleet else []
         env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
         self.log = open(workdir / "up.log", "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env,

@@ -23,6 +23,7 @@ def _up(args: argparse.Namespace) -> int:
         redis_url=args.redis_url,
         workdir=args.workdir,
         engine=args.engine,
+        follow_fleet=args.follow_fleet,
     )
 
 
@@ -133,6 +134,7 @@ BENCH_OPTIONS: dict[str, dict] = {
     "--homogeneous": {"default": None},
     "--ks": {"default": None},
     "--merge": {"default": None, "metavar": "FILES"},
+    "--follow-fleet": {"action": "store_true"},
     "--body-mode": {"default": "BUFFERED",
                     "choices": ["BUFFERED", "FULL_DUPLEX_STREAMED", "STREAMED"]},
 }
@@ -214,7 +216,9 @@ BENCHES: dict[str, tuple[str, dict[str, str]]] = {
         "--max-tokens": "tokens per request", "--seed": "prompt and order seed",
         "--workdir": "keep the stacks' logs here",
         "--records": "write every request's record to this JSON file",
-        "--merge": "report on these comma-separated --records files instead of running"}),
+        "--merge": "report on these comma-separated --records files instead of running",
+        "--follow-fleet": "vllm: the adaptive fleet's servers move between its pools as the "
+                          "gateway's fleet planner wants (`specroute up --follow-fleet`)"}),
 }
 
 
@@ -259,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--engine", choices=["embedded", "vllm"], default="embedded",
                     help="embedded workers (default) or vLLM CPU servers (installed into "
                     "their own virtualenv on first use; pools plain and ngram)")
+    up.add_argument("--follow-fleet", action="store_true",
+                    help="vllm: each server's supervisor moves it to the pool the gateway's "
+                    "fleet planner wants (docs/FLEET.md), one server at a time")
     up.set_defaults(func=_up)
 
     gw = sub.add_parser("gateway", help="run the gateway alone")

@@ -144,8 +144,10 @@ def start_embedded(children: list[Child], methods: list[str], model: Path, url: 
 
 
 def start_vllm(children: list[Child], methods: list[str], python: Path | None, model: Path,
-               url: str, host: str, port: int, work: Path) -> list[str]:
-    """One supervised vLLM server per pool (`specroute.vllm_stack`); waits for each."""
+               url: str, host: str, port: int, work: Path, follow_fleet: bool = False
+               ) -> list[str]:
+    """One supervised vLLM server per pool (`specroute.vllm_stack`); waits for each. With
+    `follow_fleet` each supervisor moves its server to the pool the fleet planner wants."""
     from specroute.vllm_stack import VLLMUnreadyError, server_env, vllm_pools
     from workers.fleet.vllm_cpu import DRAFTER_METHODS, DrafterExportError, vllm_drafter
 
@@ -174,8 +176,8 @@ def start_vllm(children: list[Child], methods: list[str], python: Path | None, m
         again = servers[:i].count(pool)
         children.append(spawn(f"supervisor-{pool['name']}" + (f"-{again}" if again else ""), [
             sys.executable, "-m", "specroute.cli", "supervise", "--config", str(config_path),
-            "--pool", pool["name"], "--port", str(server_port), "--redis-url", url], work,
-            env=server_env(i)))
+            "--pool", pool["name"], "--port", str(server_port), "--redis-url", url,
+            *(["--follow-fleet"] if follow_fleet else [])], work, env=server_env(i)))
         ports.append(server_port)
     for child, server_port in zip(children[-len(servers):], ports, strict=True):
         try:
@@ -189,13 +191,18 @@ def start_vllm(children: list[Child], methods: list[str], python: Path | None, m
 
 def run_stack(host: str = "127.0.0.1", port: int = 8000, methods: str | None = None,
               model_dir: str | None = None, redis_url: str | None = None,
-              workdir: str = ".specroute", engine: str = "embedded") -> int:
+              workdir: str = ".specroute", engine: str = "embedded",
+              follow_fleet: bool = False) -> int:
     from gateway.tenants.auth import is_loopback_host
 
     if not is_loopback_host(host):  # the generated config has no tenants: it would be open
         print(f"specroute up: refusing to serve {host} with no tenants; `specroute up` is "
               f"for this machine (127.0.0.1). For a shared gateway run `specroute gateway "
               f"--config FILE` with tenants (docs/TENANTS.md)", file=sys.stderr)
+        return 2
+    if follow_fleet and engine != "vllm":
+        print("specroute up: --follow-fleet moves supervised servers: it needs --engine vllm "
+              "(embedded workers take every k per request)", file=sys.stderr)
         return 2
     work = Path(workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -248,7 +255,7 @@ def run_stack(host: str = "127.0.0.1", port: int = 8000, methods: str | None = N
             children.append(redis_child)
         if engine == "vllm":
             shown = start_vllm(children, chosen_vllm, vllm_python, model, url, host, port,
-                               work)
+                               work, follow_fleet)
         else:
             shown = start_embedded(children, chosen, model, url, host, port, work, threads)
         config_path = work / "config.yaml"

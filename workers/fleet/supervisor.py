@@ -12,8 +12,8 @@ a decimal string); the supervisor applies it when it is worth it:
 A server that exits on its own is restarted with exponential backoff. A start that
 neither serves nor exits within `health_timeout_s` is killed and tried again at the same
 k (`start_attempts`) before that k is given up: a vLLM CPU server relaunched after a
-drain sometimes hung before starting its engine (no log line for minutes), while a fresh
-start after a crash served. `Supervisor` does
+drain once logged nothing for over 6 minutes before its engine core started (in CI),
+while a start after a crash in the same run served. `Supervisor` does
 one unit of work per `poll_once()` call, so tests drive it without sleeping loops;
 `workers.fleet.service.supervise()` is the blocking loop behind `specroute supervise`.
 """
