@@ -11,7 +11,8 @@ prompts at the same concurrency; prompts are fresh per replicate and concurrency
 held out from every prior, drafter and classifier (bench/live_prompts.py).
 
 Before measuring, the adaptive fleet serves `--warmup` requests of other prompts (what it
-learns from) and every homogeneous fleet serves a few of them marked benchmark (its
+learns from), split evenly over the measured concurrencies in turn (a policy that saw only
+the highest load would carry that load's costs to the others), and every homogeneous fleet serves a few of them marked benchmark (its
 workers warm, nothing learned). After a fleet's last request the bench reads its
 telemetry stream: the adaptive gateway must have learned from exactly its own requests
 and the homogeneous ones from none.
@@ -104,8 +105,12 @@ def run_fleets(group: list[Fleet], settings: Settings, prompts: Plan, replicate:
         for stack in stacks:
             fleet = stack.fleet
             if fleet.name == ADAPTIVE:
-                warm[fleet.name] = stack.run([(fleet.configs[0], prompts.warmup)], top,
-                                             replicate)
+                warm[fleet.name] = []
+                share = -(-len(prompts.warmup) // len(settings.concurrency))
+                for i, conc in enumerate(settings.concurrency):
+                    warm[fleet.name] += stack.run(
+                        [(fleet.configs[0], prompts.warmup[i * share:(i + 1) * share])],
+                        conc, replicate)
             else:  # warm the workers only: a few requests, marked benchmark
                 first = prompts.warmup[: 2 * len(fleet.methods)]
                 warm[fleet.name] = stack.run(
