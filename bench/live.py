@@ -11,9 +11,10 @@ prompts at the same concurrency; prompts are fresh per replicate and concurrency
 held out from every prior, drafter and classifier (bench/live_prompts.py).
 
 Before measuring, the adaptive fleet serves `--warmup` requests of other prompts (what it
-learns from), split evenly over the measured concurrencies in turn (a policy that saw only
-the highest load would carry that load's costs to the others), and every homogeneous fleet serves a few of them marked benchmark (its
-workers warm, nothing learned). After a fleet's last request the bench reads its
+learns from), split evenly over the measured concurrencies in turn (warmed at the highest
+only, the policy had no traffic at the others to learn their costs from), and every
+homogeneous fleet serves a few of them marked benchmark (its workers warm, nothing
+learned). After a fleet's last request the bench reads its
 telemetry stream: the adaptive gateway must have learned from exactly its own requests
 and the homogeneous ones from none.
 

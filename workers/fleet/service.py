@@ -11,6 +11,7 @@ from policies.fleet import FleetConfigError, load_pool
 from workers.fleet.launch import command_builder
 from workers.fleet.member import FleetMember, MemberSettings, model_pools
 from workers.fleet.supervisor import (
+    DEFAULT_START_TIMEOUT_S,
     Supervisor,
     SupervisorError,
     SupervisorSettings,
@@ -18,9 +19,9 @@ from workers.fleet.supervisor import (
 )
 
 # how long a start may take before it counts as hung (then it is tried again): SGLang
-# loads weights and captures CUDA graphs (the settings' 900 s); vLLM CPU eager starts in
+# loads weights and captures CUDA graphs (DEFAULT_START_TIMEOUT_S); vLLM CPU eager starts in
 # 30-40 s on a quiet 2-core machine, and a relaunch while the other server takes all the
-# traffic took 79-181 s here (its import and engine start get half a core)
+# traffic took 79-181 s here
 START_TIMEOUT_S = {"vllm": 420.0}
 
 
@@ -40,7 +41,7 @@ def supervise(config_path: str, pool: str, command_template: str | None, port: i
     advertised, listen_port = advertised_url(
         spec, port, os.environ.get("SPECROUTE_ADVERTISE_URL"))
     start_timeout_s = float(os.environ.get("SPECROUTE_START_TIMEOUT_S")
-                            or START_TIMEOUT_S.get(spec.engine, 900.0))
+                            or START_TIMEOUT_S.get(spec.engine, DEFAULT_START_TIMEOUT_S))
     settings = SupervisorSettings(url=advertised, port=listen_port,
                                   health_timeout_s=start_timeout_s)
     stopping = threading.Event()

@@ -62,12 +62,15 @@ def advertised_url(pool: FleetPool, port: int | None, override: str | None) -> t
     return f"http://127.0.0.1:{port or 30000}", port or 30000
 
 
+DEFAULT_START_TIMEOUT_S = 900.0  # SGLang loads weights and captures CUDA graphs first
+
+
 @dataclass(frozen=True, slots=True)
 class SupervisorSettings:
     url: str  # the server's base URL as gateways reach it (registered under this)
     port: int
     min_relaunch_interval_s: float = 30.0
-    health_timeout_s: float = 900.0  # SGLang loads weights and captures CUDA graphs first
+    health_timeout_s: float = DEFAULT_START_TIMEOUT_S
     start_attempts: int = 2  # starts at one k that time out before the k is given up
     drain_notice_s: float = 3.0  # > gateway discovery_interval_s (2 s): it sees the flag
     drain_timeout_s: float = 120.0
