@@ -218,3 +218,17 @@ def test_bundled_model_greedy_methods_agree() -> None:
 def test_bundled_dir_is_inside_the_package() -> None:
     assert BUNDLED_MODEL_DIR.parts[-3:] == ("embedded", "weights", "specroute-tiny")
     assert isinstance(BUNDLED_MODEL_DIR, Path)
+
+
+@pytest.mark.parametrize("method", METHODS[1:])
+def test_greedy_output_equals_plain_greedy_on_four_bit_layers(tokenizer: TextTokenizer,
+                                                              method: str) -> None:
+    """Lossless on the 4-bit path too: plain and speculative steps share its products."""
+    from test_engine_int4 import four_bit_model
+
+    engine = Engine.from_model(four_bit_model()[1], tokenizer)
+    assert engine.model.four_bit
+    for prompt in _prompts():
+        plain = _greedy(engine, prompt, max_new_tokens=24).ids
+        for k in (1, engine.max_k):
+            assert _greedy(engine, prompt, method, k, max_new_tokens=24).ids == plain, (prompt, k)

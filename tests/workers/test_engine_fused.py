@@ -48,8 +48,9 @@ def _logits(model: LlamaForCausalLM, items: list[tuple[list[int], int, torch.Ten
 
 def test_fused_logits_equal_the_unfused_model() -> None:
     reference, fused = _pair()
-    assert fused.model.layers[0].self_attn.packed is not None
-    assert reference.model.layers[0].self_attn.packed is None
+    assert fused.model.layers[0].self_attn.inference is not None
+    assert reference.model.layers[0].self_attn.inference is None
+    assert not fused.four_bit  # a float32 model's weights are not on a 4-bit grid
     prompt = list(range(5, 45))
     tree = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)
     items = [([7], 40, None),  # a decode step
@@ -66,8 +67,8 @@ def test_fuse_leaves_the_parameters_alone() -> None:
     """The packed copies are extra: parameters (the checkpoint's tensors) and the state
     dict are unchanged, so one-row forwards and training read what they read before."""
     reference, fused = _pair()
-    assert fused.model.layers[1].self_attn.packed is not None
-    assert fused.model.layers[1].mlp.packed is not None and fused.lm_packed is not None
+    assert fused.model.layers[1].self_attn.inference is not None
+    assert fused.model.layers[1].mlp.inference is not None and fused.lm_inference is not None
     assert set(fused.state_dict()) == set(reference.state_dict())
     for name, tensor in reference.state_dict().items():
         assert torch.equal(fused.state_dict()[name], tensor), name
@@ -100,7 +101,8 @@ def test_packing_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
     """SPECROUTE_PACKED_WEIGHTS=0: no private copies, the plain layout's results."""
     monkeypatch.setenv("SPECROUTE_PACKED_WEIGHTS", "0")
     reference, fused = _pair()
-    assert fused.lm_packed is None and fused.model.layers[0].self_attn.packed is None
+    assert fused.lm_inference is not None and fused.lm_inference.packed is None
+    assert not fused.lm_inference.serves(3)
     items = [([7, 8, 9], 40, None)]
     torch.testing.assert_close(_logits(fused, items, list(range(5, 45)))[0],
                                _logits(reference, items, list(range(5, 45)))[0], atol=0, rtol=0)

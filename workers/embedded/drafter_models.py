@@ -72,7 +72,7 @@ def draft_logits(features: torch.Tensor, vocabulary: DraftVocabulary | None,
                  base_lm_head: nn.Module) -> torch.Tensor:
     """Draft logits (..., V) float32 through the drafter's own vocabulary, else the base's head."""
     if vocabulary is None:
-        return base_lm_head(features).float()
+        return base_lm_head(features.to(base_lm_head.weight.dtype)).float()
     return vocabulary(features)
 
 
@@ -169,7 +169,7 @@ class EagleHead(nn.Module):
             positions = torch.arange(past, past + t, device=features.device)
         cos, sin, mask = attention_inputs(self.rope_cos, self.rope_sin, positions, past, tree_mask,
                                           self.fc.weight.dtype)
-        x = self.fc(torch.cat([features, next_embeddings], dim=-1))  # (B, T, C)
+        x = self.fc(torch.cat([features, next_embeddings.to(features.dtype)], dim=-1))  # (B, T, C)
         return self.layer(x, cos, sin, mask, cache, 0)
 
     def new_cache(self, max_length: int | None = None) -> KVCache:

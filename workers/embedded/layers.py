@@ -1,7 +1,8 @@
 """The Llama blocks' small parts, and the weight layouts the inference path reads.
 
 RMSNorm; RoPE tables and their application; the attention mask of a forward; fused
-projection weights (`fuse_linears`) and their oneDNN-packed copies (`pack`, `linear`).
+projection weights (`fuse_linears`) and their inference copies (`InferenceWeight`):
+oneDNN-packed float32 (`pack`, `linear`) and 4-bit codes (`int4_codes`, `int4_linear`).
 
 Legend: B batch, T new tokens, L cached tokens, hs head size, C hidden size.
 """
@@ -9,6 +10,7 @@ Legend: B batch, T new tokens, L cached tokens, hs head size, C hidden size.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -118,12 +120,83 @@ def pack(weight: torch.Tensor) -> PackedWeight | None:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
 
 
-def pack_all(first: torch.Tensor, second: torch.Tensor) -> tuple[PackedWeight, PackedWeight] | None:
-    """Packed copies of both weights, or None if they cannot be packed."""
-    a, b = pack(first), pack(second)
-    return None if a is None or b is None else (a, b)
-
-
 def linear(x: torch.Tensor, packed: PackedWeight) -> torch.Tensor:
     """x (..., C) @ W.T through W's packed copy."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+
+# 4-bit weights: torch's CPU kernel for weight-only int4 products (gpt-fast's int4 path)
+# takes codes q in 0..15 per group of INT4_GROUP inputs with a bf16 scale and zero per
+# (group, output): w = (q - 8) * scale + zero, and bf16 inputs. A Q4_1 checkpoint
+# (llama.cpp: per block of 32, w = d * q + m, q in 0..15) is exactly that with
+# scale = d, zero = m + 8 d, so serving its codes is serving the checkpoint, not a new
+# quantization; only d and m, stored in fp16, are rounded to bf16 (~0.4%).
+INT4_GROUP = 32
+
+
+@dataclass(frozen=True, slots=True)
+class Int4Weight:
+    packed: torch.Tensor  # torch's int4 CPU layout of the (N, C) codes
+    scales_zeros: torch.Tensor  # (C / INT4_GROUP, N, 2) bf16: scale, zero per group
+
+
+def int4_codes(weight: torch.Tensor) -> Int4Weight | None:
+    """The weight's 4-bit codes when each group of INT4_GROUP inputs of every row holds
+    at most 16 values evenly spaced from its minimum to its maximum — a Q4_1 checkpoint
+    dequantized (llama.cpp's quantize_row_q4_1 sets m = min, d = (max - min) / 15, so the
+    minimum gets 0 and the maximum 15) — and None for any other weight: quantizing those
+    would change the model. Off with SPECROUTE_INT4_WEIGHTS=0, off autograd's tensors."""
+    n, c = weight.shape
+    if (os.environ.get("SPECROUTE_INT4_WEIGHTS", "1") == "0" or weight.device.type != "cpu"
+            or c % INT4_GROUP or not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu")):
+        return None
+    groups = weight.detach().float().reshape(n, c // INT4_GROUP, INT4_GROUP)  # (N, G, 32)
+    low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+    scale = (high - low) / 15  # (N, G, 1)
+    step = torch.where(scale > 0, scale, torch.ones_like(scale))
+    codes = ((groups - low) / step).round().clamp(0, 15)
+    off_grid = (codes * scale + low - groups).abs() > 1e-3 * step + 1e-7
+    if bool(off_grid.any()):
+        return None
+    zeros = low + 8 * scale
+    scales_zeros = torch.cat([scale, zeros], dim=-1).transpose(0, 1)  # (G, N, 2)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+        codes.reshape(n, c).to(torch.int32).contiguous(), 1)
+    return Int4Weight(packed, scales_zeros.to(torch.bfloat16).contiguous())
+
+
+def int4_linear(x: torch.Tensor, weight: Int4Weight) -> torch.Tensor:
+    """x (..., C) @ W.T through W's 4-bit codes, in x's dtype (the product in bf16)."""
+    rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)  # (M, C)
+    y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, weight.packed, INT4_GROUP,
+                                                   weight.scales_zeros)  # (M, N)
+    return y.view(*x.shape[:-1], y.shape[-1]).to(x.dtype)
+
+
+class InferenceWeight:
+    """The inference copy of one (possibly fused) weight (N, C). A 4-bit weight
+    (`int4_codes`) runs every product on its codes; another weight runs products of more
+    than one row on its oneDNN-packed float32 copy (`pack`), and one row on the
+    parameters. One kind of product for every row count keeps a 4-bit model's outputs the
+    same whether a token is decoded alone, verified among drafts or batched with a prefill
+    (bf16-rounded outputs would otherwise differ between kinds, and greedy speculative
+    output drift from plain). On SmolLM2's 210 layer linears, one thread: int4 6.7 ms a
+    row vs 30.8 ms packed float32, 11 vs 25 at 4 rows, even at ~24, 1.27x slower at 256
+    (prefill): docs/WORKER.md, "The decode step". `serves(rows)` says whether a product
+    of that many rows has a copy."""
+
+    __slots__ = ("int4", "packed")
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.int4 = int4_codes(weight)
+        self.packed = pack(weight) if self.int4 is None else None
+
+    def serves(self, rows: int) -> bool:
+        return self.int4 is not None or (self.packed is not None and rows > 1)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., C) @ W.T; only for a row count this weight `serves`."""
+        if self.int4 is not None:
+            return int4_linear(x, self.int4)
+        assert self.packed is not None
+        return linear(x, self.packed)

@@ -22,14 +22,11 @@ from torch import nn
 
 from workers.embedded.kv_cache import KVCache
 from workers.embedded.layers import (
-    PackedWeight,
+    InferenceWeight,
     RMSNorm,
     apply_rope,
     attention_inputs,
     fuse_linears,
-    linear,
-    pack,
-    pack_all,
     rope_tables,
     signed,
 )
@@ -107,13 +104,14 @@ class RaggedBatch:
 
 
 class Attention(nn.Module):
-    """Grouped-query attention. `fuse()` (inference) adds oneDNN-packed copies of the
-    concatenated q/k/v weight, (nh + 2 nkv) hs x C, and of o: a forward over more than
-    one row (prefill, verify, a batch) runs one packed q/k/v projection and RoPE on q and
-    k in one call. A one-row forward, and any forward with autograd on, runs the three
-    parameters themselves (memory-mapped from the checkpoint and shared between workers;
-    `layers.pack` says why one row stays on them). Fuse after any `.to()` and after the
-    weights are final: the packed copies are not parameters."""
+    """Grouped-query attention. `fuse()` (inference) adds inference copies
+    (`layers.InferenceWeight`) of the concatenated q/k/v weight, (nh + 2 nkv) hs x C, and
+    of o: a forward they serve runs one q/k/v projection and RoPE on q and k in one call —
+    through 4-bit codes where the checkpoint is 4-bit, else through the packed float32
+    copy past one row. Any other forward, and any with autograd
+    on, runs the three parameters themselves (memory-mapped from the checkpoint and shared
+    between workers; `layers.pack` says why one float32 row stays on them). Fuse after any
+    `.to()` and after the weights are final: the copies are not parameters."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -124,14 +122,15 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(c, self.n_kv * hs, bias=False)
         self.v_proj = nn.Linear(c, self.n_kv * hs, bias=False)
         self.o_proj = nn.Linear(self.n_head * hs, c, bias=False)
-        self.packed: tuple[PackedWeight, PackedWeight] | None = None  # (qkv, o), by fuse()
+        self.inference: tuple[InferenceWeight, InferenceWeight] | None = None  # qkv, o
 
     def fuse(self) -> None:
-        """Concatenate q, k, v into one weight (a copy, made once), and make the three
-        parameters views of it, so the state dict and in-place updates stay in step."""
-        if self.packed is None:
-            self.packed = pack_all(fuse_linears(self.q_proj, self.k_proj, self.v_proj),
-                                   self.o_proj.weight)
+        """Inference copies of q, k, v concatenated and of o (made once); the parameters
+        stay as they are."""
+        if self.inference is None:
+            self.inference = (
+                InferenceWeight(fuse_linears(self.q_proj, self.k_proj, self.v_proj)),
+                InferenceWeight(self.o_proj.weight.detach()))
 
     def forward(
         self,
@@ -145,9 +144,12 @@ class Attention(nn.Module):
         """x (B, T, C); cos, sin (1, 1, T, hs), sin signed (`apply_rope`)."""
         b, t, _ = x.shape
         nh, nkv, hs = self.n_head, self.n_kv, self.hs
-        packed = self.packed if b * t > 1 and not torch.is_grad_enabled() else None
-        if packed is not None:
-            qkv = linear(x, packed[0]).view(b, t, nh + 2 * nkv, hs)  # (B, T, nh+2nkv, hs)
+        fused = self.inference
+        if fused is not None and (torch.is_grad_enabled() or not fused[0].serves(b * t)
+                                  or not fused[1].serves(b * t)):
+            fused = None
+        if fused is not None:
+            qkv = fused[0](x).view(b, t, nh + 2 * nkv, hs)  # (B, T, nh+2nkv, hs)
             qk = apply_rope(qkv[:, :, : nh + nkv], cos.transpose(1, 2), sin.transpose(1, 2))
             q = qk[:, :, :nh].transpose(1, 2)  # (B, nh, T, hs)
             k = qk[:, :, nh:].transpose(1, 2)  # (B, nkv, T, hs)
@@ -169,7 +171,7 @@ class Attention(nn.Module):
                 k, v = cache.append(layer, k, v)  # (B, nkv, L+T, hs)
             y = self._attend(q, k, v, mask)
         y = y.transpose(1, 2).reshape(b, t, nh * hs)  # (B, T, C)
-        return self.o_proj(y) if packed is None else linear(y, packed[1])
+        return self.o_proj(y) if fused is None else fused[1](y)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 mask: torch.Tensor | None) -> torch.Tensor:
@@ -185,8 +187,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU; `fuse()` adds packed copies of gate and up as one 2F x C weight and of
-    down, used by forwards over more than one row with autograd off (as `Attention.fuse`)."""
+    """SwiGLU; `fuse()` adds inference copies of gate and up as one 2F x C weight and of
+    down, used by the forwards they serve with autograd off (as `Attention.fuse`)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -194,17 +196,19 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(c, f, bias=False)
         self.up_proj = nn.Linear(c, f, bias=False)
         self.down_proj = nn.Linear(f, c, bias=False)
-        self.packed: tuple[PackedWeight, PackedWeight] | None = None  # (gate_up, down)
+        self.inference: tuple[InferenceWeight, InferenceWeight] | None = None  # gate_up, down
 
     def fuse(self) -> None:
-        if self.packed is None:
-            self.packed = pack_all(fuse_linears(self.gate_proj, self.up_proj),
-                                   self.down_proj.weight)
+        if self.inference is None:
+            self.inference = (InferenceWeight(fuse_linears(self.gate_proj, self.up_proj)),
+                              InferenceWeight(self.down_proj.weight.detach()))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None and x.numel() > x.shape[-1] and not torch.is_grad_enabled():
-            gate, up = linear(x, self.packed[0]).chunk(2, dim=-1)
-            return linear(F.silu(gate).mul_(up), self.packed[1])
+        fused, rows = self.inference, x.numel() // x.shape[-1]
+        if (fused is not None and not torch.is_grad_enabled() and fused[0].serves(rows)
+                and fused[1].serves(rows)):
+            gate, up = fused[0](x).chunk(2, dim=-1)
+            return fused[1](F.silu(gate).mul_(up))
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -255,24 +259,36 @@ class LlamaForCausalLM(nn.Module):
         cos, sin = rope_tables(config)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", signed(sin), persistent=False)  # apply_rope's table
-        self.lm_packed: PackedWeight | None = None  # set by fuse()
+        self.lm_inference: InferenceWeight | None = None  # set by fuse()
 
     def fuse(self) -> LlamaForCausalLM:
-        """Packed, fused copies of every layer's projections and of the LM head (for
-        inference: see `Attention.fuse`); outputs equal the unfused model's within float
-        rounding. Without oneDNN (or off float32 CPU) nothing changes."""
+        """Inference copies of every layer's fused projections and of the LM head (see
+        `Attention.fuse`); outputs equal the unfused model's within float rounding (bf16
+        products where the checkpoint is 4-bit). Without oneDNN or 4-bit weights (or off
+        the CPU) nothing changes."""
         for layer in self.model.layers:
             DecoderLayer.fuse(layer)  # type: ignore[arg-type]  # a ModuleList of them
-        if self.lm_packed is None:
-            self.lm_packed = pack(self.lm_head.weight.detach())
+        if self.lm_inference is None:
+            # Where the layers run 4-bit the head (8-bit in the GGUF: not 4-bit codes)
+            # stays float32: a bf16 head (8.4 ms a row against 11.2) rounds logits to
+            # ~0.1 at 25, and SmolLM2's top two often lie closer (0.08 apart, seen).
+            self.lm_inference = InferenceWeight(self.lm_head.weight.detach())
         return self
 
+    @property
+    def four_bit(self) -> bool:
+        """Whether `fuse()` found the layers' weights 4-bit (`layers.int4_codes`): decode
+        and verify products then run in bf16 on the checkpoint's codes."""
+        attention = self.model.layers[0].self_attn.inference  # type: ignore[union-attr]
+        return attention is not None and attention[0].int4 is not None
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """LM head over hidden (..., C): logits (..., V) float32; several rows go through
-        the packed copy once `fuse()` made one (`layers.linear`)."""
-        if self.lm_packed is None or hidden.numel() == hidden.shape[-1] or torch.is_grad_enabled():
+        """LM head over hidden (..., C): logits (..., V) float32, through the head's
+        inference copy where it serves the rows (`fuse()`)."""
+        head = self.lm_inference
+        if head is None or torch.is_grad_enabled() or not head.serves(hidden.numel() // hidden.shape[-1]):
             return self.lm_head(hidden).float()
-        return linear(hidden, self.lm_packed).float()
+        return head(hidden).float()
 
     def forward(
         self,

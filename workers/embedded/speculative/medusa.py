@@ -29,11 +29,12 @@ class MedusaDrafter:
     def __init__(self, model: LlamaForCausalLM, heads: MedusaHeads) -> None:
         self._lm_head = model.lm_head
         self._heads = heads
+        self._dtype = next(heads.parameters()).dtype
 
     def propose(self, state: DecodeState) -> Draft:
         k = state.k
         depth = min(self._heads.config.num_heads, k)
-        feature = state.hidden[-1:].to(self._lm_head.weight.dtype)[None]  # (1, 1, C)
+        feature = state.hidden[-1:].to(self._dtype)[None]  # (1, 1, C)
         head_features = self._heads(feature)[:depth, 0, 0]  # (depth, C)
         logits = draft_logits(head_features, self._heads.vocabulary, self._lm_head)  # (depth, V)
         logp = logits.log_softmax(-1)  # -inf outside a draft vocabulary

@@ -49,18 +49,23 @@ def builtin_methods() -> dict[str, Method]:
 def load_methods(model_dir: Path | None, model: LlamaForCausalLM) -> dict[str, Method]:
     """Built-in methods plus those whose drafter weights `drafter_dir_for(model_dir)` finds:
     `medusa/` -> medusa; `eagle/` -> eagle (chain) and eagle2 (dynamic tree); `draft/` ->
-    draft. Weights load once, onto the model's device and dtype; drafters share them."""
+    draft. Weights load once, onto the model's device (and dtype, but see `dtype` below);
+    drafters share them."""
     methods = builtin_methods()
     folder = drafter_dir_for(model_dir) if model_dir is not None else None
     if folder is None:
         return methods
     weight = model.lm_head.weight
+    # A drafter's precision moves its acceptance, never the output (verification decides):
+    # where the model's products run bf16 (4-bit layers) its drafters' do too, at half
+    # the weight traffic of float32.
+    dtype = torch.bfloat16 if model.four_bit else weight.dtype
     if (folder / "medusa" / "config.json").exists():
-        heads = _load(folder / "medusa", MedusaHeads, weight)
+        heads = _load(folder / "medusa", MedusaHeads, weight, dtype)
         methods["medusa"] = Method("medusa", lambda: MedusaDrafter(model, heads),
                                    DEFAULT_K["medusa"])
     if (folder / "eagle" / "config.json").exists():
-        head = _load(folder / "eagle", EagleHead, weight)
+        head = _load(folder / "eagle", EagleHead, weight, dtype)
         methods["eagle"] = Method("eagle", lambda: EagleChainDrafter(model, head),
                                   DEFAULT_K["eagle"])
         methods["eagle2"] = Method("eagle2", lambda: EagleTreeDrafter(model, head),
@@ -73,8 +78,8 @@ def load_methods(model_dir: Path | None, model: LlamaForCausalLM) -> dict[str, M
     return methods
 
 
-def _load(folder: Path, kind: type[_Module], like: torch.Tensor) -> _Module:
-    module = load_drafter(folder, dtype=like.dtype, device=like.device)
+def _load(folder: Path, kind: type[_Module], like: torch.Tensor, dtype: torch.dtype) -> _Module:
+    module = load_drafter(folder, dtype=dtype, device=like.device)
     if not isinstance(module, kind):
         raise ValueError(f"{folder} holds a {type(module).__name__}, expected {kind.__name__}")
     return module
