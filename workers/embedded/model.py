@@ -279,8 +279,9 @@ class LlamaForCausalLM(nn.Module):
     def four_bit(self) -> bool:
         """Whether `fuse()` found the layers' weights 4-bit (`layers.int4_codes`): decode
         and verify products then run in bf16 on the checkpoint's codes."""
-        attention = self.model.layers[0].self_attn.inference  # type: ignore[union-attr]
-        return attention is not None and attention[0].int4 is not None
+        first: DecoderLayer = self.model.layers[0]  # type: ignore[assignment]
+        copies = first.self_attn.inference
+        return copies is not None and copies[0].int4 is not None
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """LM head over hidden (..., C): logits (..., V) float32, through the head's
