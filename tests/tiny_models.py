@@ -6,8 +6,9 @@ from pathlib import Path
 
 import torch
 
+from workers.embedded.checkpoint import init_weights
 from workers.embedded.drafter_models import EagleConfig, EagleHead
-from workers.embedded.model import LlamaForCausalLM, ModelConfig, init_weights
+from workers.embedded.model import LlamaForCausalLM, ModelConfig
 
 
 def near_bigram_llama(vocab_size: int, max_positions: int = 192,
@@ -39,7 +40,7 @@ def tiny_model_dir(out: Path, texts: list[str], vocab_size: int, context: int) -
     """A servable model folder: a BPE tokenizer trained on `texts` plus a random (seed 0)
     2-layer Llama with the default init, saved in the Hugging Face layout."""
     from bench.training.drafters.bpe import train_tokenizer
-    from workers.embedded.model import save_model
+    from workers.embedded.checkpoint import save_model
 
     tok = train_tokenizer(texts, vocab_size=vocab_size)
     tok.save(str(out / "tokenizer.json"))
@@ -65,8 +66,8 @@ def half_agreeing_drafters_dir(folder: Path, vocab_size: int) -> Path:
     q that overlaps p), a noisy copy of the target as the draft model (q near p): drafts
     are accepted sometimes, rejected often."""
     from bench.training.drafters.bpe import train_tokenizer
+    from workers.embedded.checkpoint import save_model
     from workers.embedded.drafter_models import MedusaConfig, MedusaHeads, save_drafter
-    from workers.embedded.model import save_model
 
     save_model(near_bigram_llama(vocab_size), folder, dtype=torch.float32)
     texts = [f"the quick brown fox jumps over the lazy dog {i} times" for i in range(200)]

@@ -14,8 +14,9 @@ from tiny_models import near_bigram_llama
 from bench.training.drafters import train, train_drafters
 from bench.training.drafters.bpe import train_tokenizer
 from workers.embedded.chat_template import EOS
+from workers.embedded.checkpoint import save_model
 from workers.embedded.engine import Engine, SamplingParams
-from workers.embedded.model import ModelConfig, save_model
+from workers.embedded.model import ModelConfig
 
 VOCAB = 300
 

@@ -13,16 +13,13 @@ import torch
 from stats import assert_follows
 from tiny_models import half_agreeing_drafters_dir, tiny_eagle_config
 
+from workers.embedded.checkpoint import init_weights, load_model
 from workers.embedded.drafter_models import (
     EagleHead,
     load_drafter,
 )
 from workers.embedded.engine import BUNDLED_MODEL_DIR, Engine, Generation, SamplingParams
-from workers.embedded.model import (
-    LlamaForCausalLM,
-    init_weights,
-    load_model,
-)
+from workers.embedded.model import LlamaForCausalLM
 from workers.embedded.speculative import DecodeState, Draft, Drafter, Sampler, verify
 from workers.embedded.speculative.eagle import EagleSync
 from workers.embedded.speculative.eagle2 import EagleTreeConfig, EagleTreeDrafter

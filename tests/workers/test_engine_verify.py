@@ -8,7 +8,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from workers.embedded.model import LlamaForCausalLM, ModelConfig, init_weights
+from workers.embedded.checkpoint import init_weights
+from workers.embedded.model import LlamaForCausalLM, ModelConfig
 from workers.embedded.speculative import AuxBranch, Draft, Sampler, verify
 from workers.embedded.speculative.draft import attention_layout
 from workers.embedded.speculative.verify import accept

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from workers.embedded.chat_template import apply_chat_template
+from workers.embedded.checkpoint import load_config
 from workers.embedded.engine import Engine, SamplingParams
 from workers.embedded.fetch_model import ensure_smollm2
 from workers.embedded.gguf_import import permute_qk, unpermute_qk
-from workers.embedded.model import Attention, ModelConfig, load_config, rope_tables, signed
+from workers.embedded.model import Attention, ModelConfig, rope_tables, signed
 
 
 @pytest.fixture(scope="module")

@@ -30,10 +30,11 @@ from workers.embedded.api import (
     SamplingParams,
     StepOutput,
 )
+from workers.embedded.checkpoint import load_model
 from workers.embedded.detokenize import TextStream
 from workers.embedded.grammar import GrammarCompiler, GrammarProcessor
 from workers.embedded.limits import check_params
-from workers.embedded.model import ForwardOutput, LlamaForCausalLM, SequenceInput, load_model
+from workers.embedded.model import ForwardOutput, LlamaForCausalLM, SequenceInput
 from workers.embedded.speculative import DecodeState, Draft, Sampler
 from workers.embedded.speculative.methods import Method, builtin_methods, load_methods
 from workers.embedded.speculative.processors import build_processors

@@ -36,7 +36,8 @@ from pathlib import Path
 import torch
 
 from workers.embedded.chat_template import apply_chat_template
-from workers.embedded.model import LlamaForCausalLM, load_model
+from workers.embedded.checkpoint import load_model
+from workers.embedded.model import LlamaForCausalLM
 from workers.embedded.tokenizer import TextTokenizer
 
 TEMPERATURES = (0.0, 0.8)

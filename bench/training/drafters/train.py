@@ -24,8 +24,9 @@ import torch.nn.functional as F
 from bench.training.drafters.bpe import train_tokenizer
 from bench.training.drafters.corpus import build_corpus
 from workers.embedded.chat_template import EOS
+from workers.embedded.checkpoint import init_weights, save_model
 from workers.embedded.engine import BUNDLED_MODEL_DIR
-from workers.embedded.model import LlamaForCausalLM, ModelConfig, init_weights, save_model
+from workers.embedded.model import LlamaForCausalLM, ModelConfig
 
 
 @dataclass

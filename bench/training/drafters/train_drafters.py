@@ -31,6 +31,7 @@ from bench.training.drafters.train import (
     save_checkpoint,
     split,
 )
+from workers.embedded.checkpoint import init_weights, load_model, save_model
 from workers.embedded.drafter_models import (
     EagleConfig,
     EagleHead,
@@ -39,13 +40,7 @@ from workers.embedded.drafter_models import (
     save_drafter,
 )
 from workers.embedded.engine import BUNDLED_MODEL_DIR
-from workers.embedded.model import (
-    LlamaForCausalLM,
-    ModelConfig,
-    init_weights,
-    load_model,
-    save_model,
-)
+from workers.embedded.model import LlamaForCausalLM, ModelConfig
 
 
 @dataclass

@@ -52,6 +52,7 @@ from bench.training.drafters.smollm2_data import (
 )
 from bench.training.drafters.train import load_checkpoint, save_checkpoint
 from policies.fleet import SMOLLM2_MODEL_NAME, weights_dir
+from workers.embedded.checkpoint import init_weights, load_model
 from workers.embedded.drafter_models import (
     EagleConfig,
     EagleHead,
@@ -59,7 +60,7 @@ from workers.embedded.drafter_models import (
     MedusaHeads,
     save_drafter,
 )
-from workers.embedded.model import ModelConfig, init_weights, load_model
+from workers.embedded.model import ModelConfig
 
 SHIPPED_DIR = weights_dir(SMOLLM2_MODEL_NAME)
 

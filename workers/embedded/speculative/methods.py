@@ -18,8 +18,9 @@ import torch
 
 from policies.fleet import drafter_dir_for
 from policies.methods import DEFAULT_K
+from workers.embedded.checkpoint import load_model
 from workers.embedded.drafter_models import EagleHead, MedusaHeads, load_drafter
-from workers.embedded.model import LlamaForCausalLM, load_model
+from workers.embedded.model import LlamaForCausalLM
 from workers.embedded.speculative.draft import Drafter
 from workers.embedded.speculative.draft_model import DraftModelDrafter
 from workers.embedded.speculative.eagle import EagleChainDrafter
