@@ -50,3 +50,36 @@ def test_shards_hold_the_targets_answers_and_a_restart_resumes(tmp_path: Path) -
     before = shard.stat().st_mtime_ns
     run(tmp_path, ensure_smollm2(), batch_size=2, max_new=3, limit=1)
     assert shard.stat().st_mtime_ns == before and sorted(p.name for p in tmp_path.iterdir()) == [shard.name]
+
+
+def test_parts_split_the_batches_between_processes(tmp_path: Path) -> None:
+    torch.set_num_threads(1)
+    run(tmp_path, ensure_smollm2(), batch_size=2, max_new=2, limit=3, part=(1, 2))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shard-00001.jsonl"]
+    run(tmp_path, ensure_smollm2(), batch_size=2, max_new=2, limit=3, part=(0, 2))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"shard-0000{i}.jsonl" for i in range(3)]
+
+
+def test_eagle_training_unrolls_to_the_depth_asked() -> None:
+    from bench.training.drafters.smollm2_data import Batch
+    from bench.training.drafters.train_smollm2_drafters import SmolDrafterConfig, Students, losses
+    from workers.embedded.model import ModelConfig
+
+    base = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                       num_attention_heads=4, num_key_value_heads=2,
+                       max_position_embeddings=64)
+    cfg = SmolDrafterConfig(draft_vocab=16, medusa_heads=2, medusa_positions=4,
+                            eagle_unroll_steps=3)
+    students = Students(base, cfg)
+    embed = torch.randn(64, 32)
+    students.set_vocabulary(torch.arange(16), embed)
+    b, t = 2, 12
+    batch = Batch(tokens=torch.randint(0, 64, (b, t)), hidden=torch.randn(b, t, 32),
+                  argmax=torch.randint(0, 64, (b, t)), valid=torch.ones(b, t, dtype=torch.bool))
+    loss, stats = losses(students, embed[:16], embed, batch, cfg, torch.Generator().manual_seed(0))
+    assert {"eagle", "eagle_depth2", "eagle_depth3", "eagle_depth4"} <= set(stats)
+    loss.backward()  # every pass reaches the head's parameters
+    assert students.eagle.layer.self_attn.q_proj.weight.grad is not None
+    off = dict(cfg.__dict__, eagle_unroll_weight=0.0)
+    _, plain = losses(students, embed[:16], embed, batch, SmolDrafterConfig(**off), None)
+    assert "eagle_depth2" not in plain

@@ -256,7 +256,10 @@ def _write_shard(path: Path, jobs: list[Job], results: list[tuple[list[int], str
     os.replace(partial, path)
 
 
-def run(out: Path, model_dir: Path, batch_size: int, max_new: int, limit: int | None) -> None:
+def run(out: Path, model_dir: Path, batch_size: int, max_new: int, limit: int | None,
+        part: tuple[int, int] = (0, 1)) -> None:
+    """Write the missing shards; with part = (i, n) only batches b with b % n == i, so n
+    processes (one per core) share a run."""
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = TextTokenizer(model_dir / "tokenizer.json")
     template = (model_dir / "chat_template.jinja").read_text()
@@ -264,9 +267,10 @@ def run(out: Path, model_dir: Path, batch_size: int, max_new: int, limit: int | 
     batches = plan_batches(items, template, tokenizer, batch_size)
     if limit is not None:
         batches = batches[:limit]
-    model = load_model(model_dir, dtype=torch.float32)
+    model = load_model(model_dir, dtype=torch.float32).fuse()  # the engine's decode path
     stop_ids = {model.config.eos_token_id}
-    todo = [i for i in range(len(batches)) if not (out / f"shard-{i:05d}.jsonl").exists()]
+    todo = [i for i in range(len(batches))
+            if i % part[1] == part[0] and not (out / f"shard-{i:05d}.jsonl").exists()]
     print(f"{len(items)} prompts in {len(batches)} batches; {len(batches) - len(todo)} shards "
           f"present, {len(todo)} to go", flush=True)
     tokens, start = 0, time.perf_counter()
@@ -288,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=12)
     p.add_argument("--max-new", type=int, default=160)
     p.add_argument("--limit", type=int, default=None, help="only the first N batches")
+    p.add_argument("--part", default="0/1", help="I/N: only batches b with b %% N == I")
     p.add_argument("--list", action="store_true", help="print the prompt set and exit")
     args = p.parse_args(argv)
     if args.list:
@@ -299,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
 
         args.model = ensure_smollm2()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    run(args.out, args.model, args.batch, args.max_new, args.limit)
+    index, count = (int(v) for v in args.part.split("/"))
+    run(args.out, args.model, args.batch, args.max_new, args.limit, (index, count))
     return 0
 
 

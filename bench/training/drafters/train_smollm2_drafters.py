@@ -76,7 +76,8 @@ class SmolDrafterConfig:
     medusa_heads: int = 4
     medusa_positions: int = 48  # sampled positions per sequence for the Medusa loss
     eagle_token_weight: float = 0.5
-    eagle_unroll_weight: float = 0.5  # second pass on the head's own predictions; 0 = off
+    eagle_unroll_weight: float = 0.5  # passes on the head's own predictions; 0 = off
+    eagle_unroll_steps: int = 1  # such passes (depths 2 .. 1 + steps)
     eagle_noise: float = 0.05
     holdout_shards: int = 1
     ckpt_every: int = 50
@@ -151,16 +152,20 @@ def losses(students: Students, base_rows: torch.Tensor, embed: torch.Tensor, bat
         eagle_loss = regress + cfg.eagle_token_weight * soft_ce(logits, teacher[:, 1:], w1)
         m, n = hits(logits, vocab, batch.argmax[:, 1:], w1)
         stats.update(eagle_regress=regress.item(), eagle=m / max(n, 1))
-        if cfg.eagle_unroll_weight > 0:
-            # Pass 2 at t >= 1: (h_t from pass 1, e(x_{t+1})) -> f_{t+1}, as at draft depth 2.
-            w2 = valid[:, 2:]
-            pred2 = eagle(pred[:, :-1], F.embedding(x[:, 2:], embed))  # (B, T-2, C)
-            regress2 = regression(pred2, f[:, 2:], w2)
-            logits2 = eagle.vocabulary.proj(pred2)
+        # Passes 2.. at t >= d - 1: (the previous pass's h_t, e(x_{t+1})) -> f_{t+1}, as at
+        # draft depth d (HASS; EAGLE-3's training-time test), each weighted
+        # eagle_unroll_weight.
+        previous, extra = pred, cfg.eagle_unroll_steps if cfg.eagle_unroll_weight > 0 else 0
+        for depth in range(2, 2 + extra):
+            wd = valid[:, depth:]
+            pred_d = eagle(previous[:, :-1], F.embedding(x[:, depth:], embed))  # (B, T-d, C)
+            regress_d = regression(pred_d, f[:, depth:], wd)
+            logits_d = eagle.vocabulary.proj(pred_d)
             eagle_loss = eagle_loss + cfg.eagle_unroll_weight * (
-                regress2 + cfg.eagle_token_weight * soft_ce(logits2, teacher[:, 2:], w2))
-            m, n = hits(logits2, vocab, batch.argmax[:, 2:], w2)
-            stats["eagle_depth2"] = m / max(n, 1)
+                regress_d + cfg.eagle_token_weight * soft_ce(logits_d, teacher[:, depth:], wd))
+            m, n = hits(logits_d, vocab, batch.argmax[:, depth:], wd)
+            stats[f"eagle_depth{depth}"] = m / max(n, 1)
+            previous = pred_d
         # Medusa: head i at p predicts x_{p+2+i}: the target's distribution after f_{p+1+i}.
         t = f.shape[1]
         span = t - 1 - cfg.medusa_heads
@@ -206,7 +211,7 @@ def train(cfg: SmolDrafterConfig, model_dir: Path, shards: list[Path], workdir: 
     workdir.mkdir(parents=True, exist_ok=True)
     if (workdir / "ckpt.pt").exists() and not resume:
         raise SystemExit(f"{workdir}/ckpt.pt exists: pass --resume, or another --workdir")
-    base = load_model(model_dir, dtype=torch.float32)
+    base = load_model(model_dir, dtype=torch.float32).fuse()  # the engine's features
     train_data, heldout, vocab = prepare(base, shards, cache_dir, workdir / "draft_vocab.pt",
                                          cfg.max_len, cfg.holdout_shards, cfg.draft_vocab)
     embed = base.model.embed_tokens.weight.detach()  # (V, C) tied: also the LM head
@@ -291,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=defaults.lr)
     p.add_argument("--draft-vocab", type=int, default=defaults.draft_vocab)
     p.add_argument("--eagle-unroll-weight", type=float, default=defaults.eagle_unroll_weight)
+    p.add_argument("--eagle-unroll-steps", type=int, default=defaults.eagle_unroll_steps)
+    p.add_argument("--holdout-shards", type=int, default=defaults.holdout_shards,
+                   help="distillation shards held out for agreement")
     p.add_argument("--ckpt-every", type=int, default=defaults.ckpt_every)
     p.add_argument("--max-shards", type=int, default=10_000, help="use the first N shards")
     p.add_argument("--corpus-docs", type=int, default=0,
@@ -322,7 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         cfg = SmolDrafterConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                                 draft_vocab=args.draft_vocab, ckpt_every=args.ckpt_every,
-                                eagle_unroll_weight=args.eagle_unroll_weight)
+                                eagle_unroll_weight=args.eagle_unroll_weight,
+                                eagle_unroll_steps=args.eagle_unroll_steps,
+                                holdout_shards=args.holdout_shards)
     args.workdir.mkdir(parents=True, exist_ok=True)
     base_config = json.loads((Path(model_dir) / "config.json").read_text())
     run = {"train_config": asdict(cfg), "base_config": base_config}
