@@ -6,7 +6,8 @@ with `--model tiny`. One round runs every prompt of every cell once per method, 
 methods interleaved prompt by prompt (in an order that rotates), so machine noise hits
 every method alike; a method's speedup in a round is its tokens/s over plain's in the same
 round on the same prompts. Each method runs with the k `specroute up` gives its pool
-(policies/fleet.py). Several rounds give each ratio as a median and a range, and a
+(policies/fleet.py), or with the k its --methods entry names (`eagle:3`; one method at
+several k is several rows). Several rounds give each ratio as a median and a range, and a
 difference counts as real only when the ranges do not overlap: a method against plain
 (its range excludes 1.0), and the best method of a cell against the runner-up.
 
@@ -100,12 +101,21 @@ class Tally:
         return [t / s for t, s in zip(self.tokens, self.seconds, strict=True)]
 
 
+def variant(label: str, max_k: int) -> tuple[str, int]:
+    """(method, k) of a --methods entry: "eagle" runs at the k `specroute up` gives its pool
+    (fleet default, within the engine's), "eagle:3" at k 3."""
+    method, _, k = label.partition(":")
+    if method == "plain":
+        return method, 0
+    return method, min(int(k) if k else default_k(method), max_k)
+
+
 def _k(engine, method: str) -> int:
     """The k `specroute up` gives the method's pool (fleet default), within the engine's."""
-    return 0 if method == "plain" else min(default_k(method), engine.max_k)
+    return variant(method, engine.max_k)[1]
 
 
-def _run(engine, ids: list[int], method: str, temperature: float, max_tokens: int, seed: int,
+def _run(engine, ids: list[int], label: str, temperature: float, max_tokens: int, seed: int,
          schema: str | None = None):
     from workers.embedded.api import Constraint
     from workers.embedded.engine import SamplingParams
@@ -117,8 +127,9 @@ def _run(engine, ids: list[int], method: str, temperature: float, max_tokens: in
         params = SamplingParams(max_new_tokens=max_tokens, temperature=temperature, seed=seed,
                                 stop_token_ids=list(engine.tokenizer.stop_ids),
                                 constraint=Constraint("json_schema", schema))
+    method, k = variant(label, engine.max_k)
     t0 = time.perf_counter()
-    gen = engine.start(ids, params, method=method, k=_k(engine, method))
+    gen = engine.start(ids, params, method=method, k=k)
     while not gen.finished:
         gen.step()
     return gen.stats, time.perf_counter() - t0
@@ -152,8 +163,9 @@ def measure(engine, methods: list[str], settings: Settings,
 
 
 def summarize(tallies: dict[Cell, dict[str, Tally]], methods: list[str],
-              ks: dict[str, int]) -> list[dict]:
-    """One row per (method, cell): accept length, median tokens/s, speedup median and range."""
+              variants: dict[str, tuple[str, int]]) -> list[dict]:
+    """One row per (--methods entry, cell): accept length, median tokens/s, speedup median
+    and range; "label" is the entry ("eagle:3"), "method" and "k" what it ran."""
     rows = []
     for (task, temperature), by_method in tallies.items():
         plain = by_method["plain"].rates()
@@ -162,7 +174,7 @@ def summarize(tallies: dict[Cell, dict[str, Tally]], methods: list[str],
             rates = tally.rates()
             ratios = [m / p for m, p in zip(rates, plain, strict=True)]
             rows.append({
-                "method": method, "k": ks[method],
+                "label": method, "method": variants[method][0], "k": variants[method][1],
                 "task": task, "temperature": temperature,
                 "accept_length": round(sum(tally.tokens) / max(tally.steps, 1), 2),
                 "tokens_per_s": round(statistics.median(rates), 1),
@@ -185,15 +197,15 @@ def verdicts(rows: list[dict]) -> list[str]:
         cell = sorted((r for r in rows if (r["task"], r["temperature"]) == (task, temperature)),
                       key=lambda r: r["speedup"], reverse=True)
         best, second = cell[0], cell[1] if len(cell) > 1 else None
-        text = f"{task} T{temperature:g}: best {best['method']} {best['speedup']:.2f}x"
-        if best["method"] != "plain":
+        text = f"{task} T{temperature:g}: best {best['label']} {best['speedup']:.2f}x"
+        if best["label"] != "plain":
             real = best["speedup_min"] > 1.0
             text += " (real vs plain)" if real else " (not distinguishable from plain)"
         if second is not None:
             apart = best["speedup_min"] > second["speedup_max"]
-            text += (f"; ahead of {second['method']} {second['speedup']:.2f}x "
+            text += (f"; ahead of {second['label']} {second['speedup']:.2f}x "
                      + ("(real)" if apart else "(ranges overlap: a tie)"))
-        slower = [r["method"] for r in cell if r["speedup_max"] < 1.0]
+        slower = [r["label"] for r in cell if r["speedup_max"] < 1.0]
         if slower:
             text += f"; slower than plain for sure: {', '.join(slower)}"
         lines.append(text)
@@ -203,8 +215,8 @@ def verdicts(rows: list[dict]) -> list[str]:
 def format_table(rows: list[dict]) -> str:
     """Methods x cells: speedup median [min-max over rounds] (accept length)."""
     cells = _cells(rows)
-    methods = list(dict.fromkeys(r["method"] for r in rows))
-    by_key = {(r["method"], r["task"], r["temperature"]): r for r in rows}
+    methods = list(dict.fromkeys(r["label"] for r in rows))
+    by_key = {(r["label"], r["task"], r["temperature"]): r for r in rows}
     head = "| method | " + " | ".join(f"{t} T{temp:g}" for t, temp in cells) + " |"
     lines = [head, "|---" * (len(cells) + 1) + "|"]
     for method in methods:
@@ -282,7 +294,7 @@ def main(args: argparse.Namespace) -> int:
     for method in methods:
         _run(engine, warm, method, 0.0, 8, 0)
     tallies = measure(engine, methods, settings, progress=not args.json)
-    rows = summarize(tallies, methods, {m: _k(engine, m) for m in methods})
+    rows = summarize(tallies, methods, {m: variant(m, engine.max_k) for m in methods})
     dtype = str(engine.model.lm_head.weight.dtype).removeprefix("torch.")
     threads = torch.get_num_threads()
     print(f"engine benchmark: {choice.name}, {dtype}, {threads} threads, {settings.rounds} "

@@ -146,7 +146,7 @@ BENCHES: dict[str, tuple[str, dict[str, str]]] = {
                    "(default: smg,sglang-router,litellm; 'none' for none)",
         "--gateway-workers": "specroute process counts to measure, e.g. 1,2 (default 1)"}),
     "engine": ("the embedded engine: every method against plain decoding", {
-        "--model": MODEL_HELP, "--methods": "methods to compare (default: every method)",
+        "--model": MODEL_HELP, "--methods": "methods to compare, method:k for a k (default: every method)",
         "--prompts": "prompts per class and round (default 2; --quick 1)",
         "--rounds": "interleaved rounds (default 3; --quick 1)", "--seed": "prompt seed",
         "--max-tokens": "tokens per request (--quick: 16)",

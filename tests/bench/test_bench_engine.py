@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.engine import Tally, format_table, summarize, verdicts
+from bench.engine import Tally, format_table, summarize, variant, verdicts
 from bench.workload import TASKS
 from specroute.cli import main
 
@@ -22,7 +22,8 @@ def test_speedups_are_per_round_ratios_with_their_range() -> None:
     tallies = {("code", 0.0): {"plain": _tally([10, 20, 10], 3),
                                "ngram": _tally([20, 30, 12], 1),
                                "medusa": _tally([11, 19, 11], 2)}}
-    rows = summarize(tallies, ["plain", "ngram", "medusa"], {"plain": 0, "ngram": 6, "medusa": 4})
+    rows = summarize(tallies, ["plain", "ngram", "medusa"], {"plain": ("plain", 0), "ngram": ("ngram", 6),
+                                                            "medusa": ("medusa", 4)})
     ngram = next(r for r in rows if r["method"] == "ngram")
     assert (ngram["speedup"], ngram["speedup_min"], ngram["speedup_max"]) == (1.5, 1.2, 2.0)
     assert ngram["k"] == 6 and ngram["requests"] == 3 and ngram["tokens_per_s"] == 20.0
@@ -36,7 +37,8 @@ def test_speedups_are_per_round_ratios_with_their_range() -> None:
 def test_overlapping_ranges_are_a_tie() -> None:
     tallies = {("chat", 0.8): {"plain": _tally([10, 10], 1), "eagle": _tally([12, 9], 1),
                                "draft": _tally([11, 9.5], 1)}}
-    rows = summarize(tallies, ["plain", "eagle", "draft"], {"plain": 0, "eagle": 5, "draft": 4})
+    rows = summarize(tallies, ["plain", "eagle", "draft"], {"plain": ("plain", 0), "eagle": ("eagle", 5),
+                                                           "draft": ("draft", 4)})
     text = verdicts(rows)[0]
     assert "not distinguishable from plain" in text and "a tie" in text
 
@@ -59,3 +61,16 @@ def test_the_bench_writes_the_policys_prior(tmp_path: Path, capsys) -> None:
                                "tokens_per_s", "speedup", "requests"}
     plain = [e for e in entries if e["method"] == "plain"]
     assert all(e["speedup"] == 1.0 and e["k"] == 0 and e["requests"] == 2 for e in plain)
+
+
+def test_one_method_at_several_k_is_several_rows(tmp_path: Path, capsys) -> None:
+    assert variant("eagle:3", 16) == ("eagle", 3) and variant("plain", 16) == ("plain", 0)
+    assert variant("ngram:40", 16) == ("ngram", 16)  # within the engine's max k
+    out = tmp_path / "measured.json"
+    assert main(["bench", "engine", "--model", "tiny", "--methods", "ngram:1,ngram:3",
+                 "--rounds", "1", "--prompts", "1", "--max-tokens", "4",
+                 "--write-measured", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "| ngram:1 |" in printed and "| ngram:3 |" in printed
+    entries = json.loads(out.read_text())["entries"]
+    assert {(e["method"], e["k"]) for e in entries} == {("plain", 0), ("ngram", 1), ("ngram", 3)}
