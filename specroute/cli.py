@@ -171,6 +171,10 @@ BENCHES: dict[str, tuple[str, dict[str, str]]] = {
                          "batch) of the measured.json at PATH",
         "--throughput": "also aggregate tokens/s at concurrency 1, 2, 4",
         "--max-tokens": "tokens per request of --throughput"}),
+    "step": ("where one decode step of the embedded engine spends its time (torch profiler)", {
+        "--model": MODEL_HELP,
+        "--methods": "methods to profile, method:k for a k (default plain,eagle,medusa)",
+        "--steps": "decode steps profiled per method (default 20; --quick 4)"}),
     "slo": ("tenants' SLOs under overload, with and without the SLO layer", {
         "--duration": "seconds of load per mode (default 30; --quick 8)", "--seed": "seed"}),
     "soak": ("the whole stack under load for minutes, faults injected", {
@@ -222,7 +226,7 @@ BENCHES: dict[str, tuple[str, dict[str, str]]] = {
 }
 
 
-BENCH_MODULES = {"picker": "gateway_envoy"}  # a bench whose module has another name
+BENCH_MODULES = {"picker": "gateway_envoy", "step": "step_profile"}  # a bench whose module has another name
 
 
 def _bench(args: argparse.Namespace) -> int:
