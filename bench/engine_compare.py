@@ -2,9 +2,9 @@
 
 The same model folder (SmolLM2-135M-Instruct, Hugging Face layout), the same held-out
 prompts (`bench.workload`, seed 11: no prior, drafter or classifier was built from them),
-the same methods with the same `k` (`workers.fleet.vllm_cpu.VLLM_METHODS`; the drafters are
-the project's own, exported for vLLM by `workers.fleet.vllm_drafters`) and the same
-client: each server is an HTTP server on 127.0.0.1 bound to the same cores, started alone
+the same methods with the same `k` (`workers.fleet.vllm_cpu.VLLM_METHODS`, or the k a
+`--methods eagle:2` entry names; the drafters are the project's own, exported for vLLM by
+`workers.fleet.vllm_drafters`) and the same client: each server is an HTTP server on 127.0.0.1 bound to the same cores, started alone
 (one at a time: a vLLM CPU server takes ~4 GB), measured, stopped. Per method the two
 engines alternate which goes first, so drift over the run hits both alike.
 
@@ -79,7 +79,7 @@ def start(engine: str, method: str, k: int, model: Path, port: int, work: Path,
                 "--num-speculative-tokens", str(k), "--port", str(port), "--model", str(model),
                 "--threads", str(threads)]
         env = dict(os.environ)
-    log = (work / f"{engine}-{method}.log").open("wb")
+    log = (work / f"{engine}-{method}-k{k}.log").open("wb")
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
                             start_new_session=True)
 
@@ -132,13 +132,26 @@ def measure(port: int, bodies: dict[str, list[dict]]) -> dict[str, dict]:
     return out
 
 
+def entry(label: str) -> tuple[str, int]:
+    """(method, k) of a --methods entry: "eagle" at the k the vLLM pool launches with
+    (`VLLM_METHODS`), "eagle:2" at k 2 on both engines."""
+    from workers.fleet.vllm_cpu import VLLM_METHODS
+
+    method, _, k = label.partition(":")
+    return method, (int(k) if k and method != "plain" else VLLM_METHODS[method])
+
+
 def report(results: dict[str, dict[str, dict]], methods: list[str]) -> dict:
-    """The table, and the JSON summary the issue names."""
+    """The table, and the JSON summary: per method, embedded over vLLM tokens/s (mean
+    over tasks) at c = 1 and 4; per method and task, each engine's accept length and
+    tokens/s over its own plain decoding at c = 1."""
     print("| method | task | embedded c1 | vLLM c1 | emb / vLLM | embedded c4 | vLLM c4 | "
           "emb / vLLM | accept emb | accept vLLM |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     over: dict[str, dict[str, float]] = {}
     speedup: dict[str, dict[str, float]] = {}
+    embedded_speedup: dict[str, dict[str, float]] = {}
+    accepts: dict[str, dict[str, float | None]] = {}
     for method in methods:
         emb, vll = results[f"embedded/{method}"], results[f"vllm/{method}"]
         for task in TASKS:
@@ -150,10 +163,14 @@ def report(results: dict[str, dict[str, dict]], methods: list[str]) -> dict:
         over[method] = {c: round(statistics.mean(emb[t][c] for t in TASKS)
                                  / statistics.mean(vll[t][c] for t in TASKS), 3)
                         for c in ("c1", "c4")}
+        accepts[method] = {t: emb[t]["accept"] and round(emb[t]["accept"], 3) for t in TASKS}
         if "plain" in methods:
-            plain = results["vllm/plain"]
+            plain, own = results["vllm/plain"], results["embedded/plain"]
             speedup[method] = {t: round(vll[t]["c1"] / plain[t]["c1"], 3) for t in TASKS}
-    return {"embedded_over_vllm": over, "vllm_speedup_over_plain": speedup}
+            embedded_speedup[method] = {t: round(emb[t]["c1"] / own[t]["c1"], 3) for t in TASKS}
+    return {"embedded_over_vllm": over, "accept_length": accepts,
+            "speedup_over_plain": embedded_speedup, "vllm_speedup_over_plain": speedup,
+            "k": {method: entry(method)[1] for method in methods}}
 
 
 def main(args: argparse.Namespace) -> int:
@@ -163,7 +180,7 @@ def main(args: argparse.Namespace) -> int:
 
     model = resolve_model(args.model).folder or ensure_smollm2()
     methods = [m for m in (args.methods.split(",") if args.methods else list(VLLM_METHODS))
-               if m in VLLM_METHODS]
+               if entry(m)[0] in VLLM_METHODS]
     n = args.prompts or (1 if args.quick else 3)
     bodies = {task: [p.chat_body(MODEL, args.max_tokens, 0.0) | {
         "return_spec_tokens_details": True} for p in prompts(task, n, SEED)] for task in TASKS}
@@ -171,17 +188,17 @@ def main(args: argparse.Namespace) -> int:
     work.mkdir(parents=True, exist_ok=True)
     cores, threads = args.cores, core_count(args.cores)
     results: dict[str, dict[str, dict]] = {}
-    for i, method in enumerate(methods):
+    for i, label in enumerate(methods):
+        method, k = entry(label)
         for engine in (ENGINES if i % 2 == 0 else ENGINES[::-1]):
             port = free_port()
-            proc = start(engine, method, VLLM_METHODS[method], model, port, work, cores,
-                         threads, cpu_dtype())
+            proc = start(engine, method, k, model, port, work, cores, threads, cpu_dtype())
             try:
                 wait_http(f"http://127.0.0.1:{port}/health", 600, proc)
-                results[f"{engine}/{method}"] = measure(port, bodies)
+                results[f"{engine}/{label}"] = measure(port, bodies)
             finally:
                 stop(proc)
-            print(f"bench engine --compare vllm: {engine} {method} done", file=sys.stderr,
+            print(f"bench engine --compare vllm: {engine} {label} done", file=sys.stderr,
                   flush=True)
     summary = report(results, methods)
     if args.json:

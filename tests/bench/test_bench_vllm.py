@@ -71,10 +71,12 @@ def test_mixed_traffic_counts_every_malformed_or_failed_reply(
 
 
 def test_engine_compare_arithmetic(capsys: pytest.CaptureFixture[str]) -> None:
-    from bench.engine_compare import accept_length, core_count
+    from bench.engine_compare import accept_length, core_count, entry
     from bench.engine_compare import report as compare_report
 
     assert (core_count("0"), core_count("0-1"), core_count("0,2-3")) == (1, 2, 3)
+    assert (entry("eagle"), entry("eagle:2"), entry("plain")) == (("eagle", 3), ("eagle", 2),
+                                                                  ("plain", 0))
     assert accept_length({"metrics": {"speculative_decoding": {
         "mean_acceptance_length": 2.5}}}) == 2.5  # vLLM, --per-request-spec-decode-metrics
     assert accept_length({"sglext": {"spec_tokens_details": {"spec_accept_length": 1.5}}}) \
@@ -89,4 +91,8 @@ def test_engine_compare_arithmetic(capsys: pytest.CaptureFixture[str]) -> None:
     assert summary["embedded_over_vllm"] == {"plain": {"c1": 0.5, "c4": 0.25},
                                              "ngram": {"c1": 0.25, "c4": 0.25}}
     assert summary["vllm_speedup_over_plain"]["ngram"] == {t: 2.0 for t in TASKS}
+    assert summary["speedup_over_plain"]["ngram"] == {t: 1.0 for t in TASKS}  # embedded
+    assert summary["accept_length"] == {"plain": {t: None for t in TASKS},
+                                        "ngram": {t: 2.0 for t in TASKS}}
+    assert summary["k"] == {"plain": 0, "ngram": 4}
     assert "| ngram | edit | 10.0 | 40.0 | 0.25 |" in capsys.readouterr().out
