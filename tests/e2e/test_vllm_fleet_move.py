@@ -1,0 +1,115 @@
+"""A real vLLM CPU server moves between fixed-k pools as a desired fleet asks: two
+supervised servers (`specroute supervise --follow-fleet`, as `specroute up --engine vllm
+--follow-fleet` starts them), one plain and one n-gram k 4, behind the real gateway
+(learned policy); the desired fleet asks for two n-gram servers; the plain server drains,
+relaunches as n-gram, registers in the n-gram pool and serves there, while the official
+`openai` client keeps sending edits through the gateway: none fails.
+
+The desired fleet is published by the test, as the gateway's planner publishes its own
+(`policies.planner`, which the simulator and tests/policies test): the gateway here plans
+every 10 refits of 100 s, after the test is over, so the test's plan stands.
+
+Needs the vLLM environment that scripts/test.sh builds (named in SPECROUTE_VLLM_VENV).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+from conftest import free_port, start_process, stop_process, wait_http
+from gateway_harness import start_gateway
+
+from policies.fleet import resolve_model
+from tests.e2e.test_fleet_supervisor import publish, registered
+from tests.e2e.test_vllm_stack import EDIT, vllm_venv  # noqa: F401 - the fixture
+
+MODEL = "smollm2-135m-instruct"
+
+
+def _wait(condition, timeout_s: float, what: str, procs: list) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        for proc in procs:
+            assert proc.poll() is None, f"{what}: a process exited ({proc.args})"
+        assert time.monotonic() < deadline, what
+        time.sleep(0.5)
+
+
+@pytest.mark.timeout(1200)
+def test_a_vllm_server_moves_to_the_pool_the_fleet_wants(redis_url: str, tmp_path: Path,
+                                                         vllm_venv: str) -> None:  # noqa: F811
+    import redis
+
+    from specroute.stack import prepare_model
+    from specroute.vllm_stack import server_env, vllm_pools
+
+    model = prepare_model(resolve_model(None))
+    pools = vllm_pools(model, Path(vllm_venv) / "bin" / "python", ["plain", "ngram"])
+    config = {"redis_url": redis_url, "pools": pools,
+              "server": {"discovery_interval_s": 0.5, "health_interval_s": 0.5},
+              "policy": {"refit_interval_s": 100.0}}
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(config))
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    procs = []
+    try:
+        for i, pool in enumerate(("vllm-plain", "vllm-ngram")):
+            procs.append(start_process(
+                ["-m", "specroute.cli", "supervise", "--config", str(path), "--pool", pool,
+                 "--port", str(free_port()), "--redis-url", redis_url, "--follow-fleet"],
+                tmp_path / f"supervisor-{pool}.log", env=server_env(i)))
+        _wait(lambda: all(registered(client, MODEL).get(p) for p in ("vllm-plain",
+                                                                     "vllm-ngram")),
+              600, "the vLLM servers never registered", procs)
+        gateway_proc, gateway = start_gateway(tmp_path, config, policy="learned")
+        procs.append(gateway_proc)
+        wait_http(gateway + "/ready", 60, gateway_proc)
+        fleet = httpx.get(gateway + "/v1/routing/fleet", timeout=30).json()
+        assert fleet["models"][MODEL]["current"] == {"vllm-plain": 1, "vllm-ngram": 1}
+
+        served: list[str] = []
+        failures: list[str] = []
+        stop = threading.Event()
+
+        def traffic() -> None:
+            api = openai.OpenAI(base_url=gateway + "/v1", api_key="none", max_retries=0,
+                                timeout=120)
+            while not stop.is_set():
+                try:
+                    reply = api.chat.completions.create(
+                        model=MODEL, messages=[{"role": "user", "content": EDIT}],
+                        max_tokens=8, temperature=0)
+                    served.append(reply.model_extra["specroute"]["pool"])
+                except openai.OpenAIError as exc:
+                    failures.append(repr(exc))
+                stop.wait(0.5)  # a steady client: the relaunch shares the two cores
+
+        thread = threading.Thread(target=traffic)
+        thread.start()
+        try:
+            publish(client, MODEL, {"vllm-plain": 0, "vllm-ngram": 2})
+            _wait(lambda: len(registered(client, MODEL).get("vllm-ngram", [])) == 2, 700,
+                  "the plain server never moved to the n-gram pool", procs)
+            moved_at = len(served)
+            _wait(lambda: len(served) >= moved_at + 6, 120, "traffic stalled after the move",
+                  procs)
+        finally:
+            stop.set()
+            thread.join(180)
+        assert failures == []
+        assert "vllm-plain" not in registered(client, MODEL)
+        assert set(served[moved_at:]) == {"vllm-ngram"}
+        for url in registered(client, MODEL)["vllm-ngram"]:
+            spec = httpx.get(url + "/metrics", timeout=30).text
+            assert "vllm:spec_decode_num_drafts_total" in spec  # both serve n-gram now
+    finally:
+        for proc in reversed(procs):
+            stop_process(proc, timeout=90)
+    print(f"moved after {moved_at} replies; {len(served)} in all", file=sys.stderr)
