@@ -101,13 +101,19 @@ class Tally:
         return [t / s for t, s in zip(self.tokens, self.seconds, strict=True)]
 
 
+def split_label(label: str) -> tuple[str, int | None]:
+    """A --methods entry "eagle:3" as ("eagle", 3); "eagle" as ("eagle", None)."""
+    method, _, k = label.partition(":")
+    return method, int(k) if k else None
+
+
 def variant(label: str, max_k: int) -> tuple[str, int]:
     """(method, k) of a --methods entry: "eagle" runs at the k `specroute up` gives its pool
     (fleet default, within the engine's), "eagle:3" at k 3."""
-    method, _, k = label.partition(":")
+    method, k = split_label(label)
     if method == "plain":
         return method, 0
-    return method, min(int(k) if k else default_k(method), max_k)
+    return method, min(default_k(method) if k is None else k, max_k)
 
 
 def _k(engine, method: str) -> int:

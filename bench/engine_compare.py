@@ -4,8 +4,9 @@ The same model folder (SmolLM2-135M-Instruct, Hugging Face layout), the same hel
 prompts (`bench.workload`, seed 11: no prior, drafter or classifier was built from them),
 the same methods with the same `k` (`workers.fleet.vllm_cpu.VLLM_METHODS`, or the k a
 `--methods eagle:2` entry names; the drafters are the project's own, exported for vLLM by
-`workers.fleet.vllm_drafters`) and the same client: each server is an HTTP server on 127.0.0.1 bound to the same cores, started alone
-(one at a time: a vLLM CPU server takes ~4 GB), measured, stopped. Per method the two
+`workers.fleet.vllm_drafters`) and the same client: each server is an HTTP server on
+127.0.0.1 bound to the same cores, started alone (one at a time: a vLLM CPU server takes
+~4 GB), measured, stopped. Per method the two
 engines alternate which goes first, so drift over the run hits both alike.
 
 At c = 1 every prompt is one request (tokens/s as the client sees it, end to end); at
@@ -135,10 +136,11 @@ def measure(port: int, bodies: dict[str, list[dict]]) -> dict[str, dict]:
 def entry(label: str) -> tuple[str, int]:
     """(method, k) of a --methods entry: "eagle" at the k the vLLM pool launches with
     (`VLLM_METHODS`), "eagle:2" at k 2 on both engines."""
+    from bench.engine import split_label
     from workers.fleet.vllm_cpu import VLLM_METHODS
 
-    method, _, k = label.partition(":")
-    return method, (int(k) if k and method != "plain" else VLLM_METHODS[method])
+    method, k = split_label(label)
+    return method, (VLLM_METHODS[method] if k is None or method == "plain" else k)
 
 
 def report(results: dict[str, dict[str, dict]], methods: list[str]) -> dict:

@@ -13,7 +13,7 @@ import argparse
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from bench.engine import _load_engine, variant
 from policies.fleet import resolve_model
@@ -88,5 +88,5 @@ def main(args: argparse.Namespace) -> int:
     print(f"decode-step profile, {torch.get_num_threads()} thread(s), one greedy request")
     print("\n\n".join(format_profile(r) for r in results))
     if args.json:
-        print(json.dumps([{**r.__dict__, "ops": [o.__dict__ for o in r.ops]} for r in results]))
+        print(json.dumps([asdict(r) for r in results]))
     return 0

@@ -30,6 +30,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_until(condition, timeout_s: float, what: str,  # noqa: ANN001 - any predicate
+               procs: tuple[subprocess.Popen, ...] = ()) -> None:
+    """Poll condition() until true; fail with `what` on the timeout or when one of `procs`
+    exits first."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        for proc in procs:
+            assert proc.poll() is None, f"{what}: a process exited ({proc.args})"
+        assert time.monotonic() < deadline, what
+        time.sleep(0.5)
+
+
 def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
     """Poll url until it answers 200, the process dies, or the timeout passes."""
     deadline = time.monotonic() + timeout

@@ -14,16 +14,14 @@ Needs the vLLM environment that scripts/test.sh builds (named in SPECROUTE_VLLM_
 
 from __future__ import annotations
 
-import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 import yaml
-from conftest import free_port, start_process, stop_process, wait_http
+from conftest import free_port, start_process, stop_process, wait_http, wait_until
 from gateway_harness import start_gateway
 
 from policies.fleet import resolve_model
@@ -31,15 +29,6 @@ from tests.e2e.test_fleet_supervisor import publish, registered
 from tests.e2e.test_vllm_stack import EDIT, vllm_venv  # noqa: F401 - the fixture
 
 MODEL = "smollm2-135m-instruct"
-
-
-def _wait(condition, timeout_s: float, what: str, procs: list) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        for proc in procs:
-            assert proc.poll() is None, f"{what}: a process exited ({proc.args})"
-        assert time.monotonic() < deadline, what
-        time.sleep(0.5)
 
 
 @pytest.mark.timeout(1200)
@@ -65,9 +54,9 @@ def test_a_vllm_server_moves_to_the_pool_the_fleet_wants(redis_url: str, tmp_pat
                 ["-m", "specroute.cli", "supervise", "--config", str(path), "--pool", pool,
                  "--port", str(free_port()), "--redis-url", redis_url, "--follow-fleet"],
                 tmp_path / f"supervisor-{pool}.log", env=server_env(i)))
-        _wait(lambda: all(registered(client, MODEL).get(p) for p in ("vllm-plain",
-                                                                     "vllm-ngram")),
-              600, "the vLLM servers never registered", procs)
+        wait_until(lambda: all(registered(client, MODEL).get(p)
+                               for p in ("vllm-plain", "vllm-ngram")),
+                   600, "the vLLM servers never registered", tuple(procs))
         gateway_proc, gateway = start_gateway(tmp_path, config, policy="learned")
         procs.append(gateway_proc)
         wait_http(gateway + "/ready", 60, gateway_proc)
@@ -95,11 +84,11 @@ def test_a_vllm_server_moves_to_the_pool_the_fleet_wants(redis_url: str, tmp_pat
         thread.start()
         try:
             publish(client, MODEL, {"vllm-plain": 0, "vllm-ngram": 2})
-            _wait(lambda: len(registered(client, MODEL).get("vllm-ngram", [])) == 2, 700,
-                  "the plain server never moved to the n-gram pool", procs)
+            wait_until(lambda: len(registered(client, MODEL).get("vllm-ngram", [])) == 2, 700,
+                       "the plain server never moved to the n-gram pool", tuple(procs))
             moved_at = len(served)
-            _wait(lambda: len(served) >= moved_at + 6, 120, "traffic stalled after the move",
-                  procs)
+            wait_until(lambda: len(served) >= moved_at + 6, 120,
+                       "traffic stalled after the move", tuple(procs))
         finally:
             stop.set()
             thread.join(180)
@@ -112,4 +101,3 @@ def test_a_vllm_server_moves_to_the_pool_the_fleet_wants(redis_url: str, tmp_pat
     finally:
         for proc in reversed(procs):
             stop_process(proc, timeout=90)
-    print(f"moved after {moved_at} replies; {len(served)} in all", file=sys.stderr)
