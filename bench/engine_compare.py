@@ -136,11 +136,10 @@ def measure(port: int, bodies: dict[str, list[dict]]) -> dict[str, dict]:
 def entry(label: str) -> tuple[str, int]:
     """(method, k) of a --methods entry: "eagle" at the k the vLLM pool launches with
     (`VLLM_METHODS`), "eagle:2" at k 2 on both engines."""
-    from bench.engine import split_label
     from workers.fleet.vllm_cpu import VLLM_METHODS
 
-    method, k = split_label(label)
-    return method, (VLLM_METHODS[method] if k is None or method == "plain" else k)
+    method, _, k = label.partition(":")  # bench.engine imports this module: no import back
+    return method, (int(k) if k and method != "plain" else VLLM_METHODS[method])
 
 
 def report(results: dict[str, dict[str, dict]], methods: list[str]) -> dict:
