@@ -14,6 +14,10 @@ paired.
 - **Held-out oracle**: each class's prompts are cut in two folds; on each fold the
   oracle serves the class with the configuration that had the best rate on the *other*
   fold (two-fold cross-fitting, both ways), so it is never an in-sample maximum.
+- **Ceiling** of routing among the pinned configurations: held-out oracle / best
+  homogeneous fleet. Where its interval lies below a target, no per-class choice among
+  these pools reaches that target on this workload (the adaptive fleet can still differ
+  from both, since its servers of different methods run side by side).
 - **Intervals**: a stratified bootstrap over prompts (within each class and fold, so the
   shares and fold sizes stay), every choice above made again in each draw; the 2.5% and
   97.5% percentiles of the draws' ratios.
@@ -85,6 +89,10 @@ class Estimate:
     def vs_oracle(self) -> float:
         return self.adaptive / self.oracle
 
+    @property
+    def ceiling(self) -> float:
+        return self.oracle / self.best
+
 
 def estimate(data: Prompts, shares: dict[str, float], index: np.ndarray | None = None) -> Estimate:
     """The mix's rates on the prompts `index` (default: all; repeats allowed)."""
@@ -124,20 +132,21 @@ def estimate(data: Prompts, shares: dict[str, float], index: np.ndarray | None =
 
 def bootstrap(data: Prompts, shares: dict[str, float], seed: int = 0,
               draws: int = DRAWS) -> dict[str, tuple[float, float, float]]:
-    """(estimate, 2.5%, 97.5%) of adaptive / best homogeneous and adaptive / oracle,
-    resampling prompts within each (class, fold)."""
+    """(estimate, 2.5%, 97.5%) of adaptive / best homogeneous, adaptive / oracle and the
+    ceiling (oracle / best homogeneous), resampling prompts within each (class, fold)."""
     rng = np.random.default_rng(seed)
     point = estimate(data, shares)
     strata = [np.flatnonzero((data.cls == c) & (data.fold == f))
               for c in range(len(data.classes)) for f in (0, 1)]
     strata = [s for s in strata if len(s)]
-    vs_best, vs_oracle = np.empty(draws), np.empty(draws)
+    vs_best, vs_oracle, ceiling = np.empty(draws), np.empty(draws), np.empty(draws)
     for d in range(draws):
         index = np.concatenate([rng.choice(s, len(s)) for s in strata])
         e = estimate(data, shares, index)
-        vs_best[d], vs_oracle[d] = e.vs_best, e.vs_oracle
+        vs_best[d], vs_oracle[d], ceiling[d] = e.vs_best, e.vs_oracle, e.ceiling
     return {"vs_best_homogeneous": (point.vs_best, *_interval(vs_best)),
-            "vs_oracle": (point.vs_oracle, *_interval(vs_oracle))}
+            "vs_oracle": (point.vs_oracle, *_interval(vs_oracle)),
+            "oracle_vs_best_homogeneous": (point.ceiling, *_interval(ceiling))}
 
 
 def _interval(values: np.ndarray) -> tuple[float, float]:

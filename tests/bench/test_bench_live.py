@@ -12,7 +12,7 @@ import pytest
 
 from bench.live_fleets import ADAPTIVE, Config, Record, fleets, k_grid, schedule
 from bench.live_prompts import MIXES, Item
-from bench.live_report import prompt_rows, render, summarize
+from bench.live_report import prompt_rows, render, summarize, targets
 from bench.live_stats import bootstrap, estimate, from_rows
 
 
@@ -73,7 +73,8 @@ def test_bootstrap_intervals_cover_the_estimate_and_shrink_with_agreement() -> N
                                        "B": 80 * rng.uniform(0.7, 1.3)}) for i in range(40)]})
     data = from_rows(noisy, ADAPTIVE)
     ci = bootstrap(data, {"x": 1.0}, seed=1, draws=400)
-    for mean, low, high in ci.values():
+    for key in ("vs_best_homogeneous", "vs_oracle"):
+        mean, low, high = ci[key]
         assert low < mean < high and high - low > 0.02
     assert bootstrap(data, {"x": 1.0}, seed=1, draws=400) == ci  # seeded
     # every prompt says the same ratio: the interval collapses onto it
@@ -81,6 +82,24 @@ def test_bootstrap_intervals_cover_the_estimate_and_shrink_with_agreement() -> N
     mean, low, high = bootstrap(from_rows(same, ADAPTIVE), {"x": 1.0}, draws=200)[
         "vs_best_homogeneous"]
     assert mean == pytest.approx(1.2) and low == pytest.approx(1.2) and high == pytest.approx(1.2)
+
+
+def test_the_ceiling_is_the_held_out_oracle_over_the_best_homogeneous_fleet() -> None:
+    # A is best on x, B on y (each on both folds): per-class routing wins over either
+    # fleet alone by what the other class gains; the verdict says when a target is beyond it
+    rows = _rows({"x": [("", f, {ADAPTIVE: 30, "A": 30, "B": 10}) for f in (0, 1, 0, 1)],
+                  "y": [("", f, {ADAPTIVE: 30, "A": 10, "B": 30}) for f in (0, 1, 0, 1)]})
+    data = from_rows(rows, ADAPTIVE)
+    e = estimate(data, {"x": 0.5, "y": 0.5})
+    assert e.ceiling == pytest.approx(60 / 40) and e.vs_oracle == pytest.approx(1.0)
+    mean, low, high = bootstrap(data, {"x": 0.5, "y": 0.5}, draws=200)[
+        "oracle_vs_best_homogeneous"]
+    assert low == pytest.approx(mean) == pytest.approx(high) == pytest.approx(1.5)
+    flat = {"vs_best_homogeneous": (1.0, 0.95, 1.05), "vs_oracle": (1.0, 0.95, 1.05)}
+    assert "out of reach" in targets("vllm", "even", {
+        **flat, "oracle_vs_best_homogeneous": (1.01, 0.99, 1.04)})
+    assert "out of reach" not in targets("vllm", "even", {
+        **flat, "oracle_vs_best_homogeneous": (1.2, 1.05, 1.3)})
 
 
 def test_bootstrap_resamples_within_class_and_fold() -> None:
@@ -174,8 +193,8 @@ def test_summary_json_per_engine_mix_and_concurrency() -> None:
     out = summary["json"]["embedded"]
     assert set(out) == set(MIXES)
     cell = out["code assistant"]["1"]
-    assert set(cell) == {"vs_best_homogeneous", "vs_oracle", "best_homogeneous",
-                         "requests_per_cell", "shares"}
+    assert set(cell) == {"vs_best_homogeneous", "vs_oracle", "oracle_vs_best_homogeneous",
+                         "best_homogeneous", "requests_per_cell", "shares"}
     mean, low, high = cell["vs_best_homogeneous"]
     assert low <= mean <= high and 1.1 < mean < 1.3 and cell["best_homogeneous"] == "A"
     assert cell["requests_per_cell"] == 8  # 4 prompts per class in each of 2 replicates
