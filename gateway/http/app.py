@@ -1,8 +1,9 @@
 """The gateway ASGI application: routes, lifespan, and the error handler.
 
 `create_app(config)` builds a Starlette app. The lifespan owns the long-lived
-resources: ONE `aiohttp.ClientSession` (pooled keep-alive connections, explicit
-timeouts) shared by every upstream call, the health monitor, the Redis worker
+resources: the `Http1Client` that carries every generation call to the workers (kept
+connections, the server's three deadlines), ONE `aiohttp.ClientSession` for the rest
+(probes, scrapes, `/server_info`), the health monitor, the Redis worker
 discovery (when `redis_url` is set), the classifier model, the tracer provider and the
 routing policy (`gateway.routing.policy`: the learned policy and its telemetry store by
 default). The token routes are raw ASGI (`gateway.http.endpoints`); the rest are plain
@@ -77,6 +78,7 @@ from gateway.tenants.auth import Authenticator, TenantReloader
 from gateway.tenants.limits import Limits
 from gateway.upstream.adapters import make_adapters
 from gateway.upstream.dispatch import Dispatcher
+from gateway.upstream.http1 import Http1Client
 from gateway.upstream.watchers import UpstreamWatchers
 
 GIL_SWITCH_S = 0.001  # see the lifespan
@@ -190,13 +192,15 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
             recent = RecentTraffic()  # what the console shows of the last hour
             limits = Limits(config.redis_url, config.limits.on_redis_error,
                             on_limited=tenant_metrics.limited)
+            upstream = Http1Client(server.connect_timeout_s, server.read_timeout_s,
+                                   server.total_timeout_s)
             app.state.gateway = Gateway(
                 config=config, pools=pools,
                 router=PoolRouter(pools, decide=slo.decide, classify=chosen,
                                   predict=slo.predict),
                 auth=Authenticator(config.tenants, config.auth),
                 limits=limits, admission=admission,
-                dispatcher=Dispatcher(make_adapters(session), server),
+                dispatcher=Dispatcher(make_adapters(upstream), server),
                 reporter=Reporter(FanoutRecorder(recorder, routing, tenant_metrics, recent),
                                   pools, limits.spend, tracer, provider),
                 tracer=tracer, provider=provider)
@@ -237,6 +241,7 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
                 await app.state.gateway.limits.close()
                 await app.state.loop_lag.stop()
                 await asyncio.to_thread(routing.stop)  # joins threads, flushes telemetry
+                upstream.close()
                 provider.shutdown()
 
     fast_routes: dict[str, ASGIApp] = {"/v1/chat/completions": TokenEndpoint("chat"),

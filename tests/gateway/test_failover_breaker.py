@@ -17,6 +17,7 @@ from gateway.errors import UpstreamUnavailable
 from gateway.pools import BreakerState, CircuitBreaker, Worker, build_pools
 from gateway.schemas import parse_request
 from gateway.upstream.health import HealthMonitor, apply_probe
+from gateway.upstream.http1 import Http1Client
 from tests.gateway.test_gateway_dispatch import make_gateway, pool
 
 
@@ -61,6 +62,13 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
         yield s
 
 
+@pytest.fixture
+async def client() -> AsyncIterator[Http1Client]:
+    upstream = Http1Client(connect_s=5, read_s=5, total_s=5)
+    yield upstream
+    upstream.close()
+
+
 async def serve(app: web.Application) -> tuple[TestServer, str]:
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
@@ -83,13 +91,12 @@ async def test_openai_pools_fall_back_to_v1_models(session: aiohttp.ClientSessio
         await server.close()
 
 
-async def test_failing_worker_is_skipped_once_its_breaker_opens(
-        session: aiohttp.ClientSession) -> None:
+async def test_failing_worker_is_skipped_once_its_breaker_opens(client: Http1Client) -> None:
     failing_cfg, good_cfg = StubConfig(model="m", fail_after=0), StubConfig(model="m")
     bad, bad_url = await serve(StubServer(failing_cfg).app())
     good, good_url = await serve(StubServer(good_cfg).app())
     try:
-        gateway = make_gateway(session, [pool("p", [bad_url, good_url])])
+        gateway = make_gateway(client, [pool("p", [bad_url, good_url])])
         request = parse_request({"model": "m", "prompt": "x y"}, "completions")
         for _ in range(4):
             decision, pools = gateway.router.route(request, gateway.router.classify(
@@ -105,10 +112,10 @@ async def test_failing_worker_is_skipped_once_its_breaker_opens(
         await good.close()
 
 
-async def test_all_attempts_fail_with_the_last_error(session: aiohttp.ClientSession) -> None:
+async def test_all_attempts_fail_with_the_last_error(client: Http1Client) -> None:
     bad, url = await serve(StubServer(StubConfig(model="m", fail_after=0)).app())
     try:
-        gateway = make_gateway(session, [pool("p", [url])])
+        gateway = make_gateway(client, [pool("p", [url])])
         request = parse_request({"model": "m", "prompt": "x"}, "completions")
         decision, pools = gateway.router.route(request, gateway.router.classify(
             request, "t"))

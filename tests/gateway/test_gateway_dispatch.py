@@ -7,7 +7,6 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator
 
-import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -38,6 +37,7 @@ from gateway.upstream.adapters import make_adapters
 from gateway.upstream.adapters.base import Delta, Final
 from gateway.upstream.adapters.wire import upstream_message
 from gateway.upstream.dispatch import Dispatcher
+from gateway.upstream.http1 import Http1Client
 
 
 async def serve(app: web.Application) -> TestServer:
@@ -47,9 +47,10 @@ async def serve(app: web.Application) -> TestServer:
 
 
 @pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s:
-        yield s
+async def client() -> AsyncIterator[Http1Client]:
+    upstream = Http1Client(connect_s=5, read_s=5, total_s=5)
+    yield upstream
+    upstream.close()
 
 
 @pytest.fixture
@@ -64,7 +65,7 @@ async def stubs() -> AsyncIterator[dict[str, str]]:
         await server.close()
 
 
-def make_gateway(session: aiohttp.ClientSession, pools: list[dict],
+def make_gateway(client: Http1Client, pools: list[dict],
                  max_attempts: int = 2) -> Gateway:
     from prometheus_client import CollectorRegistry
 
@@ -77,7 +78,7 @@ def make_gateway(session: aiohttp.ClientSession, pools: list[dict],
     limits = Limits()
     return Gateway(config=config, pools=built, router=PoolRouter(built),
                    auth=Authenticator(()), limits=limits,
-                   dispatcher=Dispatcher(make_adapters(session), config.server),
+                   dispatcher=Dispatcher(make_adapters(client), config.server),
                    reporter=Reporter(PrometheusRecorder(CollectorRegistry()), built,
                                      limits.spend, tracer),
                    tracer=tracer)
@@ -99,8 +100,8 @@ async def collect(gateway: Gateway, body: dict, endpoint: str = "completions"):
 
 @pytest.mark.parametrize("mode", ["cumulative", "incremental"])
 async def test_generate_stream_yields_deltas_in_both_sglang_modes(
-        session: aiohttp.ClientSession, stubs: dict[str, str], mode: str) -> None:
-    gateway = make_gateway(session, [pool("p", [stubs[mode]])])
+        client: Http1Client, stubs: dict[str, str], mode: str) -> None:
+    gateway = make_gateway(client, [pool("p", [stubs[mode]])])
     _, items = await collect(gateway, {"model": "m", "prompt": "one two three four",
                                        "stream": True})
     assert "".join(i.text for i in items if isinstance(i, Delta)) == "one two three four"
@@ -111,8 +112,8 @@ async def test_generate_stream_yields_deltas_in_both_sglang_modes(
 
 
 async def test_vllm_stream_reads_metrics_from_usage_chunk(
-        session: aiohttp.ClientSession, stubs: dict[str, str]) -> None:
-    gateway = make_gateway(session, [pool("p", [stubs["vllm"]], engine="vllm")])
+        client: Http1Client, stubs: dict[str, str]) -> None:
+    gateway = make_gateway(client, [pool("p", [stubs["vllm"]], engine="vllm")])
     _, items = await collect(gateway, {"model": "m", "prompt": "a b c d e f", "stream": True})
     final = items[-1]
     assert isinstance(final, Final) and final.spec.verify_steps == 2
@@ -120,9 +121,9 @@ async def test_vllm_stream_reads_metrics_from_usage_chunk(
 
 
 async def test_failover_to_next_worker_before_first_token(
-        session: aiohttp.ClientSession, stubs: dict[str, str]) -> None:
+        client: Http1Client, stubs: dict[str, str]) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
-    gateway = make_gateway(session, [pool("p", [dead, stubs["cumulative"]])])
+    gateway = make_gateway(client, [pool("p", [dead, stubs["cumulative"]])])
     lease, items = await collect(gateway, {"model": "m", "prompt": "x y", "stream": True})
     assert lease.worker.url == stubs["cumulative"]
     refused = gateway.pools["p"].workers[0]
@@ -136,9 +137,9 @@ async def test_failover_to_next_worker_before_first_token(
 
 
 async def test_failover_to_fallback_pool_updates_decision(
-        session: aiohttp.ClientSession, stubs: dict[str, str]) -> None:
+        client: Http1Client, stubs: dict[str, str]) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
-    gateway = make_gateway(session, [pool("a", [dead]), pool("b", [stubs["vllm"]], "vllm")])
+    gateway = make_gateway(client, [pool("a", [dead]), pool("b", [stubs["vllm"]], "vllm")])
     body = {"model": "m", "prompt": "x y"}
     request = parse_request(body, "completions")
     decision, pools = gateway.router.route(request, minimal_profile(request, "t"))
@@ -149,11 +150,11 @@ async def test_failover_to_fallback_pool_updates_decision(
 
 
 async def test_all_workers_failing_gives_upstream_error(
-        session: aiohttp.ClientSession) -> None:
+        client: Http1Client) -> None:
     failing = await serve(StubServer(StubConfig(model="m", fail_after=0)).app())
     try:
         url = str(failing.make_url("")).rstrip("/")
-        gateway = make_gateway(session, [pool("p", [url])])
+        gateway = make_gateway(client, [pool("p", [url])])
         request = parse_request({"model": "m", "prompt": "x"}, "completions")
         decision, pools = gateway.router.route(request, minimal_profile(request, "t"))
         with pytest.raises(UpstreamUnavailable, match="500") as info:

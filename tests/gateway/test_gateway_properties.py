@@ -3,7 +3,7 @@
 - the classifier never raises for any request `parse_request` accepts, and takes
   bounded time for any prompt up to the body limit (repetitive text is where a
   backtracking regular expression would blow up);
-- the SSE parser (`wire.sse_data`, reading a real aiohttp `StreamReader`) and the relay
+- the SSE parser (`wire.sse_data`, reading the real `http1.Response`) and the relay
   (`ChunkWriter` out, parsed back) give the same text for any chunking of the bytes;
 - header parsing (pins, the API key, media type, content length, and `read_request` as
   a whole) either accepts a value or raises a 4xx `ClientError`, never anything else.
@@ -18,9 +18,7 @@ import time
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
-import aiohttp
 import orjson
-from aiohttp.base_protocol import BaseProtocol
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -42,6 +40,7 @@ from gateway.tenants.auth import Authenticator
 from gateway.tenants.limits import Limits
 from gateway.upstream.adapters.base import Delta, Final, StreamItem
 from gateway.upstream.adapters.wire import sse_data
+from gateway.upstream.http1 import Connection, Http1Client, Response, target
 from policies.types import Decision
 
 load_classifier()
@@ -116,21 +115,23 @@ def cut(data: bytes, points: list[int]) -> list[bytes]:
 
 
 async def parse(chunks: list[bytes]) -> list[dict]:
-    """`sse_data` over a real aiohttp StreamReader fed `chunks` one loop turn apart, so
-    reads see every partial line the chunking makes."""
-    loop = asyncio.get_running_loop()
-    protocol = BaseProtocol(loop)
-    protocol.connection_made(asyncio.Transport())  # connected; never paused at this size
-    reader = aiohttp.StreamReader(protocol, 2**24, loop=loop)
+    """`sse_data` over the gateway's real HTTP/1.1 response reader, fed a chunked answer
+    whose HTTP chunks are `chunks`, one loop turn apart, so reads see every partial line
+    the chunking makes."""
+    connection = Connection(Http1Client(5, 5, 5), target("http://127.0.0.1:1"))
+    response = Response(connection, time.monotonic() + 60, 60)
+    connection.response = response
+    connection.data_received(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
 
     async def feed() -> None:
         for chunk in chunks:
-            reader.feed_data(chunk)
+            if chunk:
+                connection.data_received(b"%x\r\n%b\r\n" % (len(chunk), chunk))
             await asyncio.sleep(0)
-        reader.feed_eof()
+        connection.data_received(b"0\r\n\r\n")
 
     feeder = asyncio.create_task(feed())
-    items = [item async for item in sse_data("w", SimpleNamespace(content=reader))]
+    items = [item async for item in sse_data("w", response)]
     await feeder
     return items
 

@@ -51,7 +51,7 @@ StreamItem = Delta | Final
 
 
 class Adapter(Protocol):
-    """One engine's wire protocol; stateless apart from the shared HTTP session."""
+    """One engine's wire protocol; stateless apart from the shared HTTP client."""
 
     async def generate(self, worker: str, request: GenerationRequest, pool: PoolConfig,
                        k: int) -> GenerationResult: ...

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-import aiohttp
-
 from gateway.config import PoolConfig
 from gateway.schemas import GenerationRequest
 from gateway.telemetry.worker_stats import SpecStats, Usage, merge_spec, read_batch
@@ -31,6 +29,7 @@ from gateway.upstream.adapters.base import (
 )
 from gateway.upstream.adapters.reply import Reply, no_finish, spec_counters, usage_of
 from gateway.upstream.adapters.wire import answers, post, post_json, sse_data
+from gateway.upstream.http1 import Http1Client
 from policies.fleet import WORKER_BATCH_KEY
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
@@ -127,8 +126,8 @@ def deltas_from_chunk(chunk: Reply, chat: bool) -> list[Delta]:
 class OpenAIAdapter:
     """Forwards the OpenAI body; `extra` fields are merged into every upstream body."""
 
-    def __init__(self, session: aiohttp.ClientSession, extra: dict | None = None) -> None:
-        self.session = session
+    def __init__(self, client: Http1Client, extra: dict | None = None) -> None:
+        self.client = client
         self.extra = extra or {}
 
     def payload(self, request: GenerationRequest, pool: PoolConfig, k: int,
@@ -144,11 +143,11 @@ class OpenAIAdapter:
         return body
 
     async def alive(self, worker: str, timeout_s: float) -> bool:
-        return await answers(self.session, worker, timeout_s)
+        return await answers(self.client, worker, timeout_s)
 
     async def generate(self, worker: str, request: GenerationRequest, pool: PoolConfig,
                        k: int) -> GenerationResult:
-        body = await post_json(self.session, worker, PATHS[request.endpoint],
+        body = await post_json(self.client, worker, PATHS[request.endpoint],
                                self.payload(request, pool, k, stream=False))
         return result_from_body(worker, body, request.endpoint == "chat")
 
@@ -157,7 +156,7 @@ class OpenAIAdapter:
         usage, spec, finish = Usage(), SpecStats(), None
         payload = self.payload(request, pool, k, stream=True)
         chat = request.endpoint == "chat"
-        async with post(self.session, worker, PATHS[request.endpoint], payload) as resp:
+        async with post(self.client, worker, PATHS[request.endpoint], payload) as resp:
             async for raw in sse_data(worker, resp):
                 chunk = Reply(worker, raw, "event")
                 usage = usage_from_body(chunk) or usage

@@ -21,7 +21,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator
 
-import aiohttp
 import orjson
 
 from gateway.config import PoolConfig
@@ -37,6 +36,7 @@ from gateway.upstream.adapters.base import (
 from gateway.upstream.adapters.openai import OpenAIAdapter
 from gateway.upstream.adapters.reply import Reply, no_finish, spec_counters, usage_of
 from gateway.upstream.adapters.wire import answers, post, post_json, sse_data
+from gateway.upstream.http1 import Http1Client
 from policies.prior import Measured, MeasuredError, WorkerPrior
 
 
@@ -128,9 +128,9 @@ def sampling_params(request: GenerationRequest, pool: PoolConfig, k: int) -> dic
 
 
 class SGLangAdapter:
-    def __init__(self, session: aiohttp.ClientSession) -> None:
-        self.session = session
-        self.chat = OpenAIAdapter(session, extra={"return_spec_tokens_details": True})
+    def __init__(self, client: Http1Client) -> None:
+        self.client = client
+        self.chat = OpenAIAdapter(client, extra={"return_spec_tokens_details": True})
 
     def payload(self, request: GenerationRequest, pool: PoolConfig, k: int,
                 stream: bool) -> dict:
@@ -153,13 +153,13 @@ class SGLangAdapter:
                                            or request.logprobs)
 
     async def alive(self, worker: str, timeout_s: float) -> bool:
-        return await answers(self.session, worker, timeout_s)
+        return await answers(self.client, worker, timeout_s)
 
     async def generate(self, worker: str, request: GenerationRequest, pool: PoolConfig,
                        k: int) -> GenerationResult:
         if self._openai_route(request):
             return await self.chat.generate(worker, request, pool, k)
-        body = await post_json(self.session, worker, "/generate",
+        body = await post_json(self.client, worker, "/generate",
                                self.payload(request, pool, k, stream=False))
         return result_from_generate(worker, body, request.native is not None)
 
@@ -172,7 +172,7 @@ class SGLangAdapter:
         sent = 0
         meta = Reply(worker, {}, "meta_info")
         payload = self.payload(request, pool, k, stream=True)
-        async with post(self.session, worker, "/generate", payload) as resp:
+        async with post(self.client, worker, "/generate", payload) as resp:
             async for raw in sse_data(worker, resp):
                 chunk = Reply(worker, raw, "event")
                 meta = chunk.obj("meta_info") or meta

@@ -1,21 +1,16 @@
-"""HTTP to the workers: one shared aiohttp session, errors mapped at this boundary.
+"""HTTP to the workers on the request path, errors mapped at this boundary.
 
-aiohttp rather than httpx because on this project's loopback measurements it adds
-~0.45 ms less per upstream call (docs/GATEWAY.md, "What the proxy stack costs").
-Everything aiohttp can raise is translated here into `gateway.errors`; nothing above
-this module sees an aiohttp exception.
+The calls go through `gateway.upstream.http1.Http1Client` (kept connections, ~45 µs of
+CPU a call where aiohttp's client spent ~250). Everything it can raise is translated
+here into `gateway.errors`; nothing above this module sees a transport exception.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import aiohttp
 import orjson
-from yarl import URL
 
 from gateway.errors import (
     GatewayError,
@@ -25,9 +20,16 @@ from gateway.errors import (
     UpstreamUnavailable,
 )
 from gateway.telemetry.spans import UPSTREAM_TRACE_HEADERS
+from gateway.upstream.http1 import (
+    ConnectFailed,
+    ConnectTimeout,
+    Http1Client,
+    HttpError,
+    ReadTimeout,
+    Response,
+)
 
 MAX_SSE_LINE = 64 * 1024 * 1024  # SGLang's cumulative stream text can make long lines
-JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 def upstream_message(raw: bytes) -> str:
@@ -57,61 +59,61 @@ def status_error(worker: str, status: int, raw: bytes) -> GatewayError:
                                status=503 if status == 503 else 502, code="upstream_error")
 
 
-def transport_error(worker: str, exc: BaseException) -> GatewayError:
-    """Map an aiohttp/asyncio failure to the exception tree. A connect timeout is apart:
-    the worker never had the request, so it is always retried (gateway.upstream.dispatch);
+def transport_error(worker: str, exc: HttpError) -> GatewayError:
+    """Map a transport failure to the exception tree. A connect timeout is apart: the
+    worker never had the request, so it is always retried (gateway.upstream.dispatch);
     after a read or total timeout it may still be generating."""
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+    if isinstance(exc, ConnectTimeout):
         return UpstreamTimeout(f"cannot connect to worker {worker} in time",
                                code="upstream_connect_timeout")
-    if isinstance(exc, asyncio.TimeoutError | aiohttp.ServerTimeoutError):
+    if isinstance(exc, ReadTimeout):
         return UpstreamTimeout(f"worker {worker} timed out", code="upstream_timeout")
-    if isinstance(exc, aiohttp.ClientConnectorError):
+    if isinstance(exc, ConnectFailed):
         return UpstreamUnavailable(f"cannot connect to worker {worker}",
                                    code="upstream_connect_error")
     return UpstreamUnavailable(f"worker {worker} failed: {type(exc).__name__}: {exc}",
                                code="upstream_error")
 
 
-@functools.lru_cache(maxsize=4096)  # workers x paths; parsing a URL costs ~5 us a call
-def endpoint_url(worker: str, path: str) -> URL:
-    return URL(worker + path)
-
-
 @asynccontextmanager
-async def post(session: aiohttp.ClientSession, worker: str, path: str,
-               payload: dict) -> AsyncIterator[aiohttp.ClientResponse]:
-    """POST JSON; yield the response once it is known to be 200."""
+async def post(client: Http1Client, worker: str, path: str,
+               payload: dict) -> AsyncIterator[Response]:
+    """POST JSON; yield the response once it is known to be 200. Leaving the block
+    before the answer's end drops the connection: the worker sees the client leave."""
+    trace = UPSTREAM_TRACE_HEADERS.get()  # W3C traceparent (gateway/telemetry/spans.py)
     try:
-        trace = UPSTREAM_TRACE_HEADERS.get()  # W3C traceparent (gateway/telemetry/spans.py)
-        async with session.post(endpoint_url(worker, path), data=orjson.dumps(payload),
-                                headers={**JSON_HEADERS, **trace} if trace else JSON_HEADERS
-                                ) as resp:
-            if resp.status != 200:
-                raise status_error(worker, resp.status, await resp.read())
-            try:
-                yield resp
-            except BaseException:
-                resp.close()  # drop the connection: the worker sees the client leave
-                raise
-    except (TimeoutError, aiohttp.ClientError) as exc:
+        resp = await client.request("POST", worker, path, orjson.dumps(payload),
+                                    trace or None)
+    except HttpError as exc:
         raise transport_error(worker, exc) from exc
+    try:
+        if resp.status != 200:
+            try:
+                raw = await resp.read()
+            except HttpError:
+                raw = b""
+            raise status_error(worker, resp.status, raw)
+        try:
+            yield resp
+        except HttpError as exc:
+            raise transport_error(worker, exc) from exc
+    finally:
+        resp.close()
 
 
-async def answers(session: aiohttp.ClientSession, worker: str, timeout_s: float) -> bool:
+async def answers(client: Http1Client, worker: str, timeout_s: float) -> bool:
     """Whether the worker's HTTP server answers at all (`GET /health`, any status)
     within `timeout_s`: alive, if perhaps busy. A hung or dead process does not."""
     try:
-        async with session.get(endpoint_url(worker, "/health"),
-                               timeout=aiohttp.ClientTimeout(total=timeout_s)):
-            return True
-    except (TimeoutError, aiohttp.ClientError):
+        resp = await client.request("GET", worker, "/health", total_s=timeout_s)
+    except HttpError:
         return False
+    resp.close()
+    return True
 
 
-async def post_json(session: aiohttp.ClientSession, worker: str, path: str,
-                    payload: dict) -> dict:
-    async with post(session, worker, path, payload) as resp:
+async def post_json(client: Http1Client, worker: str, path: str, payload: dict) -> dict:
+    async with post(client, worker, path, payload) as resp:
         raw = await resp.read()
     try:
         body = orjson.loads(raw)
@@ -122,7 +124,7 @@ async def post_json(session: aiohttp.ClientSession, worker: str, path: str,
     return body
 
 
-async def sse_data(worker: str, resp: aiohttp.ClientResponse) -> AsyncIterator[dict]:
+async def sse_data(worker: str, resp: Response) -> AsyncIterator[dict]:
     """Yield each `data:` JSON object of an SSE stream until `data: [DONE]`.
 
     Events with a name (SGLang's `event: sglext_ids`) are skipped; an in-band
@@ -131,14 +133,14 @@ async def sse_data(worker: str, resp: aiohttp.ClientResponse) -> AsyncIterator[d
     event = ""
     try:
         while True:
-            line = await resp.content.readuntil(b"\n", max_size=MAX_SSE_LINE)
+            line = await resp.readline(MAX_SSE_LINE)
             if not line:
                 return
             line = line.strip()
             if not line:
                 event = ""
             elif line.startswith(b"event:"):
-                event = line[6:].strip().decode()
+                event = line[6:].strip().decode(errors="replace")
             elif line.startswith(b"data:") and not event:
                 data = line[5:].strip()
                 if data == b"[DONE]":
@@ -153,5 +155,5 @@ async def sse_data(worker: str, resp: aiohttp.ClientResponse) -> AsyncIterator[d
                 yield item
     except orjson.JSONDecodeError as exc:
         raise UpstreamProtocolError(worker, "an SSE event is not JSON") from exc
-    except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+    except HttpError as exc:
         raise transport_error(worker, exc) from exc
