@@ -3,7 +3,8 @@
 Starts a trivial upstream (`bench.upstream`), Redis, and in front of the upstream the
 gateway in its production configuration (default learned policy, one `engine: sglang`
 pool, a tenant with an API key, Redis telemetry), a minimal raw-ASGI + aiohttp
-pass-through (`bench.minproxy`, the floor any Python proxy pays here), smg,
+pass-through (`bench.minproxy`, the floor any Python proxy pays here) and the same on
+the gateway's own upstream client (`minimal proxy http1`), smg,
 sglang-router and LiteLLM proxy (`bench.peers`, installed into their own virtualenvs on
 first use). One load
 client sends the same `/v1/chat/completions` body everywhere; rounds are interleaved (each
@@ -34,7 +35,8 @@ from bench.classifier import cost as classifier_cost
 from workers.processes import free_port, start_redis, wait_http
 
 CONCURRENCY = 32
-RATIO_PEERS = ("minimal proxy", "smg", "sglang-router", "litellm")  # specroute_rps_over_<peer>
+RATIO_PEERS = ("minimal proxy", "minimal proxy http1", "smg", "sglang-router",
+               "litellm")  # specroute_rps_over_<peer>
 BODY = {"model": "bench", "messages": [{"role": "user", "content": "hello"}],
         "max_tokens": 8, "temperature": 0}
 HEADERS = {"Authorization": f"Bearer {peers.API_KEY}"}
@@ -268,7 +270,7 @@ def _start_peer(procs: list[subprocess.Popen], peer: peers.Peer, upstream: str,
 def run(names: list[str], n: int, seconds: float, rounds: int,
         gateway_workers: tuple[int, ...] = (1,)) -> dict:
     procs: list[subprocess.Popen] = []
-    up_port, min_port = free_port(), free_port()
+    up_port, min_port, min1_port = free_port(), free_port(), free_port()
     upstream = f"http://127.0.0.1:{up_port}"
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
@@ -280,8 +282,14 @@ def run(names: list[str], n: int, seconds: float, rounds: int,
             _start(procs, [sys.executable, "-m", "bench.minproxy", "--port", str(min_port),
                            "--upstream", upstream], f"http://127.0.0.1:{min_port}/health",
                    "minimal proxy", tmp / "minproxy.log")
+            _start(procs, [sys.executable, "-m", "bench.minproxy", "--port", str(min1_port),
+                           "--upstream", upstream, "--client", "http1"],
+                   f"http://127.0.0.1:{min1_port}/health", "minimal proxy http1",
+                   tmp / "minproxy-http1.log")
             targets = [Target("direct", f"{upstream}/v1/chat/completions"),
-                       Target("minimal proxy", f"http://127.0.0.1:{min_port}/v1/chat/completions")]
+                       Target("minimal proxy", f"http://127.0.0.1:{min_port}/v1/chat/completions"),
+                       Target("minimal proxy http1",
+                              f"http://127.0.0.1:{min1_port}/v1/chat/completions")]
             targets += [_start_specroute(procs, upstream, tmp, w, redis_url)
                         for w in gateway_workers]
             targets += [_start_peer(procs, peers.PEERS[name], upstream, tmp) for name in names]

@@ -1,10 +1,13 @@
-"""The floor for any Python proxy on this machine: raw ASGI in, one aiohttp session out.
+"""The floor for any Python proxy on this machine: raw ASGI in, one HTTP client out.
 
-    python -m bench.minproxy --port P --upstream URL
+    python -m bench.minproxy --port P --upstream URL [--client aiohttp|http1]
 
-Forwards `POST /generate` bodies unchanged and relays the answer (streamed chunk by
-chunk), with no parsing, routing or telemetry. `specroute bench gateway` runs it beside
-the gateway so the table separates what the HTTP stack costs from what specroute adds.
+Forwards bodies unchanged and relays the answer (streamed as it comes), with no
+parsing, routing or telemetry. `specroute bench gateway` runs it beside the gateway so
+the table separates what the HTTP stack costs from what specroute adds: with aiohttp's
+client (the yardstick the ratios use), and with the gateway's own upstream client
+(`gateway.upstream.http1`, `--client http1`: the floor of the stack specroute runs on;
+its answers are always labelled `application/json`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,37 @@ import argparse
 import aiohttp
 
 from bench.upstream import read_body
+
+
+def make_http1_app(upstream: str):
+    from gateway.upstream.http1 import Http1Client
+
+    client: Http1Client | None = None
+
+    async def app(scope, receive, send) -> None:
+        nonlocal client
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    client = Http1Client(connect_s=5, read_s=300, total_s=600)
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    client.close()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        body = await read_body(receive)
+        resp = await client.request(scope["method"], upstream, scope["path"], body)
+        try:
+            await send({"type": "http.response.start", "status": resp.status,
+                        "headers": [(b"content-type", b"application/json")]})
+            while chunk := await resp.read_some():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            resp.close()
+
+    return app
 
 
 def make_app(upstream: str):
@@ -50,8 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream", required=True)
+    parser.add_argument("--client", choices=("aiohttp", "http1"), default="aiohttp")
     args = parser.parse_args(argv)
-    uvicorn.run(make_app(args.upstream.rstrip("/")), host="127.0.0.1", port=args.port,
+    build = make_http1_app if args.client == "http1" else make_app
+    uvicorn.run(build(args.upstream.rstrip("/")), host="127.0.0.1", port=args.port,
                 loop="uvloop", http="httptools", log_level="warning", access_log=False)
     return 0
 

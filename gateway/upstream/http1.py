@@ -7,7 +7,8 @@ for the gateway's other calls to workers (prior probes, `/metrics` scrapes,
 `/server_info`), where speed does not matter.
 
 What it does: one request per connection at a time, the body known in advance;
-answers with `Content-Length`, chunked, or ended by the close; connections kept per
+answers with `Content-Length`, chunked, or ended by the close, read whole, by line or
+as they arrive; connections kept per
 worker and reused once an answer was read to its end with keep-alive; `https://`
 workers through the default TLS context. Three deadlines, as the session it replaces
 had: connect (a new connection), read (the longest silence between two arrivals of
@@ -165,6 +166,14 @@ class Response:
         body = bytes(self.buffer)
         self.buffer.clear()
         return body
+
+    async def read_some(self) -> bytes:
+        """What has arrived of the body, waiting for something; b"" at its end."""
+        while not self.buffer and not self.complete:
+            await self.wait()
+        chunk = bytes(self.buffer)
+        self.buffer.clear()
+        return chunk
 
     async def readline(self, limit: int) -> bytes:
         """The next line with its `\\n`; at the end what is left (b"" when nothing)."""

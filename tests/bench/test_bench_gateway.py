@@ -3,6 +3,7 @@ that cannot be installed is reported (never dropped), and the summary's ratios."
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import httpx
@@ -10,8 +11,9 @@ import orjson
 import pytest
 
 from bench import peers
-from bench.gateway import Target, _start_peer, _table, summarize
+from bench.gateway import Target, _start, _start_peer, _table, stop_all, summarize
 from bench.upstream import app
+from workers.processes import free_port
 
 
 @pytest.fixture
@@ -42,6 +44,28 @@ async def test_upstream_chat_completions_plain_and_streamed(upstream) -> None:
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
     assert text == plain["choices"][0]["message"]["content"]
     assert chunks[-1]["usage"]["completion_tokens"] == 8
+
+
+@pytest.mark.parametrize("client", ["aiohttp", "http1"])
+def test_the_minimal_proxy_relays_the_upstream(tmp_path: Path, client: str) -> None:
+    """Both minimal proxies answer what the upstream does, byte for byte, plain and
+    streamed (over real sockets: `bench.upstream` and the proxy as processes)."""
+    procs: list = []
+    up, proxy = free_port(), free_port()
+    try:
+        _start(procs, [sys.executable, "-m", "bench.upstream", "--port", str(up)],
+               f"http://127.0.0.1:{up}/health", "upstream", tmp_path / "up.log")
+        _start(procs, [sys.executable, "-m", "bench.minproxy", "--port", str(proxy),
+                       "--upstream", f"http://127.0.0.1:{up}", "--client", client],
+               f"http://127.0.0.1:{proxy}/health", "minimal proxy", tmp_path / "proxy.log")
+        body = {"model": "bench", "messages": [{"role": "user", "content": "hi"}]}
+        for stream in (False, True):
+            answers = [httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions",
+                                  json={**body, "stream": stream}) for port in (up, proxy)]
+            assert [a.status_code for a in answers] == [200, 200]
+            assert answers[0].content == answers[1].content
+    finally:
+        stop_all(procs)
 
 
 def test_a_peer_that_cannot_be_installed_is_reported(tmp_path: Path,
@@ -85,10 +109,12 @@ def test_json_gives_every_ratio_the_issue_asks_for() -> None:
     ours = _measured("specroute", 1.2, 1700)
     ours.metrics = "http://x/metrics"
     ours.lag_buckets = {0.001: 50.0, 0.002: 99.5, 0.005: 100.0, float("inf"): 100.0}
-    targets = [_measured("direct", 0.5, 4000), _measured("minimal proxy", 0.9, 2000), ours,
+    targets = [_measured("direct", 0.5, 4000), _measured("minimal proxy", 0.9, 2000),
+               _measured("minimal proxy http1", 0.8, 2500), ours,
                _measured("smg", 0.8, 3400), _measured("litellm", 14.0, 85)]
     result = summarize(targets, classify_decide_p99_us=87.5)
     assert result["specroute_rps_over_minimal_proxy"] == 0.85
+    assert result["specroute_rps_over_minimal_proxy_http1"] == 0.68
     assert result["specroute_rps_over_minimal_proxy_stream"] == 0.85
     assert result["specroute_rps_over_smg"] == 0.5
     assert result["specroute_rps_over_smg_stream"] == 0.5

@@ -113,6 +113,12 @@ async def test_chunked_answers_read_whole_and_by_line(worker, client: Http1Clien
     lines = [await resp.readline(100) for _ in range(4)]
     assert lines == [b"ab\n", b"cd\n", b"e", b""]
     resp.close()
+    resp = await client.request("POST", scripted.url, "/x")
+    chunks = []
+    while chunk := await resp.read_some():
+        chunks.append(chunk)
+    assert b"".join(chunks) == b"ab\ncd\ne"
+    resp.close()
     assert scripted.connections == 1
 
 
