@@ -21,6 +21,7 @@ what was known before any traffic: the clock must not hand it back its weight).
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections import deque
@@ -175,9 +176,13 @@ def forward_increments(values: dict[str, float], t: float, tau: float) -> dict[s
 
 def stale_fields(t: float, tau: float) -> list[str]:
     """Fields of the era before the previous one (both views), safe to delete."""
-    old, old_recent = era_of(t, tau) - 2, era_of(t, tau * RECENT_FRACTION) - 2
-    return ([f"{old}:{name}" for name in FIELDS]
-            + [f"{RECENT_PREFIX}{old_recent}:{name}" for name in FIELDS])
+    return list(_stale_of_eras(era_of(t, tau) - 2, era_of(t, tau * RECENT_FRACTION) - 2))
+
+
+@functools.lru_cache(maxsize=64)  # a few eras are live at a time
+def _stale_of_eras(old: int, old_recent: int) -> tuple[str, ...]:
+    return (*(f"{old}:{name}" for name in FIELDS),
+            *(f"{RECENT_PREFIX}{old_recent}:{name}" for name in FIELDS))
 
 
 def _read(fields: dict[str, float], now: float, tau: float, prefix: str) -> dict[str, float]:

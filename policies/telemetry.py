@@ -73,7 +73,7 @@ class Telemetry(Protocol):
 class TelemetryConfig:
     tau_s: float = DECAY_TAU_S  # decay time constant of the aggregates
     stream_maxlen: int = 100_000
-    flush_interval_s: float = 0.05
+    flush_interval_s: float = 0.2
     refresh_interval_s: float = 1.0
     batch_size: int = 500
     buffer_max: int = 50_000  # records held while Redis is unreachable

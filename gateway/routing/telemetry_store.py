@@ -35,18 +35,24 @@ from policies.telemetry import AGG_INDEX, AGG_PREFIX, STREAM_KEY, TelemetryStore
 from policies.types import RequestRecord
 
 
+def command(*args: bytes) -> bytes:
+    """One command as a RESP array of bulk strings."""
+    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%b\r\n" % (len(a), a) for a in args)
+
+
 class CoalescingTelemetryStore(TelemetryStore):
     """`TelemetryStore` whose batch write sends one increment per (context, field)."""
 
     def _write(self, batch: list[RequestRecord], desired: dict[str, int]) -> None:
         tau = self.config.tau_s
-        maxlen = self.config.stream_maxlen
-        pipe = self._client.pipeline(transaction=False)
+        xadd = (b"XADD", STREAM_KEY.encode(), b"MAXLEN", b"~",
+                str(self.config.stream_maxlen).encode(), b"*", b"r")
+        commands: list[bytes] = []
         sums: dict[str, dict[str, float]] = {}
         stale: dict[str, dict[str, None]] = {}  # per context, ordered and unique
         for rec in batch:
             # orjson writes the dataclass itself as `asdict` would, without the deep copy
-            pipe.xadd(STREAM_KEY, {"r": orjson.dumps(rec)}, maxlen=maxlen, approximate=True)
+            commands.append(command(*xadd, orjson.dumps(rec)))
             if not teaches(rec):
                 continue
             context = ContextKey.of(rec).encode()
@@ -59,11 +65,24 @@ class CoalescingTelemetryStore(TelemetryStore):
                 fields[name] = fields.get(name, 0.0) + inc
             stale[context].update(dict.fromkeys(stale_fields(rec.timestamp, tau)))
         for context, fields in sums.items():
-            key = AGG_PREFIX + context
-            for name, inc in fields.items():
-                pipe.hincrbyfloat(key, name, inc)
-            pipe.hdel(key, *stale[context])
-            pipe.sadd(AGG_INDEX, context)
+            key = (AGG_PREFIX + context).encode()
+            commands.extend(command(b"HINCRBYFLOAT", key, name.encode(), repr(inc).encode())
+                            for name, inc in fields.items())
+            commands.append(command(b"HDEL", key, *(name.encode() for name in stale[context])))
+            commands.append(command(b"SADD", AGG_INDEX.encode(), context.encode()))
         for pool, k in desired.items():
-            pipe.set(desired_k_key(pool), k)
-        pipe.execute()
+            commands.append(command(b"SET", desired_k_key(pool).encode(), str(k).encode()))
+        self._send(commands)
+
+    def _send(self, commands: list[bytes]) -> None:
+        pool = self._client.connection_pool
+        connection = pool.get_connection()
+        try:
+            connection.send_packed_command([b"".join(commands)])
+            for _ in commands:
+                connection.read_response()
+        except BaseException:
+            connection.disconnect()  # replies may be left unread: never reuse it
+            raise
+        finally:
+            pool.release(connection)

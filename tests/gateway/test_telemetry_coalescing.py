@@ -66,23 +66,36 @@ def test_same_aggregates_as_one_by_one(redis_url: str, batch: int) -> None:
 def test_one_increment_per_context_and_field(redis_url: str) -> None:
     store = CoalescingTelemetryStore(redis_url)
     sent: list[int] = []
-    pipeline = store._client.pipeline
+    send = store._send
 
-    def counting(**kwargs):
-        pipe = pipeline(**kwargs)
-        execute = pipe.execute
+    def counting(commands: list[bytes]) -> None:
+        sent.append(len(commands))
+        send(commands)
 
-        def run():
-            sent.append(len(pipe.command_stack))
-            return execute()
-        pipe.execute = run
-        return pipe
-
-    store._client.pipeline = counting  # type: ignore[method-assign]
+    store._send = counting  # type: ignore[method-assign]
     now = time.time()
     records = [replace(r, timestamp=now, task="chat", load=0) for r in _records(now)[:30]]
     store._write(records, {})
     fields = len(store._client.hgetall(AGG_PREFIX + store._client.smembers(AGG_INDEX).pop()
                                        .decode()))
     assert sent == [30 + fields + 2]  # an entry each, then per field, one HDEL, one SADD
+    store._client.close()
+
+
+def test_an_error_reply_fails_the_batch_and_drops_the_connection(redis_url: str) -> None:
+    """A key of the wrong type makes Redis answer one command with an error: the write
+    raises (the store retries the batch whole) and the next write, on a fresh
+    connection, reads its own replies, not the failed batch's leftovers."""
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    store = CoalescingTelemetryStore(redis_url)
+    now = time.time()
+    records = [replace(r, timestamp=now, task="chat", load=0) for r in _records(now)[:5]]
+    client.set(STREAM_KEY, "not a stream")  # every XADD answers WRONGTYPE, the first raises
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        store._write(records, {})
+    client.delete(STREAM_KEY)
+    store._write(records, {"eagle": 4})
+    assert client.get("specroute:pool:eagle:desired_k") == b"4"
+    assert client.scard(AGG_INDEX) == 1 and client.xlen(STREAM_KEY) == 5
     store._client.close()
