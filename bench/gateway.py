@@ -10,7 +10,10 @@ first use). One load
 client sends the same `/v1/chat/completions` body everywhere; rounds are interleaved (each
 round visits every path in turn), so a slow spell of the shared machine hits all of them.
 Per path, streaming and not: sequential p50/p99 and the p50 added over the direct call,
-then requests/s at concurrency 32. The load client shares the cores with the servers.
+then requests/s at concurrency 32 and the CPU a request cost the path's own processes
+in that phase (from /proc: the gateway's threads and workers, a peer's children; the
+direct row is the upstream's own). The load client shares the cores with the servers,
+so req/s moves with the machine's load; CPU per request much less.
 Last, classify + decide CPU p99 on a 4 KB prompt (`bench.classifier.cost`).
 """
 
@@ -20,6 +23,7 @@ import argparse
 import asyncio
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -54,6 +58,32 @@ class Target:
     latency: dict[bool, list[float]] = field(default_factory=lambda: {False: [], True: []})
     done: dict[bool, int] = field(default_factory=lambda: {False: 0, True: 0})
     seconds: dict[bool, float] = field(default_factory=lambda: {False: 0.0, True: 0.0})
+    pid: int | None = None  # the path's process: its tree's CPU is counted at c32
+    cpu_s: dict[bool, float] = field(default_factory=lambda: {False: 0.0, True: 0.0})
+
+
+def tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of `pid` and every process below it (uvicorn's workers,
+    LiteLLM's children), from /proc; 0.0 where /proc cannot tell (not Linux, gone)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(
+                int(entry.name))
+    total, todo, tick = 0.0, [pid], os.sysconf("SC_CLK_TCK")
+    while todo:
+        current = todo.pop()
+        try:
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        todo += children.get(current, [])
+    return total
 
 
 async def _call(session: aiohttp.ClientSession, url: str, body: dict) -> None:
@@ -143,8 +173,11 @@ async def _measure(targets: list[Target], n: int, seconds: float, rounds: int) -
                                                                     body, n // rounds)
                         before = await _scrape(session, target.metrics) if target.metrics \
                             else {}
+                        cpu = tree_cpu_s(target.pid) if target.pid else 0.0
                         done, spent = await _throughput(session, target.url, body,
                                                         seconds / rounds)
+                        if target.pid:
+                            target.cpu_s[stream] += tree_cpu_s(target.pid) - cpu
                         if target.metrics:
                             _add_lag(target, before, await _scrape(session, target.metrics))
                     except (aiohttp.ClientError, RuntimeError, TimeoutError) as exc:
@@ -179,6 +212,8 @@ def summarize(targets: list[Target], classify_decide_p99_us: float | None = None
             p50 = _pct(t.latency[stream], 0.5)
             row.update(p50_ms=round(p50, 3), p99_ms=round(_pct(t.latency[stream], 0.99), 3),
                        rps_c32=round(t.done[stream] / t.seconds[stream]))
+            if t.cpu_s[stream] and t.done[stream]:
+                row["cpu_us_per_request_c32"] = round(t.cpu_s[stream] / t.done[stream] * 1e6)
             if t is not direct and direct.latency[stream]:
                 row["added_p50_ms"] = round(p50 - _pct(direct.latency[stream], 0.5), 3)
             rows.append(row)
@@ -240,7 +275,7 @@ def _start_specroute(procs: list[subprocess.Popen], upstream: str, tmp: Path,
     base = f"http://127.0.0.1:{port}"
     # one process: its /metrics is the gateway's (with N, each scrape sees one of them)
     return Target(name, f"{base}/v1/chat/completions",
-                  metrics=f"{base}/metrics" if workers == 1 else "")
+                  metrics=f"{base}/metrics" if workers == 1 else "", pid=procs[-1].pid)
 
 
 def _start(procs: list[subprocess.Popen], argv: list[str], ready: str, name: str,
@@ -264,7 +299,8 @@ def _start_peer(procs: list[subprocess.Popen], peer: peers.Peer, upstream: str,
                timeout=180)
     except (RuntimeError, TimeoutError) as exc:
         return Target(peer.name, error=f"did not start: {str(exc).splitlines()[0][:100]}")
-    return Target(peer.name, f"http://127.0.0.1:{port}/v1/chat/completions")
+    return Target(peer.name, f"http://127.0.0.1:{port}/v1/chat/completions",
+                  pid=procs[-1].pid)
 
 
 def run(names: list[str], n: int, seconds: float, rounds: int,
@@ -286,10 +322,13 @@ def run(names: list[str], n: int, seconds: float, rounds: int,
                            "--upstream", upstream, "--client", "http1"],
                    f"http://127.0.0.1:{min1_port}/health", "minimal proxy http1",
                    tmp / "minproxy-http1.log")
-            targets = [Target("direct", f"{upstream}/v1/chat/completions"),
-                       Target("minimal proxy", f"http://127.0.0.1:{min_port}/v1/chat/completions"),
+            up_pid, min_pid, min1_pid = (proc.pid for proc in procs[-3:])
+            targets = [Target("direct", f"{upstream}/v1/chat/completions", pid=up_pid),
+                       Target("minimal proxy", f"http://127.0.0.1:{min_port}/v1/chat/completions",
+                              pid=min_pid),
                        Target("minimal proxy http1",
-                              f"http://127.0.0.1:{min1_port}/v1/chat/completions")]
+                              f"http://127.0.0.1:{min1_port}/v1/chat/completions",
+                              pid=min1_pid)]
             targets += [_start_specroute(procs, upstream, tmp, w, redis_url)
                         for w in gateway_workers]
             targets += [_start_peer(procs, peers.PEERS[name], upstream, tmp) for name in names]
@@ -302,16 +341,16 @@ def run(names: list[str], n: int, seconds: float, rounds: int,
 
 
 def _table(result: dict) -> list[str]:
-    lines = ["| path | stream | p50 ms | p99 ms | added p50 ms | req/s at c32 |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| path | stream | p50 ms | p99 ms | added p50 ms | req/s at c32 "
+             "| CPU µs a request at c32 |", "|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         mode = "yes" if r["stream"] else "no"
         if "error" in r:
-            lines.append(f"| {r['path']} | {mode} | {r['error']} | | | |")
+            lines.append(f"| {r['path']} | {mode} | {r['error']} | | | | |")
             continue
         added = f"{r['added_p50_ms']:+.3f}" if "added_p50_ms" in r else ""
         lines.append(f"| {r['path']} | {mode} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | "
-                     f"{added} | {r['rps_c32']} |")
+                     f"{added} | {r['rps_c32']} | {r.get('cpu_us_per_request_c32', '')} |")
     return lines
 
 
