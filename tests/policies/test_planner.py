@@ -224,3 +224,12 @@ def test_a_change_is_adopted_only_after_the_dwell() -> None:
     going = settle(wished(), adopted, now=170.0, dwell_s=60.0)  # under way: stays adopted
     assert going.adopted and going.desired == adopted.desired
     assert FleetPlan.from_json(going.to_json()) == going
+
+
+def test_the_search_never_plans_a_negative_pool() -> None:
+    """Moving the last worker out of a pool ends that pool's moves in the same sweep:
+    a pool at -1 would be a worker created from nothing."""
+    speed = make_speed({("eagle", "code"): 0.8})
+    current = {"eagle-k4": 5, "ngram-k4": 1, "plain": 6}  # n-gram: worth nothing on code
+    got = plan("m", current, POOLS, demand(("code", 60.0), ("chat", 60.0)), speed, FAST)
+    assert min(got.desired.values()) >= 0 and sum(got.desired.values()) == 12
