@@ -29,6 +29,7 @@ from bench.sim.launch import even_mix, launch_bench, pool_priors
 from bench.sim.measure import BENCH_BATCHES
 from bench.sim.scenarios import FLEET_WORKERS, SGLANG_POOLS, SGLANG_RELAUNCH_S, Scenario
 from bench.sim.simulator import Fleet, Worker
+from bench.sim.world import World
 from policies.planner import (
     Benchmarked,
     FleetPlan,
@@ -42,6 +43,7 @@ from policies.planner import (
     settle,
     state_speed,
 )
+from policies.prior import WorkerPrior
 from policies.types import PoolView
 
 
@@ -63,9 +65,9 @@ def planned_scenario(base: Scenario) -> Scenario:
                           "fleet planner (starts as the static split; one relaunch at a time)")
 
 
-def measured_scenario(base: Scenario, world, seed: int, base_step_s: float = 0.015,
+def measured_scenario(base: Scenario, world: World, seed: int, base_step_s: float = 0.015,
                       model: str = "base"
-                      ) -> tuple[Scenario, tuple[Benchmarked, ...], dict]:
+                      ) -> tuple[Scenario, tuple[Benchmarked, ...], dict[str, WorkerPrior]]:
     """The launch benchmark of `base`'s engine (bench/sim/launch.py), a pool per candidate
     configuration (policies/planner/launch.py `candidate_configs`), all workers at first
     in the configuration best over an even mix at the benchmark's middle batch (the plan
