@@ -6,8 +6,12 @@ Rows: `planner` starts as the static split and moves workers as the planner asks
 `planner-launched` starts where the planner wants the fleet before any traffic (the
 workers' priors, an even class mix) and then moves; `planner-launched-frozen` starts
 there and never moves: launched / frozen per phase says whether that phase's relaunches
-won more than they cost; `launched` is the shipped strategy (the fleet launched from the
-benchmark of every (method, k), bench/sim/launch.py). For each engine (SGLang, vLLM), a
+won more than they cost. `planner-measured` and `planner-measured-frozen` are the same
+two with the planner's speed read from the launch benchmark of every (method, k), the
+learned acceptance as a drift on it (policies/planner/inputs.py `measured_speed`), on a
+pool per configuration measured best for some class or the mix. `launched` is the
+shipped strategy (the fleet launched from the benchmark by the per-class launch rule,
+bench/sim/launch.py). For each engine (SGLang, vLLM), a
 move pays the engine's server start after its drain, read from the repo's records
 (bench/sim/relaunch.py: SGLang 90 s; a vLLM CPU server's eager start 30-40 s, whose
 measured drain + relaunch was 93 s). 0.3 of the full workload by default (--full: 10,500
@@ -72,7 +76,7 @@ def _engine(engine: str, base, config: SimConfig, args: argparse.Namespace) -> d
     print(f"(best of {n_fixed} fixed (method, k) configurations: {result.best_fixed}; "
           f"{sum(p.requests for p in config.phases)} requests, seed {config.seed})")
     summary: dict = {"best_fixed": result.best_fixed, "relaunch_s": start_s, "ratios": {}}
-    for ours in ("planner", "planner-launched", "launched"):
+    for ours in ("planner", "planner-launched", "planner-measured", "launched"):
         for label, baseline, target in TARGETS:
             overall, per_phase = result.ratio(baseline or result.best_fixed, ours)
             met = all(x >= target for x in (overall, *per_phase))
@@ -80,12 +84,13 @@ def _engine(engine: str, base, config: SimConfig, args: argparse.Namespace) -> d
                   + " ".join(f"{x:.3f}" for x in per_phase)
                   + f"  (target >= {target:.2f} in every phase: {'met' if met else 'MISSED'})")
             summary["ratios"][f"{ours}/{label}"] = [overall, *per_phase]
-    _, paid = result.ratio("planner-launched-frozen", "planner-launched")
-    print("relaunches won / cost      per phase "
-          + " ".join(f"{x:.3f}" for x in paid)
-          + "  (planner-launched / frozen; < 1: the phase's relaunches cost more than "
-            "they won)")
-    summary["relaunches_paid"] = list(paid)
+    for moving in ("planner-launched", "planner-measured"):
+        _, paid = result.ratio(f"{moving}-frozen", moving)
+        print(f"relaunches won / cost ({moving}) per phase "
+              + " ".join(f"{x:.3f}" for x in paid)
+              + "  (/ frozen; < 1: the phase's relaunches cost more than they won)")
+        summary["relaunches_paid" if moving == "planner-launched"
+                else f"{moving}_relaunches_paid"] = list(paid)
     for name in PLANNER_ROWS:
         moves = result.moves[name]
         per_phase = [sum(1 for t, _, _ in moves if result.phase_of(t) == i)

@@ -99,7 +99,9 @@ def launched(scenario: Scenario, world: World, seed: int, batch: float = BATCH,
                              group=pool.name, law=scenario.law))
     notes = f"launched from the benchmark: {plan.describe()}"
     out = (replace(scenario, name=f"{scenario.name}-launched", fleet=tuple(fleet),
-                   notes=notes), plan, _priors(bench, plan, model, base_step_s))
+                   notes=notes), plan,
+           pool_priors(bench, [(p.name, p.method, p.k) for p in plan.pools], model,
+                       base_step_s))
     _LAUNCHED[key] = out
     return out
 
@@ -107,20 +109,22 @@ def launched(scenario: Scenario, world: World, seed: int, batch: float = BATCH,
 _LAUNCHED: dict[tuple, tuple[Scenario, LaunchPlan, dict[str, WorkerPrior]]] = {}
 
 
-def _priors(bench: list[Benchmarked], plan: LaunchPlan, model: str, base_step_s: float
-            ) -> dict[str, WorkerPrior]:
+def pool_priors(bench: list[Benchmarked], pools: list[tuple[str, str, int]], model: str,
+                base_step_s: float) -> dict[str, WorkerPrior]:
+    """Per pool (name, method, k): the benchmark's accept length per class at its k as
+    the prior its workers publish."""
     by_config = {(b.method, b.k): b for b in bench}
     plain = by_config.get(("plain", 0))
     out = {}
-    for pool in plan.pools:
-        if pool.method == "plain" or pool.k <= 0:
+    for name, method, k in pools:
+        if method == "plain" or k <= 0:
             continue
-        b = by_config[(pool.method, pool.k)]
+        b = by_config[(method, k)]
         plain_s = plain.step_s[0] if plain is not None else base_step_s
         entries = tuple(
-            MeasuredEntry(pool.method, pool.k, task, 0.0 if bucket == "t0" else 1.0, length,
+            MeasuredEntry(method, k, task, 0.0 if bucket == "t0" else 1.0, length,
                           length / b.step_s[0], length * plain_s / b.step_s[0], PROMPTS)
             for (task, bucket), length in b.accept_length.items())
-        out[pool.name] = WorkerPrior.from_measured(
-            model, pool.method, Measured(model, "launch benchmark", "", "simulated", entries))
+        out[name] = WorkerPrior.from_measured(
+            model, method, Measured(model, "launch benchmark", "", "simulated", entries))
     return out

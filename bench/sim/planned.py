@@ -11,6 +11,12 @@ that have workers.
 
 Relaunch time: SGLang's measured start-up, `SGLANG_RELAUNCH_S` (docs/FLEET.md gives the
 figure's sources).
+
+Two speed sources for the planner (policies/planner/inputs.py): the learned state alone
+(`planner*` rows, on `planned_scenario`'s pools), or the launch benchmark of every
+(method, k) with the learned acceptance as a drift (`planner-measured*` rows, on
+`measured_scenario`'s pools: the configurations some class or the even mix measured best
+at some batch, plus plain).
 """
 
 from __future__ import annotations
@@ -18,19 +24,26 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from bench.sim import relaunch
-from bench.sim.baselines import Learned
-from bench.sim.scenarios import SGLANG_POOLS, SGLANG_RELAUNCH_S, Scenario
+from bench.sim.baselines import Learned, SimPool
+from bench.sim.launch import even_mix, launch_bench, pool_priors
+from bench.sim.measure import BENCH_BATCHES
+from bench.sim.scenarios import FLEET_WORKERS, SGLANG_POOLS, SGLANG_RELAUNCH_S, Scenario
 from bench.sim.simulator import Fleet, Worker
+from bench.sim.world import World
 from policies.planner import (
+    Benchmarked,
     FleetPlan,
     PlannerConfig,
     PoolSlot,
+    candidate_configs,
     demand_from_snapshot,
+    measured_speed,
     next_move,
     plan,
     settle,
     state_speed,
 )
+from policies.prior import WorkerPrior
 from policies.types import PoolView
 
 
@@ -50,6 +63,37 @@ def planned_scenario(base: Scenario) -> Scenario:
                     base.chain_method, relaunch_s=base.relaunch_s, law=base.law,
                     notes=f"{base.name} fixed-k pools, workers moved between them by the "
                           "fleet planner (starts as the static split; one relaunch at a time)")
+
+
+def measured_scenario(base: Scenario, world: World, seed: int, base_step_s: float = 0.015,
+                      model: str = "base"
+                      ) -> tuple[Scenario, tuple[Benchmarked, ...], dict[str, WorkerPrior]]:
+    """The launch benchmark of `base`'s engine (bench/sim/launch.py), a pool per candidate
+    configuration (policies/planner/launch.py `candidate_configs`), all workers at first
+    in the configuration best over an even mix at the benchmark's middle batch (the plan
+    before traffic then splits them), and the pools' priors from the benchmark."""
+    bench = tuple(launch_bench(base, world, seed, base_step_s))
+    classes = list(even_mix())
+    configs = candidate_configs(list(bench), classes, BENCH_BATCHES)
+    by_config = {(b.method, b.k): b for b in bench}
+    middle = BENCH_BATCHES[len(BENCH_BATCHES) // 2]
+    first = max(configs, key=lambda c: sum(by_config[c].tokens_per_s(cls, middle)
+                                           for cls in classes))
+    specs = {s.method: s for s in base.fleet}
+    fleet = []
+    for method, k in configs:
+        spec = specs.get(method, base.fleet[0])
+        name = "plain" if method == "plain" else f"{method}-k{k}"
+        fleet.append(SimPool(name, spec.engine, method, k, False,
+                             FLEET_WORKERS if (method, k) == first else 0, max(k, 0),
+                             base.curves.get(method, spec.curve), group=name, law=base.law))
+    scenario = Scenario(f"{base.name}-measured", tuple(fleet), base.curves, base.rules,
+                        base.chain_method, relaunch_s=base.relaunch_s, law=base.law,
+                        notes=f"{base.name}: a pool per configuration the launch benchmark "
+                              "measured best for some class or the mix, planned from it")
+    priors = pool_priors(list(bench), [(p.name, p.method, p.k) for p in fleet], model,
+                         base_step_s)
+    return scenario, bench, priors
 
 
 PLANNED = planned_scenario(SGLANG_POOLS)
@@ -120,6 +164,8 @@ class Planned(Learned):
     plan_interval_s: float = 10.0
     launch_at_plan: bool = False  # start in the planner's cold plan, not the static split
     moves: bool = True  # False: the fleet stays as launched (what relaunches are worth)
+    # the launch benchmark: the planner's speed (`measured_speed`); None: the state's
+    bench: tuple[Benchmarked, ...] | None = None
     plans: list = field(default_factory=list)  # (time, FleetPlan) when the desire changed
     _fleet: MovableFleet | None = None
     _desired: dict | None = None
@@ -169,23 +215,31 @@ class Planned(Learned):
         slots = {s.name: PoolSlot(s.name, s.method, 0 if s.method == "plain" else s.k)
                  for s in self.fleet}
         demand = demand_from_snapshot(self.store.snapshot(), self.model, self.tau_s)
-        return plan(self.model, current, slots, demand,
-                    state_speed(self.policy.state, self.model, slots), config or self.planner,
+        speed = (measured_speed(self.bench, self.policy.state, self.model)
+                 if self.bench is not None
+                 else state_speed(self.policy.state, self.model, slots))
+        return plan(self.model, current, slots, demand, speed, config or self.planner,
                     self._desired, self.policy.state.measured_k)
 
 
 def planned_router(name: str, scenario: Scenario, policy_config, priors: dict, slo_s: float,
                    relaunch_s: float = SGLANG_RELAUNCH_S, launch_at_plan: bool = False,
-                   moves: bool = True) -> Planned:
+                   moves: bool = True, bench: tuple[Benchmarked, ...] | None = None
+                   ) -> Planned:
+    # measured: no k trust region (nothing is extrapolated in k)
+    trust = None if bench is not None else PlannerConfig().k_trust_margin
     return Planned(name, scenario.fleet, policy_config, relaunch=False,
                    relaunch_s=relaunch_s, worker_priors=priors,
-                   planner=PlannerConfig(relaunch_s=relaunch_s, slo_s_per_token=slo_s),
-                   launch_at_plan=launch_at_plan, moves=moves)
+                   planner=PlannerConfig(relaunch_s=relaunch_s, slo_s_per_token=slo_s,
+                                         k_trust_margin=trust),
+                   launch_at_plan=launch_at_plan, moves=moves, bench=bench)
 
 
-# the planner rows: name -> (launched at the cold plan, moves workers)
-PLANNER_ROWS = {"planner": (False, True), "planner-launched": (True, True),
-                "planner-launched-frozen": (True, False)}
+# the planner rows: name -> (launched at the cold plan, moves workers, from the benchmark)
+PLANNER_ROWS = {"planner": (False, True, False), "planner-launched": (True, True, False),
+                "planner-launched-frozen": (True, False, False),
+                "planner-measured": (True, True, True),
+                "planner-measured-frozen": (True, False, True)}
 
 
 
@@ -234,10 +288,15 @@ def compare(config, policy_config, fixed_ks: tuple[int, ...],
     results["sglang-adaptive"] = summarize("sglang-adaptive", adaptive(requests), n)
     planned = planned_scenario(base)
     priors = worker_priors(planned, config.world, config.model, config.seed)
+    measured, bench, bench_priors = measured_scenario(base, config.world, config.seed,
+                                                      config.base_step_s, config.model)
     moves, plans = {}, {}
-    for name, (launched, moving) in PLANNER_ROWS.items():
-        planner = planned_router(name, planned, policy_config, priors, config.slo_itl_s,
-                                 relaunch_s, launched, moving)
+    for name, (launched, moving, from_bench) in PLANNER_ROWS.items():
+        planner = (planned_router(name, measured, policy_config, bench_priors,
+                                  config.slo_itl_s, relaunch_s, launched, moving, bench)
+                   if from_bench else
+                   planned_router(name, planned, policy_config, priors, config.slo_itl_s,
+                                  relaunch_s, launched, moving))
         results[name] = summarize(name, simulate(planner, config, requests), n)
         assert planner._fleet is not None
         moves[name], plans[name] = planner._fleet.done_moves, planner.plans

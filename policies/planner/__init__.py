@@ -2,7 +2,8 @@
 (`model`: the fleet's value, the search, relaunch cost and dwell; `inputs`: what it plans
 from, read from the learned policy's state and telemetry). docs/FLEET.md."""
 
-from policies.planner.inputs import demand_from_snapshot, state_speed
+from policies.planner.inputs import demand_from_snapshot, measured_speed, state_speed
+from policies.planner.launch import Benchmarked, candidate_configs
 from policies.planner.plan import (
     ClassDemand,
     FleetPlan,
@@ -19,6 +20,7 @@ from policies.planner.plan import (
     trusted,
 )
 
-__all__ = ["ClassDemand", "FleetPlan", "FleetValue", "PlannerConfig", "PoolSlot", "Speed",
-           "cold_demand", "demand_from_snapshot", "evaluate", "moves_between", "next_move",
-           "plan", "settle", "state_speed", "trusted"]
+__all__ = ["Benchmarked", "ClassDemand", "FleetPlan", "FleetValue", "PlannerConfig", "PoolSlot",
+           "Speed", "candidate_configs", "cold_demand", "demand_from_snapshot", "evaluate",
+           "measured_speed", "moves_between", "next_move", "plan", "settle", "state_speed",
+           "trusted"]

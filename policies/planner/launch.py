@@ -121,6 +121,26 @@ def plan_launch(bench: list[Benchmarked], demand: Mapping[Class, float], workers
     return LaunchPlan(pools, single, per_class)
 
 
+def candidate_configs(bench: list[Benchmarked], classes: list[Class],
+                      batches: tuple[int, ...]) -> list[Config]:
+    """The configurations a fleet planned from the benchmark may give workers: each
+    class's best at each measured batch, the best over an even mix of `classes` at each,
+    and plain (what soaks load when speculation stops paying). Every other configuration
+    is beaten by one of these for every class at the batches measured, and leaving it out
+    keeps the planner's search (quadratic in the pools) small."""
+    by_config = {(b.method, b.k): b for b in bench}
+    out: dict[Config, None] = {}
+    for batch in batches:
+        for cls in classes:
+            out[max(by_config, key=lambda c: (by_config[c].tokens_per_s(cls, batch),
+                                              -c[1]))] = None
+        out[max(by_config, key=lambda c: (sum(by_config[c].tokens_per_s(cls, batch)
+                                              for cls in classes), -c[1]))] = None
+    if ("plain", 0) in by_config:
+        out[("plain", 0)] = None
+    return sorted(out)
+
+
 def apportion(weights: list[float], total: int) -> list[int]:
     """Largest-remainder split of `total` by weight, at least one each while they last."""
     n = len(weights)

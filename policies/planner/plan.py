@@ -211,10 +211,8 @@ def _search(start: dict[str, int], names: list[str], targets: list[str],
     for _ in range(max_steps):
         improved = False
         for src in names:
-            if best.get(src, 0) <= 0:
-                continue
             for dst in targets:
-                if dst == src:
+                if dst == src or best.get(src, 0) <= 0:  # (best changes in this loop)
                     continue
                 trial = {**best, src: best[src] - 1, dst: best.get(dst, 0) + 1}
                 value = score(trial)

@@ -62,3 +62,25 @@ def test_planner_run_moves_one_worker_at_a_time() -> None:
     assert ends == sorted(ends) and len(set(ends)) == len(ends)
     assert sum(len(ws) for ws in router._fleet.workers.values()) + (
         router._fleet.moving is not None) == 12
+
+
+def test_the_measured_planner_launches_its_plan_from_the_benchmark() -> None:
+    """Planned from the launch benchmark, the fleet before traffic is the cold plan over
+    the measured candidates: 12 workers, the configuration best over the mix among them,
+    and no pool below zero."""
+    from bench.sim.planned import measured_scenario
+    from bench.sim.scenarios import SGLANG_POOLS
+
+    config = SimConfig(default_phases(0.08), seed=0, world=World())
+    scenario, bench, priors = measured_scenario(SGLANG_POOLS, config.world, config.seed)
+    assert sum(s.workers for s in scenario.fleet) == 12
+    assert {s.name for s in scenario.fleet if s.method != "plain"} <= set(priors)
+    router = planned_router("planner-measured", scenario, PolicyConfig(seed=0), priors,
+                            config.slo_itl_s, relaunch_s=90.0, launch_at_plan=True,
+                            bench=bench)
+    outcomes = simulate(router, config, workload(config))
+    assert all(o is not None for o in outcomes)
+    launched = router.plans[0][1].desired
+    assert min(launched.values()) >= 0 and sum(launched.values()) == 12
+    first = next(s.name for s in scenario.fleet if s.workers == 12)
+    assert launched[first] == max(launched.values())

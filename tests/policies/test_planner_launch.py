@@ -58,3 +58,11 @@ def test_apportion_gives_each_a_worker_and_sums_to_the_total() -> None:
     assert apportion([1.0, 5.0], 1) == [0, 1]
     with pytest.raises(ValueError):
         plan_launch([], {CODE: 1.0}, 12)
+
+
+def test_candidates_are_the_configurations_some_class_or_the_mix_measured_best() -> None:
+    from policies.planner.launch import candidate_configs
+
+    got = candidate_configs([DEEP, SHALLOW, NGRAM, PLAIN], [EDIT, CODE], BATCHES)
+    assert ("eagle3", 12) in got and ("ngram", 12) in got and ("plain", 0) in got
+    assert ("eagle3", 3) not in got  # beaten for every class at every batch
