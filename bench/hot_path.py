@@ -1,6 +1,6 @@
 """CPU per request of each stage of the gateway's hot path, in-process.
 
-    python -m bench.hot_path [--calls N] [--json]
+    python -m bench.hot_path [--calls N] [--json] [--ablate]
 
 Builds the gateway app in its production configuration (the `specroute bench gateway`
 one: learned policy, a tenant with an API key, Redis telemetry on a redis-server of its
@@ -16,6 +16,11 @@ whole request through the app's ASGI entry (main thread), and the threads' share
 telemetry store's flush, the policy's refit) as process CPU less main-thread CPU over a
 run of requests 8 at a time. The HTTP server (uvicorn) is not in it: it is what the
 minimal proxy pays too (`specroute bench gateway`).
+
+`--ablate` measures the other way round: the whole request's CPU as the gateway's parts
+are taken away one after another (record and metrics, classification, admission, the
+decision), down to the minimal proxy's app on the same upstream client; each part's cost
+is its row's drop, in the context of a whole request.
 """
 
 from __future__ import annotations
@@ -89,7 +94,7 @@ class Lifespan:
         self.done: asyncio.Queue = asyncio.Queue()
         self.task: asyncio.Task | None = None
 
-    async def start(self) -> None:
+    async def start(self, ready: bool = True) -> None:
         async def receive() -> dict:
             return await self.events.get()
 
@@ -102,6 +107,8 @@ class Lifespan:
         answer = await asyncio.wait_for(self.done.get(), 60)
         if answer != "lifespan.startup.complete":
             raise RuntimeError(f"the app did not start: {answer}")
+        if not ready:
+            return
         pools = self.app.state.gateway.pools
         deadline = time.monotonic() + 30
         while not all(p.healthy_workers for p in pools.values()):  # the first health probe
@@ -195,7 +202,56 @@ async def stages(app, calls: int) -> dict:  # noqa: ANN001
     return {k: round(v, 1) for k, v in out.items()}
 
 
-def run(calls: int) -> dict:
+async def _floor(upstream: str, calls: int) -> float:
+    """The whole request through `bench.minproxy`'s app on the gateway's own upstream
+    client: what any request costs here before specroute does anything."""
+    from bench.minproxy import make_http1_app
+
+    proxy = make_http1_app(upstream)
+    life = Lifespan(proxy)
+    await life.start(ready=False)
+    try:
+        for _ in range(200):
+            await post(proxy, BODY)
+        return await _acpu(lambda: post(proxy, BODY), calls)
+    finally:
+        await life.stop()
+
+
+async def ablation(app, upstream: str, calls: int) -> dict:  # noqa: ANN001
+    """The whole request's main-thread CPU as the gateway's parts are taken away one
+    after another, cumulatively (each row: what is left once that part is gone too),
+    down to the same request through the minimal proxy on the same upstream client.
+    Each part's cost is its row's drop; measured in context (caches, loop turns), not
+    in isolation as `stages` does."""
+    from gateway.classifier.minimal import minimal_profile
+
+    gw = app.state.gateway
+    for _ in range(200):
+        assert await post(app, BODY) == 200
+    out = {"production": await _acpu(lambda: post(app, BODY), calls)}
+    gw.reporter.record = lambda *args, **kwargs: None
+    out["- record and metrics (after the response)"] = await _acpu(lambda: post(app, BODY),
+                                                                   calls)
+    gw.router.classify = minimal_profile
+    out["- classify (the minimal profile instead)"] = await _acpu(lambda: post(app, BODY),
+                                                                  calls)
+    gw.admission = None
+    out["- admission"] = await _acpu(lambda: post(app, BODY), calls)
+    route, decided = gw.router.route, []
+
+    def fixed(request, profile, pin=None):  # noqa: ANN001, ANN202
+        if not decided:
+            decided.append(route(request, profile, pin or Pin()))
+        return decided[0]
+
+    gw.router.route = fixed
+    out["- decide (one decision, reused)"] = await _acpu(lambda: post(app, BODY), calls)
+    out["minimal proxy, same upstream client"] = await _floor(upstream, calls)
+    return {k: round(v, 1) for k, v in out.items()}
+
+
+def run(calls: int, ablate: bool = False) -> dict:
     procs = []
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
@@ -213,7 +269,8 @@ def run(calls: int) -> dict:
                 life = Lifespan(app)
                 await life.start()
                 try:
-                    return await stages(app, calls)
+                    return await (ablation(app, upstream, calls) if ablate
+                                  else stages(app, calls))
                 finally:
                     await life.stop()
 
@@ -230,12 +287,15 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=400)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--ablate", action="store_true",
+                        help="take the gateway's parts away one by one instead")
     args = parser.parse_args(argv)
-    result = run(args.calls)
+    result = run(args.calls, args.ablate)
     if args.json:
         print(json.dumps(result))
     else:
-        print("| stage | CPU us per request (median) |\n|---|---|")
+        print(f"| {'what is left' if args.ablate else 'stage'} | CPU us per request (median) |"
+              "\n|---|---|")
         for stage, us in result.items():
             print(f"| {stage} | {us} |")
     return 0
