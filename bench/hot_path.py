@@ -9,7 +9,7 @@ stage of one non-streaming "hello" chat request with the app's own objects, on t
 thread's CPU clock (`time.thread_time_ns`), median of N calls: parse (orjson + the
 typed request), authenticate, classify, decide (route: capability filter, the learned
 policy, the SLO hook), admission (enter + leave), upstream call (the adapter's body, the
-aiohttp round trip, reading the answer), relay (rendering the answer), record (the
+upstream round trip, reading the answer), relay (rendering the answer), record (the
 policy's record, the policy feed, the telemetry enqueue, the trace) and metrics
 (Prometheus, tenant metrics, the recent-traffic view, the HTTP answer counter). Then the
 whole request through the app's ASGI entry (main thread), and the threads' share (the
