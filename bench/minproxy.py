@@ -19,23 +19,31 @@ import aiohttp
 from bench.upstream import read_body
 
 
+async def lifespan(receive, send, start, stop) -> None:  # noqa: ANN001
+    """Run the ASGI lifespan: `start()` at startup, `await stop()` at shutdown."""
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            start()
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await stop()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
 def make_http1_app(upstream: str):
     from gateway.upstream.http1 import Http1Client
 
-    client: Http1Client | None = None
+    client = Http1Client(connect_s=5, read_s=300, total_s=600)
+
+    async def stop() -> None:
+        client.close()
 
     async def app(scope, receive, send) -> None:
-        nonlocal client
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    client = Http1Client(connect_s=5, read_s=300, total_s=600)
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    client.close()
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await lifespan(receive, send, lambda: None, stop)
+            return
         body = await read_body(receive)
         resp = await client.request(scope["method"], upstream, scope["path"], body)
         try:
@@ -53,18 +61,17 @@ def make_http1_app(upstream: str):
 def make_app(upstream: str):
     session: aiohttp.ClientSession | None = None
 
-    async def app(scope, receive, send) -> None:
+    def start() -> None:
         nonlocal session
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256))
+
+    async def stop() -> None:
+        await session.close()
+
+    async def app(scope, receive, send) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                if message["type"] == "lifespan.startup":
-                    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256))
-                    await send({"type": "lifespan.startup.complete"})
-                elif message["type"] == "lifespan.shutdown":
-                    await session.close()
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
+            await lifespan(receive, send, start, stop)
+            return
         body = await read_body(receive)
         async with session.request(scope["method"], upstream + scope["path"],
                                    data=body,

@@ -89,6 +89,17 @@ def keep_alive(answer: bytes, requests: list[bytes] | None = None) -> Handler:
     return handler
 
 
+def answer_once(answer: bytes, linger_s: float = 0.0) -> Handler:
+    """Read one request, write `answer`, wait `linger_s`, close."""
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answer)
+        await writer.drain()
+        await asyncio.sleep(linger_s)
+
+    return handler
+
+
 async def test_a_connection_is_kept_and_reused(worker, client: Http1Client) -> None:
     requests: list[bytes] = []
     scripted = await worker(keep_alive(OK, requests))
@@ -123,12 +134,8 @@ async def test_chunked_answers_read_whole_and_by_line(worker, client: Http1Clien
 
 
 async def test_a_body_without_length_ends_at_the_close(worker, client: Http1Client) -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nuntil the end")
-        await writer.drain()
-
-    scripted = await worker(handler)
+    scripted = await worker(answer_once(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n"
+                                        b"until the end"))
     resp = await client.request("POST", scripted.url, "/x")
     assert await resp.read() == b"until the end"
     resp.close()
@@ -136,12 +143,8 @@ async def test_a_body_without_length_ends_at_the_close(worker, client: Http1Clie
 
 
 async def test_a_cut_body_is_a_disconnect(worker, client: Http1Client) -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this")
-        await writer.drain()
-
-    scripted = await worker(handler)
+    scripted = await worker(answer_once(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n"
+                                        b"only this"))
     resp = await client.request("POST", scripted.url, "/x")
     with pytest.raises(Disconnected):
         await resp.read()
@@ -149,13 +152,7 @@ async def test_a_cut_body_is_a_disconnect(worker, client: Http1Client) -> None:
 
 
 async def test_garbage_is_a_bad_response(worker, client: Http1Client) -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
-        await writer.drain()
-        await asyncio.sleep(1)
-
-    scripted = await worker(handler)
+    scripted = await worker(answer_once(b"SSH-2.0-OpenSSH_9.6\r\n\r\n", linger_s=1))
     with pytest.raises(BadResponse):
         await client.request("POST", scripted.url, "/x")
 
@@ -170,13 +167,8 @@ async def test_a_line_past_the_limit_is_refused(worker, client: Http1Client) -> 
 
 
 async def test_silence_past_the_read_deadline(worker) -> None:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
-        await writer.drain()
-        await asyncio.sleep(5)
-
-    scripted = await worker(handler)
+    scripted = await worker(answer_once(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc",
+                                        linger_s=5))
     client = Http1Client(connect_s=2, read_s=0.2, total_s=30)
     resp = await client.request("POST", scripted.url, "/x")
     start = time.monotonic()
