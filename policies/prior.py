@@ -36,10 +36,12 @@ method — never an ordering of methods written by hand.
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from policies.acceptance import TEMPERATURE_BUCKETS, invert_method_accept_length
 from policies.types import TASKS, temperature_bucket
@@ -125,6 +127,17 @@ class Measured:
             out["costs"] = [{name: getattr(c, name) for name in MeasuredCost.__slots__}
                             for c in self.costs]
         return out
+
+
+def read_measured(path: str | Path) -> dict:
+    """A measured.json file as published (`WorkerInfo.measured`), checked against the
+    schema; MeasuredError says what is wrong with it."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise MeasuredError(f"{path}: {exc}") from exc
+    Measured.from_dict(doc)
+    return doc
 
 
 def _field(doc: Mapping, name: str, kind: type, path: str) -> object:
