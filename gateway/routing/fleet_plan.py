@@ -5,12 +5,13 @@ follow; `GET /v1/routing/fleet` shows the latest plans.
 
 Speeds as the simulator's winning planner reads them (`measured_speed`,
 docs/results/2026-12-04-fleet.md): from what the model's workers measured about
-themselves (their `measured.json`, handed to the policy as worker priors:
-gateway/upstream/worker_priors.py), each (method, k) valued by its measured accept length
-per class over its measured step time, the learned acceptance only as a drift; no k trust
-region then, as nothing is extrapolated in k. Where the measurements leave a pool of the
-model out (its (method, k) never measured, or no measurement at all), the plan reads the
-learned state alone (`state_speed`); each change of source is logged once.
+themselves (their `measured.json`, handed to the policy as worker priors by
+gateway/upstream/worker_priors.py, or the pool's configured `measured` file), each
+(method, k) valued by its measured accept length per class over its measured step time,
+the learned acceptance only as a drift; no k trust region then, as nothing is
+extrapolated in k. Where the measurements leave a pool of the model out (its (method, k)
+never measured, or no measurement at all), the plan reads the learned state alone
+(`state_speed`); each change of source is logged once.
 
 The current fleet is the workers each pool has (configured and registered, draining
 ones included), with the worker that a supervisor is moving (`fleet_move_key`) counted
@@ -51,7 +52,7 @@ from policies.planner import (
     state_speed,
     unmeasured,
 )
-from policies.prior import WorkerPrior
+from policies.prior import Measured, WorkerPrior
 from policies.telemetry import Telemetry
 
 log = logging.getLogger("specroute.gateway")
@@ -69,12 +70,14 @@ def current_fleet(pools: list[Pool], moving: dict | None) -> dict[str, int]:
     return counts
 
 
-def measured_bench(slots: Mapping[str, PoolSlot], priors: Mapping[str, WorkerPrior]
-                   ) -> tuple[Benchmarked, ...]:
-    """The benchmark of every (method, k) the model's pools' workers measured (the same
-    document published by several pools counts once)."""
+def measured_bench(slots: Mapping[str, PoolSlot], priors: Mapping[str, WorkerPrior],
+                   configured: Mapping[str, Measured]) -> tuple[Benchmarked, ...]:
+    """The benchmark of every (method, k) the model's pools' workers measured, from their
+    priors and the pools' configured `measured` files (a document that several pools
+    publish counts once)."""
     documents = {prior.measured: None for name, prior in priors.items()
                  if name in slots and prior.measured is not None}
+    documents.update((doc, None) for name, doc in configured.items() if name in slots)
     return benchmarked_from_measured(documents)
 
 
@@ -91,6 +94,8 @@ class FleetPlanning:
         self.planned_at: float | None = None
         self.published: dict[str, bool] = {}
         self.speeds: dict[str, str] = {}  # model -> where its speeds come from
+        self.configured = {name: Measured.from_dict(doc) for name, p in pools.items()
+                           if (doc := p.config.measured_document()) is not None}
         self._loop = Periodic("specroute-fleet-planner", self.tick, interval_s)
 
     async def start(self) -> None:
@@ -134,7 +139,7 @@ class FleetPlanning:
     def _speed(self, model: str, slots: dict[str, PoolSlot], state: PolicyState
                ) -> tuple[Speed, PlannerConfig]:
         """From the workers' measurements when they cover every pool, else the state."""
-        bench = measured_bench(slots, self.policy.worker_priors)
+        bench = measured_bench(slots, self.policy.worker_priors, self.configured)
         missing = unmeasured(bench, slots.values())
         if bench and not missing:
             self._source(model, f"the workers' measurements ({len(bench)} configurations)")

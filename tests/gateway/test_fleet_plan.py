@@ -5,8 +5,10 @@ state, and says so once."""
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import redis
@@ -36,14 +38,16 @@ CONFIG = PlannerConfig(relaunch_s=60.0, dwell_s=0.0)
 POOLS = {"ngram-k8": ("ngram", 8, 1), "eagle3-k6": ("eagle3", 6, 4), "plain": ("plain", 0, 1)}
 
 
-def planning(redis_url: str, pools: dict = POOLS, published: tuple[str, ...] = ()
-             ) -> FleetPlanning:
+def planning(redis_url: str, pools: dict = POOLS, published: tuple[str, ...] = (),
+             files: dict[str, str] | None = None) -> FleetPlanning:
     """The loop over sglang pools of `MODEL` (worker counts as given); the pools in
     `published` have a worker whose registry entry carries the measured.json of its
-    (method, k), handed to the policy as the discovery does."""
+    (method, k), handed to the policy as the discovery does; `files`: pools' configured
+    `measured` files."""
     built = build_pools(parse_config({"redis_url": redis_url, "pools": [
         {"name": name, "engine": "sglang", "model": MODEL, "method": method, "k": k,
-         "workers": [f"http://{name}-{i}:30000" for i in range(n)]}
+         "workers": [f"http://{name}-{i}:30000" for i in range(n)],
+         **({"measured": (files or {})[name]} if name in (files or {}) else {})}
         for name, (method, k, n) in pools.items()]}))
     policy = Policy(LocalTelemetry(60.0))
     priors = WorkerPriors(built, None, policy.set_worker_prior, 1.0)  # type: ignore[arg-type]
@@ -113,4 +117,20 @@ def test_a_pool_the_measurements_leave_out_keeps_the_learned_state(redis_url: st
     loop = planning(redis_url, pools, published=("ngram-k8", "eagle3-k6"))
     loop.plan_all()
     assert loop.speeds[MODEL] == "the learned state (no measurement of pools eagle3-k12)"
+    loop.client.close()
+
+
+def test_the_pools_configured_measured_files_are_read_as_well(redis_url: str,
+                                                              tmp_path: Path) -> None:
+    files = {}
+    for name, measured in (("ngram-k8", NGRAM), ("eagle3-k6", EAGLE3)):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(document(measured)))
+        files[name] = str(path)
+    loop = planning(redis_url, files=files)
+    got = loop.plan_all()[MODEL]
+    want = expected(loop, measured_speed((NGRAM, EAGLE3, PLAIN), loop.policy.state, MODEL),
+                    replace(CONFIG, k_trust_margin=None))
+    assert (got.desired, got.shares) == (want.desired, want.shares)
+    assert loop.speeds[MODEL].startswith("the workers' measurements")
     loop.client.close()
