@@ -9,6 +9,7 @@ from policies.planner import Benchmarked, PoolSlot, benchmarked_from_measured, u
 from policies.prior import Measured
 
 BATCHES = (1, 8, 32)
+TEMPERATURE = {"t0": 0.0, "tlow": 0.5, "thigh": 1.0}  # one per bucket
 PLAIN = Benchmarked("plain", 0, {}, BATCHES, (0.020, 0.024, 0.040))
 NGRAM = Benchmarked("ngram", 8, {("edit", "t0"): 6.0, ("chat", "t0"): 1.2,
                                  ("code", "t0"): 1.6}, BATCHES, (0.022, 0.027, 0.046))
@@ -20,10 +21,11 @@ def document(*measured: Benchmarked, costs: bool = True, plain: Benchmarked = PL
     """The measured.json a worker publishes for these configurations: `bench engine`'s
     entries (one request at a time: batch 1) and, with `costs`, `bench batching`'s steps
     for them and for plain."""
-    entries = [{"method": b.method, "k": b.k, "task": task, "temperature": 0.0,
-                "accept_length": length, "tokens_per_s": length / b.step_s[0],
+    entries = [{"method": b.method, "k": b.k, "task": task,
+                "temperature": TEMPERATURE[bucket], "accept_length": length,
+                "tokens_per_s": length / b.step_s[0],
                 "speedup": length * plain.step_s[0] / b.step_s[0], "requests": 4}
-               for b in measured for (task, _), length in b.accept_length.items()]
+               for b in measured for (task, bucket), length in b.accept_length.items()]
     steps = [{"method": b.method, "k": b.k, "batch": batch, "step_s": step, "steps": 16}
              for b in (*measured, plain) for batch, step in zip(b.batches, b.step_s,
                                                                   strict=True)]
