@@ -19,6 +19,7 @@ import yaml
 
 from policies.decision import PolicyConfig
 from policies.fleet import ENGINES, FleetPool
+from policies.prior import MeasuredError, read_measured
 
 
 class ConfigError(ValueError):
@@ -247,6 +248,11 @@ def _pool(raw: Any, path: str) -> PoolConfig:
                           f"got {pool.engine!r}")
     if pool.k < 0:
         raise ConfigError(f"{path}.k: must be >= 0, got {pool.k}")
+    try:
+        if pool.measured:
+            read_measured(pool.measured)
+    except MeasuredError as exc:
+        raise ConfigError(f"{path}.measured: {exc}") from exc
     return pool
 
 

@@ -108,7 +108,8 @@ class Policy:
         self._current: tuple[PolicyState, dict[tuple, Option]] = (state, {})
         self._rng = random.Random(self.config.seed)
         self._pools: dict[str, PoolView] = {}  # never mutated: replaced by a copy
-        self._measured: dict[str, WorkerPrior] = {}  # per pool; replaced, never mutated
+        # per pool, what its workers measured (`set_worker_prior`); replaced, never mutated
+        self.worker_priors: dict[str, WorkerPrior] = {}
         self._decided = 0
         self._explored = 0
         self._cold = 0  # cold-start tries (not under explore_cap: bounded per pool/context)
@@ -351,11 +352,11 @@ class Policy:
     def set_worker_prior(self, pool: str, prior: WorkerPrior) -> None:
         """What a pool's workers measured about themselves (policies/prior.py); used from
         the next refit on, as the prior that telemetry then outweighs."""
-        self._measured = {**self._measured, pool: prior}
+        self.worker_priors = {**self.worker_priors, pool: prior}
 
     def refit(self) -> PolicyState:
         """Rebuild the state from the store's snapshot and publish fixed pools' desired k."""
-        pools, measured = self._pools, self._measured
+        pools, measured = self._pools, self.worker_priors
         state = self.learner.fit(
             self.store.snapshot(), merge(m.acceptance for m in measured.values()),
             {pool: m.draft_cost for pool, m in measured.items() if m.draft_cost is not None},

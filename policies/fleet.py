@@ -2,7 +2,8 @@
 must agree on, in one place.
 
 - the pool schema: the keys of one `pools:` entry in the YAML config (`FleetPool`) and
-  how to read one pool and the top-level `redis_url` from a file (`load_pool`);
+  how to read one pool and the top-level `redis_url` from a file (`load_pool`), with the
+  pool's `measured.json` when it names one;
 - the Redis key through which the policy asks a fixed-k pool for another k
   (`desired_k_key`), and those of the fleet planner's desired fleet and of the one worker
   moving between pools (`desired_fleet_key`, `fleet_move_key`);
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from policies.prior import MeasuredError, read_measured
 
 ENGINES = ("sglang", "vllm", "openai", "embedded")
 
@@ -133,6 +136,17 @@ class FleetPool:
     model_path: str | None = None  # the weights a supervisor launches; default: `model`
     workers: tuple[str, ...] = ()
     launch: Mapping[str, Any] = field(default_factory=dict)
+    # a measured.json (policies/prior.py): what this pool's servers measured about
+    # themselves, published in their registry entries and read by the fleet planner
+    measured: str | None = None
+
+    def measured_document(self) -> dict | None:
+        """The `measured` file's document (checked when the config was read); None
+        without one, or when it can no longer be read."""
+        try:
+            return read_measured(self.measured) if self.measured else None
+        except MeasuredError:
+            return None
 
 
 POOL_DEFAULTS = {f.name: f.default for f in fields(FleetPool)}
@@ -155,7 +169,10 @@ def load_pool(config_path: str, pool: str) -> tuple[FleetPool, str | None]:
                     k=int(entry.get("k", POOL_DEFAULTS["k"])),
                     model=str(entry["model"]), model_path=entry.get("model_path"),
                     workers=tuple(entry.get("workers") or ()),
-                    launch=dict(entry.get("launch") or {}))
+                    launch=dict(entry.get("launch") or {}),
+                    measured=str(entry["measured"]) if entry.get("measured") else None)
+                if spec.measured:
+                    read_measured(spec.measured)
             except (KeyError, TypeError, ValueError) as exc:
                 raise FleetConfigError(
                     f"{config_path}: pools[{i}]: bad or missing {exc}") from exc

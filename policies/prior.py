@@ -36,10 +36,12 @@ method — never an ordering of methods written by hand.
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from policies.acceptance import TEMPERATURE_BUCKETS, invert_method_accept_length
 from policies.types import TASKS, temperature_bucket
@@ -125,6 +127,17 @@ class Measured:
             out["costs"] = [{name: getattr(c, name) for name in MeasuredCost.__slots__}
                             for c in self.costs]
         return out
+
+
+def read_measured(path: str | Path) -> dict:
+    """A measured.json file as published (`WorkerInfo.measured`), checked against the
+    schema; MeasuredError says what is wrong with it."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise MeasuredError(f"{path}: {exc}") from exc
+    Measured.from_dict(doc)
+    return doc
 
 
 def _field(doc: Mapping, name: str, kind: type, path: str) -> object:
@@ -258,7 +271,9 @@ def keyed(model: str, method: str, per_class: Mapping[tuple[str, str], float]
 class WorkerPrior:
     """One pool's prior: acceptance per context, the relative cost of a drafted token
     (None: unknown, the fleet's fitted cost applies) and, when the workers measured
-    batches, the step cost's shape across batch sizes; `source` says where it came from."""
+    batches, the step cost's shape across batch sizes; `source` says where it came from.
+    `measured`: the document itself, when there is one, for what reads it per (method, k)
+    rather than per method (the fleet planner: `policies/planner/benchmarked.py`)."""
 
     acceptance: Mapping[AcceptKey, float]
     draft_cost: float | None = None
@@ -266,12 +281,13 @@ class WorkerPrior:
     # the step cost's shape across batch sizes, relative to plain at batch 1 (empty:
     # not measured; then `draft_cost` on the fleet's trend)
     step_curve: tuple[CurvePoint, ...] = ()
+    measured: Measured | None = None
 
     @classmethod
     def from_measured(cls, model: str, method: str, measured: Measured) -> WorkerPrior:
         return cls(keyed(model, method, measured_acceptance(measured, method)),
                    per_token_fraction(measured, method), measured.source,
-                   measured_step_curve(measured, method))
+                   measured_step_curve(measured, method), measured)
 
     @classmethod
     def from_server_average(cls, model: str, method: str, accept_length: float,

@@ -1,7 +1,17 @@
 """The gateway's fleet planner loop: every `interval_s`, per served model, plan the
-workers per pool from what the learned policy knows (policies/planner/) and publish the
-plan in Redis (`policies.fleet.desired_fleet_key`) for the supervisors or the Kubernetes
-controller to follow; `GET /v1/routing/fleet` shows the latest plans.
+workers per pool (policies/planner/) and publish the plan in Redis
+(`policies.fleet.desired_fleet_key`) for the supervisors or the Kubernetes controller to
+follow; `GET /v1/routing/fleet` shows the latest plans.
+
+Speeds as the simulator's winning planner reads them (`measured_speed`,
+docs/results/2026-12-04-fleet.md): from what the model's workers measured about
+themselves (their `measured.json`, handed to the policy as worker priors by
+gateway/upstream/worker_priors.py, or the pool's configured `measured` file), each
+(method, k) valued by its measured accept length per class over its measured step time,
+the learned acceptance only as a drift; no k trust region then, as nothing is
+extrapolated in k. Where the measurements leave a pool of the model out (its (method, k)
+never measured, or no measurement at all), the plan reads the learned state alone
+(`state_speed`); each change of source is logged once.
 
 The current fleet is the workers each pool has (configured and registered, draining
 ones included), with the worker that a supervisor is moving (`fleet_move_key`) counted
@@ -16,6 +26,8 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Mapping
+from dataclasses import replace
 
 import redis
 
@@ -25,15 +37,22 @@ from gateway.pools import Pool
 from gateway.routing.policy import LearnedRoutingPolicy, RoutingPolicy
 from policies.decision import Policy
 from policies.fleet import desired_fleet_key, fleet_move_key
+from policies.learner import PolicyState
 from policies.planner import (
+    Benchmarked,
     FleetPlan,
     PlannerConfig,
     PoolSlot,
+    Speed,
+    benchmarked_from_measured,
     demand_from_snapshot,
+    measured_speed,
     plan,
     settle,
     state_speed,
+    unmeasured,
 )
+from policies.prior import Measured, WorkerPrior
 from policies.telemetry import Telemetry
 
 log = logging.getLogger("specroute.gateway")
@@ -51,6 +70,17 @@ def current_fleet(pools: list[Pool], moving: dict | None) -> dict[str, int]:
     return counts
 
 
+def measured_bench(slots: Mapping[str, PoolSlot], priors: Mapping[str, WorkerPrior],
+                   configured: Mapping[str, Measured]) -> tuple[Benchmarked, ...]:
+    """The benchmark of every (method, k) the model's pools' workers measured, from their
+    priors and the pools' configured `measured` files (a document that several pools
+    publish counts once)."""
+    documents = {prior.measured: None for name, prior in priors.items()
+                 if name in slots and prior.measured is not None}
+    documents.update((doc, None) for name, doc in configured.items() if name in slots)
+    return benchmarked_from_measured(documents)
+
+
 class FleetPlanning:
     def __init__(self, pools: dict[str, Pool], policy: Policy, store: Telemetry,
                  redis_url: str, config: PlannerConfig, interval_s: float = 10.0) -> None:
@@ -63,6 +93,9 @@ class FleetPlanning:
         self.plans: dict[str, FleetPlan] = {}
         self.planned_at: float | None = None
         self.published: dict[str, bool] = {}
+        self.speeds: dict[str, str] = {}  # model -> where its speeds come from
+        self.configured = {name: Measured.from_dict(doc) for name, p in pools.items()
+                           if (doc := p.config.measured_document()) is not None}
         self._loop = Periodic("specroute-fleet-planner", self.tick, interval_s)
 
     async def start(self) -> None:
@@ -90,10 +123,10 @@ class FleetPlanning:
             slots = {p.name: PoolSlot(p.name, p.config.method,
                                       0 if p.config.method == "plain" else p.config.k)
                      for p in pools}
+            speed, config = self._speed(model, slots, state)
             wished = plan(model, current_fleet(pools, moving), slots,
                           demand_from_snapshot(snapshot, model, self.store.tau_s),
-                          state_speed(state, model, slots), self.config,
-                          previous.desired if previous is not None else None,
+                          speed, config, previous.desired if previous is not None else None,
                           state.measured_k)
             dwell = self.config.dwell_s if self.config.dwell_s is not None \
                 else self.config.relaunch_s
@@ -102,6 +135,25 @@ class FleetPlanning:
             self.published[model] = self._publish(model, result)
         self.planned_at = time.time()
         return self.plans
+
+    def _speed(self, model: str, slots: dict[str, PoolSlot], state: PolicyState
+               ) -> tuple[Speed, PlannerConfig]:
+        """From the workers' measurements when they cover every pool, else the state."""
+        bench = measured_bench(slots, self.policy.worker_priors, self.configured)
+        missing = unmeasured(bench, slots.values())
+        if bench and not missing:
+            self._source(model, f"the workers' measurements ({len(bench)} configurations)")
+            return measured_speed(bench, state, model), replace(self.config,
+                                                                k_trust_margin=None)
+        why = (f"no measurement of pools {', '.join(missing)}" if bench
+               else "no pool has a measured prior")
+        self._source(model, f"the learned state ({why})")
+        return state_speed(state, model, slots), self.config
+
+    def _source(self, model: str, source: str) -> None:
+        if self.speeds.get(model) != source:
+            log.info("fleet planner, %s: speeds from %s", model, source)
+        self.speeds[model] = source
 
     def _read(self, model: str) -> tuple[FleetPlan | None, dict | None]:
         try:
@@ -136,7 +188,7 @@ class FleetPlanning:
                                    "current_tokens_per_s": round(p.current_tokens_per_s, 2),
                                    "desired_tokens_per_s": round(p.desired_tokens_per_s, 2),
                                    "class_shares": p.shares, "wish": p.wish,
-                                   "adopted": p.adopted,
+                                   "adopted": p.adopted, "speeds": self.speeds.get(model),
                                    "published": self.published.get(model, False)}
                            for model, p in sorted(self.plans.items())}}
 

@@ -4,6 +4,8 @@ pool; and a short planner run moves at most one worker at a time."""
 
 from __future__ import annotations
 
+import pytest
+
 from bench.sim.baselines import SimPool
 from bench.sim.evaluation import worker_priors
 from bench.sim.planned import PLANNED, MovableFleet, planned_router
@@ -84,3 +86,55 @@ def test_the_measured_planner_launches_its_plan_from_the_benchmark() -> None:
     assert min(launched.values()) >= 0 and sum(launched.values()) == 12
     first = next(s.name for s in scenario.fleet if s.workers == 12)
     assert launched[first] == max(launched.values())
+
+
+def test_the_gateway_loop_plans_as_the_simulators_measured_planner(redis_url: str) -> None:
+    """The simulator's launch benchmark published as the pools' measured.json (entries
+    and costs for every (method, k) it ran): the gateway's planner loop plans, before
+    traffic, the fleet the simulator's `planner-measured` row launches (seed 0: EAGLE-3
+    k 12 x10, n-gram k 12 x2)."""
+    from dataclasses import replace
+
+    from bench.sim.planned import measured_scenario
+    from bench.sim.scenarios import SGLANG_POOLS
+    from gateway.config import parse_config
+    from gateway.pools import build_pools
+    from gateway.routing.fleet_plan import FleetPlanning
+    from gateway.upstream.worker_priors import WorkerPriors
+    from policies.decision import Policy
+    from policies.telemetry import LocalTelemetry
+    from tests.policies.test_planner_benchmarked import document
+    from workers.fleet.registry import WorkerInfo
+
+    config = SimConfig(default_phases(0.08), seed=0, world=World())
+    scenario, bench, priors = measured_scenario(SGLANG_POOLS, config.world, config.seed)
+    router = planned_router("planner-measured", scenario, PolicyConfig(seed=0), priors,
+                            config.slo_itl_s, relaunch_s=90.0, launch_at_plan=True,
+                            bench=bench)
+    router.make_fleet(config.base_step_s, co_batching=True)
+    simulated = router.plans[0][1]
+
+    plain = next(b for b in bench if b.method == "plain")
+    published = document(*(b for b in bench if b.method != "plain"), plain=plain)
+    pools = build_pools(parse_config({"redis_url": redis_url, "pools": [
+        {"name": s.name, "engine": "sglang", "model": router.model, "method": s.method,
+         "k": s.k, "workers": [f"http://{s.name}-{i}:30000" for i in range(s.workers)]}
+        for s in scenario.fleet]}))
+    policy = Policy(LocalTelemetry(60.0))
+    discovery = WorkerPriors(pools, None, policy.set_worker_prior, 1.0)  # type: ignore[arg-type]
+    for name, pool in pools.items():
+        discovery.from_registry(pool, WorkerInfo(
+            url=f"http://{name}-0:30000", pool=name, engine="sglang", method=pool.config.method,
+            k=pool.config.k, model=router.model, started_at=0.0, pid=1, measured=published))
+    policy.refit()
+    loop = FleetPlanning(pools, policy, policy.store, redis_url,
+                         replace(router.planner, relaunch_s=0.0, dwell_s=0.0))
+    try:
+        planned = loop.plan_all()[router.model]
+    finally:
+        loop.client.close()
+    assert loop.speeds[router.model].startswith("the workers' measurements")
+    assert planned.desired == simulated.desired
+    assert planned.desired_tokens_per_s == pytest.approx(simulated.desired_tokens_per_s,
+                                                         rel=1e-6)
+    assert sum(n > 0 for n in planned.desired.values()) >= 2

@@ -80,10 +80,10 @@ def make_supervisor(redis_url: str, tmp_path: Path):
 
     made = []
 
-    def make(k: int = 2, **overrides: float):
+    def make(k: int = 2, measured: str | None = None, **overrides: float):
         port = free_port()
         pool = FleetPool(name="eagle", engine="sglang", method="eagle", k=k, model="tiny",
-                          model_path=str(BUNDLED_MODEL_DIR))
+                          model_path=str(BUNDLED_MODEL_DIR), measured=measured)
         options = dict(min_relaunch_interval_s=0.0, health_timeout_s=60.0,
                        drain_notice_s=0.0, drain_timeout_s=10.0, drain_grace_s=0.5,
                        restart_backoff_s=0.2, registration_ttl_s=3.0, stop_timeout_s=5.0)
@@ -113,6 +113,23 @@ def test_launch_registers_with_ttl(make_supervisor, redis_url: str) -> None:
     assert (worker.k, worker.pid, worker.draining) == (2, sup.process.pid, False)
     assert reported_k(sup.settings.url) == 2
     assert sup.poll_once() == "idle"
+
+
+def test_the_registration_carries_the_pools_measured_file(make_supervisor, redis_url: str,
+                                                         tmp_path: Path) -> None:
+    """A pool's `measured` file (what its servers measured about themselves) goes into
+    the worker's registry entry, where the gateway reads it as the pool's prior."""
+    import redis
+
+    from tests.policies.test_planner_benchmarked import EAGLE3, document
+    from workers.fleet.registry import list_workers
+
+    path = tmp_path / "measured.json"
+    path.write_text(json.dumps(document(EAGLE3)))
+    sup = make_supervisor(k=2, measured=str(path))
+    sup.start()
+    [worker] = list_workers(redis.Redis.from_url(redis_url), "eagle")
+    assert worker.measured == document(EAGLE3)
 
 
 def test_desired_k_change_drains_then_relaunches(make_supervisor, redis_url: str) -> None:

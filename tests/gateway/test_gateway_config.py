@@ -93,6 +93,33 @@ def test_supervisor_pool_keys_are_accepted() -> None:
         parse_config({"pools": [{**POOL, "launch": [1]}]})
 
 
+def test_a_pools_measured_file_is_checked_by_the_gateway_and_the_supervisor(
+        tmp_path: Path) -> None:
+    import json
+
+    import yaml
+
+    from policies.fleet import FleetConfigError, load_pool
+    from tests.policies.test_planner_benchmarked import NGRAM, document
+
+    good, bad = tmp_path / "measured.json", tmp_path / "broken.json"
+    good.write_text(json.dumps(document(NGRAM)))
+    bad.write_text(json.dumps({**document(NGRAM), "entries": 3}))
+    parsed = parse_config({"pools": [{**POOL, "measured": str(good)}]}).pools[0]
+    assert parsed.measured_document() == document(NGRAM)
+    for path, message in ((bad, "measured.entries: expected a list"),
+                          (tmp_path / "missing.json", "No such file")):
+        with pytest.raises(ConfigError, match=rf"pools\[0\]\.measured: .*{message}"):
+            parse_config({"pools": [{**POOL, "measured": str(path)}]})
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"pools": [{**POOL, "measured": str(good)}]}))
+    spec, _ = load_pool(str(config), "p")
+    assert spec.measured_document() == document(NGRAM)
+    config.write_text(yaml.safe_dump({"pools": [{**POOL, "measured": str(bad)}]}))
+    with pytest.raises(FleetConfigError, match="measured.entries"):
+        load_pool(str(config), "p")
+
+
 def test_pool_config_carries_every_fleet_pool_key() -> None:
     """The gateway's pool schema is a superset of the fleet contract's, so a file the
     supervisor reads is a file the gateway accepts."""

@@ -240,9 +240,9 @@ class Supervisor:
         self.k = k
         assert self.process is not None
         if self.registration is None:
-            info = new_worker_info(url=self.settings.url, pool=self.pool.name,
-                                   engine=self.pool.engine, method=self.pool.method, k=k,
-                                   model=self.pool.model, pid=self.process.pid)
+            info = new_worker_info(self.settings.url, self.pool.name, self.pool.engine,
+                                   self.pool.method, k, self.pool.model, self.process.pid,
+                                   self.pool.measured_document())
             self.registration = Registration(self.redis_url, info,
                                              self.settings.registration_ttl_s).start()
         else:
