@@ -21,6 +21,13 @@ form for one Envoy process:
 - The route reports the endpoint that served in the response header
   `x-gateway-destination-endpoint-served` (`%UPSTREAM_REMOTE_ADDRESS%`), where the
   picker reads it.
+- Where the response goes (`response`): `inline`, the response headers and body to the
+  picking filter (the picker sets the x-specroute-* headers); `body`, the body alone
+  (response headers SKIP: one message and one blocking round trip fewer per request;
+  the status and the served endpoint come as the attributes `response.code` and
+  `upstream.address` of the first body chunk, and the route sets the x-specroute-*
+  headers from the pick's `specroute` metadata); `observe`, a second filter in
+  `observability_mode` (docs/PICKER.md).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from gateway.picker.protocol import (
     DESTINATION,
     LB_NAMESPACE,
     MAX_ENDPOINTS_METADATA,
+    RESPONSE_ATTRIBUTES,
     RESPONSE_METADATA,
     SERVED,
     SPECROUTE_NAMESPACE,
@@ -118,14 +126,19 @@ def _manager(mode: str, ext_proc: dict, timeout_s: float, body_mode: str,
     if response == "observe":
         metadata.append({"key": RESPONSE_METADATA, "value": "observed"})
         modes.update(response_header_mode="SKIP", response_body_mode="NONE")
+        filters.append(_observer(grpc))
+    elif response == "body":  # one message fewer: status and server come with the body
+        metadata.append({"key": RESPONSE_METADATA, "value": "body"})
+        modes["response_header_mode"] = "SKIP"
+        picker["response_attributes"] = list(RESPONSE_ATTRIBUTES)
+    elif response != "inline":
+        raise ValueError(f"unknown response mode {response!r}")
+    if response != "inline":  # the picker sees no response headers: the route sets them
         picker["metadata_options"] = {"receiving_namespaces": {
             "untyped": [LB_NAMESPACE, SPECROUTE_NAMESPACE]}}
-        filters.append(_observer(grpc))
         added += [{"header": {"key": name,
                               "value": f"%DYNAMIC_METADATA({SPECROUTE_NAMESPACE}:{name})%"},
                    "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"} for name in DECISION_HEADERS]
-    elif response != "inline":
-        raise ValueError(f"unknown response mode {response!r}")
     return {
         "@type": f"{T}extensions.filters.network.http_connection_manager.v3."
                  f"HttpConnectionManager",

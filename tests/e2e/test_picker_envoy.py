@@ -352,11 +352,13 @@ def test_fallback_when_the_picked_pod_is_killed(stack: dict) -> None:
     assert after == ["ngram", "ngram"] and connect_failures(admin) == 3
 
 
-@pytest.mark.parametrize("response", ["observe", "inline"])
+@pytest.mark.parametrize("response", ["observe", "inline", "body"])
 def test_telemetry_from_served_responses_reaches_redis(stack: dict, response: str) -> None:
     """The learned policy's picker: its records come from the worker's answers as they
     passed through Envoy (usage, speculation counters), into the shared Redis; the
-    response read by the observer filter, or by the picking filter itself."""
+    response read by the observer filter, by the picking filter itself, or by the
+    picking filter from the body alone (status and served endpoint as attributes, the
+    decision headers set by the route from the pick's metadata)."""
     tmp, url = stack["tmp"], stack["redis"]
     store = redis.Redis.from_url(url)
     store.delete("specroute:telemetry")
@@ -368,8 +370,10 @@ def test_telemetry_from_served_responses_reaches_redis(stack: dict, response: st
                                   stack["pods"], response=response)
     stack["procs"].append(envoy)
     learned = {**stack, "bases": bases}
-    pools = [ask(learned, CODE, "override_host", temperature=0)[0]["x-specroute-pool"]
-             for _ in range(3)]
+    answers = [ask(learned, CODE, "override_host", temperature=0)[0] for _ in range(3)]
+    pools = [headers["x-specroute-pool"] for headers in answers]
+    assert all(headers["x-specroute-reason"] and headers["x-specroute-method"]
+               for headers in answers)
     stream = client(learned, "override_host").chat.completions.create(
         model="m", messages=[{"role": "user", "content": CHAT}], max_tokens=5, stream=True)
     assert sum(1 for c in stream if c.choices and c.choices[0].delta.content) == 5
