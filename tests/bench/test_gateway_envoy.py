@@ -4,7 +4,7 @@ bootstraps it runs, and the command's wiring."""
 from __future__ import annotations
 
 from bench.gateway import Target
-from bench.gateway_envoy import EPP, envoy_summary
+from bench.gateway_envoy import EPP, EPP_BODY, envoy_summary
 from gateway.picker.envoy import alone_bootstrap, bootstrap
 from specroute.cli import build_parser
 
@@ -43,7 +43,17 @@ def test_a_path_that_failed_has_no_ratio() -> None:
     assert out["envoy_epp_rps_over_smg"] is None and out["smg_added_p50_ms"] is None
     assert out["envoy_epp_added_p50_ms"] == 2.0
     assert out["envoy_epp_observe_added_p50_ms"] is None  # not measured: no figure
+    assert out["envoy_epp_body_rps_over_smg"] is None
     assert {"path": "smg", "stream": False, "error": "not installed: no network"} in out["rows"]
+
+
+def test_the_body_only_row_has_its_own_figures() -> None:
+    out = envoy_summary([target("direct", [1.0], 10), target("envoy", [2.0], 10),
+                         target(EPP, [4.0], 400), target(EPP_BODY, [3.5], 500),
+                         target("smg", [2.5], 1000)])
+    assert out["envoy_epp_body_added_p50_ms"] == 2.5
+    assert out["envoy_epp_body_over_alone_p50_ms"] == 1.5
+    assert out["envoy_epp_body_rps_over_smg"] == 0.5
 
 
 def test_the_bootstraps_it_runs() -> None:
@@ -66,6 +76,18 @@ def test_the_bootstraps_it_runs() -> None:
     assert picking["typed_config"]["processing_mode"]["response_header_mode"] == "SKIP"
     assert observer["typed_config"]["observability_mode"] is True
     assert observer["typed_config"]["processing_mode"]["response_body_mode"] == "STREAMED"
+    body = bootstrap(("127.0.0.1", 4), ("127.0.0.1", 5), {"original_dst": ("127.0.0.1", 6)},
+                     response="body")
+    manager = body["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
+        "typed_config"]
+    [picking, _] = manager["http_filters"]  # one filter: the body alone, with attributes
+    config = picking["typed_config"]
+    assert config["processing_mode"]["response_header_mode"] == "SKIP"
+    assert config["processing_mode"]["response_body_mode"] == "STREAMED"
+    assert config["response_attributes"] == ["response.code", "upstream.address"]
+    added = {h["header"]["key"] for h in manager["route_config"]["virtual_hosts"][0][
+        "routes"][0]["response_headers_to_add"]}
+    assert "x-specroute-pool" in added
 
 
 def test_specroute_bench_picker_runs_this_module() -> None:
