@@ -395,6 +395,39 @@ def test_telemetry_from_served_responses_reaches_redis(stack: dict, response: st
     store.close()
 
 
+def ok_count(stack: dict, pool: str) -> float:
+    text = httpx.get(stack["metrics"], timeout=5).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("specroute_requests_total{") and f'pool="{pool}"' in line
+               and 'ok="true"' in line)
+
+
+def test_the_body_only_response_through_gaies_listener(stack: dict) -> None:
+    """`response="body"` in front of GAIE's setup (ORIGINAL_DST, full-duplex request
+    body): the response headers never reach the picker, yet the client gets the
+    decision headers (set by the route from the pick's metadata), a stream passes
+    token by token, and each request is counted ok for the pool that served it (the
+    status read from the body's `response.code` attribute)."""
+    envoy, bases, _ = start_envoy(stack["tmp"], "envoy-body", stack["picker"],
+                                  ["original_dst"], stack["pods"],
+                                  {"original_dst": "FULL_DUPLEX_STREAMED"}, response="body")
+    stack["procs"].append(envoy)
+    body = {**stack, "bases": bases}
+    before = ok_count(stack, "ngram"), ok_count(stack, "plain")
+    headers, answer = ask(body, CODE, temperature=0)
+    assert headers["x-specroute-pool"] == "ngram"
+    assert headers["x-specroute-reason"].startswith("static rule: code")
+    assert answer.choices[0].message.content.startswith("Fix the bug")
+    raw = client(body).chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "user", "content": CHAT}], max_tokens=6,
+        temperature=1.0, stream=True)
+    assert raw.headers["x-specroute-pool"] == "plain"
+    chunks = list(raw.parse())
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) == 6
+    wait_for(lambda: (ok_count(stack, "ngram"), ok_count(stack, "plain"))
+             == (before[0] + 1, before[1] + 1), 10, "both requests counted ok")
+
+
 def test_503_when_no_endpoint_is_ready(stack: dict) -> None:
     """Last: every worker stopped; readiness turns NOT_SERVING, liveness stays SERVING,
     and a request gets the picker's 503 as an OpenAI error."""
