@@ -246,8 +246,10 @@ class Exchange:
     def _response_body(self, message: ext.ProcessingRequest) -> ext.ProcessingResponse:
         pick = self.pick
         if pick is not None and pick.decision is not None:
-            if self.served is None:  # no response headers (SKIPped): the attributes say
-                self.status = protocol.response_code(message)
+            # no response headers (SKIPped): the attributes say; without them the status
+            # is unknown, and an unknown status counts against no worker
+            if self.served is None and (status := protocol.response_code(message)):
+                self.status = status
                 self._served(message, {})
             body = message.response_body
             self.body_seen = True

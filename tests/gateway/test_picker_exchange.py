@@ -658,6 +658,27 @@ async def test_a_body_only_response_takes_status_and_server_from_its_attributes(
     assert all(w.outstanding == 0 for p in services.pools.values() for w in p.workers)
 
 
+async def test_a_body_without_attributes_counts_against_no_worker(picker) -> None:
+    """Response headers SKIPped but no `response_attributes` configured: the status is
+    unknown, so the request is recorded as not ok and no breaker counts it (three such
+    requests would otherwise take the pool's workers out)."""
+    services, channel = picker
+    for _ in range(3):
+        call = ext_grpc.ExternalProcessorStub(channel).Process(
+            metadata=(("x-specroute-response", "body"),))
+        for message in (headers_message(), body_message(chat(CHAT, temperature=1.0)),
+                        ext.ProcessingRequest(response_body=ext.HttpBody(
+                            body=b'{"choices": []}', end_of_stream=True))):
+            await call.write(message)
+            await call.read()
+        await call.done_writing()
+        assert await call.read() == grpc.aio.EOF
+    records = services.reporter.recorder.records  # type: ignore[attr-defined]
+    assert [(r.pool, r.ok) for r in records] == [("plain", False)] * 3
+    assert all(w.breaker.failures == 0 and w.outstanding == 0
+               for p in services.pools.values() for w in p.workers)
+
+
 def test_the_response_code_attribute_is_read_as_number_or_text() -> None:
     message = ext.ProcessingRequest()
     assert protocol.response_code(message) == 0
