@@ -69,17 +69,29 @@ def _policy(name: str, kind: str, **config: object) -> dict:
                          **config}}}]}
 
 
+# Envoy keeps an idle upstream connection for an hour by default; the engines' servers
+# (uvicorn: SGLang, vLLM) close theirs after 5 s idle, and a request that Envoy puts on
+# a connection as the pod closes it is reset (503 UC; at c = 32 several at once overflow
+# the retry budget, UO). Envoy closes its idle connections first.
+POD_IDLE_TIMEOUT = "3s"
+POD_HTTP = {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+    "@type": f"{T}extensions.upstreams.http.v3.HttpProtocolOptions",
+    "common_http_protocol_options": {"idle_timeout": POD_IDLE_TIMEOUT},
+    "explicit_http_config": {"http_protocol_options": {}}}}
+
+
 def destination_cluster(mode: str, pods: list[tuple[str, int]]) -> dict:
     if mode == "original_dst":
         return {"name": "pods_original_dst", "type": "ORIGINAL_DST", "lb_policy": "CLUSTER_PROVIDED",
-                "connect_timeout": "1s",
+                "connect_timeout": "1s", "typed_extension_protocol_options": POD_HTTP,
                 "original_dst_lb_config": {"use_http_header": True,
                                            "http_header_name": DESTINATION}}
     if mode == "override_host":
         return _static("pods_override_host", pods, load_balancing_policy=_policy(
             "override_host", "OverrideHost",
             override_host_sources=[{"header": DESTINATION}],
-            fallback_policy=_policy("round_robin", "RoundRobin")))
+            fallback_policy=_policy("round_robin", "RoundRobin")),
+            typed_extension_protocol_options=POD_HTTP)
     raise ValueError(f"unknown destinations mode {mode!r}")
 
 
@@ -214,7 +226,8 @@ def alone_bootstrap(admin: tuple[str, int], listener: tuple[str, int],
         "listeners": [{"name": "alone", "address": _address(*listener), "filter_chains": [
             {"filters": [{"name": "envoy.filters.network.http_connection_manager",
                           "typed_config": manager}]}]}],
-        "clusters": [_static("pods", pods, lb_policy="ROUND_ROBIN")]}}
+        "clusters": [_static("pods", pods, lb_policy="ROUND_ROBIN",
+                             typed_extension_protocol_options=POD_HTTP)]}}
 
 
 def envoy_binary() -> Path:
