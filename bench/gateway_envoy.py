@@ -12,6 +12,8 @@ spell of the shared machine hits every path:
   `x-gateway-destination-endpoint`, the response read by the picking filter);
 - envoy + epp observer: the same picker, the response read by a second filter in
   `observability_mode` (nothing waited on, one more gRPC stream per request);
+- envoy + epp body: the same picker, the response read from its body alone (response
+  headers SKIP; status and served endpoint as attributes: one message fewer);
 - specroute: the standalone gateway (`specroute gateway`, default learned policy);
 - smg: smg 1.13 (`bench.peers`), round robin.
 
@@ -52,9 +54,10 @@ from workers.processes import free_port, start_redis
 
 ENVOY, EPP, GATEWAY, SMG = "envoy", "envoy + epp", "specroute", "smg"
 EPP_OBSERVE = "envoy + epp observer"  # the response read by an observer filter
+EPP_BODY = "envoy + epp body"  # the response read from its body alone
 # the JSON's keys: (its prefix, the row's path)
-KEYS = (("envoy_epp", EPP), ("envoy_epp_observe", EPP_OBSERVE), ("envoy_alone", ENVOY),
-        ("specroute", GATEWAY), ("smg", SMG))
+KEYS = (("envoy_epp", EPP), ("envoy_epp_observe", EPP_OBSERVE), ("envoy_epp_body", EPP_BODY),
+        ("envoy_alone", ENVOY), ("specroute", GATEWAY), ("smg", SMG))
 PROMPT_4KB = "word " * 800  # a 4 KB prompt: the decision-latency target
 
 
@@ -86,7 +89,7 @@ def _start_envoys(procs: list[subprocess.Popen], up_port: int, tmp: Path,
     _envoy(procs, tmp, "envoy-alone", alone_bootstrap(("127.0.0.1", admin),
                                                       ("127.0.0.1", alone), [pod]),
            f"http://127.0.0.1:{admin}/ready")
-    picker, epp, admin, observer, admin2 = (free_port() for _ in range(5))
+    picker, epp, admin, observer, admin2, body, admin3 = (free_port() for _ in range(7))
     config = tmp / "picker.yaml"
     config.write_text(yaml.safe_dump(picker_config(f"http://127.0.0.1:{up_port}")))
     procs.append(subprocess.Popen(
@@ -102,9 +105,14 @@ def _start_envoys(procs: list[subprocess.Popen], up_port: int, tmp: Path,
         {"original_dst": ("127.0.0.1", observer)}, [pod],
         body_modes={"original_dst": body_mode}, response="observe"),
         f"http://127.0.0.1:{observer}/health")
+    _envoy(procs, tmp, "envoy-epp-body", bootstrap(
+        ("127.0.0.1", picker), ("127.0.0.1", admin3), {"original_dst": ("127.0.0.1", body)},
+        [pod], body_modes={"original_dst": body_mode}, response="body"),
+        f"http://127.0.0.1:{body}/health")
     return [Target(ENVOY, f"http://127.0.0.1:{alone}/v1/chat/completions"),
             Target(EPP, f"http://127.0.0.1:{epp}/v1/chat/completions"),
-            Target(EPP_OBSERVE, f"http://127.0.0.1:{observer}/v1/chat/completions")]
+            Target(EPP_OBSERVE, f"http://127.0.0.1:{observer}/v1/chat/completions"),
+            Target(EPP_BODY, f"http://127.0.0.1:{body}/v1/chat/completions")]
 
 
 def decision_latency(picks: int, upstream: str = "http://127.0.0.1:9") -> dict:
@@ -174,7 +182,7 @@ def envoy_summary(targets: list[Target]) -> dict:
                     round(row["rps_c32"] / smg["rps_c32"], 2)
                     if "rps_c32" in row and smg.get("rps_c32") else None)
         alone = out[f"envoy_alone_added_p50_ms{suffix}"]
-        for prefix in ("envoy_epp", "envoy_epp_observe"):
+        for prefix in ("envoy_epp", "envoy_epp_observe", "envoy_epp_body"):
             epp = out[f"{prefix}_added_p50_ms{suffix}"]
             out[f"{prefix}_over_alone_p50_ms{suffix}"] = (
                 round(epp - alone, 3) if epp is not None and alone is not None else None)

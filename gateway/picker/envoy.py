@@ -21,6 +21,13 @@ form for one Envoy process:
 - The route reports the endpoint that served in the response header
   `x-gateway-destination-endpoint-served` (`%UPSTREAM_REMOTE_ADDRESS%`), where the
   picker reads it.
+- Where the response goes (`response`): `inline`, the response headers and body to the
+  picking filter (the picker sets the x-specroute-* headers); `body`, the body alone
+  (response headers SKIP: one message and one blocking round trip fewer per request;
+  the status and the served endpoint come as the attributes `response.code` and
+  `upstream.address` of the first body chunk, and the route sets the x-specroute-*
+  headers from the pick's `specroute` metadata); `observe`, a second filter in
+  `observability_mode` (docs/PICKER.md).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from gateway.picker.protocol import (
     DESTINATION,
     LB_NAMESPACE,
     MAX_ENDPOINTS_METADATA,
+    RESPONSE_ATTRIBUTES,
     RESPONSE_METADATA,
     SERVED,
     SPECROUTE_NAMESPACE,
@@ -61,17 +69,29 @@ def _policy(name: str, kind: str, **config: object) -> dict:
                          **config}}}]}
 
 
+# Envoy keeps an idle upstream connection for an hour by default; the engines' servers
+# (uvicorn: SGLang, vLLM) close theirs after 5 s idle, and a request that Envoy puts on
+# a connection as the pod closes it is reset (503 UC; at c = 32 several at once overflow
+# the retry budget, UO). Envoy closes its idle connections first.
+POD_IDLE_TIMEOUT = "3s"
+POD_HTTP = {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+    "@type": f"{T}extensions.upstreams.http.v3.HttpProtocolOptions",
+    "common_http_protocol_options": {"idle_timeout": POD_IDLE_TIMEOUT},
+    "explicit_http_config": {"http_protocol_options": {}}}}
+
+
 def destination_cluster(mode: str, pods: list[tuple[str, int]]) -> dict:
     if mode == "original_dst":
         return {"name": "pods_original_dst", "type": "ORIGINAL_DST", "lb_policy": "CLUSTER_PROVIDED",
-                "connect_timeout": "1s",
+                "connect_timeout": "1s", "typed_extension_protocol_options": POD_HTTP,
                 "original_dst_lb_config": {"use_http_header": True,
                                            "http_header_name": DESTINATION}}
     if mode == "override_host":
         return _static("pods_override_host", pods, load_balancing_policy=_policy(
             "override_host", "OverrideHost",
             override_host_sources=[{"header": DESTINATION}],
-            fallback_policy=_policy("round_robin", "RoundRobin")))
+            fallback_policy=_policy("round_robin", "RoundRobin")),
+            typed_extension_protocol_options=POD_HTTP)
     raise ValueError(f"unknown destinations mode {mode!r}")
 
 
@@ -118,14 +138,19 @@ def _manager(mode: str, ext_proc: dict, timeout_s: float, body_mode: str,
     if response == "observe":
         metadata.append({"key": RESPONSE_METADATA, "value": "observed"})
         modes.update(response_header_mode="SKIP", response_body_mode="NONE")
+        filters.append(_observer(grpc))
+    elif response == "body":  # one message fewer: status and server come with the body
+        metadata.append({"key": RESPONSE_METADATA, "value": "body"})
+        modes["response_header_mode"] = "SKIP"
+        picker["response_attributes"] = list(RESPONSE_ATTRIBUTES)
+    elif response != "inline":
+        raise ValueError(f"unknown response mode {response!r}")
+    if response != "inline":  # the picker sees no response headers: the route sets them
         picker["metadata_options"] = {"receiving_namespaces": {
             "untyped": [LB_NAMESPACE, SPECROUTE_NAMESPACE]}}
-        filters.append(_observer(grpc))
         added += [{"header": {"key": name,
                               "value": f"%DYNAMIC_METADATA({SPECROUTE_NAMESPACE}:{name})%"},
                    "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"} for name in DECISION_HEADERS]
-    elif response != "inline":
-        raise ValueError(f"unknown response mode {response!r}")
     return {
         "@type": f"{T}extensions.filters.network.http_connection_manager.v3."
                  f"HttpConnectionManager",
@@ -201,7 +226,8 @@ def alone_bootstrap(admin: tuple[str, int], listener: tuple[str, int],
         "listeners": [{"name": "alone", "address": _address(*listener), "filter_chains": [
             {"filters": [{"name": "envoy.filters.network.http_connection_manager",
                           "typed_config": manager}]}]}],
-        "clusters": [_static("pods", pods, lb_policy="ROUND_ROBIN")]}}
+        "clusters": [_static("pods", pods, lb_policy="ROUND_ROBIN",
+                             typed_extension_protocol_options=POD_HTTP)]}}
 
 
 def envoy_binary() -> Path:

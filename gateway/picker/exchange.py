@@ -63,10 +63,13 @@ class Exchange:
     """Answers one stream's messages (`handle`); `close` when the stream ends."""
 
     def __init__(self, services: PickerServices, max_endpoints: int | None = None,
-                 observed: bool = False) -> None:
+                 response: str = "") -> None:
         self.services = services
         # the response comes through an observer's stream (`observe`), not this one
-        self.observed = observed
+        self.observed = response == "observed"
+        # the response headers reach the client without the picker (`observed`, `body`):
+        # the route sets the decision headers from the pick's dynamic metadata
+        self.headers_from_metadata = response in ("observed", "body")
         self.key: str | None = None  # this exchange's name to its observer
         self.watched = False  # the observer has come
         self.wait: asyncio.TimerHandle | None = None
@@ -200,6 +203,7 @@ class Exchange:
             self.key = secrets.token_hex(12)
             self.services.exchanges[self.key] = self
             headers.append((protocol.EXCHANGE, self.key))
+        if self.headers_from_metadata:
             metadata = [(k.decode(), v.decode()) for k, v in headers_for(pick.decision)]
         if not self.deferred:
             return [protocol.pick(pick.endpoints, pick.body, headers, metadata=metadata)]
@@ -221,20 +225,32 @@ class Exchange:
         pick = self.pick
         if pick is None or pick.decision is None:
             return protocol.go_on("response_headers")
-        served = protocol.served_endpoint(message, headers)
-        self.served = self.services.worker_at(served) if served else None
-        if self.served is None:
-            self.served = pick.targets[0]
-        pool = self.served[0]
-        pick.decision = served_decision(pick.decision, pool, f"failover to {pool.name}")
+        self._served(message, headers)
         extra = [(k.decode(), v.decode("latin-1")) for k, v in headers_for(pick.decision)]
         if message.response_headers.end_of_stream:
             self._finish()
         return protocol.go_on("response_headers", extra)
 
+    def _served(self, message: ext.ProcessingRequest, headers: dict[str, str]) -> None:
+        """The worker that served, as the proxy reports it (else the pick), and the
+        decision as run there."""
+        assert self.pick is not None and self.pick.decision is not None
+        served = protocol.served_endpoint(message, headers)
+        self.served = self.services.worker_at(served) if served else None
+        if self.served is None:
+            self.served = self.pick.targets[0]
+        pool = self.served[0]
+        self.pick.decision = served_decision(self.pick.decision, pool,
+                                             f"failover to {pool.name}")
+
     def _response_body(self, message: ext.ProcessingRequest) -> ext.ProcessingResponse:
         pick = self.pick
         if pick is not None and pick.decision is not None:
+            # no response headers (SKIPped): the attributes say; without them the status
+            # is unknown, and an unknown status counts against no worker
+            if self.served is None and (status := protocol.response_code(message)):
+                self.status = status
+                self._served(message, {})
             body = message.response_body
             self.body_seen = True
             self.reader.feed(body.body)

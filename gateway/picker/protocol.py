@@ -49,6 +49,10 @@ EXT_PROC_ATTRIBUTES = "envoy.filters.http.ext_proc"  # where Envoy puts requeste
 RESPONSE_METADATA = "x-specroute-response"
 EXCHANGE = "x-specroute-exchange"
 SPECROUTE_NAMESPACE = "specroute"
+# The response read from its body alone (docs/PICKER.md, "Envoy"): the response headers
+# SKIPped, Envoy sends these attributes (`response_attributes`) with the first body chunk,
+# and the picking stream's RESPONSE_METADATA says "body"
+RESPONSE_ATTRIBUTES = ("response.code", "upstream.address")
 
 
 @functools.lru_cache(maxsize=4096)  # workers' URLs: few, asked several times a request
@@ -117,6 +121,18 @@ def served_endpoint(request: ext.ProcessingRequest, headers: dict[str, str]) -> 
         if value is not None and value.string_value:
             return value.string_value.strip()
     return None
+
+
+def response_code(request: ext.ProcessingRequest) -> int:
+    """The response's status from the `response.code` attribute; 0 when absent."""
+    if EXT_PROC_ATTRIBUTES not in request.attributes:
+        return 0
+    value = _struct_value(request.attributes[EXT_PROC_ATTRIBUTES], "response.code")
+    if value is None:
+        return 0
+    if value.HasField("number_value"):
+        return int(value.number_value)
+    return int(value.string_value) if value.string_value.isdigit() else 0
 
 
 OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD

@@ -43,7 +43,7 @@ class Processor(ext_grpc.ExternalProcessorServicer):
         if role == "observe":  # the response side, sent and not waited on: no answers
             await observe(self.services, request_iterator)
             return
-        exchange = Exchange(self.services, stream_budget(metadata), role == "observed")
+        exchange = Exchange(self.services, stream_budget(metadata), role)
         try:
             async for message in request_iterator:
                 for answer in await exchange.handle(message):
@@ -63,9 +63,11 @@ def stream_budget(metadata: object) -> int | None:
 
 def stream_role(metadata: object) -> str:
     """`observe` (an observer's stream), `observed` (a pick whose response an observer
-    reads) or "" (a pick that reads its own response): `RESPONSE_METADATA`."""
+    reads), `body` (a pick that reads its response's body alone, the status and the
+    served endpoint as its attributes) or "" (a pick that reads the response's headers
+    and body): `RESPONSE_METADATA`."""
     for key, value in metadata or ():  # type: ignore[attr-defined]
-        if key == RESPONSE_METADATA and value in ("observe", "observed"):
+        if key == RESPONSE_METADATA and value in ("observe", "observed", "body"):
             return value
     return ""
 

@@ -352,11 +352,13 @@ def test_fallback_when_the_picked_pod_is_killed(stack: dict) -> None:
     assert after == ["ngram", "ngram"] and connect_failures(admin) == 3
 
 
-@pytest.mark.parametrize("response", ["observe", "inline"])
+@pytest.mark.parametrize("response", ["observe", "inline", "body"])
 def test_telemetry_from_served_responses_reaches_redis(stack: dict, response: str) -> None:
     """The learned policy's picker: its records come from the worker's answers as they
     passed through Envoy (usage, speculation counters), into the shared Redis; the
-    response read by the observer filter, or by the picking filter itself."""
+    response read by the observer filter, by the picking filter itself, or by the
+    picking filter from the body alone (status and served endpoint as attributes, the
+    decision headers set by the route from the pick's metadata)."""
     tmp, url = stack["tmp"], stack["redis"]
     store = redis.Redis.from_url(url)
     store.delete("specroute:telemetry")
@@ -368,8 +370,10 @@ def test_telemetry_from_served_responses_reaches_redis(stack: dict, response: st
                                   stack["pods"], response=response)
     stack["procs"].append(envoy)
     learned = {**stack, "bases": bases}
-    pools = [ask(learned, CODE, "override_host", temperature=0)[0]["x-specroute-pool"]
-             for _ in range(3)]
+    answers = [ask(learned, CODE, "override_host", temperature=0)[0] for _ in range(3)]
+    pools = [headers["x-specroute-pool"] for headers in answers]
+    assert all(headers["x-specroute-reason"] and headers["x-specroute-method"]
+               for headers in answers)
     stream = client(learned, "override_host").chat.completions.create(
         model="m", messages=[{"role": "user", "content": CHAT}], max_tokens=5, stream=True)
     assert sum(1 for c in stream if c.choices and c.choices[0].delta.content) == 5
@@ -389,6 +393,39 @@ def test_telemetry_from_served_responses_reaches_redis(stack: dict, response: st
     streamed = got[3]
     assert streamed["ttft_s"] > 0 and streamed["e2e_s"] >= streamed["ttft_s"]
     store.close()
+
+
+def ok_count(stack: dict, pool: str) -> float:
+    text = httpx.get(stack["metrics"], timeout=5).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("specroute_requests_total{") and f'pool="{pool}"' in line
+               and 'ok="true"' in line)
+
+
+def test_the_body_only_response_through_gaies_listener(stack: dict) -> None:
+    """`response="body"` in front of GAIE's setup (ORIGINAL_DST, full-duplex request
+    body): the response headers never reach the picker, yet the client gets the
+    decision headers (set by the route from the pick's metadata), a stream passes
+    token by token, and each request is counted ok for the pool that served it (the
+    status read from the body's `response.code` attribute)."""
+    envoy, bases, _ = start_envoy(stack["tmp"], "envoy-body", stack["picker"],
+                                  ["original_dst"], stack["pods"],
+                                  {"original_dst": "FULL_DUPLEX_STREAMED"}, response="body")
+    stack["procs"].append(envoy)
+    body = {**stack, "bases": bases}
+    before = ok_count(stack, "ngram"), ok_count(stack, "plain")
+    headers, answer = ask(body, CODE, temperature=0)
+    assert headers["x-specroute-pool"] == "ngram"
+    assert headers["x-specroute-reason"].startswith("static rule: code")
+    assert answer.choices[0].message.content.startswith("Fix the bug")
+    raw = client(body).chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "user", "content": CHAT}], max_tokens=6,
+        temperature=1.0, stream=True)
+    assert raw.headers["x-specroute-pool"] == "plain"
+    chunks = list(raw.parse())
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) == 6
+    wait_for(lambda: (ok_count(stack, "ngram"), ok_count(stack, "plain"))
+             == (before[0] + 1, before[1] + 1), 10, "both requests counted ok")
 
 
 def test_503_when_no_endpoint_is_ready(stack: dict) -> None:

@@ -615,3 +615,72 @@ async def test_health_watch_streams_each_change(picker) -> None:
     live = stub.Watch(health_pb2.HealthCheckRequest(service="liveness"))
     assert (await live.read()).status == Status.SERVING
     live.cancel()
+
+
+def attributes(code: int, served: str) -> struct_pb2.Struct:
+    """What Envoy sends with the first response-side message for `response_attributes`."""
+    values = struct_pb2.Struct()
+    values.fields["response.code"].number_value = code
+    values.fields["upstream.address"].string_value = served
+    return values
+
+
+@pytest.mark.parametrize(("code", "ok"), [(200, True), (503, False)])
+async def test_a_body_only_response_takes_status_and_server_from_its_attributes(
+        picker, code: int, ok: bool) -> None:
+    """The response headers SKIPped (`response="body"`): the pick puts the x-specroute-*
+    headers in `specroute` metadata for the route to set, and the first body chunk
+    carries the status and the served endpoint as attributes; the record is the
+    served pool's, and a failed status counts against its breaker."""
+    services, channel = picker
+    call = ext_grpc.ExternalProcessorStub(channel).Process(
+        metadata=(("x-specroute-response", "body"),))
+    answer = orjson.dumps({"choices": [{"index": 0, "message": {"content": "ok"},
+                                        "finish_reason": "stop"}],
+                           "usage": {"prompt_tokens": 7, "completion_tokens": 3}})
+    first = ext.ProcessingRequest(response_body=ext.HttpBody(body=answer))
+    first.attributes[protocol.EXT_PROC_ATTRIBUTES].CopyFrom(attributes(code, NGRAM_B))
+    last = ext.ProcessingRequest(response_body=ext.HttpBody(end_of_stream=True))
+    answers = []
+    for message in (headers_message(), body_message(chat(CODE, temperature=0)), first, last):
+        await call.write(message)
+        answers.append(await call.read())
+    await call.done_writing()
+    assert await call.read() == grpc.aio.EOF
+    ours = answers[1].dynamic_metadata.fields[protocol.SPECROUTE_NAMESPACE].struct_value
+    assert ours.fields["x-specroute-pool"].string_value == "ngram"
+    assert all(a.HasField("response_body") for a in answers[2:])
+    [record] = services.reporter.recorder.records  # type: ignore[attr-defined]
+    assert (record.pool, record.ok) == ("ngram", ok)
+    assert (record.prompt_tokens, record.output_tokens) == (7, 3)
+    [served] = [w for w in services.pools["ngram"].workers if w.url.endswith(NGRAM_B)]
+    assert served.breaker.failures == (0 if ok else 1)
+    assert all(w.outstanding == 0 for p in services.pools.values() for w in p.workers)
+
+
+async def test_a_body_without_attributes_counts_against_no_worker(picker) -> None:
+    """Response headers SKIPped but no `response_attributes` configured: the status is
+    unknown, so the request is recorded as not ok and no breaker counts it (three such
+    requests would otherwise take the pool's workers out)."""
+    services, channel = picker
+    for _ in range(3):
+        call = ext_grpc.ExternalProcessorStub(channel).Process(
+            metadata=(("x-specroute-response", "body"),))
+        for message in (headers_message(), body_message(chat(CHAT, temperature=1.0)),
+                        ext.ProcessingRequest(response_body=ext.HttpBody(
+                            body=b'{"choices": []}', end_of_stream=True))):
+            await call.write(message)
+            await call.read()
+        await call.done_writing()
+        assert await call.read() == grpc.aio.EOF
+    records = services.reporter.recorder.records  # type: ignore[attr-defined]
+    assert [(r.pool, r.ok) for r in records] == [("plain", False)] * 3
+    assert all(w.breaker.failures == 0 and w.outstanding == 0
+               for p in services.pools.values() for w in p.workers)
+
+
+def test_the_response_code_attribute_is_read_as_number_or_text() -> None:
+    message = ext.ProcessingRequest()
+    assert protocol.response_code(message) == 0
+    message.attributes[protocol.EXT_PROC_ATTRIBUTES].fields["response.code"].string_value = "429"
+    assert protocol.response_code(message) == 429
