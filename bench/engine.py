@@ -26,17 +26,15 @@ where the schema ends rather than at max tokens.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from bench.measured import device_description, measured_document, write_measured
 from bench.workload import TASKS, Prompt, prompts
 from policies.fleet import ModelChoice, resolve_model
 from policies.methods import default_k
@@ -241,28 +239,6 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def device_description(threads: int, dtype: str) -> str:
-    cpu = platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"cpu: {cpu}, {os.cpu_count()} cores, {threads} torch threads, {dtype}"
-
-
-def measured_document(model: str, source: str, device: str, rows: list[dict]) -> dict:
-    """The schema the policy reads as a worker's prior (see the module docstring)."""
-    keys = ("method", "k", "task", "temperature", "accept_length", "tokens_per_s", "speedup",
-            "requests")
-    return {"model": model, "source": source,
-            "measured_at": datetime.date.today().isoformat(), "device": device,
-            "entries": [{key: r[key] for key in keys} for r in rows
-                        if r["task"] != SCHEMA_TASK]}
-
-
 def _load_engine(choice: ModelChoice):
     from workers.embedded.engine import Engine
 
@@ -312,8 +288,9 @@ def main(args: argparse.Namespace) -> int:
     print("\n".join(verdicts(rows)))
     if args.write_measured:
         document = measured_document(choice.name, _source(args, choice.name, settings, methods),
-                                     device_description(threads, dtype), rows)
-        Path(args.write_measured).write_text(json.dumps(document, indent=1) + "\n")
+                                     device_description(f"{threads} torch threads, {dtype}"),
+                                     rows)
+        write_measured(args.write_measured, document)
         print(f"wrote {args.write_measured}")
     if args.json:
         print(json.dumps({"model": choice.name, "rows": rows, "threads": threads,

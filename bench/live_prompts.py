@@ -6,9 +6,10 @@ the classes' per-request means by its shares (bench/live_stats.py).
 
 Held out, by construction (`excluded_texts`, `drafter_exclusion`), and checked by
 tests/bench/test_bench_live_prompts.py:
-- the prior: `measured.json` comes from `bench engine --prompts 2 --seed 0` and the batch
-  costs from `bench batching --seed 0`; every text those benches draw at seeds 0 and 1
-  (`PRIOR_DRAWS` per task, more than any of them asks for) is left out;
+- the prior: `measured.json` comes from `bench engine --prompts 2 --seed 0` (vLLM pools:
+  `bench vllm --write-measured`, its own prompts at `VLLM_CALIBRATION_SEED`) and the
+  batch costs from `bench batching --seed 0`; every text those benches draw at seeds
+  `PRIOR_SEEDS` (`PRIOR_DRAWS` per task, more than any of them asks for) is left out;
 - the classifier's labelled set (both splits) is left out;
 - the drafters: SmolLM2's heads were trained on 240 documents of the bundled corpus
   (`smollm2_data.corpus_shards`, seed 0: whole standard-library files and docstrings) as
@@ -31,7 +32,9 @@ from pathlib import Path
 
 from bench.workload import TASKS, Exclusion, _stdlib_texts, modules, prompts
 
-PRIOR_SEEDS = (0, 1)  # bench engine --write-measured (seed 0), bench batching (0), old live (1)
+VLLM_CALIBRATION_SEED = 11  # bench vllm's prompts, and so its --write-measured
+# bench engine --write-measured (seed 0), bench batching (0), old live (1), bench vllm
+PRIOR_SEEDS = (0, 1, VLLM_CALIBRATION_SEED)
 PRIOR_DRAWS = 64  # per task and seed; the prior's benches draw 2-8
 DRAFTER_DOCS = 240  # MODEL_CARD.md of smollm2-135m-instruct: --corpus-docs 240
 

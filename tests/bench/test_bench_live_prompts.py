@@ -62,6 +62,20 @@ def test_no_measured_or_warm_up_prompt_fed_a_prior_or_the_classifier(run_plan) -
     assert old & prior
 
 
+def test_bench_vllms_calibration_prompts_are_left_out_as_the_priors(run_plan) -> None:
+    """`bench vllm --write-measured` writes a prior from its own prompts (at most
+    `PRIOR_DRAWS` per class): every one is among the prior's texts, none is measured live."""
+    from bench.live_prompts import PRIOR_DRAWS, VLLM_CALIBRATION_SEED
+    from bench.vllm import TASKS as VLLM_TASKS
+
+    calibration = {m["content"] for task in VLLM_TASKS
+                   for p in prompts(task, PRIOR_DRAWS, VLLM_CALIBRATION_SEED)
+                   for m in p.messages}
+    assert calibration <= prior_texts()
+    ours = {t for items in [run_plan.warmup, *run_plan.measured.values()] for t in _texts(items)}
+    assert not ours & calibration
+
+
 def test_no_prompt_is_a_self_distillation_prompt(run_plan) -> None:
     from bench.training.drafters.distill_data import build_prompts
 

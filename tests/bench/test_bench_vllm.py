@@ -96,3 +96,55 @@ def test_engine_compare_arithmetic(capsys: pytest.CaptureFixture[str]) -> None:
                                         "ngram": {t: 2.0 for t in TASKS}}
     assert summary["k"] == {"plain": 0, "ngram": 4}
     assert "| ngram | edit | 10.0 | 40.0 | 0.25 |" in capsys.readouterr().out
+
+
+def test_the_pinned_figures_written_as_measured_json_read_back_the_same(tmp_path) -> None:
+    """What `--write-measured` writes is what the fleet planner's builder reads: per
+    (method, k) and class the accept length vLLM reported, and the step at one request
+    (accept length / tokens/s; plain: 1 / tokens/s); no costs per batch size."""
+    from bench.measured import measured_document, write_measured
+    from bench.vllm import measured_rows
+    from policies.planner.benchmarked import benchmarked_from_measured
+    from policies.prior import Measured, read_measured
+
+    def asked(tps: float, accept: float | None) -> dict:
+        return {"tokens_per_s": tps, "accept_length": accept}
+
+    rows = {("edit", "vllm-plain"): [asked(10.0, None), asked(12.0, None)],
+            ("edit", "vllm-ngram"): [asked(20.0, 3.0), asked(24.0, 2.0)],
+            ("code", "vllm-plain"): [asked(10.0, 1.0)], ("code", "vllm-ngram"): [asked(12.0, 1.5)],
+            ("chat", "vllm-plain"): [asked(10.0, 1.0)], ("chat", "vllm-eagle"): [asked(9.0, None)]}
+    configs = {"vllm-plain": ("plain", 0), "vllm-ngram": ("ngram", 4), "vllm-eagle": ("eagle", 3)}
+    entries = measured_rows(rows, configs)
+    # eagle reported no accept length: no entry (nothing says what it accepts)
+    assert {(e["method"], e["task"]) for e in entries} == {
+        ("plain", "edit"), ("ngram", "edit"), ("plain", "code"), ("ngram", "code"),
+        ("plain", "chat")}
+    path = tmp_path / "cache" / "vllm-m.json"
+    write_measured(path, measured_document("m", "specroute bench vllm", "cpu: test", entries))
+    bench = {(b.method, b.k): b for b in benchmarked_from_measured(
+        [Measured.from_dict(read_measured(path))])}
+    assert set(bench) == {("plain", 0), ("ngram", 4)}
+    ngram, plain = bench[("ngram", 4)], bench[("plain", 0)]
+    assert ngram.accept_length == {("edit", "t0"): pytest.approx(2.5),
+                                   ("code", "t0"): pytest.approx(1.5)}
+    assert ngram.batches == (1,) and plain.batches == (1,)
+    # the step: accept length / tokens/s, mean over classes weighted by requests
+    assert ngram.step_at(1) == pytest.approx((2 * 2.5 / 22.0 + 1.5 / 12.0) / 3)
+    assert plain.step_at(1) == pytest.approx((2 / 11.0 + 1 / 10.0 + 1 / 10.0) / 4)
+    edit = next(e for e in entries if (e["method"], e["task"]) == ("ngram", "edit"))
+    assert edit["speedup"] == pytest.approx(2.0) and edit["requests"] == 2
+
+
+def test_a_document_off_the_schema_is_not_written(tmp_path) -> None:
+    from bench.measured import write_measured
+    from policies.prior import MeasuredError
+
+    path = tmp_path / "measured.json"
+    with pytest.raises(MeasuredError, match="accept_length"):
+        write_measured(path, {"model": "m", "source": "s", "measured_at": "d", "device": "c",
+                              "entries": [{"method": "ngram", "k": 4, "task": "edit",
+                                           "temperature": 0.0, "accept_length": 0.5,
+                                           "tokens_per_s": 1.0, "speedup": 1.0,
+                                           "requests": 1}]})
+    assert not path.exists()

