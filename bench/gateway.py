@@ -36,7 +36,7 @@ import yaml
 
 from bench import peers
 from bench.classifier import cost as classifier_cost
-from workers.processes import free_port, start_redis, wait_http
+from workers.processes import free_port, free_ports, start_redis, wait_http
 
 CONCURRENCY = 32
 RATIO_PEERS = ("minimal proxy", "minimal proxy http1", "smg", "sglang-router",
@@ -306,7 +306,7 @@ def _start_peer(procs: list[subprocess.Popen], peer: peers.Peer, upstream: str,
 def run(names: list[str], n: int, seconds: float, rounds: int,
         gateway_workers: tuple[int, ...] = (1,)) -> dict:
     procs: list[subprocess.Popen] = []
-    up_port, min_port, min1_port = free_port(), free_port(), free_port()
+    up_port, min_port, min1_port = free_ports(3)
     upstream = f"http://127.0.0.1:{up_port}"
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)

@@ -50,7 +50,7 @@ from bench.gateway import (
     stop_all,
     summarize,
 )
-from workers.processes import free_port, start_redis
+from workers.processes import free_port, free_ports, start_redis
 
 ENVOY, EPP, GATEWAY, SMG = "envoy", "envoy + epp", "specroute", "smg"
 EPP_OBSERVE = "envoy + epp observer"  # the response read by an observer filter
@@ -85,11 +85,11 @@ def _start_envoys(procs: list[subprocess.Popen], up_port: int, tmp: Path,
     from gateway.picker.envoy import alone_bootstrap, bootstrap
 
     pod = ("127.0.0.1", up_port)
-    alone, admin = free_port(), free_port()
+    alone, admin = free_ports(2)
     _envoy(procs, tmp, "envoy-alone", alone_bootstrap(("127.0.0.1", admin),
                                                       ("127.0.0.1", alone), [pod]),
            f"http://127.0.0.1:{admin}/ready")
-    picker, epp, admin, observer, admin2, body, admin3 = (free_port() for _ in range(7))
+    picker, epp, admin, observer, admin2, body, admin3 = free_ports(7)
     config = tmp / "picker.yaml"
     config.write_text(yaml.safe_dump(picker_config(f"http://127.0.0.1:{up_port}")))
     procs.append(subprocess.Popen(

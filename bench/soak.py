@@ -234,7 +234,7 @@ def main(args: argparse.Namespace) -> int:
     import psutil
     import yaml
 
-    from workers.processes import Child, free_port, spawn, start_redis, wait_child
+    from workers.processes import Child, free_ports, spawn, start_redis, wait_child
 
     minutes_arg = 0.5 if args.quick and args.minutes is None else (args.minutes or 5.0)
     seconds = minutes_arg * 60
@@ -246,12 +246,14 @@ def main(args: argparse.Namespace) -> int:
             redis_child, redis_url = start_redis(work)
             children.append(redis_child)
             redis_port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
-            ports = [free_port(), free_port()]
+            # every port picked before any process binds one: a gateway given a port a
+            # worker had just been given would not start, and its /ready would be the
+            # worker's answer
+            *ports, gw_port = free_ports(3)
             workers = [spawn(f"worker-{i}", [sys.executable, "-m", "bench.soak", "--upstream",
                                              "--port", str(port)], work)
                        for i, port in enumerate(ports)]
             children.extend(workers)
-            gw_port = free_port()
             config = {"server": {"port": gw_port, "log_level": "warning"},
                       "redis_url": redis_url,
                       "pools": [{"name": "soak", "engine": "sglang", "model": "soak",
