@@ -36,6 +36,7 @@ head/tail window). `prompt_tokens` is the request's own estimate
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
 
@@ -314,23 +315,28 @@ def _code_ask(text: str, lower: str) -> str | None:
     """A code ask or a pointer to pasted code near a code word: the regexes run only on
     windows around those words (a scan of the whole prompt costs ~0.3 ms per 4 KB)."""
     asked = pasted = None
-    for word in _CODE_ASK_WORDS:
-        start = lower.find(word)
-        for _ in range(MAX_WORD_HITS):
-            if start < 0:
-                break
-            piece = text[max(0, start - _CODE_BEFORE): start + len(word) + _CODE_AFTER]
-            plain = piece.isascii()
-            if not asked and (not plain or any(v in piece.lower() for v in _ASK_VERBS)):
-                asked = _CODE_ASK.search(piece)
-            if not pasted and (not plain or "\n" in piece):
-                pasted = _PASTED_CODE.search(piece)
-            start = lower.find(word, start + len(word))
+    for piece in code_word_windows(text, lower):
+        plain = piece.isascii()
+        if not asked and (not plain or any(v in piece.lower() for v in _ASK_VERBS)):
+            asked = _CODE_ASK.search(piece)
+        if not pasted and (not plain or "\n" in piece):
+            pasted = _PASTED_CODE.search(piece)
     if asked:
         return f"asks for code: {asked.group(0)[:60]!r}"
     if pasted:
         return f"refers to pasted code: {pasted.group(0).strip()[:60]!r}"
     return None
+
+
+def code_word_windows(text: str, lower: str) -> Iterator[str]:
+    """The text around each code word's first `MAX_WORD_HITS` occurrences."""
+    for word in _CODE_ASK_WORDS:
+        start = lower.find(word)
+        for _ in range(MAX_WORD_HITS):
+            if start < 0:
+                break
+            yield text[max(0, start - _CODE_BEFORE): start + len(word) + _CODE_AFTER]
+            start = lower.find(word, start + len(word))
 
 
 def _bounded(text: str) -> str:

@@ -41,15 +41,9 @@ def tech_howto_unfiltered(text: str) -> str | None:
 
 def code_ask_unfiltered(text: str, lower: str) -> str | None:
     asked = pasted = None
-    for word in c._CODE_ASK_WORDS:
-        start = lower.find(word)
-        for _ in range(c.MAX_WORD_HITS):
-            if start < 0:
-                break
-            piece = text[max(0, start - c._CODE_BEFORE): start + len(word) + c._CODE_AFTER]
-            asked = asked or c._CODE_ASK.search(piece)
-            pasted = pasted or c._PASTED_CODE.search(piece)
-            start = lower.find(word, start + len(word))
+    for piece in c.code_word_windows(text, lower):
+        asked = asked or c._CODE_ASK.search(piece)
+        pasted = pasted or c._PASTED_CODE.search(piece)
     if asked:
         return f"asks for code: {asked.group(0)[:60]!r}"
     if pasted:
