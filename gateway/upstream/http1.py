@@ -199,7 +199,7 @@ class Connection(asyncio.Protocol):
     """One keep-alive connection to a worker; one answer at a time."""
 
     __slots__ = ("client", "key", "transport", "parser", "response", "closed", "paused",
-                 "reused", "idle_since", "sized", "keep")
+                 "reused", "idle_since", "sized", "keep", "stray")
 
     def __init__(self, client: Http1Client, key: Target) -> None:
         self.client, self.key = client, key
@@ -211,6 +211,7 @@ class Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.sized = False  # the answer has a length or is chunked (else: ends at close)
         self.keep = False  # the answer, complete, left the connection usable
+        self.stray = False  # the worker sent more than one answer to the request
 
     # -- asyncio.Protocol ----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -245,6 +246,12 @@ class Connection(asyncio.Protocol):
                                        + (f": {exc}" if exc else "")))
 
     # -- httptools callbacks -------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        if self.response is not None and self.response.complete:
+            # a second answer to one request (a worker out of step): ignored, and the
+            # connection, whose answers no longer match its requests, is not kept
+            self.stray = True
+
     def on_header(self, name: bytes, value: bytes) -> None:
         lowered = name.lower()
         if lowered == b"content-length" or (lowered == b"transfer-encoding"
@@ -254,22 +261,27 @@ class Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         response = self.response
         assert response is not None
+        if self.stray:
+            return
         response.status = self.parser.get_status_code()
         response.head = True
 
     def on_body(self, body: bytes) -> None:
-        self.response.buffer += body  # type: ignore[union-attr]
+        if not self.stray:
+            self.response.buffer += body  # type: ignore[union-attr]
 
     def on_message_complete(self) -> None:
         response = self.response
         assert response is not None
+        if self.stray:
+            return
         response.complete = True
         self.sized = True  # complete by its framing, whatever the headers said
         self.keep = self.parser.should_keep_alive()  # read now: the parser resets after
 
     # -- used by the client ------------------------------------------------------------
     def begin(self, response: Response, request: bytes) -> None:
-        self.response, self.sized, self.keep = response, False, False
+        self.response, self.sized, self.keep, self.stray = response, False, False, False
         self.transport.write(request)  # type: ignore[union-attr]
 
     def resume(self) -> None:
@@ -282,7 +294,7 @@ class Connection(asyncio.Protocol):
         if self.response is not response:
             return
         self.response = None
-        if response.complete and not self.closed and self.keep:
+        if response.complete and not self.closed and self.keep and not self.stray:
             self.client.park(self)
         else:
             self.abort()

@@ -252,6 +252,18 @@ async def test_a_close_racing_the_request_is_retried_once(worker,
     assert scripted.connections == 2
 
 
+async def test_a_second_answer_to_one_request_is_dropped_with_the_connection(
+        worker, client: Http1Client) -> None:
+    scripted = await worker(keep_alive(OK + b"HTTP/1.1 500 Oops\r\nContent-Length: 4\r\n\r\n"
+                                            b"oops"))
+    for _ in range(2):
+        resp = await client.request("POST", scripted.url, "/x")
+        assert resp.status == 200 and await resp.read() == b"hello"
+        resp.close()
+        assert not client.idle.get(target(scripted.url))  # not kept: out of step
+    assert scripted.connections == 2
+
+
 async def test_leaving_early_drops_the_connection(worker, client: Http1Client) -> None:
     scripted = await worker(keep_alive(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhe"))
     resp = await client.request("POST", scripted.url, "/x")
