@@ -40,6 +40,11 @@ import httptools
 
 IDLE_PER_WORKER = 256  # idle keep-alive connections kept per worker; more are closed
 IDLE_EXPIRY_S = 30.0  # an idle connection older than this is closed, not reused
+# A kept connection idle at least this long may have been closed by the worker's own
+# keep-alive timeout (uvicorn's: 5 s) as the request went out: such a close, before any
+# answer, is retried once on a new connection. One idle for less was not timed out: its
+# close is the worker's doing, and the request, perhaps read, is not sent again.
+STALE_AFTER_S = 1.0
 HIGH_WATER = 1 << 20  # unread answer bytes at which the connection stops reading
 
 
@@ -199,7 +204,7 @@ class Connection(asyncio.Protocol):
     """One keep-alive connection to a worker; one answer at a time."""
 
     __slots__ = ("client", "key", "transport", "parser", "response", "closed", "paused",
-                 "reused", "idle_since", "sized", "keep", "stray")
+                 "idled_s", "idle_since", "sized", "keep", "stray")
 
     def __init__(self, client: Http1Client, key: Target) -> None:
         self.client, self.key = client, key
@@ -207,7 +212,7 @@ class Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.response: Response | None = None
         self.closed = self.paused = False
-        self.reused = False
+        self.idled_s = 0.0  # how long it had been idle when taken for this request
         self.idle_since = 0.0
         self.sized = False  # the answer has a length or is chunked (else: ends at close)
         self.keep = False  # the answer, complete, left the connection usable
@@ -319,9 +324,9 @@ class Http1Client:
                       headers: dict[str, str] | None = None,
                       total_s: float | None = None) -> Response:
         """Send one request; return its `Response` once the answer's head arrived. The
-        caller must `close()` it (a `with`-less API: `wire.post` does). A reused
-        connection the worker had closed meanwhile is replaced once, transparently:
-        the worker never read the request."""
+        caller must `close()` it (a `with`-less API: `wire.post` does). A kept
+        connection the worker closed as the request went out, after idling
+        `STALE_AFTER_S` or more, is replaced once."""
         key = target(worker)
         deadline = time.monotonic() + (self.total_s if total_s is None else total_s)
         extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items()) \
@@ -338,7 +343,8 @@ class Http1Client:
                 return response
             except Disconnected:
                 connection.abort()
-                if not connection.reused or response.buffer or response.head or attempt:
+                if connection.idled_s < STALE_AFTER_S or response.buffer or response.head \
+                        or attempt:
                     raise
             except BaseException:
                 connection.abort()
@@ -351,7 +357,7 @@ class Http1Client:
         while idle:
             connection = idle.pop()
             if not connection.closed and now - connection.idle_since < IDLE_EXPIRY_S:
-                connection.reused = True
+                connection.idled_s = now - connection.idle_since
                 return connection
             connection.abort()
         loop = asyncio.get_running_loop()

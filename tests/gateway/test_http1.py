@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from gateway.upstream.http1 import (
+    STALE_AFTER_S,
     BadResponse,
     ConnectFailed,
     Disconnected,
@@ -87,6 +88,13 @@ def keep_alive(answer: bytes, requests: list[bytes] | None = None) -> Handler:
             await writer.drain()
 
     return handler
+
+
+async def wait_until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        await asyncio.sleep(0.01)
 
 
 def answer_once(answer: bytes, linger_s: float = 0.0) -> Handler:
@@ -208,28 +216,26 @@ async def test_a_refused_connection(client: Http1Client) -> None:
         await client.request("POST", f"http://127.0.0.1:{port}", "/x")
 
 
-async def test_a_kept_connection_the_worker_closed_is_replaced(worker,
-                                                               client: Http1Client) -> None:
+async def test_a_kept_connection_the_worker_closed_is_not_reused(worker,
+                                                                 client: Http1Client) -> None:
     """The worker answers one request per connection and then closes it without saying
-    so (no `Connection: close`), as a worker whose keep-alive timeout passed does: the
-    next request finds the kept connection dead and goes out on a new one."""
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(OK)
-        await writer.drain()
-
-    scripted = await worker(handler)
+    so (no `Connection: close`): once the close has arrived, the next request goes out
+    on a new connection."""
+    scripted = await worker(answer_once(OK))
     for _ in range(3):
         resp = await client.request("POST", scripted.url, "/x")
         assert await resp.read() == b"hello"
         resp.close()
+        connection = resp.connection
+        await wait_until(lambda: connection.closed)  # noqa: B023 - this iteration's
     assert scripted.connections == 3
 
 
 async def test_a_close_racing_the_request_is_retried_once(worker,
                                                          client: Http1Client) -> None:
-    """The worker closes a kept connection just as the next request is written on it
-    (it never reads it): that request goes out again on a new connection."""
+    """The worker closes a kept connection, idle for a while, just as the next request is
+    written on it (it never reads it): that request goes out again on a new connection.
+    Idle for a moment only, the close is the worker's answer: not sent again."""
     close_now = asyncio.Event()
 
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -245,11 +251,34 @@ async def test_a_close_racing_the_request_is_retried_once(worker,
     resp = await client.request("POST", scripted.url, "/x")
     assert await resp.read() == b"hello"
     resp.close()
+    client.idle[target(scripted.url)][0].idle_since -= STALE_AFTER_S  # idle long enough
     close_now.set()  # the handler closes only once the next request is on its way
     resp = await client.request("POST", scripted.url, "/x")
     assert await resp.read() == b"hello"
     resp.close()
     assert scripted.connections == 2
+
+
+async def test_a_close_right_after_an_answer_is_not_retried(worker,
+                                                            client: Http1Client) -> None:
+    """A kept connection idle for a moment only: a close before the answer is the
+    worker's (it may have read the request), so the request is not sent again."""
+    close_now = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(OK)
+        await writer.drain()
+        await close_now.wait()
+
+    scripted = await worker(handler)
+    resp = await client.request("POST", scripted.url, "/x")
+    assert await resp.read() == b"hello"
+    resp.close()
+    close_now.set()
+    with pytest.raises(Disconnected):
+        await client.request("POST", scripted.url, "/x")
+    assert scripted.connections == 1
 
 
 async def test_a_second_answer_to_one_request_is_dropped_with_the_connection(
