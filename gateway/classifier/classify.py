@@ -250,7 +250,7 @@ def _code_ask_intl(text: str) -> str | None:
     if text.isascii() and len(text) > INTL_CHARS:
         return None  # long English prompts: the English rules have read them
     head = text[:INTL_CHARS]
-    if head.isascii() and not any(needle in head.lower() for needle in _FUNCTION_NEEDLES):
+    if head.isascii() and not _holds_any(head.lower(), _FUNCTION_NEEDLES):
         return None
     match = _CODE_ASK_INTL.search(text, 0, INTL_CHARS)
     return f"asks for code: {match.group(0)[:60]!r}" if match else None
@@ -260,9 +260,9 @@ def _tech_howto(text: str) -> str | None:
     """A how-to question about a programming tool ("how do I undo a commit in git?")."""
     head = text[:INTL_CHARS]
     lower = head.lower()
-    if not any(cue in lower for cue in _HOWTO_CUES):
+    if not _holds_any(lower, _HOWTO_CUES):
         return None
-    if head.isascii() and not any(needle in lower for needle in _TECH_NEEDLES) \
+    if head.isascii() and not _holds_any(lower, _TECH_NEEDLES) \
             and not ("explain" in lower and ":" in head):  # "explain what this does: ..."
         return None
     match = _TECH_HOWTO.search(head)
@@ -317,7 +317,7 @@ def _code_ask(text: str, lower: str) -> str | None:
     asked = pasted = None
     for piece in code_word_windows(text, lower):
         plain = piece.isascii()
-        if not asked and (not plain or any(v in piece.lower() for v in _ASK_VERBS)):
+        if not asked and (not plain or _holds_any(piece.lower(), _ASK_VERBS)):
             asked = _CODE_ASK.search(piece)
         if not pasted and (not plain or "\n" in piece):
             pasted = _PASTED_CODE.search(piece)
@@ -337,6 +337,12 @@ def code_word_windows(text: str, lower: str) -> Iterator[str]:
                 break
             yield text[max(0, start - _CODE_BEFORE): start + len(word) + _CODE_AFTER]
             start = lower.find(word, start + len(word))
+
+
+def _holds_any(text: str, needles: tuple[str, ...]) -> bool:
+    """Whether `text` holds one of `needles` (lowercased once by the caller, not per
+    needle as a generator over `text.lower()` would)."""
+    return any(needle in text for needle in needles)
 
 
 def _bounded(text: str) -> str:
