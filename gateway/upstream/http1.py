@@ -12,7 +12,10 @@ as they arrive; connections kept per
 worker and reused once an answer was read to its end with keep-alive; `https://`
 workers through the default TLS context. Three deadlines, as the session it replaces
 had: connect (a new connection), read (the longest silence between two arrivals of
-data) and total (the whole exchange, answer included). Not done: redirects, cookies,
+data) and total (the whole exchange, answer included). A read deadline that comes due
+while the worker's bytes wait unread in the socket is not a silence: the event loop ran
+late (uvloop runs due timers before it polls sockets, so a loop held up past the
+deadline would blame the worker), and the deadline starts again. Not done: redirects, cookies,
 compression (the gateway asks for none), proxies, pipelining, `Expect: 100-continue`.
 
 Errors, all `HttpError`:
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import select
 import ssl
 import time
 from collections import deque
@@ -108,7 +112,7 @@ class Response:
     to the pool when the answer was read to its end and may be kept, else it closes."""
 
     __slots__ = ("status", "connection", "buffer", "complete", "error", "waiter",
-                 "deadline", "read_s", "head")
+                 "deadline", "read_s", "head", "timer")
 
     def __init__(self, connection: Connection, deadline: float, read_s: float) -> None:
         self.status = 0
@@ -120,6 +124,7 @@ class Response:
         self.waiter: asyncio.Future[None] | None = None
         self.deadline = deadline  # time.monotonic() of the total deadline
         self.read_s = read_s
+        self.timer: asyncio.TimerHandle | None = None
 
     # -- fed by the connection ----------------------------------------------------------
     def wake(self) -> None:
@@ -142,23 +147,31 @@ class Response:
         if now >= self.deadline:
             raise ReadTimeout("the total deadline passed")
         waiter = self.waiter = loop.create_future()
-        until = min(self.deadline, now + self.read_s)
-        timer = loop.call_later(until - now, self._expire, waiter)
+        self._arm(loop, waiter, now)
         self.connection.resume()
         try:
             await waiter
         finally:
-            timer.cancel()
+            self.timer.cancel()  # type: ignore[union-attr]
             self.waiter = None
         if self.error is not None:
             raise self.error
 
+    def _arm(self, loop: asyncio.AbstractEventLoop, waiter: asyncio.Future[None],
+             now: float) -> None:
+        self.timer = loop.call_later(min(self.deadline, now + self.read_s) - now,
+                                     self._expire, waiter)
+
     def _expire(self, waiter: asyncio.Future[None]) -> None:
-        if not waiter.done():
-            total = time.monotonic() >= self.deadline
-            waiter.set_exception(ReadTimeout(
-                "the total deadline passed" if total
-                else f"no data for {self.read_s:g} s"))
+        if waiter.done():
+            return
+        now = time.monotonic()
+        total = now >= self.deadline
+        if not total and self.connection.unread():
+            self._arm(asyncio.get_running_loop(), waiter, now)  # the loop ran late
+            return
+        waiter.set_exception(ReadTimeout("the total deadline passed" if total
+                                         else f"no data for {self.read_s:g} s"))
 
     async def started(self) -> None:
         while not self.head:
@@ -288,6 +301,16 @@ class Connection(asyncio.Protocol):
     def begin(self, response: Response, request: bytes) -> None:
         self.response, self.sized, self.keep, self.stray = response, False, False, False
         self.transport.write(request)  # type: ignore[union-attr]
+
+    def unread(self) -> bool:
+        """Whether bytes (or the worker's close) wait in the socket, not yet read."""
+        sock = self.transport.get_extra_info("socket") if self.transport else None
+        if sock is None or self.closed:
+            return False
+        try:
+            return bool(select.select([sock.fileno()], [], [], 0)[0])
+        except (OSError, ValueError):
+            return False
 
     def resume(self) -> None:
         if self.paused:

@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
+import uvloop
 
 from gateway.upstream.http1 import (
     STALE_AFTER_S,
@@ -321,3 +324,55 @@ def test_worker_urls_parse() -> None:
     assert (six.host, six.port, six.prefix) == ("::1", 8080, "/v")
     with pytest.raises(ValueError):
         target("ftp://x")
+
+
+def late_loop_case() -> None:
+    """The worker's second chunk arrives while the event loop is held up (a callback
+    running in its socket phase) past the read deadline: the bytes are there, unread."""
+    server = socket.create_server(("127.0.0.1", 0))
+    go = threading.Event()
+
+    def serve() -> None:
+        connection, _ = server.accept()
+        with connection:
+            connection.recv(65536)
+            connection.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                               b"1\r\na\r\n")
+            go.wait(5)
+            connection.sendall(b"1\r\nb\r\n0\r\n\r\n")
+            time.sleep(0.5)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+
+    class Busy(asyncio.Protocol):  # holds the loop in a socket callback
+        def data_received(self, data: bytes) -> None:
+            go.set()
+            time.sleep(0.6)
+
+    async def case() -> None:
+        loop = asyncio.get_running_loop()
+        mine, theirs = socket.socketpair()
+        await loop.create_connection(Busy, sock=mine)
+        client = Http1Client(connect_s=2, read_s=0.3, total_s=10)
+        url = f"http://127.0.0.1:{server.getsockname()[1]}"
+        resp = await client.request("POST", url, "/x")
+        assert await resp.read_some() == b"a"
+        theirs.send(b"hold the loop")
+        assert await resp.read() == b"b"
+        resp.close()
+        client.close()
+        theirs.close()
+
+    return case()
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_late_event_loop_does_not_blame_the_worker(loop: str) -> None:
+    """uvloop runs due timers before it polls sockets: without the check the read
+    deadline fired first (tests/e2e/test_gateway_faults.py's trickle on a loaded box)."""
+    case = late_loop_case()
+    if loop == "uvloop":
+        uvloop.run(case)
+    else:
+        asyncio.run(case)

@@ -67,7 +67,7 @@ def transport_error(worker: str, exc: HttpError) -> GatewayError:
         return UpstreamTimeout(f"cannot connect to worker {worker} in time",
                                code="upstream_connect_timeout")
     if isinstance(exc, ReadTimeout):
-        return UpstreamTimeout(f"worker {worker} timed out", code="upstream_timeout")
+        return UpstreamTimeout(f"worker {worker} timed out ({exc})", code="upstream_timeout")
     if isinstance(exc, ConnectFailed):
         return UpstreamUnavailable(f"cannot connect to worker {worker}",
                                    code="upstream_connect_error")
