@@ -13,9 +13,10 @@ import asyncio
 import logging
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client import CollectorRegistry, Gauge, ProcessCollector
 
 from gateway.pools import Pool
+from gateway.telemetry.series import Counter, Histogram
 from policies.types import RequestRecord
 
 log = logging.getLogger("specroute.gateway")

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from collections import deque
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Gauge
 
+from gateway.telemetry.series import Counter, Histogram
 from policies.types import RequestRecord
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
