@@ -59,6 +59,8 @@ class CircuitBreaker:
         return BreakerState.HALF_OPEN
 
     def allows(self, now: float) -> bool:
+        if self.opened_at is None:  # closed: the common case, asked per pool per request
+            return True
         state = self.state(now)
         return state is BreakerState.CLOSED or (
             state is BreakerState.HALF_OPEN and not self.trial_in_flight)
@@ -126,11 +128,18 @@ class Pool:
     @property
     def healthy_workers(self) -> int:
         now = time.monotonic()
-        return sum(w.available(now) for w in self.workers)
+        count = 0
+        for worker in self.workers:  # a loop, not sum(genexpr): ~3x less, 4 times a request
+            if worker.healthy and not worker.draining and worker.breaker.allows(now):
+                count += 1
+        return count
 
     @property
     def outstanding(self) -> int:
-        return sum(w.outstanding for w in self.workers)
+        count = 0
+        for worker in self.workers:
+            count += worker.outstanding
+        return count
 
     def note_batch(self, batch: float, now: float) -> None:
         """A worker of the pool answered having run `batch` sequences per forward."""
@@ -145,10 +154,10 @@ class Pool:
         return 1.0 + (batch - 1.0) * math.exp(-max(now - at, 0.0) / REPORTED_BATCH_TAU_S)
 
     def view(self) -> PoolView:
-        return PoolView(name=self.config.name, engine=self.config.engine,
-                        method=self.config.method, k=self.config.k,
-                        per_request_k=self.config.capabilities.per_request_k,
-                        healthy_workers=self.healthy_workers, outstanding=self.outstanding,
+        config = self.config
+        return PoolView(config.name, config.engine, config.method, config.k,
+                        config.capabilities.per_request_k, self.healthy_workers,
+                        self.outstanding,
                         reported_batch=self.reported_batch(time.monotonic()))
 
     def pick(self, exclude: frozenset[str] | set[str] = frozenset()) -> Worker | None:
