@@ -23,13 +23,12 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from prometheus_client import Counter
-
 from gateway.http.services import Gateway
 from gateway.pools import BreakerState, Pool
 from gateway.routing.fleet_plan import FleetPlanning
 from gateway.routing.policy import LearnedRoutingPolicy, RoutingPolicy
 from gateway.telemetry.recent import RecentTraffic, Tally
+from gateway.telemetry.series import Counter
 from gateway.telemetry.tenant_metrics import TenantMetrics
 from gateway.tenants.auth import DEFAULT_TENANT
 from policies.acceptance import TEMPERATURE_BUCKETS
