@@ -123,6 +123,18 @@ class Record:
     pool: str = ""  # the pool that served it
     k: int = 0
     error: str = ""
+    # what the adaptive gateway made of it (`x-specroute-reason`: "task/bucket: ...",
+    # "(exploring)" on a try): the task it classified, and whether it explored
+    routed: str = ""
+    explored: bool = False
+
+
+def read_reason(reason: str) -> tuple[str, bool]:
+    """The task a decision's reason names ("code/t0: eagle k=1 ...") and whether it was
+    an exploration try; ("", False) for a reason without them (a pinned request's)."""
+    head = reason.split(":", 1)[0]
+    task = head.split("/", 1)[0] if "/" in head and " " not in head else ""
+    return task, "(exploring)" in reason
 
 
 class Stack:
@@ -189,9 +201,11 @@ class Stack:
             reply.raise_for_status()
             data = reply.json()
             facts = data.get("specroute", {})
+            routed, explored = read_reason(reply.headers.get("x-specroute-reason", ""))
             return Record(replicate, concurrency, self.fleet.name, config.name, item.cls,
                           item.fold, item.index, data["usage"]["completion_tokens"], seconds,
-                          facts.get("pool", ""), facts.get("k") or 0)
+                          facts.get("pool", ""), facts.get("k") or 0, routed=routed,
+                          explored=explored)
         except (httpx.HTTPError, ValueError, KeyError) as exc:
             return Record(replicate, concurrency, self.fleet.name, config.name, item.cls,
                           item.fold, item.index, 0, 0.0, error=str(exc)[:200])

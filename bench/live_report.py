@@ -80,7 +80,7 @@ def summarize(records: list[Record], audits: list[dict], engine: str) -> dict:
         out["concurrency"][conc] = {
             "mixes": mixes, "per_class": per_class, "dropped": dropped,
             "errors": sum(1 for r in recs if r.error),
-            "decisions": _decisions([r for r in recs if r.config == ADAPTIVE])}
+            "decisions": adaptive_picks([r for r in recs if r.config == ADAPTIVE])}
     return out
 
 
@@ -97,12 +97,16 @@ def _per_class(rows: list[dict]) -> dict[str, dict[str, float]]:
     return dict(out)
 
 
-def _decisions(records: list[Record]) -> dict[str, dict[str, int]]:
-    """Per class: how many of the adaptive gateway's requests each (pool, k) served."""
+def adaptive_picks(records: list[Record]) -> dict[str, dict[str, int]]:
+    """Per class: how many of the adaptive gateway's requests each (pool, k) served,
+    marked where the gateway took them for another task or explored."""
     out: dict[str, Counter] = defaultdict(Counter)
     for r in records:
         if not r.error:
-            out[r.cls][f"{r.pool.split('-', 1)[-1]} k={r.k}"] += 1
+            misread = r.routed and r.routed != r.cls.split("/", 1)[0]
+            out[r.cls][f"{r.pool.split('-', 1)[-1]} k={r.k}"
+                       + (f" as {r.routed}" if misread else "")
+                       + (" exploring" if r.explored else "")] += 1
     return {cls: dict(c.most_common()) for cls, c in sorted(out.items())}
 
 

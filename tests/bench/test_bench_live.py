@@ -6,13 +6,22 @@ the smoke run through real stacks is `specroute bench live --model tiny --quick`
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from bench.live_fleets import ADAPTIVE, Config, Record, fleets, k_grid, schedule
+from bench.live_fleets import (
+    ADAPTIVE,
+    Config,
+    Record,
+    fleets,
+    k_grid,
+    read_reason,
+    schedule,
+)
 from bench.live_prompts import MIXES, Item
-from bench.live_report import prompt_rows, render, summarize, targets
+from bench.live_report import adaptive_picks, prompt_rows, render, summarize, targets
 from bench.live_stats import bootstrap, estimate, from_rows
 
 
@@ -216,3 +225,20 @@ def test_a_homogeneous_embedded_fleet_is_one_pool_of_n_workers(tmp_path) -> None
     assert config["pools"][0]["workers"] == [f"http://127.0.0.1:{i}" for i in (1, 2, 3)]
     mixed = build_config([("plain", 1), ("ngram", 2)], "127.0.0.1", 8000, "redis://x", tmp_path)
     assert [len(p["workers"]) for p in mixed["pools"]] == [1, 1]
+
+
+def test_the_gateways_reading_of_a_request_is_kept_and_shown() -> None:
+    """`x-specroute-reason` names the task the gateway classified and marks exploration
+    tries: the picks show an edit taken for code, and a try, apart from the rest."""
+    assert read_reason("code/t0: embedded-eagle eagle k=1 predicted 1.6 tok/step, 1.1x "
+                       "plain (exploring)") == ("code", True)
+    assert read_reason("edit/t0: embedded-ngram ngram k=6 predicted 3.1 tok/step, 1.4x "
+                       "plain; slo acme: meets") == ("edit", False)
+    assert read_reason("pinned by x-specroute-pool") == ("", False)
+    assert read_reason("") == ("", False)
+    edits = [replace(_record(ADAPTIVE, "edit/t0", i, i % 2, 10), routed=routed,
+                     explored=explored)
+             for i, (routed, explored) in enumerate([("edit", False), ("edit", False),
+                                                     ("code", False), ("edit", True)])]
+    assert adaptive_picks(edits) == {"edit/t0": {"ngram k=2": 2, "ngram k=2 as code": 1,
+                                             "ngram k=2 exploring": 1}}
