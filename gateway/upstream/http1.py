@@ -15,7 +15,9 @@ had: connect (a new connection), read (the longest silence between two arrivals 
 data) and total (the whole exchange, answer included). A read deadline that comes due
 while the worker's bytes wait unread in the socket is not a silence: the event loop ran
 late (uvloop runs due timers before it polls sockets, so a loop held up past the
-deadline would blame the worker), and the deadline starts again. Not done: redirects, cookies,
+deadline would blame the worker), and the deadline starts again; and as uvloop keeps
+timers in whole milliseconds, one that fires before its time is set again for the rest
+(else a total deadline read as a silence, just before the caller's own). Not done: redirects, cookies,
 compression (the gateway asks for none), proxies, pipelining, `Expect: 100-continue`.
 
 Errors, all `HttpError`:
@@ -82,7 +84,7 @@ class Response:
     to the pool when the answer was read to its end and may be kept, else it closes."""
 
     __slots__ = ("status", "connection", "buffer", "complete", "error", "waiter",
-                 "deadline", "read_s", "head", "timer")
+                 "deadline", "read_s", "head", "timer", "until")
 
     def __init__(self, connection: Connection, deadline: float, read_s: float) -> None:
         self.status = 0
@@ -95,6 +97,7 @@ class Response:
         self.deadline = deadline  # time.monotonic() of the total deadline
         self.read_s = read_s
         self.timer: asyncio.TimerHandle | None = None
+        self.until = 0.0  # time.monotonic() at which the armed deadline passes
 
     # -- fed by the connection ----------------------------------------------------------
     def wake(self) -> None:
@@ -129,16 +132,20 @@ class Response:
 
     def _arm(self, loop: asyncio.AbstractEventLoop, waiter: asyncio.Future[None],
              now: float) -> None:
-        self.timer = loop.call_later(min(self.deadline, now + self.read_s) - now,
-                                     self._expire, waiter)
+        self.until = min(self.deadline, now + self.read_s)
+        self.timer = loop.call_later(self.until - now, self._expire, waiter)
 
     def _expire(self, waiter: asyncio.Future[None]) -> None:
         if waiter.done():
             return
         now = time.monotonic()
+        loop = asyncio.get_running_loop()
+        if now < self.until:  # uvloop keeps timers in whole milliseconds: up to ~1.5 ms early
+            self.timer = loop.call_later(max(self.until - now, 0.001), self._expire, waiter)
+            return
         total = now >= self.deadline
         if not total and self.connection.unread():
-            self._arm(asyncio.get_running_loop(), waiter, now)  # the loop ran late
+            self._arm(loop, waiter, now)  # the loop ran late
             return
         waiter.set_exception(ReadTimeout("the total deadline passed" if total
                                          else f"no data for {self.read_s:g} s"))

@@ -190,6 +190,28 @@ async def test_silence_past_the_read_deadline(worker) -> None:
     client.close()
 
 
+async def test_a_deadline_timer_that_fires_early_is_set_again(worker) -> None:
+    """uvloop rounds timers to whole milliseconds, so one may fire a little before its
+    time: that is neither a silence nor the total deadline (the trickle test's stream
+    ended with "no data" just before the gateway's own total deadline)."""
+    scripted = await worker(answer_once(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc",
+                                        linger_s=5))
+    client = Http1Client(connect_s=2, read_s=0.4, total_s=30)
+    resp = await client.request("POST", scripted.url, "/x")
+    start = time.monotonic()
+    reading = asyncio.ensure_future(resp.read())
+    await asyncio.sleep(0.1)
+    assert resp.waiter is not None
+    resp._expire(resp.waiter)  # the timer's callback, 0.3 s before its time
+    await asyncio.sleep(0.1)
+    assert not reading.done()
+    with pytest.raises(ReadTimeout, match="no data for 0.4 s"):
+        await reading
+    assert 0.39 < time.monotonic() - start < 2
+    resp.close()
+    client.close()
+
+
 async def test_a_trickle_still_ends_at_the_total_deadline(worker) -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
