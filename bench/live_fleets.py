@@ -123,8 +123,8 @@ class Record:
     pool: str = ""  # the pool that served it
     k: int = 0
     error: str = ""
-    # what the adaptive gateway made of it (`x-specroute-reason`: "task/bucket: ...",
-    # "(exploring)" on a try): the task it classified, and whether it explored
+    # what the adaptive gateway made of it (the answer's `specroute.reason`: "task/bucket:
+    # ...", "(exploring)" on a try): the task it classified, and whether it explored
     routed: str = ""
     explored: bool = False
 
@@ -201,7 +201,7 @@ class Stack:
             reply.raise_for_status()
             data = reply.json()
             facts = data.get("specroute", {})
-            routed, explored = read_reason(reply.headers.get("x-specroute-reason", ""))
+            routed, explored = read_reason(facts.get("reason") or "")
             return Record(replicate, concurrency, self.fleet.name, config.name, item.cls,
                           item.fold, item.index, data["usage"]["completion_tokens"], seconds,
                           facts.get("pool", ""), facts.get("k") or 0, routed=routed,

@@ -12,12 +12,12 @@ as they arrive; connections kept per
 worker and reused once an answer was read to its end with keep-alive; `https://`
 workers through the default TLS context. Three deadlines, as the session it replaces
 had: connect (a new connection), read (the longest silence between two arrivals of
-data) and total (the whole exchange, answer included). A read deadline that comes due
-while the worker's bytes wait unread in the socket is not a silence: the event loop ran
-late (uvloop runs due timers before it polls sockets, so a loop held up past the
-deadline would blame the worker), and the deadline starts again; and as uvloop keeps
-timers in whole milliseconds, one that fires before its time is set again for the rest
-(else a total deadline read as a silence, just before the caller's own). Not done: redirects, cookies,
+data) and total (the whole exchange, answer included). Two guards for uvloop: a read
+deadline that comes due while the worker's bytes wait unread in the socket is not a
+silence (uvloop runs due timers before it polls sockets: a loop held up past the
+deadline would blame the worker), so it starts again; and a timer that fires before its
+time (uvloop keeps timers in whole milliseconds) is set again for the rest, else a total
+deadline read as a silence just before the caller's own. Not done: redirects, cookies,
 compression (the gateway asks for none), proxies, pipelining, `Expect: 100-continue`.
 
 Errors, all `HttpError`:
