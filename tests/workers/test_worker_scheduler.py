@@ -163,7 +163,10 @@ async def test_cancel_frees_the_slot_for_the_next_request(engine_and_scheduler) 
         scheduler.cancel(ticket)
     events = await drain(waiting)
     assert events[-1].output.finished
-    assert all(gen.cancelled for gen in engine.generations[:2])
+    # the second may still be queued when cancelled (the engine thread admits what is
+    # pending when it looks): then it never gets a generation, which is also freed
+    endless_generations = [gen for gen in engine.generations if gen.tag != 3]
+    assert endless_generations and all(gen.cancelled for gen in endless_generations)
     assert scheduler.stats.requests_aborted == 2
 
 
