@@ -20,7 +20,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import orjson
 from starlette.types import Receive, Scope, Send
@@ -130,6 +130,17 @@ class Admitted:
     decision: Decision
     pools: list[Pool]
     trace: Trace = NO_TRACE
+
+    def outcome(self, timer: Timer, lease: Lease,
+                done: GenerationResult | Final | None) -> Outcome:
+        """What the request came to on `lease`; `done`: what the worker finished with
+        (None: no answer). Built in one go: `dataclasses.replace` costs ~5 us."""
+        if done is None:
+            return Outcome(self.request, self.profile, self.tenant, lease.decision, timer,
+                           lease.load, lease.workers)
+        return Outcome(self.request, self.profile, self.tenant, lease.decision, timer,
+                       lease.load, lease.workers, done.usage, done.spec, True,
+                       done.finish_reason)
 
 
 def _headers(scope: Scope) -> dict[bytes, bytes]:
@@ -268,9 +279,7 @@ class TokenEndpoint:
             lease, result = await gateway.dispatcher.generate(job.request, job.decision,
                                                               job.pools, job.trace)
             timer.token()
-            outcome = replace(outcome, decision=lease.decision, load=lease.load,
-                              workers=lease.workers, usage=result.usage, spec=result.spec,
-                              ok=True, finish_reason=result.finish_reason)
+            outcome = job.outcome(timer, lease, result)
             await send_once(send, 200, self.render(job.request, result, lease.decision),
                             headers_for(lease.decision) + warning_headers(job.request,
                                                                           lease.pool))
@@ -302,12 +311,7 @@ class TokenEndpoint:
             lease.release()
             await items.aclose()  # type: ignore[attr-defined]  # closes the upstream
             await send({"type": "http.response.body", "body": b"", "more_body": False})
-            outcome = replace(outcome, decision=lease.decision, load=lease.load,
-                              workers=lease.workers)
-            if final is not None:
-                outcome = replace(outcome, usage=final.usage, spec=final.spec, ok=True,
-                                  finish_reason=final.finish_reason)
-            gateway.reporter.record(outcome, job.trace)
+            gateway.reporter.record(job.outcome(timer, lease, final), job.trace)
 
     async def relay(self, send: Send, writer: ChunkWriter, item: StreamItem,
                     items: AsyncIterator[StreamItem], timer: Timer,

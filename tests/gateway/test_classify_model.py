@@ -116,6 +116,26 @@ def test_numpy_scorer_matches_sklearn() -> None:
         assert got.probability == pytest.approx(expected.max(), abs=1e-4)
 
 
+def test_serving_features_are_the_training_features(shipped: LinearTextModel) -> None:
+    """`known_rows` (serving: ASCII text on a bytes path, no bigram strings) finds exactly
+    the known features that `features` (training) lists, on prose, code and odd text."""
+    import random
+
+    texts = [json.loads(line)["text"] for name in ("classifier_heldout.jsonl",
+                                                   "classifier_heldout_fresh.jsonl")
+             for line in (ROOT / "tests" / "data" / name).read_text().splitlines() if line]
+    rnd = random.Random(0)
+    alphabet = "ab Cz\n\t;{}()=:->!?<>/_#$'\"`[]\x1c\x1f\x85é中\u212a"  # K sign lowers to k
+    texts += ["".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 900)))
+              for _ in range(300)]
+    for text in texts:
+        expected = {shipped.vocabulary[f] for f in features(text) if f in shipped.vocabulary}
+        assert shipped.known_rows(text) == expected, text[:80]
+    assert features("Fix THIS: x = f(a)\x1cb") == [
+        "fix", "this", "x", "f", "a", "b", "fix this", "this x", "x f", "f a", "a b",
+        "<paren>", "<colon>", "<assign>"]  # \x1c splits words as in training
+
+
 def test_window_bounds_long_prompts() -> None:
     long_text = "a " * 50_000
     assert len(window(long_text)) < 1100
