@@ -109,6 +109,45 @@ def test_mixed_methods_in_one_batch_equal_each_request_alone(engine: Engine,
     assert len(accepted) >= 2  # drafts were accepted, so caches were rolled back and compacted
 
 
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+def test_eagle_chains_draft_together_and_equal_each_request_alone(engine: Engine,
+                                                                  sampled: bool) -> None:
+    """Several EAGLE chains in a step draft in lock-step: one head forward per depth over
+    all of them (plus one for the sync), not one per request; each request's tokens are
+    still what it gets alone."""
+    plan = [3, 1, 5, 2]  # k per request
+    prompts = _prompts(len(plan))
+
+    def new(i: int) -> Generation:
+        return _start(engine, prompts[i], "eagle", plan[i], seed=i, sampled=sampled,
+                      limit=14 + 2 * i)
+
+    head = engine._methods["eagle"].new_drafter()._eagle.head  # shared by every chain
+    sizes: list[int] = []
+    forward_batch = head.forward_batch
+
+    def counted(inputs):  # noqa: ANN001, ANN202
+        sizes.append(len(inputs))
+        return forward_batch(inputs)
+
+    head.forward_batch = counted
+    try:
+        singles = [new(i) for i in range(len(plan))]
+        alone = [_alone(g) for g in singles]
+        forwards_alone, sizes[:] = len(sizes), []
+        gens = [new(i) for i in range(len(plan))]
+        together = _together(engine, gens, join_after={2: 3})
+    finally:
+        del head.forward_batch
+    assert together == alone
+    drafts = [(g.stats.num_proposed_drafts, g.stats.num_correct_drafts) for g in gens]
+    assert drafts == [(g.stats.num_proposed_drafts, g.stats.num_correct_drafts)
+                      for g in singles]  # the same drafts, accepted alike
+    assert max(sizes) == len(plan)  # all four chains in one head forward
+    assert sum(sizes) == forwards_alone  # the same head inputs...
+    assert len(sizes) < 0.6 * forwards_alone  # ...in far fewer forwards
+
+
 def test_cancel_mid_batch_leaves_the_others_exact(engine: Engine) -> None:
     prompts = _prompts(4)
     plan = [("eagle2", 8), ("plain", 0), ("ngram", 4), ("medusa", 6)]

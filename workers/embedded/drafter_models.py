@@ -34,7 +34,9 @@ from workers.embedded.model import (
     DecoderLayer,
     KVCache,
     ModelConfig,
+    RaggedBatch,
     attention_inputs,
+    ragged_sequence,
     rope_tables,
     signed,
 )
@@ -134,6 +136,19 @@ class EagleConfig:
         )
 
 
+@dataclass
+class HeadInput:
+    """One sequence's share of `EagleHead.forward_batch`: pairs (f_t, e(x_(t+1))) after
+    `cache`'s committed prefix, at `positions` (default: right after it), seeing each
+    other per `tree_mask` (the conventions of `LlamaForCausalLM.forward`)."""
+
+    features: torch.Tensor  # (T, C)
+    embeddings: torch.Tensor  # (T, C)
+    cache: KVCache
+    positions: torch.Tensor | None = None
+    tree_mask: torch.Tensor | None = None
+
+
 class EagleHead(nn.Module):
     rope_cos: torch.Tensor  # buffers, registered in __init__
     rope_sin: torch.Tensor
@@ -171,6 +186,30 @@ class EagleHead(nn.Module):
                                           self.fc.weight.dtype)
         x = self.fc(torch.cat([features, next_embeddings.to(features.dtype)], dim=-1))  # (B, T, C)
         return self.layer(x, cos, sin, mask, cache, 0)
+
+    def forward_batch(self, inputs: list[HeadInput]) -> torch.Tensor:
+        """Several sequences' pairs in one forward, each after its own cache (a ragged
+        batch: fc, projections and MLP run once over all N rows, attention per sequence).
+        Returns the predicted features (N, C), rows in input order; what `forward` gives
+        each alone. New entries stay pending in each cache until its `commit()`."""
+        dtype = self.fc.weight.dtype
+        sequences, cos_rows, sin_rows, offset = [], [], [], 0
+        for item in inputs:
+            t, past = item.features.shape[0], item.cache.length
+            positions = item.positions
+            if positions is None:
+                positions = torch.arange(past, past + t, device=item.features.device)
+            cos, sin, mask = attention_inputs(self.rope_cos, self.rope_sin, positions, past,
+                                              item.tree_mask, dtype)
+            cos_rows.append(cos)
+            sin_rows.append(sin)
+            sequences.append(ragged_sequence(item.cache, mask, offset, t))
+            offset += t
+        pairs = torch.cat([torch.cat([item.features.to(dtype), item.embeddings.to(dtype)], dim=-1)
+                           for item in inputs])  # (N, 2C)
+        x = self.fc(pairs)[None]  # (1, N, C)
+        cos, sin = torch.cat(cos_rows, dim=2), torch.cat(sin_rows, dim=2)  # (1, 1, N, hs)
+        return self.layer(x, cos, sin, None, RaggedBatch(sequences), 0)[0]
 
     def new_cache(self, max_length: int | None = None) -> KVCache:
         w = self.fc.weight

@@ -36,6 +36,7 @@ from workers.embedded.grammar import GrammarCompiler, GrammarProcessor
 from workers.embedded.limits import check_params
 from workers.embedded.model import ForwardOutput, LlamaForCausalLM, SequenceInput
 from workers.embedded.speculative import DecodeState, Draft, Sampler
+from workers.embedded.speculative.eagle import DraftSteps, draft_together
 from workers.embedded.speculative.methods import Method, builtin_methods, load_methods
 from workers.embedded.speculative.processors import build_processors
 from workers.embedded.speculative.sampling import token_logprobs
@@ -49,15 +50,8 @@ from workers.embedded.tokenizer import TextTokenizer
 # SmolLM2 on this CPU around a second.
 PREFILL_CHUNK = 512
 
-__all__ = [
-    "BUNDLED_MODEL_DIR",
-    "Engine",
-    "EngineInputError",
-    "Generation",
-    "GenerationStats",
-    "SamplingParams",
-    "StepOutput",
-]
+__all__ = ["BUNDLED_MODEL_DIR", "Engine", "EngineInputError", "Generation", "GenerationStats",
+           "SamplingParams", "StepOutput"]
 
 
 class Engine:
@@ -161,14 +155,27 @@ class Engine:
             raise TypeError("Engine.step takes the Generations this engine started")
         results: list[StepOutput | Exception] = [g._finished_output() for g in own]
         running: list[tuple[int, SequenceInput]] = []
+        chains: dict[int, DraftSteps] = {}  # EAGLE chains, drafted together
         with torch.inference_mode():
             for i, gen in enumerate(own):
                 if not gen.finished:
                     try:
-                        running.append((i, gen._prepare()))
+                        work = gen._prepare()
+                        if isinstance(work, SequenceInput):
+                            running.append((i, work))
+                        else:
+                            chains[i] = work
                     except Exception as exc:  # this request's drafter or limits
                         results[i] = gen._fail(exc)
-            outputs = self._forward([item for _, item in running])
+            for i, draft in draft_together(chains).items():
+                try:
+                    if isinstance(draft, Exception):
+                        raise draft
+                    running.append((i, own[i]._verify_input(draft)))
+                except Exception as exc:
+                    results[i] = own[i]._fail(exc)
+            running.sort(key=lambda item: item[0])
+            outputs = self.model.forward_each([item for _, item in running])
             size = len(running)
             drafts = sum(own[i]._draft_tokens() for i, _ in running)
             for (i, _), out in zip(running, outputs, strict=True):
@@ -182,24 +189,6 @@ class Engine:
                 except Exception as exc:
                     results[i] = gen._fail(exc)
         return results
-
-    def _forward(self, inputs: list[SequenceInput]) -> list[ForwardOutput | Exception]:
-        """The batched forward; if it fails, each sequence alone, so that one bad request
-        does not fail the others (a failed forward leaves only uncommitted cache entries)."""
-        if not inputs:
-            return []
-        try:
-            return list(self.model.forward_batch(inputs))
-        except Exception as exc:
-            if len(inputs) == 1:
-                return [exc]
-        outputs: list[ForwardOutput | Exception] = []
-        for item in inputs:
-            try:
-                outputs.append(self.model.forward_batch([item])[0])
-            except Exception as exc:
-                outputs.append(exc)
-        return outputs
 
     def set_default_k(self, method: str, k: int) -> None:
         """The k a request on `method` gets when it names none (a worker's `--k`)."""
@@ -279,20 +268,30 @@ class Generation:
         self.cancel()
         return exc
 
-    def _prepare(self) -> SequenceInput:
-        """This step's share of the batched forward: the prompt, or root + draft tree."""
-        device = self._model.lm_head.weight.device
+    def _prepare(self) -> SequenceInput | DraftSteps:
+        """This step's share of the batched forward: the prompt, or root + draft tree; or,
+        for a drafter that drafts in lock-step with others (an EAGLE chain), its steps,
+        whose draft `_verify_input` takes."""
         state = self._state
         if state is None:
             done = self._cache.length
             chunk = self._prompt[done: done + self._engine.prefill_chunk]
             self._chunk = len(chunk)
-            return SequenceInput(torch.tensor(chunk, device=device), self._cache,
-                                 last_only=True)
-        draft = self._fit(self._drafter.propose(state), state)
+            return SequenceInput(torch.tensor(chunk, device=self._model.lm_head.weight.device),
+                                 self._cache, last_only=True)
+        steps = getattr(self._drafter, "propose_steps", None)
+        if steps is not None:
+            return steps(state)
+        return self._verify_input(self._drafter.propose(state))
+
+    def _verify_input(self, draft: Draft) -> SequenceInput:
+        state = self._state
+        assert state is not None, "drafted after the prompt"
+        draft = self._fit(draft, state)
         if self._grammar is not None:
             draft = self._grammar.prune(draft)
-        self._verify = VerifyStep(self._cache, state.tokens[-1], draft, device)
+        self._verify = VerifyStep(self._cache, state.tokens[-1], draft,
+                                  self._model.lm_head.weight.device)
         return self._verify.input
 
     def _draft_tokens(self) -> int:

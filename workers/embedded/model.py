@@ -89,6 +89,12 @@ class _Sequence:
     rows: slice  # its tokens in the flattened batch
 
 
+def ragged_sequence(cache: KVCache, mask: torch.Tensor | None, offset: int,
+                    t: int) -> _Sequence:
+    """A sequence of `t` tokens at rows [offset, offset + t) of a `RaggedBatch`."""
+    return _Sequence(cache, mask, slice(offset, offset + t))
+
+
 class RaggedBatch:
     """Sequences flattened into one row of N = sum(T) tokens: every layer's projections and
     MLP run once over all N tokens, attention runs per sequence over its own cache. This is
@@ -336,7 +342,7 @@ class LlamaForCausalLM(nn.Module):
                                               item.tree_mask, dtype)
             cos_rows.append(cos)
             sin_rows.append(sin)
-            sequences.append(_Sequence(item.cache, mask, slice(offset, offset + t)))
+            sequences.append(ragged_sequence(item.cache, mask, offset, t))
             logit_rows.append(range(offset + t - 1 if item.last_only else offset, offset + t))
             offset += t
         batch = RaggedBatch(sequences)
@@ -353,6 +359,24 @@ class LlamaForCausalLM(nn.Module):
             outputs.append(ForwardOutput(logits=logits[None, start : start + len(rows)],
                                          hidden=hidden[None, seq.rows]))
             start += len(rows)
+        return outputs
+
+    def forward_each(self, inputs: list[SequenceInput]) -> list[ForwardOutput | Exception]:
+        """`forward_batch`; if it fails, each sequence alone, so that one bad request does
+        not fail the others (a failed forward leaves only uncommitted cache entries)."""
+        if not inputs:
+            return []
+        try:
+            return list(self.forward_batch(inputs))
+        except Exception as exc:
+            if len(inputs) == 1:
+                return [exc]
+        outputs: list[ForwardOutput | Exception] = []
+        for item in inputs:
+            try:
+                outputs.append(self.forward_batch([item])[0])
+            except Exception as exc:
+                outputs.append(exc)
         return outputs
 
     def new_cache(self, batch_size: int = 1, max_length: int | None = None) -> KVCache:

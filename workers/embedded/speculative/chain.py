@@ -5,7 +5,7 @@ Legend: V vocabulary, q draft probabilities.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 
 import torch
 
@@ -22,12 +22,35 @@ def draft_chain(
 ) -> Draft:
     """A chain of `steps` tokens from an autoregressive drafter, starting from `logits` (V,).
 
+    `advance(depth, token (1,))` feeds the drafted token and returns the logits for the
+    next position; it is not called after the last token. The chain itself is
+    `chain_steps`'s."""
+    chain = chain_steps(logits, steps, sampler, constraint)
+    depth = 0
+    try:
+        token = next(chain)
+        while True:
+            token = chain.send(advance(depth, token))
+            depth += 1
+    except StopIteration as done:
+        return done.value
+
+
+def chain_steps(
+    logits: torch.Tensor,
+    steps: int,
+    sampler: Sampler,
+    constraint: DraftConstraint | None = None,
+) -> Generator[torch.Tensor, torch.Tensor, Draft]:
+    """The chain as a generator: yields each drafted token (1,) whose successor's logits
+    (V,) it needs and is sent them; returns the draft. A driver may so draft several
+    sequences in lock-step (`eagle.draft_together`).
+
     Greedy: argmax, q = None. Sampling: x ~ q with q = sampler.probs(logits), carried in the
-    draft for min(1, p/q). `advance(depth, token (1,))` feeds the drafted token and returns
-    the logits for the next position; it is not called after the last token. Under a
-    `constraint` (a request's grammar) each position's logits are masked first, so q is the
-    masked distribution actually drawn from; once the grammar is done, drafting goes on
-    unmasked (verification prunes what it forbids) so that `advance` sees every step.
+    draft for min(1, p/q). Under a `constraint` (a request's grammar) each position's
+    logits are masked first, so q is the masked distribution actually drawn from; once the
+    grammar is done, drafting goes on unmasked (verification prunes what it forbids) so
+    that the drafter sees every step.
     """
     tokens: list[torch.Tensor] = []  # (1,) each; greedy stays on the device, no sync
     qs: list[torch.Tensor] = []
@@ -45,7 +68,7 @@ def draft_chain(
         if masked:
             masked = constraint.push(int(token))  # type: ignore[union-attr]
         if depth + 1 < steps:
-            logits = advance(depth, token)
+            logits = yield token
     if constraint is not None:
         constraint.undo()
     draft_tokens = torch.cat(tokens).tolist() if tokens else []

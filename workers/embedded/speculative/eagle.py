@@ -14,17 +14,27 @@ head forward per draft depth, never a pass over the prefix. A head trained with 
 vocabulary projects through its own (N, C) rows instead of the target's LM head; q is then
 zero outside those N tokens, which the rejection rule handles exactly.
 
+Batched drafting: a chain drafter also offers `propose_steps`, a generator that yields
+each head forward it needs (`HeadCall`) and is sent the answer; `draft_together` runs the
+chains of all the sequences in an engine step in lock-step, so each depth is ONE head
+forward over every sequence (a ragged batch, `EagleHead.forward_batch`) and one draft
+projection, not one of each per sequence. Alone, a chain is the same generator answered
+one call at a time (`propose`).
+
 Legend: R the root's position, C hidden size, V vocabulary, f target features,
 h predicted features, p target probabilities, q draft probabilities.
 """
 
 from __future__ import annotations
 
+from collections.abc import Generator
+from dataclasses import dataclass
+
 import torch
 
-from workers.embedded.drafter_models import EagleHead, draft_logits
+from workers.embedded.drafter_models import EagleHead, HeadInput, draft_logits
 from workers.embedded.model import KVCache, LlamaForCausalLM
-from workers.embedded.speculative.chain import draft_chain
+from workers.embedded.speculative.chain import chain_steps
 from workers.embedded.speculative.draft import DecodeState, Draft
 
 
@@ -47,15 +57,26 @@ class EagleSync:
     def sync(self, state: DecodeState) -> torch.Tensor:
         """Bring the head cache to the committed prefix [0, R); return h_R (C,), the
         predicted feature at the root's position (its logits give the first draft token)."""
+        new = self.sync_input(state)
+        h = self.head(new.features[None], new.embeddings[None], self.cache)  # (1, m, C)
+        self.cache.commit()
+        return h[0, -1]
+
+    def sync_input(self, state: DecodeState) -> HeadInput:
+        """Roll the head cache back to what the last verify kept; the pairs it made known
+        (hidden[j] with tokens[hidden_start + j + 1]), to run after it."""
         start, m = state.hidden_start, state.hidden.shape[0]
         self.cache.rollback(min(start, self.cache.length))
         if self.cache.length < start:
             raise RuntimeError("EAGLE head cache fell behind the committed prefix")
         nxt = torch.tensor(state.tokens[start + 1 : start + m + 1], device=self._device)  # (m,)
-        features = state.hidden.to(self.head.fc.weight.dtype)[None]  # (1, m, C)
-        h = self.head(features, self._embed(nxt)[None], self.cache)  # (1, m, C)
-        self.cache.commit()
-        return h[0, -1]
+        return HeadInput(state.hidden.to(self.head.fc.weight.dtype), self._embed(nxt),
+                         self.cache)
+
+    def chain_input(self, h: torch.Tensor, token: torch.Tensor,
+                    position: torch.Tensor) -> HeadInput:
+        """The pair (h (1, C), e(token (1,))) at `position` (1,): a chain's next step."""
+        return HeadInput(h, self._embed(token), self.cache, position)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Draft logits (..., V) of predicted features h (..., C), float32; -inf outside the
@@ -95,17 +116,104 @@ class EagleChainDrafter:
         self._eagle = EagleSync(model, head)
 
     def propose(self, state: DecodeState) -> Draft:
+        """The chain, its head forwards run one at a time."""
+        steps = self.propose_steps(state)
+        try:
+            call = next(steps)
+            while True:
+                call = steps.send(answer([call])[0])
+        except StopIteration as done:
+            return done.value
+
+    def propose_steps(self, state: DecodeState) -> DraftSteps:
+        """The chain as a generator of its head forwards (see the module docstring)."""
         eagle = self._eagle
         if not eagle.fits(state):
             return Draft.empty()
-        h = eagle.sync(state)  # (C,)
+        h, logits = yield HeadCall(eagle, eagle.sync_input(state))  # (m, C), (1, V)
+        h = h[-1:]  # (1, C): h_R
         root_position = len(state.tokens) - 1
         steps = min(state.k, eagle.room())
         positions = torch.arange(root_position, root_position + steps, device=h.device)
+        chain = chain_steps(logits[0], steps, state.sampler, state.constraint)
+        depth = 0
+        try:
+            token = next(chain)
+            while True:
+                h, logits = yield HeadCall(eagle, eagle.chain_input(
+                    h, token, positions[depth : depth + 1]))
+                depth += 1
+                token = chain.send(logits[0])
+        except StopIteration as done:
+            return done.value
 
-        def advance(depth: int, token: torch.Tensor) -> torch.Tensor:
-            nonlocal h
-            h = eagle.step(h[None], token, positions[depth : depth + 1])[0]
-            return eagle.logits(h)  # (V,)
 
-        return draft_chain(eagle.logits(h), steps, state.sampler, advance, state.constraint)
+@dataclass
+class HeadCall:
+    """A head forward a chain waits for; answered with the head's output (T, C) and the
+    draft logits (1, V) of its last row, the new entries committed to the cache."""
+
+    sync: EagleSync
+    input: HeadInput
+
+
+DraftSteps = Generator[HeadCall, tuple[torch.Tensor, torch.Tensor], Draft]
+
+
+def answer(calls: list[HeadCall]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Calls on one head as one batched forward and one draft projection of their last
+    rows; commits each call's cache."""
+    eagle = calls[0].sync
+    out = eagle.head.forward_batch([call.input for call in calls])  # (N, C)
+    ends, end = [], 0
+    for call in calls:
+        end += call.input.features.shape[0]
+        ends.append(end)
+    logits = eagle.logits(out[torch.tensor(ends, device=out.device) - 1])  # (calls, V)
+    for call in calls:
+        call.input.cache.commit()
+    starts = [0, *ends[:-1]]
+    return [(out[a:b], logits[i : i + 1]) for i, (a, b) in enumerate(zip(starts, ends,
+                                                                         strict=True))]
+
+
+def draft_together(chains: dict[int, DraftSteps]) -> dict[int, Draft | Exception]:
+    """Drive several chains in lock-step: each round answers every waiting call on the
+    same head with one `answer`. A chain that raises gets its exception; if a batched
+    round fails, its calls are answered one by one, so one bad sequence fails alone (a
+    failed forward leaves only pending cache entries, which the next forward overwrites)."""
+    results: dict[int, Draft | Exception] = {}
+    waiting: dict[int, HeadCall] = {}
+
+    def resume(i: int, reply: tuple[torch.Tensor, torch.Tensor] | None) -> None:
+        try:
+            waiting[i] = next(chains[i]) if reply is None else chains[i].send(reply)
+        except StopIteration as done:
+            results[i] = done.value
+        except Exception as exc:  # this sequence's drafting failed
+            results[i] = exc
+
+    for i in chains:
+        resume(i, None)
+    while waiting:
+        rounds: dict[int, list[tuple[int, HeadCall]]] = {}
+        for i, call in waiting.items():
+            rounds.setdefault(id(call.sync.head), []).append((i, call))
+        waiting = {}
+        for group in rounds.values():
+            try:
+                replies: list = answer([call for _, call in group])
+            except Exception:
+                replies = []
+                for _, call in group:
+                    try:
+                        replies.append(answer([call])[0])
+                    except Exception as exc:
+                        replies.append(exc)
+            for (i, _), reply in zip(group, replies, strict=True):
+                if isinstance(reply, Exception):
+                    chains[i].close()
+                    results[i] = reply
+                else:
+                    resume(i, reply)
+    return results
