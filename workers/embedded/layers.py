@@ -1,6 +1,6 @@
 """The Llama blocks' small parts, and the weight layouts the inference path reads.
 
-RMSNorm; RoPE tables and their application; the attention mask of a forward; fused
+The token embedding; RMSNorm; RoPE tables and their application; the attention mask of a forward; fused
 projection weights (`fuse_linears`) and their inference copies (`InferenceWeight`):
 oneDNN-packed float32 (`pack`, `linear`) and 4-bit codes (`int4_codes`, `int4_linear`).
 
@@ -26,6 +26,17 @@ class RopeShape(Protocol):
     max_position_embeddings: int
 
 PackedWeight = torch.Tensor  # a weight in oneDNN's blocked layout (torch._mkldnn)
+
+
+class Embedding(nn.Embedding):
+    """`nn.Embedding` that leaves a weight on the meta device uninitialised (the loader
+    builds the model there and adopts the checkpoint's tensors). torch's meta `normal_`
+    is a Python reference (`torch._refs.normal_`) whose first call imports
+    `torch._dynamo` and sympy: 68 MB of private memory in every worker, never used."""
+
+    def reset_parameters(self) -> None:
+        if not self.weight.is_meta:
+            super().reset_parameters()
 
 
 class RMSNorm(nn.Module):
@@ -200,3 +211,4 @@ class InferenceWeight:
             return int4_linear(x, self.int4)
         assert self.packed is not None
         return linear(x, self.packed)
+

@@ -19,6 +19,7 @@ from torch import nn
 
 from workers.embedded.kv_cache import KVCache
 from workers.embedded.layers import (
+    Embedding,
     InferenceWeight,
     RMSNorm,
     apply_rope,
@@ -231,7 +232,7 @@ class Backbone(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
