@@ -212,3 +212,13 @@ class InferenceWeight:
         assert self.packed is not None
         return linear(x, self.packed)
 
+
+def unread_weights(copies: tuple[InferenceWeight, ...] | None,
+                   sources: tuple[tuple[nn.Linear, ...], ...]) -> list[torch.Tensor]:
+    """The weights of the linears each copy was made from, where the copy is 4-bit codes:
+    those serve products of every row count, so with autograd off nothing reads the
+    float32 weights again (`checkpoint.load_model` hands their mapped pages back)."""
+    if copies is None:
+        return []
+    return [linear.weight for copy, group in zip(copies, sources, strict=True)
+            if copy.int4 is not None for linear in group]

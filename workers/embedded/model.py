@@ -27,6 +27,7 @@ from workers.embedded.layers import (
     fuse_linears,
     rope_tables,
     signed,
+    unread_weights,
 )
 
 __all__ = ["KVCache", "RMSNorm", "apply_rope", "attention_inputs", "rope_tables", "signed"]
@@ -130,6 +131,10 @@ class Attention(nn.Module):
                 InferenceWeight(fuse_linears(self.q_proj, self.k_proj, self.v_proj)),
                 InferenceWeight(self.o_proj.weight.detach()))
 
+    def unread_weights(self) -> list[torch.Tensor]:
+        """The parameters no inference product reads (see `unread_weights`)."""
+        return unread_weights(self.inference, ((self.q_proj, self.k_proj, self.v_proj), (self.o_proj,)))
+
     def forward(
         self,
         x: torch.Tensor,
@@ -200,6 +205,10 @@ class MLP(nn.Module):
         if self.inference is None:
             self.inference = (InferenceWeight(fuse_linears(self.gate_proj, self.up_proj)),
                               InferenceWeight(self.down_proj.weight.detach()))
+
+    def unread_weights(self) -> list[torch.Tensor]:
+        """The parameters no inference product reads (see `unread_weights`)."""
+        return unread_weights(self.inference, ((self.gate_proj, self.up_proj), (self.down_proj,)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         fused, rows = self.inference, x.numel() // x.shape[-1]
@@ -272,6 +281,13 @@ class LlamaForCausalLM(nn.Module):
             # ~0.1 at 25, and SmolLM2's top two often lie closer (0.08 apart, seen).
             self.lm_inference = InferenceWeight(self.lm_head.weight.detach())
         return self
+
+    def unread_weights(self) -> list[torch.Tensor]:
+        """The layer weights that, after `fuse()`, only autograd-on forwards read: those
+        with 4-bit inference copies."""
+        layers: list[DecoderLayer] = list(self.model.layers)  # type: ignore[arg-type]
+        return [w for layer in layers
+                for w in layer.self_attn.unread_weights() + layer.mlp.unread_weights()]
 
     @property
     def four_bit(self) -> bool:
