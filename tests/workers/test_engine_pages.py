@@ -81,3 +81,23 @@ def test_building_the_model_on_meta_skips_torch_compile_imports() -> None:
     assert done.stdout.split() == ["False", "False"]
     torch.manual_seed(0)
     assert 0.9 < float(Embedding(1000, 64).weight.detach().std()) < 1.1  # off meta: N(0, 1) as before
+
+
+@linux
+def test_trim_heap_returns_freed_heap_pages() -> None:
+    """Freed blocks between live ones stay resident heap until `trim_heap` (a fresh
+    process: the test run's own heap would blur the count)."""
+    code = ("import torch\n"
+            "from workers.embedded.pages import trim_heap\n"
+            "def anonymous():\n"
+            "    rollup = open('/proc/self/smaps_rollup').read().splitlines()\n"
+            "    return next(int(line.split()[1]) for line in rollup if line.startswith('Anonymous:'))\n"
+            "blocks = [torch.ones(16 * 1024) for _ in range(2000)]  # 64 KB each: heap, not mmap\n"
+            "kept = blocks[::20]\n"
+            "del blocks\n"
+            "before = anonymous()\n"
+            "assert trim_heap()\n"
+            "print((before - anonymous()) // 1024)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert int(done.stdout) > 100  # MB of the 125 freed

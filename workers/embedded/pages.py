@@ -1,5 +1,6 @@
 """Handing memory back to the kernel once the model is built: the resident pages of
-memory-mapped weights no product reads any more. Linux and glibc; elsewhere nothing.
+memory-mapped weights no product reads any more, and the heap pages glibc keeps after
+the build's temporaries are freed. Linux and glibc; elsewhere both do nothing.
 
 PSS (what docs/WORKER.md, "Memory", measures) counts a process's resident pages; a
 mapped checkpoint page counts 1/n in each of the n workers that touched it, a private
@@ -26,7 +27,7 @@ def _libc() -> ctypes.CDLL | None:
         libc = ctypes.CDLL(name or "libc.so.6", use_errno=True)
     except OSError:
         return None
-    return libc if hasattr(libc, "madvise") else None
+    return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "madvise") else None
 
 
 def mapped_ranges(path: Path) -> list[tuple[int, int]]:
@@ -68,3 +69,10 @@ def release_mapped(tensors: Iterable[torch.Tensor], path: Path) -> int:
             released += last - first
     return released
 
+
+def trim_heap() -> bool:
+    """Return the free pages of every malloc arena to the kernel (`malloc_trim(0)`):
+    building the inference copies frees float32 temporaries that glibc otherwise keeps
+    as resident heap. Whether any memory was released."""
+    libc = _libc()
+    return libc is not None and bool(libc.malloc_trim(0))
