@@ -122,8 +122,9 @@ def pack(weight: torch.Tensor) -> PackedWeight | None:
     products stay on the plain weight (measured: docs/WORKER.md, "The decode step").
     vLLM CPU packs every linear the same way: `dispatch_cpu_unquantized_gemm` in
     vllm/model_executor/layers/utils.py (0.32) builds `create_onednn_mm(weight.t(), 32)`.
-    The copies are private memory (538 MB per SmolLM2 worker); SPECROUTE_PACKED_WEIGHTS=0
-    turns them off (a stack of many workers on little memory)."""
+    The copies are private memory (538 MB per float32 SmolLM2 worker; beside 4-bit layers
+    only the LM head's, 113 MB); SPECROUTE_PACKED_WEIGHTS=0 turns them off (a stack of
+    many workers on little memory; a 4-row head product then takes ~1.6x as long)."""
     if (os.environ.get("SPECROUTE_PACKED_WEIGHTS", "1") == "0" or weight.device.type != "cpu" or weight.dtype != torch.float32
             or not torch.backends.mkldnn.is_available()
             or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
