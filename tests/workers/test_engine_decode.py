@@ -220,12 +220,16 @@ def test_bundled_dir_is_inside_the_package() -> None:
     assert isinstance(BUNDLED_MODEL_DIR, Path)
 
 
+@pytest.mark.parametrize("packed", ["1", "0"])
 @pytest.mark.parametrize("method", METHODS[1:])
 def test_greedy_output_equals_plain_greedy_on_four_bit_layers(tokenizer: TextTokenizer,
-                                                              method: str) -> None:
-    """Lossless on the 4-bit path too: plain and speculative steps share its products."""
+                                                              method: str, packed: str,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lossless on the 4-bit path too: plain and speculative steps share its products;
+    with SPECROUTE_PACKED_WEIGHTS=0 the head's multi-row products run on the parameters."""
     from test_engine_int4 import four_bit_model
 
+    monkeypatch.setenv("SPECROUTE_PACKED_WEIGHTS", packed)
     engine = Engine.from_model(four_bit_model()[1], tokenizer)
     assert engine.model.four_bit
     for prompt in _prompts():

@@ -87,3 +87,15 @@ def test_four_bit_logits_match_float32_and_the_head_stays_float32() -> None:
             a, b = reference(step, cache=ours).logits, fused(step, cache=theirs).logits
             assert relative_error(b, a) < 0.05  # bf16 through two layers and the head
             assert (b.argmax(-1) == a.argmax(-1)).float().mean() >= 0.75
+
+
+def test_packing_off_drops_only_the_heads_float32_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SPECROUTE_PACKED_WEIGHTS=0 on a 4-bit model: the layers keep their codes, the head
+    has no packed copy (113 MB on SmolLM2) and every head product reads the parameters."""
+    monkeypatch.setenv("SPECROUTE_PACKED_WEIGHTS", "0")
+    reference, fused = four_bit_model()
+    assert fused.four_bit and fused.lm_inference is not None
+    assert fused.lm_inference.packed is None and not fused.lm_inference.serves(4)
+    hidden = torch.randn(4, reference.config.hidden_size)
+    with torch.inference_mode():
+        assert torch.equal(fused.logits(hidden), reference.lm_head(hidden))

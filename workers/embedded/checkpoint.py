@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from workers.embedded.model import LlamaForCausalLM, ModelConfig
+from workers.embedded.pages import release_mapped
 
 
 def init_weights(model: nn.Module, std: float = 0.02) -> None:
@@ -35,7 +36,8 @@ def load_model(
     """The checkpoint's tensors become the parameters, with no copy when `dtype` is the
     stored one on the CPU: the model is built on the meta device (no random init) and
     `assign=True` adopts the tensors safetensors maps from the file, so workers serving
-    the same folder share its pages in the page cache."""
+    the same folder share its pages in the page cache. Returned fused (`fuse()`), with
+    the resident pages of the weights the fused copies replace handed back."""
     from safetensors.torch import load_file
 
     config = load_config(model_dir)
@@ -50,7 +52,11 @@ def load_model(
         raise ValueError(f"checkpoint mismatch: missing {missing}, unexpected {unexpected}")
     if config.tie_word_embeddings:  # assign replaced embed_tokens.weight: tie again
         model.lm_head.weight = model.model.embed_tokens.weight
-    return model.to(device=device, dtype=dtype).eval().fuse()
+    model = model.to(device=device, dtype=dtype).eval().fuse()
+    # The float32 layer weights the 4-bit copies replace were read once, to build them;
+    # their pages leave this process (and its PSS) until something reads them again.
+    release_mapped(model.unread_weights(), Path(model_dir) / "model.safetensors")
+    return model
 
 
 def save_model(model: LlamaForCausalLM, model_dir: str | Path, dtype: torch.dtype = torch.bfloat16) -> None:

@@ -1,6 +1,6 @@
 """The Llama blocks' small parts, and the weight layouts the inference path reads.
 
-RMSNorm; RoPE tables and their application; the attention mask of a forward; fused
+The token embedding; RMSNorm; RoPE tables and their application; the attention mask of a forward; fused
 projection weights (`fuse_linears`) and their inference copies (`InferenceWeight`):
 oneDNN-packed float32 (`pack`, `linear`) and 4-bit codes (`int4_codes`, `int4_linear`).
 
@@ -26,6 +26,17 @@ class RopeShape(Protocol):
     max_position_embeddings: int
 
 PackedWeight = torch.Tensor  # a weight in oneDNN's blocked layout (torch._mkldnn)
+
+
+class Embedding(nn.Embedding):
+    """`nn.Embedding` that leaves a weight on the meta device uninitialised (the loader
+    builds the model there and adopts the checkpoint's tensors). torch's meta `normal_`
+    is a Python reference (`torch._refs.normal_`) whose first call imports
+    `torch._dynamo` and sympy: 68 MB of private memory in every worker, never used."""
+
+    def reset_parameters(self) -> None:
+        if not self.weight.is_meta:
+            super().reset_parameters()
 
 
 class RMSNorm(nn.Module):
@@ -111,8 +122,9 @@ def pack(weight: torch.Tensor) -> PackedWeight | None:
     products stay on the plain weight (measured: docs/WORKER.md, "The decode step").
     vLLM CPU packs every linear the same way: `dispatch_cpu_unquantized_gemm` in
     vllm/model_executor/layers/utils.py (0.32) builds `create_onednn_mm(weight.t(), 32)`.
-    The copies are private memory (538 MB per SmolLM2 worker); SPECROUTE_PACKED_WEIGHTS=0
-    turns them off (a stack of many workers on little memory)."""
+    The copies are private memory (538 MB per float32 SmolLM2 worker; beside 4-bit layers
+    only the LM head's, 113 MB); SPECROUTE_PACKED_WEIGHTS=0 turns them off (a stack of
+    many workers on little memory; a 4-row head product then takes ~1.6x as long)."""
     if (os.environ.get("SPECROUTE_PACKED_WEIGHTS", "1") == "0" or weight.device.type != "cpu" or weight.dtype != torch.float32
             or not torch.backends.mkldnn.is_available()
             or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
@@ -200,3 +212,14 @@ class InferenceWeight:
             return int4_linear(x, self.int4)
         assert self.packed is not None
         return linear(x, self.packed)
+
+
+def unread_weights(copies: tuple[InferenceWeight, ...] | None,
+                   sources: tuple[tuple[nn.Linear, ...], ...]) -> list[torch.Tensor]:
+    """The weights of the linears each copy was made from, where the copy is 4-bit codes:
+    those serve products of every row count, so with autograd off nothing reads the
+    float32 weights again (`checkpoint.load_model` hands their mapped pages back)."""
+    if copies is None:
+        return []
+    return [linear.weight for copy, group in zip(copies, sources, strict=True)
+            if copy.int4 is not None for linear in group]

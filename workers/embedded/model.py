@@ -19,6 +19,7 @@ from torch import nn
 
 from workers.embedded.kv_cache import KVCache
 from workers.embedded.layers import (
+    Embedding,
     InferenceWeight,
     RMSNorm,
     apply_rope,
@@ -26,6 +27,7 @@ from workers.embedded.layers import (
     fuse_linears,
     rope_tables,
     signed,
+    unread_weights,
 )
 
 __all__ = ["KVCache", "RMSNorm", "apply_rope", "attention_inputs", "rope_tables", "signed"]
@@ -135,6 +137,10 @@ class Attention(nn.Module):
                 InferenceWeight(fuse_linears(self.q_proj, self.k_proj, self.v_proj)),
                 InferenceWeight(self.o_proj.weight.detach()))
 
+    def unread_weights(self) -> list[torch.Tensor]:
+        """The parameters no inference product reads (see `unread_weights`)."""
+        return unread_weights(self.inference, ((self.q_proj, self.k_proj, self.v_proj), (self.o_proj,)))
+
     def forward(
         self,
         x: torch.Tensor,
@@ -206,6 +212,10 @@ class MLP(nn.Module):
             self.inference = (InferenceWeight(fuse_linears(self.gate_proj, self.up_proj)),
                               InferenceWeight(self.down_proj.weight.detach()))
 
+    def unread_weights(self) -> list[torch.Tensor]:
+        """The parameters no inference product reads (see `unread_weights`)."""
+        return unread_weights(self.inference, ((self.gate_proj, self.up_proj), (self.down_proj,)))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         fused, rows = self.inference, x.numel() // x.shape[-1]
         if (fused is not None and not torch.is_grad_enabled() and fused[0].serves(rows)
@@ -237,7 +247,7 @@ class Backbone(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -277,6 +287,13 @@ class LlamaForCausalLM(nn.Module):
             # ~0.1 at 25, and SmolLM2's top two often lie closer (0.08 apart, seen).
             self.lm_inference = InferenceWeight(self.lm_head.weight.detach())
         return self
+
+    def unread_weights(self) -> list[torch.Tensor]:
+        """The layer weights that, after `fuse()`, only autograd-on forwards read: those
+        with 4-bit inference copies."""
+        layers: list[DecoderLayer] = list(self.model.layers)  # type: ignore[arg-type]
+        return [w for layer in layers
+                for w in layer.self_attn.unread_weights() + layer.mlp.unread_weights()]
 
     @property
     def four_bit(self) -> bool:

@@ -23,6 +23,7 @@ def serve_worker(method: str, host: str, port: int, model_dir: str | None,
     import uvicorn
 
     from workers.embedded.engine import BUNDLED_MODEL_DIR, Engine, EngineInputError
+    from workers.embedded.pages import trim_heap
 
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("specroute.worker")
@@ -30,6 +31,7 @@ def serve_worker(method: str, host: str, port: int, model_dir: str | None,
         torch.set_num_threads(threads)
     started = time.monotonic()
     engine = Engine(model_dir=model_dir)
+    trim_heap()  # the build's freed temporaries (docs/WORKER.md, "Memory")
     if method not in engine.methods:
         raise SystemExit(f"method {method!r} is not loaded; available: {list(engine.methods)}")
     # The worker's k, decided here once: requests that name no k get it from the engine,
