@@ -35,8 +35,8 @@ from workers.embedded.model import (
     KVCache,
     ModelConfig,
     RaggedBatch,
+    RaggedSequence,
     attention_inputs,
-    ragged_sequence,
     rope_tables,
     signed,
 )
@@ -203,7 +203,7 @@ class EagleHead(nn.Module):
                                               item.tree_mask, dtype)
             cos_rows.append(cos)
             sin_rows.append(sin)
-            sequences.append(ragged_sequence(item.cache, mask, offset, t))
+            sequences.append(RaggedSequence(item.cache, mask, slice(offset, offset + t)))
             offset += t
         pairs = torch.cat([torch.cat([item.features.to(dtype), item.embeddings.to(dtype)], dim=-1)
                            for item in inputs])  # (N, 2C)

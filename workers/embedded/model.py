@@ -85,16 +85,10 @@ class SequenceInput:
 
 
 @dataclass
-class _Sequence:
+class RaggedSequence:
     cache: KVCache
     mask: torch.Tensor | None  # (1, 1, T, L+T) or None: causal
     rows: slice  # its tokens in the flattened batch
-
-
-def ragged_sequence(cache: KVCache, mask: torch.Tensor | None, offset: int,
-                    t: int) -> _Sequence:
-    """A sequence of `t` tokens at rows [offset, offset + t) of a `RaggedBatch`."""
-    return _Sequence(cache, mask, slice(offset, offset + t))
 
 
 class RaggedBatch:
@@ -104,7 +98,7 @@ class RaggedBatch:
     and SGLang: no padding, so a plain decode (T = 1) next to an 8-node tree costs 9 rows,
     not 18, and each sequence keeps its own KVCache (append, commit, rollback, keep)."""
 
-    def __init__(self, sequences: list[_Sequence]) -> None:
+    def __init__(self, sequences: list[RaggedSequence]) -> None:
         self.sequences = sequences
 
 
@@ -347,7 +341,7 @@ class LlamaForCausalLM(nn.Module):
         logits (1, T or 1, V), hidden (1, T, C); new entries stay pending in each cache."""
         device = self.lm_head.weight.device
         dtype = self.lm_head.weight.dtype
-        sequences: list[_Sequence] = []
+        sequences: list[RaggedSequence] = []
         cos_rows, sin_rows, logit_rows = [], [], []
         offset = 0
         for item in inputs:
@@ -359,7 +353,7 @@ class LlamaForCausalLM(nn.Module):
                                               item.tree_mask, dtype)
             cos_rows.append(cos)
             sin_rows.append(sin)
-            sequences.append(ragged_sequence(item.cache, mask, offset, t))
+            sequences.append(RaggedSequence(item.cache, mask, slice(offset, offset + t)))
             logit_rows.append(range(offset + t - 1 if item.last_only else offset, offset + t))
             offset += t
         batch = RaggedBatch(sequences)
