@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from workers.embedded.layers import int8_linears
 from workers.embedded.model import (
     DecoderLayer,
     KVCache,
@@ -233,7 +234,9 @@ def save_drafter(module: MedusaHeads | EagleHead, kind: str, folder: str | Path,
 
 
 def load_drafter(folder: str | Path, dtype: torch.dtype = torch.bfloat16,
-                 device: torch.device | str = "cpu") -> MedusaHeads | EagleHead:
+                 device: torch.device | str = "cpu", int8: bool = False
+                 ) -> MedusaHeads | EagleHead:
+    """A drafter for inference; `int8`: its linears on int8 codes (`layers.int8_linears`)."""
     from safetensors.torch import load_file
 
     meta = json.loads((Path(folder) / "config.json").read_text())
@@ -243,6 +246,8 @@ def load_drafter(folder: str | Path, dtype: torch.dtype = torch.bfloat16,
     module = module_cls(config_cls(**known))
     module.load_state_dict(load_file(str(Path(folder) / "model.safetensors")))
     module = module.to(device=device, dtype=dtype).eval()
+    if int8:
+        return int8_linears(module)  # type: ignore[return-value]  # every product on codes
     if isinstance(module, EagleHead):
         module.layer.fuse()  # its one decoder layer, as the base model's (inference only)
     return module
