@@ -183,6 +183,8 @@ BENCHES: dict[str, tuple[str, dict[str, str]]] = {
         "--minutes": "how long the load runs (default 5; --quick 0.5)",
         "--faults": "faults to inject, comma-separated: worker, redis, or none"}),
     "classifier": ("the request classifier on its held-out prompts", {}),
+    "memory": ("the `specroute up` stack's memory: PSS summed over its processes, ready and "
+               "after a request to every pool", {"--model": MODEL_HELP}),
     "picker": ("specroute as Envoy's endpoint picker beside Envoy alone, the gateway and "
                "smg; the picker's decision latency", {
         "--rounds": "interleaved rounds (default 3; --quick 1)",
