@@ -191,21 +191,24 @@ class Int8Linear(nn.Module):
     cost 0.8 ms for the EAGLE head's six (fc, q/k/v, o, gate/up, down, its 8,192-row draft
     vocabulary) against 2.6 in bf16 and 2.5 in float32, four rows 1.9 against 10.0 and 5.7
     (one thread, docs/WORKER.md). Only drafters get it: their precision moves which
-    tokens are drafted, never the output, which verification by the target decides. The
-    parameters stay (dtype and device queries, autograd-on forwards use them)."""
+    tokens are drafted, never the output, which verification by the target decides.
+    Inference only: the weight is dropped (its codes replace it; an empty `weight` of its
+    dtype and device still answers what a drafter asks of it), 30 MB of bf16 weights a
+    SmolLM2 worker."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
-        self.weight, self.bias = linear.weight, linear.bias
         w = linear.weight.detach().float()
         scales = w.abs().amax(dim=1).clamp(min=1e-12) / 127  # (N,)
         codes = (w / scales[:, None]).round().clamp(-127, 127).to(torch.int8)  # (N, C)
         self.register_buffer("codes", codes, persistent=False)
         self.register_buffer("scales", scales.to(torch.bfloat16), persistent=False)
+        self.weight = nn.Parameter(linear.weight.new_empty(0), requires_grad=False)
+        self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled():
-            return F.linear(x, self.weight, self.bias)
+            raise RuntimeError("an int8 drafter is for inference (torch.inference_mode)")
         rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)  # (M, C)
         y = torch.ops.aten._weight_int8pack_mm(rows, self.codes, self.scales)  # (M, N)
         if self.bias is not None:
