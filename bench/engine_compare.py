@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -36,7 +35,7 @@ from pathlib import Path
 import httpx
 
 from bench.workload import prompts
-from workers.processes import free_port, wait_http
+from workers.processes import free_port, stop_group, wait_http
 
 TASKS = ("edit", "code", "chat")
 SEED = 11
@@ -86,14 +85,7 @@ def start(engine: str, method: str, k: int, model: Path, port: int, work: Path,
 
 
 def stop(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(60)
-    except ProcessLookupError:
-        pass
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    stop_group(proc)
 
 
 def accept_length(answer: dict) -> float | None:

@@ -22,7 +22,6 @@ import json
 import os
 import random
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -40,7 +39,7 @@ import yaml
 from bench.live_prompts import Item
 from policies.methods import default_k
 from policies.telemetry import STREAM_KEY
-from workers.processes import free_port, wait_http
+from workers.processes import free_port, stop_group, wait_http
 
 ADAPTIVE = "adaptive"
 T = TypeVar("T")
@@ -250,9 +249,5 @@ class Stack:
         if getattr(self, "client", None) is not None:
             self.client.close()
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+            stop_group(self.proc)
         self.log.close()

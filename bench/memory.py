@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from workers.processes import free_port
+from workers.processes import free_port, stop_group
 
 READY_LINE = "Ctrl-C stops everything"  # what `specroute up` prints once it serves
 FIELDS = ("Pss", "Pss_Anon", "Pss_File", "Rss")
@@ -113,12 +113,7 @@ def measure(model: str | None) -> dict:
             return {"model": served, "pools": names, "ready": ready,
                     "after_requests": memory_rows(up.pid)}
         finally:
-            os.killpg(up.pid, signal.SIGINT)
-            try:
-                up.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(up.pid, signal.SIGKILL)
-                up.wait()
+            stop_group(up, signal.SIGINT)  # `up` stops what it started on Ctrl-C
 
 
 def format_report(result: dict) -> str:

@@ -5,6 +5,7 @@ child that died (`Restarts`: exponential backoff, reset once the child has staye
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -111,6 +112,19 @@ class Restarts:
 
     def restart(self, child: Child, workdir: Path) -> Child:
         return spawn(child.name, child.args, workdir, append=True, env=child.env)
+
+
+def stop_group(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 60) -> None:
+    """Signal the process group of `proc` (started with `start_new_session=True`), wait up
+    to `timeout` seconds for it, then kill the group."""
+    try:
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout)
+    except ProcessLookupError:
+        pass  # already gone
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def start_redis(workdir: Path, port: int | None = None) -> tuple[Child, str]:

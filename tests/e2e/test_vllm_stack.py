@@ -24,6 +24,7 @@ from conftest import free_port, start_process, wait_http
 
 from policies.fleet import resolve_model
 from tests.e2e.test_up import assert_stops_cleanly, children_of, descendants, kill_stack
+from workers.processes import stop_group
 
 VENV = os.environ.get("SPECROUTE_VLLM_VENV")
 MODEL = "smollm2-135m-instruct"
@@ -218,13 +219,7 @@ def test_our_drafters_run_on_vllm_and_are_accepted(tmp_path: Path, vllm_venv: st
                            ["mean_acceptance_length"])
         assert min(lengths) >= 1.0 and max(lengths) > 1.0, lengths
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        stop_group(server)
         log.close()
 
 

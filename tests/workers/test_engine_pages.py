@@ -67,6 +67,13 @@ def test_a_float32_model_keeps_its_pages_and_a_cast_copy_is_left_alone(tmp_path:
     assert mapped_ranges(tmp_path / "absent.safetensors") == []
 
 
+def in_fresh_process(code: str) -> str:
+    """What `code` prints, run by a new interpreter (this one's imports and heap would
+    blur what is measured)."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout
+
+
 def test_building_the_model_on_meta_skips_torch_compile_imports() -> None:
     """A meta `nn.Embedding` initialises through `torch._refs.normal_`, whose first call
     imports torch._dynamo and sympy (68 MB a worker); `layers.Embedding` skips it."""
@@ -76,9 +83,7 @@ def test_building_the_model_on_meta_skips_torch_compile_imports() -> None:
             "    model = LlamaForCausalLM(ModelConfig())\n"
             "assert model.model.embed_tokens.weight.is_meta\n"
             "print('torch._dynamo' in sys.modules, 'sympy' in sys.modules)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert done.stdout.split() == ["False", "False"]
+    assert in_fresh_process(code).split() == ["False", "False"]
     torch.manual_seed(0)
     assert 0.9 < float(Embedding(1000, 64).weight.detach().std()) < 1.1  # off meta: N(0, 1) as before
 
@@ -98,6 +103,4 @@ def test_trim_heap_returns_freed_heap_pages() -> None:
             "before = anonymous()\n"
             "assert trim_heap()\n"
             "print((before - anonymous()) // 1024)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert int(done.stdout) > 100  # MB of the 125 freed
+    assert int(in_fresh_process(code)) > 100  # MB of the 125 freed
