@@ -116,14 +116,11 @@ class EagleChainDrafter:
         self._eagle = EagleSync(model, head)
 
     def propose(self, state: DecodeState) -> Draft:
-        """The chain, its head forwards run one at a time."""
-        steps = self.propose_steps(state)
-        try:
-            call = next(steps)
-            while True:
-                call = steps.send(answer([call])[0])
-        except StopIteration as done:
-            return done.value
+        """The chain alone: `draft_together` with one chain."""
+        draft = draft_together({0: self.propose_steps(state)})[0]
+        if isinstance(draft, Exception):
+            raise draft
+        return draft
 
     def propose_steps(self, state: DecodeState) -> DraftSteps:
         """The chain as a generator of its head forwards (see the module docstring)."""
