@@ -3,7 +3,8 @@
 A worker takes new requests only when all three agree:
 - health (`gateway.upstream.health`): active probes; `unhealthy_after` failures in a row take it
   out, `healthy_after` successes in a row bring it back (the first answer decides for a
-  worker never probed yet, so a fresh gateway is ready at once);
+  worker never probed yet, so a fresh gateway is ready at once); a probe that only timed
+  out does not count against a worker that answered a request within that span;
 - its circuit breaker: request failures in a row open it for a cooldown, after which
   one trial request is let through (half-open); that request's outcome closes or
   re-opens it (the classic breaker of Nygard, "Release It!", 2007);
@@ -92,6 +93,12 @@ class Worker:
     draining: bool = False
     discovered: bool = False  # came from the Redis registry, not the config
     outstanding: int = 0
+    served_at: float = -math.inf  # time.monotonic() of the last request it answered
+
+    def served(self, now: float) -> None:
+        """A request answered: closes the breaker and shows the worker alive."""
+        self.breaker.success()
+        self.served_at = now
 
     def available(self, now: float) -> bool:
         return self.healthy and not self.draining and self.breaker.allows(now)

@@ -59,6 +59,7 @@ class StubConfig:
     step_s: float = 0.0  # simulated time per verify step (per token when not speculating)
     no_constrained: bool = False  # 400 on response_format / json_schema, as the embedded engine
     fault: str | None = None  # FAULTS: how every /generate answer is broken
+    health_stall_s: float = 0.0  # /health answers after this long (a busy server)
 
     def failing(self) -> bool:
         return 0 <= self.fail_after <= self.served
@@ -320,6 +321,8 @@ class StubServer:
         return resp
 
     async def health(self, request: web.Request) -> web.Response:
+        if self.cfg.health_stall_s:
+            await asyncio.sleep(self.cfg.health_stall_s)
         return web.Response(status=503 if self.cfg.failing() else 200)
 
     async def server_info(self, request: web.Request) -> web.Response:

@@ -288,7 +288,7 @@ class Exchange:
             if self.status >= 500 or self.status == 0:
                 served[1].breaker.failure(now)
             else:
-                served[1].breaker.success()
+                served[1].served(now)
         outcome = Outcome(pick.request, pick.profile, pick.tenant,  # type: ignore[arg-type]
                           pick.decision, pick.timer, load=pick.load, workers=pick.workers,
                           usage=self.reader.usage, spec=self.reader.spec, ok=ok,

@@ -56,7 +56,7 @@ class Lease:
             self.worker.outstanding -= 1
 
     def succeeded(self) -> None:
-        self.worker.breaker.success()
+        self.worker.served(time.monotonic())
 
     def failed(self, exc: GatewayError) -> None:
         """Count a failure against the worker; connection refused opens its breaker."""

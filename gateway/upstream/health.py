@@ -6,12 +6,20 @@ falls back to `GET /v1/models`. Hysteresis keeps one lost probe from flapping a 
 `unhealthy_after` failures in a row take it out, `healthy_after` successes in a row
 bring it back. A worker never probed before takes the first answer as is, so a fresh
 gateway serves as soon as its workers answer.
+
+A probe that timed out (no answer within `max(1 s, health_interval_s)`) does not count
+against a healthy worker that answered a request within the span those failures would
+take, `unhealthy_after` probe timeouts: it is busy, not dead, as on two cores shared with
+an engine that is starting. Its requests speak for it; if they fail, its circuit
+breaker takes it out. A refused connection or a non-200 answer always counts.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from enum import Enum
 
 import aiohttp
 
@@ -23,8 +31,29 @@ log = logging.getLogger("specroute.gateway")
 FALLBACK_PROBE_ENGINES = frozenset({"vllm", "openai"})
 
 
-def apply_probe(worker: Worker, ok: bool, server: ServerConfig) -> None:
+class Probe(Enum):
+    OK = "ok"
+    FAILED = "failed"  # refused, reset, or not 200
+    TIMED_OUT = "timed_out"
+
+
+def probe_timeout_s(server: ServerConfig) -> float:
+    return max(1.0, server.health_interval_s)
+
+
+def busy_not_dead(worker: Worker, server: ServerConfig, now: float) -> bool:
+    """A healthy worker whose probe timed out but which answered a request lately."""
+    span = server.unhealthy_after * max(server.health_interval_s, probe_timeout_s(server))
+    return worker.healthy and now - worker.served_at <= span
+
+
+def apply_probe(worker: Worker, probe: Probe, server: ServerConfig,
+                now: float | None = None) -> None:
     """Update one worker's health from one probe outcome."""
+    if probe is Probe.TIMED_OUT and busy_not_dead(
+            worker, server, time.monotonic() if now is None else now):
+        return
+    ok = probe is Probe.OK
     if ok:
         worker.probe_successes += 1
         worker.probe_failures = 0
@@ -50,22 +79,23 @@ class HealthMonitor:
         self.pools = pools
         self.session = session
         self.server = server
-        self.timeout = aiohttp.ClientTimeout(total=max(1.0, server.health_interval_s))
+        self.timeout = aiohttp.ClientTimeout(total=probe_timeout_s(server))
         self._loop = Periodic("specroute-health", self.probe_all, server.health_interval_s)
 
-    async def _get_ok(self, url: str) -> bool:
+    async def _get(self, url: str) -> Probe:
         try:
             async with self.session.get(url, timeout=self.timeout) as response:
-                return response.status == 200
-        except (TimeoutError, aiohttp.ClientError):
-            return False
+                return Probe.OK if response.status == 200 else Probe.FAILED
+        except TimeoutError:
+            return Probe.TIMED_OUT
+        except aiohttp.ClientError:
+            return Probe.FAILED
 
-    async def check(self, pool: Pool, worker: Worker) -> bool:
-        if await self._get_ok(worker.url + "/health"):
-            return True
-        if pool.config.engine in FALLBACK_PROBE_ENGINES:
-            return await self._get_ok(worker.url + "/v1/models")
-        return False
+    async def check(self, pool: Pool, worker: Worker) -> Probe:
+        first = await self._get(worker.url + "/health")
+        if first is Probe.FAILED and pool.config.engine in FALLBACK_PROBE_ENGINES:
+            return await self._get(worker.url + "/v1/models")
+        return first
 
     async def probe(self, pool: Pool, worker: Worker) -> None:
         apply_probe(worker, await self.check(pool, worker), self.server)

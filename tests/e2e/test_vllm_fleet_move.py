@@ -31,6 +31,13 @@ from tests.e2e.test_vllm_stack import EDIT, vllm_venv  # noqa: F401 - the fixtur
 MODEL = "smollm2-135m-instruct"
 
 
+def worker_events(log: Path, failures: list[str]) -> str:
+    """What the gateway logged about its workers, to say why requests failed."""
+    lines = [line for line in log.read_text(errors="replace").splitlines()
+             if "worker" in line or "breaker" in line or "registry" in line]
+    return f"{len(failures)} failed, first {failures[0]!r}; gateway: " + "\n".join(lines[-40:])
+
+
 @pytest.mark.timeout(1200)
 def test_a_vllm_server_moves_to_the_pool_the_fleet_wants(redis_url: str, tmp_path: Path,
                                                          vllm_venv: str) -> None:  # noqa: F811
@@ -92,7 +99,7 @@ def test_a_vllm_server_moves_to_the_pool_the_fleet_wants(redis_url: str, tmp_pat
         finally:
             stop.set()
             thread.join(180)
-        assert failures == []
+        assert failures == [], worker_events(tmp_path / "gateway.log", failures)
         assert "vllm-plain" not in registered(client, MODEL)
         assert set(served[moved_at:]) == {"vllm-ngram"}
         for url in registered(client, MODEL)["vllm-ngram"]:

@@ -16,7 +16,7 @@ from gateway.config import ServerConfig, parse_config
 from gateway.errors import UpstreamUnavailable
 from gateway.pools import BreakerState, CircuitBreaker, Worker, build_pools
 from gateway.schemas import parse_request
-from gateway.upstream.health import HealthMonitor, apply_probe
+from gateway.upstream.health import HealthMonitor, Probe, apply_probe
 from gateway.upstream.http1 import Http1Client
 from tests.gateway.test_gateway_dispatch import make_gateway, pool
 
@@ -43,17 +43,32 @@ def test_breaker_opens_cools_down_and_lets_one_trial_through() -> None:
 def test_probe_hysteresis() -> None:
     server = ServerConfig(unhealthy_after=3, healthy_after=2)
     worker = Worker("http://w:1", CircuitBreaker(3, 10))
-    apply_probe(worker, True, server)
+    apply_probe(worker, Probe.OK, server)
     assert worker.healthy  # the first answer counts as is
     for expected in (True, True, False):
-        apply_probe(worker, False, server)
+        apply_probe(worker, Probe.FAILED, server)
         assert worker.healthy is expected
     for expected in (False, True):
-        apply_probe(worker, True, server)
+        apply_probe(worker, Probe.OK, server)
         assert worker.healthy is expected
-    apply_probe(worker, False, server)
-    apply_probe(worker, True, server)  # a miss between good probes resets the count
+    apply_probe(worker, Probe.FAILED, server)
+    apply_probe(worker, Probe.OK, server)  # a miss between good probes resets the count
     assert worker.healthy and worker.probe_failures == 0
+
+
+def test_a_probe_timeout_spares_a_worker_that_is_serving() -> None:
+    server = ServerConfig(health_interval_s=0.5, unhealthy_after=3)  # probe timeout 1 s
+    worker = Worker("http://w:1", CircuitBreaker(3, 10))
+    apply_probe(worker, Probe.OK, server, now=0.0)
+    worker.served(now=10.0)
+    for now in (10.5, 11.0, 12.0, 13.0):  # within 3 x 1 s of the last answered request
+        apply_probe(worker, Probe.TIMED_OUT, server, now=now)
+    assert worker.healthy and worker.probe_failures == 0
+    apply_probe(worker, Probe.FAILED, server, now=13.0)  # a refusal always counts
+    assert worker.probe_failures == 1
+    for now in (13.5, 14.0):  # no answer since 10.0: timeouts count again
+        apply_probe(worker, Probe.TIMED_OUT, server, now=now)
+    assert not worker.healthy
 
 
 @pytest.fixture
@@ -89,6 +104,35 @@ async def test_openai_pools_fall_back_to_v1_models(session: aiohttp.ClientSessio
         assert not pools["s"].workers[0].healthy  # SGLang must answer /health
     finally:
         await server.close()
+
+
+async def test_a_busy_worker_that_serves_stays_in_while_a_silent_one_goes(
+        client: Http1Client, session: aiohttp.ClientSession) -> None:
+    """/health stalls past the probe timeout on both workers (a server starved of CPU):
+    the one that keeps answering requests through the gateway stays available."""
+    busy_cfg, silent_cfg = StubConfig(model="m"), StubConfig(model="m")
+    busy, busy_url = await serve(StubServer(busy_cfg).app())
+    silent, silent_url = await serve(StubServer(silent_cfg).app())
+    try:
+        gateway = make_gateway(client, [pool("busy", [busy_url]), pool("silent", [silent_url])])
+        server = ServerConfig(health_interval_s=0.2, unhealthy_after=2)  # probe timeout 1 s
+        monitor = HealthMonitor(gateway.pools, session, server)
+        await monitor.probe_all()
+        busy_cfg.health_stall_s = silent_cfg.health_stall_s = 3.0
+        request = parse_request({"model": "m", "prompt": "x y"}, "completions")
+        for _ in range(3):
+            decision, pools = gateway.router.route(request, gateway.router.classify(
+                request, "t"))
+            lease, result = await gateway.dispatcher.generate(request, decision, [
+                gateway.pools["busy"]])
+            lease.release()
+            assert lease.worker.url == busy_url and result.text == "x y"
+            await monitor.probe_all()
+        assert gateway.pools["busy"].workers[0].healthy
+        assert not gateway.pools["silent"].workers[0].healthy
+    finally:
+        await busy.close()
+        await silent.close()
 
 
 async def test_failing_worker_is_skipped_once_its_breaker_opens(client: Http1Client) -> None:
