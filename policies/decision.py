@@ -31,7 +31,6 @@ Around the greedy choice:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 import threading
@@ -44,11 +43,9 @@ from policies.learner import Learner, LearnerConfig, PolicyState
 from policies.options import (
     LOAD_SLOTS,
     Option,
-    batch_gain,
-    candidate_ks,
+    evaluate,
     fallbacks,
     make_option,
-    mixed_batch,
     quantize_load,
     reason_line,
     trusted_top_k,
@@ -96,6 +93,17 @@ class PolicyConfig:
     learner: LearnerConfig = LearnerConfig()
 
 
+RANKED_MEMO_SIZE = 4096  # (pools in their load slots, context) rankings kept per refit
+
+
+@dataclass(frozen=True, slots=True)
+class Ranked:
+    options: list[Option]  # best first; shared by every request with the same key: read only
+    chosen: Option  # the greedy pick
+    plain_tps: float
+    decision: Decision  # the greedy pick's decision (not explored)
+
+
 class Policy:
     def __init__(self, store: Telemetry, config: PolicyConfig | None = None) -> None:
         self.store = store
@@ -105,7 +113,8 @@ class Policy:
         # swapping whole objects, never by mutating one the other may be iterating: the
         # state and its option memo are replaced together, the pool map copy-on-write.
         state = PolicyState(default_accept=self.config.learner.default_accept)
-        self._current: tuple[PolicyState, dict[tuple, Option]] = (state, {})
+        self._current: tuple[PolicyState, dict[tuple, Option], dict[tuple, Ranked]] = (
+            state, {}, {})
         self._rng = random.Random(self.config.seed)
         self._pools: dict[str, PoolView] = {}  # never mutated: replaced by a copy
         # per pool, what its workers measured (`set_worker_prior`); replaced, never mutated
@@ -123,29 +132,25 @@ class Policy:
         """The greedy decision (hysteresis and the no-speculation rule included), and
         nothing else: no counters, no RNG draw, no exploration or cold-start try, no
         record of the pools. What `/v1/routing/explain` shows and pinned requests use."""
-        options, chosen, plain_tps = self._rank(*self._current, profile, pools)
-        return self._decision(options, chosen, profile, plain_tps, explored=False)
+        return self._rank(*self._current, profile, pools).decision
 
     def decide(self, profile: RequestProfile, pools: list[PoolView]) -> Decision:
         """`predict`, then bounded exploration and cold-start tries (counted)."""
         self._remember(pools)
-        state, cache = self._current
-        options, chosen, plain_tps = self._rank(state, cache, profile, pools)
-        model = profile.model
-        task, bucket = profile.task, profile.temperature_bucket
+        state, cache, memo = self._current
+        ranked = self._rank(state, cache, memo, profile, pools)
         self._decided += 1
-        explored = False
-        loads = {p.name: self._load(state, p) for p in pools if p.healthy_workers > 0}
-        cold = self._cold_start(options, state, loads, (model, task, bucket))
-        if cold is not None:
-            chosen, explored = cold, True
-        elif self._may_explore():
-            challenger = (self._optimistic(options, chosen, state, loads, model, task, bucket)
-                          or self._nearby_k(chosen, state, loads))
-            if challenger is not None:
-                chosen, explored = challenger, True
+        context = (profile.model, profile.task, profile.temperature_bucket)
+        chosen = self._cold_start(ranked.options, state, pools, context)
+        if chosen is None and self._may_explore():
+            loads = {p.name: self._load(state, p) for p in pools if p.healthy_workers > 0}
+            chosen = (self._optimistic(ranked.options, ranked.chosen, state, loads, *context)
+                      or self._nearby_k(ranked.chosen, state, loads))
+            if chosen is not None:
                 self._explored += 1
-        return self._decision(options, chosen, profile, plain_tps, explored)
+        if chosen is None:
+            return ranked.decision
+        return self._decision(ranked.options, chosen, profile, ranked.plain_tps, True)
 
     def _load(self, state: PolicyState, pool: PoolView) -> float:
         """Requests per worker the request would join: this gateway's count in flight, or
@@ -164,28 +169,37 @@ class Policy:
         if changed:
             self._pools = {**known, **changed}
 
-    def _rank(self, state: PolicyState, cache: dict[tuple, Option], profile: RequestProfile,
-              pools: list[PoolView]) -> tuple[list[Option], Option, float]:
-        """Options by predicted tokens/s, the greedy pick and plain's tokens/s."""
+    def _rank(self, state: PolicyState, cache: dict[tuple, Option], memo: dict[tuple, Ranked],
+              profile: RequestProfile, pools: list[PoolView]) -> Ranked:
+        """Options by predicted tokens/s, the greedy pick, plain's tokens/s and the greedy
+        decision: a pure function of the state and, per pool, its identity and load slot,
+        so memoised with the state (a request whose pools sit in the same slots as an
+        earlier one's is a lookup)."""
         model, task, bucket = profile.model, profile.task, profile.temperature_bucket
-        options = []
+        keys = []
         for pool in pools:
-            if pool.healthy_workers <= 0:
-                continue
-            slot = quantize_load(self._load(state, pool))
-            # the pool's identity, not its live counters: those enter through the load slot
-            key = (pool.name, pool.method, pool.k, pool.per_request_k, pool.max_k, model, task,
-                   bucket, slot)
+            if pool.healthy_workers > 0:
+                # the pool's identity, not its live counters: they enter through the slot
+                keys.append((pool.name, pool.method, pool.k, pool.per_request_k, pool.max_k,
+                             model, task, bucket, quantize_load(self._load(state, pool))))
+        whole = tuple(keys)
+        ranked = memo.get(whole)
+        if ranked is not None:
+            return ranked
+        if not keys:
+            raise ValueError("no healthy pool to decide between")
+        options = []
+        by_name = {p.name: p for p in pools}
+        for key in keys:
             option = cache.get(key)
             if option is None:
-                option = cache[key] = self._evaluate(
-                    state, pool, model, task, bucket, LOAD_SLOTS[slot],
+                pool = by_name[key[0]]
+                option = cache[key] = evaluate(
+                    state, pool, model, task, bucket, LOAD_SLOTS[key[-1]],
                     top_k=trusted_top_k(pool, state, self.config.k_trust_margin),
                     batch_aware=self.config.batch_aware_k, mix=self.config.batch_mix,
                     tilted=self.config.accept_tilt)
             options.append(option)
-        if not options:
-            raise ValueError("no healthy pool to decide between")
         options.sort(key=lambda o: (-o.pool_score, o.pool.name))
         chosen = self._with_hysteresis(state, options, (model, task, bucket))
         plain = [o for o in options if o.is_plain]
@@ -194,7 +208,11 @@ class Policy:
             chosen = plain[0]
         if chosen.is_plain and chosen.pool.method != "plain":
             chosen = self._plain_pool(options, chosen)
-        return options, chosen, plain_tps
+        ranked = Ranked(options, chosen, plain_tps,
+                        self._decision(options, chosen, profile, plain_tps, False))
+        if len(memo) < RANKED_MEMO_SIZE:
+            memo[whole] = ranked
+        return ranked
 
     def _plain_pool(self, options: list[Option], chosen: Option) -> Option:
         """No speculation goes to a plain pool where there is one, unless it is predicted
@@ -223,41 +241,6 @@ class Policy:
         self.store.record(record)
 
     # -- helpers for decide --------------------------------------------------------------
-    @staticmethod
-    def _evaluate(state: PolicyState, pool: PoolView, model: str, task: str, bucket: str,
-                  load: float, accept: float | None = None, top_k: int | None = None,
-                  batch_aware: bool = True, mix: bool = False, tilted: bool = False) -> Option:
-        """Measured batch cost (`PolicyState.cost_measured`): the k with which the
-        worker's batch emits most, this context's share of it at k and the rest drafting
-        what they draft (`options.mixed_batch`; `mix` off: the whole batch at k).
-        Elsewhere (a per-token fit that seldom sees k vary at one load): the k >= 1 with
-        the largest batch gain, or k = 0 where that is the request's own best — a gain at
-        k = 0 stopped the fit seeing k vary, and a batch-1 per-token prior then held busy
-        pools at k = 0 (the simulator's `embedded` fleet: 0.72 of the oracle, 0.89
-        without). Scored (`pool_score`) by the request's own tokens/s at its own best k,
-        so pools compare alike whatever their fits say about batch-mates. `tilted`: `a`
-        read at each k along the context's slope in k (`PolicyState.accept_tilt`)."""
-        a, n = state.accept(model, pool.method, task, bucket)
-        if accept is not None:
-            a = accept
-        ks = candidate_ks(pool, top_k)
-        tilt = (state.accept_tilt.get((model, pool.method, task, bucket))
-                if tilted and pool.per_request_k else None)
-        options = [make_option(state, pool, k, a, n, load, tilt) for k in ks]
-        own = max(options, key=lambda o: o.tokens_per_s)
-        if mix and batch_aware and len(ks) > 1 and pool.name in state.cost_measured:
-            share = state.batch_share.get((pool.name, model, task, bucket), 0.0)
-            return dataclasses.replace(mixed_batch(state, pool, ks, a, n, load, share, tilt),
-                                       pool_score=own.tokens_per_s)
-        if (len(options) == 1 or not batch_aware or own.k == 0
-                or pool.name in state.cost_measured):
-            return own
-        cost = state.cost(pool.name)
-        others = state.pool_accept_length.get(pool.name, own.accept_length)
-        best = max((o for o in options if o.k >= 1),
-                   key=lambda o: batch_gain(o, cost, load, others))
-        return dataclasses.replace(best, pool_score=own.tokens_per_s)
-
     def _with_hysteresis(self, state: PolicyState, options: list[Option],
                          context: tuple[str, str, str]) -> Option:
         best = options[0]
@@ -271,8 +254,8 @@ class Policy:
                 break
         return best
 
-    def _cold_start(self, options: list[Option], state: PolicyState,
-                    loads: dict[str, float], context: tuple[str, str, str]) -> Option | None:
+    def _cold_start(self, options: list[Option], state: PolicyState, pools: list[PoolView],
+                    context: tuple[str, str, str]) -> Option | None:
         """The least-tried pool of this context that has fewer than `cold_start_samples`
         requests behind it, at its configured k; None once every pool has them."""
         need = self.config.cold_start_samples
@@ -301,7 +284,9 @@ class Policy:
                                                else pool.k)
         if k == option.k:
             return option
-        return make_option(state, pool, k, option.accept, option.samples, loads[pool.name])
+        live = next(p for p in pools if p.name == pool.name)  # the option's pool is cached
+        return make_option(state, pool, k, option.accept, option.samples,
+                           self._load(state, live))
 
     def _may_explore(self) -> bool:
         cfg = self.config
@@ -322,7 +307,7 @@ class Policy:
             upper = min(option.accept + self.config.ucb_z
                         * acceptance_std(option.accept, samples), A_MAX)
             load = loads[option.pool.name]
-            hopeful = self._evaluate(
+            hopeful = evaluate(
                 state, option.pool, model, task, bucket, load, upper,
                 top_k=trusted_top_k(option.pool, state, self.config.k_trust_margin),
                 batch_aware=self.config.batch_aware_k, mix=self.config.batch_mix,
@@ -363,7 +348,7 @@ class Policy:
             {pool: m.step_curve for pool, m in measured.items() if m.step_curve},
             {name: f"engine:{p.engine}" for name, p in pools.items() if p.per_request_k},
             (self.store.clock(), self.store.tau_s))
-        self._current = (state, {})
+        self._current = (state, {}, {})
         self.desired_k.publish(self.store, state, pools,
                                lambda pool: self._load(state, pool))
         return state

@@ -7,6 +7,7 @@ fitted `StepCost` (`policies.cost`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -143,3 +144,38 @@ def reason_line(option: Option, task: str, bucket: str, plain_tps: float,
     tag = " (exploring)" if explored else ""
     return (f"{task}/{bucket}: {option.pool.name} {method} k={option.k} predicted "
             f"{option.accept_length:.1f} tok/step, {speedup:.1f}x plain{tag}")
+
+
+def evaluate(state: PolicyState, pool: PoolView, model: str, task: str, bucket: str,
+             load: float, accept: float | None = None, top_k: int | None = None,
+             batch_aware: bool = True, mix: bool = False, tilted: bool = False) -> Option:
+    """Measured batch cost (`PolicyState.cost_measured`): the k with which the
+    worker's batch emits most, this context's share of it at k and the rest drafting
+    what they draft (`options.mixed_batch`; `mix` off: the whole batch at k).
+    Elsewhere (a per-token fit that seldom sees k vary at one load): the k >= 1 with
+    the largest batch gain, or k = 0 where that is the request's own best — a gain at
+    k = 0 stopped the fit seeing k vary, and a batch-1 per-token prior then held busy
+    pools at k = 0 (the simulator's `embedded` fleet: 0.72 of the oracle, 0.89
+    without). Scored (`pool_score`) by the request's own tokens/s at its own best k,
+    so pools compare alike whatever their fits say about batch-mates. `tilted`: `a`
+    read at each k along the context's slope in k (`PolicyState.accept_tilt`)."""
+    a, n = state.accept(model, pool.method, task, bucket)
+    if accept is not None:
+        a = accept
+    ks = candidate_ks(pool, top_k)
+    tilt = (state.accept_tilt.get((model, pool.method, task, bucket))
+            if tilted and pool.per_request_k else None)
+    options = [make_option(state, pool, k, a, n, load, tilt) for k in ks]
+    own = max(options, key=lambda o: o.tokens_per_s)
+    if mix and batch_aware and len(ks) > 1 and pool.name in state.cost_measured:
+        share = state.batch_share.get((pool.name, model, task, bucket), 0.0)
+        return dataclasses.replace(mixed_batch(state, pool, ks, a, n, load, share, tilt),
+                                   pool_score=own.tokens_per_s)
+    if (len(options) == 1 or not batch_aware or own.k == 0
+            or pool.name in state.cost_measured):
+        return own
+    cost = state.cost(pool.name)
+    others = state.pool_accept_length.get(pool.name, own.accept_length)
+    best = max((o for o in options if o.k >= 1),
+               key=lambda o: batch_gain(o, cost, load, others))
+    return dataclasses.replace(best, pool_score=own.tokens_per_s)

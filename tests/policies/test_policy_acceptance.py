@@ -14,9 +14,9 @@ from policies.acceptance import (
     method_accept_length,
 )
 from policies.cost import StepSample, fit_step_cost, generic_trend
-from policies.decision import Policy
 from policies.learner import Learner, PolicyState
 from policies.methods import TREE_DEPTH
+from policies.options import evaluate
 from policies.telemetry import LocalTelemetry
 from policies.types import PoolView, RequestRecord
 
@@ -169,9 +169,9 @@ def test_a_busy_worker_gets_a_smaller_k_than_an_idle_one() -> None:
     alone on a worker it takes the k that is best for itself; among 16 it drafts less."""
     pool = PoolView("p", "embedded", "eagle", 4, True, 1, 0, 12)
     state = _state_with_cost(0.001, 3.0)
-    alone = Policy._evaluate(state, pool, "m", "code", "t0", 1.0)
-    busy = Policy._evaluate(state, pool, "m", "code", "t0", 16.0)
-    selfish = Policy._evaluate(state, pool, "m", "code", "t0", 16.0, batch_aware=False)
+    alone = evaluate(state, pool, "m", "code", "t0", 1.0)
+    busy = evaluate(state, pool, "m", "code", "t0", 16.0)
+    selfish = evaluate(state, pool, "m", "code", "t0", 16.0, batch_aware=False)
     assert alone.k == selfish.k > busy.k
     assert busy.pool_score == selfish.tokens_per_s  # pools are still ranked on one footing
 

@@ -9,10 +9,9 @@ import pytest
 from policies.acceptance import expected_accept_length, invert_accept_length
 from policies.aggregates import ContextKey, ContextStats
 from policies.cost import StepCost
-from policies.decision import Policy
 from policies.kslope import tilted_accept
 from policies.learner import Learner, PolicyState
-from policies.options import mixed_batch
+from policies.options import evaluate, mixed_batch
 from policies.types import PoolView
 
 POOL = PoolView("ngram", "embedded", "ngram", 4, True, 1, 0, 12)
@@ -35,15 +34,15 @@ def test_a_small_share_of_a_busy_batch_drafts_deeper_than_the_whole_batch_rule()
     tokens a step); as 5% of a batch whose other requests emit 3, the step it slows
     carries fewer tokens, so a deeper k pays. The pool is still scored by the request's
     own tokens/s at the whole-batch k."""
-    whole = Policy._evaluate(_busy_state(1.0), POOL, "m", "edit", "t0", 32.0, mix=False)
-    mixed = Policy._evaluate(_busy_state(0.05), POOL, "m", "edit", "t0", 32.0, mix=True)
+    whole = evaluate(_busy_state(1.0), POOL, "m", "edit", "t0", 32.0, mix=False)
+    mixed = evaluate(_busy_state(0.05), POOL, "m", "edit", "t0", 32.0, mix=True)
     assert mixed.k > whole.k
     assert mixed.pool_score == pytest.approx(whole.tokens_per_s)
 
 
 def test_the_mixed_batch_at_share_one_is_the_whole_batch_rule() -> None:
     state = _busy_state(1.0)
-    whole = Policy._evaluate(state, POOL, "m", "edit", "t0", 32.0, mix=False)
+    whole = evaluate(state, POOL, "m", "edit", "t0", 32.0, mix=False)
     mixed = mixed_batch(state, POOL, range(13), 0.9, 100.0, 32.0, 1.0)
     assert mixed.k == whole.k
 

@@ -42,3 +42,18 @@ def test_explain_routes_with_predict_never_decide() -> None:
     decision, _ = router.route_assessed(router.assess(request, profile), profile, Pin(),
                                         explain=True)
     assert decision.reason == "predicted"
+
+
+def test_a_ranking_is_memoised_per_load_slot_until_the_next_refit() -> None:
+    """The greedy decision is a lookup for a request whose pools sit in the load slots of
+    an earlier one's; another slot is ranked anew (and may rank differently), and a refit
+    starts afresh; the memoised decision equals a fresh ranking's."""
+    policy = trained()
+    first = policy.decide(PROFILE, pools())
+    assert policy.decide(PROFILE, pools()) is first  # same slots: the memo
+    busy = policy.decide(PROFILE, pools(load=24))
+    assert busy is not first and busy.predicted_tokens_per_s != first.predicted_tokens_per_s
+    assert trained().decide(PROFILE, pools(load=24)) == busy  # a policy with no memo
+    policy.refit()
+    again = policy.decide(PROFILE, pools())
+    assert again is not first and again == first  # re-ranked on the new state, same data

@@ -10,7 +10,7 @@ import pytest
 
 from policies.acceptance import expected_accept_length
 from policies.decision import Policy, PolicyConfig
-from policies.options import make_option
+from policies.options import evaluate, make_option
 from policies.prior import Measured, MeasuredError, WorkerPrior
 from policies.telemetry import LocalTelemetry
 from policies.types import TASKS, PoolView, RequestProfile, RequestRecord
@@ -159,7 +159,7 @@ def test_predictions_match_the_shipped_measurement_after_a_few_requests() -> Non
     policy.refit()
     state = policy.state
     plain = PoolView("plain", "embedded", "plain", 0, False, 1, 0, 0)
-    plain_tps = Policy._evaluate(state, plain, "m", "code", "t0", 1.0, top_k=0,
+    plain_tps = evaluate(state, plain, "m", "code", "t0", 1.0, top_k=0,
                                  batch_aware=False).tokens_per_s
     for e in doc.entries:  # a method measured at several k: each k against its figure
         if e.task == "code" and e.temperature == 0.0 and e.k > 0:
@@ -245,8 +245,8 @@ def test_measured_batch_costs_make_a_busy_worker_draft_less() -> None:
     policy = policy_with(doc)
     assert "eagle" in policy.state.cost_measured
     pool = PoolView("eagle", "embedded", "eagle", 4, True, 1, 0, 8)
-    alone = Policy._evaluate(policy.state, pool, "m", "code", "t0", 1.0)
-    busy = Policy._evaluate(policy.state, pool, "m", "code", "t0", 4.0)
+    alone = evaluate(policy.state, pool, "m", "code", "t0", 1.0)
+    busy = evaluate(policy.state, pool, "m", "code", "t0", 4.0)
     assert alone.k > busy.k >= 0
     unmeasured = policy_with(MEASURED)
     assert "eagle" not in unmeasured.state.cost_measured
