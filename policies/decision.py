@@ -2,8 +2,9 @@
 
 `decide` maximises predicted tokens/s = E(a, k) / step_time(k, load) over the pools the
 gateway offers (E from arXiv 2211.17192; `a` and step time from the learner's latest
-`PolicyState`). It only reads in-process state — a few dict lookups per pool, memoised
-per (pool, context, load) until the next refit — so it stays in the tens of microseconds.
+`PolicyState`). It only reads in-process state: the whole greedy ranking and its
+decision are memoised per (context, each pool's identity and load slot) until the next
+refit, so a request is a lookup plus the exploration draw.
 
 On a per-request-k pool k is chosen by what the worker's batch emits (with a measured
 batch cost `options.mixed_batch`, else the batch gain `options.batch_gain`: SmartSpec's

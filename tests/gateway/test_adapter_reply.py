@@ -54,3 +54,19 @@ def test_well_formed_answers_read_as_before() -> None:
         "completion_tokens": 1, "finish_reason": {"type": "stop"}}}, native=True)
     assert native.finish_reason == "stop" and native.native is not None
     assert spec_from_meta({"spec_accept_rate": None}).accept_rate is None
+
+
+def test_the_error_names_the_field_by_its_path_in_the_reply() -> None:
+    """Paths are spelled out only for an error (a well-formed reply builds none)."""
+    cases = [({"choices": [{"message": 5}]}, "body.choices[0].message is int"),
+             ({"choices": [{"message": {}}, {"message": {"content": [1]}}]},
+              "body.choices[1].message.content is list, not a string"),
+             ({"choices": [{"message": {}}], "usage": {"prompt_tokens": -1}},
+              "body.usage.prompt_tokens is int, not a non-negative whole number"),
+             ({"choices": [{"message": {}}], "metrics": {"speculative_decoding": {
+                 "num_spec_steps": 1.5}}},
+              "body.metrics.speculative_decoding.num_spec_steps is float")]
+    for body, message in cases:
+        with pytest.raises(UpstreamProtocolError) as caught:
+            result_from_body(W, body, chat=True)
+        assert message in caught.value.message

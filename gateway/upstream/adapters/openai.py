@@ -39,7 +39,12 @@ def spec_from_body(raw: dict, worker: str = "worker") -> SpecStats | None:
     """Speculation stats from an SGLang `sglext` or a vLLM `metrics` object, if any; the
     embedded worker's `sglext.specroute_batch` too (alone: stats with only the batch
     fields, which a stream merges with `merge_spec`)."""
-    body = Reply(worker, raw)
+    return spec_of(Reply(worker, raw))
+
+
+def spec_of(body: Reply) -> SpecStats | None:
+    """`spec_from_body` of a body already read as a `Reply`."""
+    worker = body.worker
     sglext = body.obj("sglext")
     if sglext is not None:
         found: SpecStats | None = None
@@ -95,14 +100,13 @@ def result_from_body(worker: str, raw: dict, chat: bool) -> GenerationResult:
     its shape is wrong."""
     body = Reply(worker, raw)
     choices = read_choices(body, chat)
-    first = choices[0]
-    message = first.obj("message") if chat else None
-    text = (message.text("content") if message is not None else first.text("text")) or ""
+    first = choices[0].data  # read_choices checked its message or text
+    message = first["message"] if chat else None
+    text = (message.get("content") if message is not None else first.get("text")) or ""
     return GenerationResult(
-        text=text, finish_reason=first.finish_reason() or "stop",
-        usage=usage_from_body(body) or Usage(), spec=spec_from_body(raw, worker) or SpecStats(),
-        message=message.data if message is not None else None,
-        choices=[c.data for c in choices])
+        text=text, finish_reason=choices[0].finish_reason() or "stop",
+        usage=usage_from_body(body) or Usage(), spec=spec_of(body) or SpecStats(),
+        message=message, choices=[c.data for c in choices])
 
 
 def deltas_from_chunk(chunk: Reply, chat: bool) -> list[Delta]:
@@ -160,7 +164,7 @@ class OpenAIAdapter:
             async for raw in sse_data(worker, resp):
                 chunk = Reply(worker, raw, "event")
                 usage = usage_from_body(chunk) or usage
-                spec = merge_spec(spec_from_body(raw, worker), spec)
+                spec = merge_spec(spec_of(chunk), spec)
                 for delta in deltas_from_chunk(chunk, chat):
                     if delta.index == 0 and delta.finish_reason:
                         finish = delta.finish_reason

@@ -31,12 +31,24 @@ def kind(value: object) -> str:
 class Reply:
     """One JSON object of a worker's reply; `where` is its path, for the error."""
 
-    __slots__ = ("worker", "data", "where")
+    __slots__ = ("worker", "data", "parent", "key")
 
-    def __init__(self, worker: str, data: object, where: str = "body") -> None:
+    def __init__(self, worker: str, data: object, where: str = "body",
+                 parent: Reply | None = None) -> None:
+        """`where` names a top-level object; a nested one keeps its parent and its key
+        there instead (`where`: `key` or `key[i]`), and its path is only spelled out for
+        an error: a well-formed reply builds no path strings."""
         if not isinstance(data, dict):
-            raise UpstreamProtocolError(worker, f"{where} is {kind(data)}, not an object")
-        self.worker, self.data, self.where = worker, data, where
+            path = where if parent is None else f"{parent.where}.{where}"
+            raise UpstreamProtocolError(worker, f"{path} is {kind(data)}, not an object")
+        self.worker, self.data, self.parent, self.key = worker, data, parent, where
+
+    @property
+    def where(self) -> str:
+        """The object's path in the reply, as errors name it (`body.choices[0].message`)."""
+        if self.parent is None:
+            return self.key
+        return f"{self.parent.where}.{self.key}"
 
     def bad(self, key: str, wanted: str) -> UpstreamProtocolError:
         value = self.data.get(key)
@@ -49,7 +61,7 @@ class Reply:
     def obj(self, key: str) -> Reply | None:
         """The object at `key`; None when absent or null."""
         value = self.data.get(key)
-        return None if value is None else Reply(self.worker, value, f"{self.where}.{key}")
+        return None if value is None else Reply(self.worker, value, key, self)
 
     def objects(self, key: str) -> list[Reply]:
         """The list of objects at `key`; [] when absent or null."""
@@ -58,8 +70,7 @@ class Reply:
             return []
         if not isinstance(value, list):
             raise self.bad(key, "a list")
-        return [Reply(self.worker, item, f"{self.where}.{key}[{i}]")
-                for i, item in enumerate(value)]
+        return [Reply(self.worker, item, f"{key}[{i}]", self) for i, item in enumerate(value)]
 
     def text(self, key: str) -> str | None:
         value = self.data.get(key)
@@ -70,6 +81,8 @@ class Reply:
     def count(self, key: str) -> int:
         """A token or step count: a non-negative whole number; 0 when absent or null."""
         value = self.data.get(key)
+        if type(value) is int and value >= 0:  # the usual case first
+            return value
         if value is None:
             return 0
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 \
