@@ -110,19 +110,19 @@ def test_mixed_methods_in_one_batch_equal_each_request_alone(engine: Engine,
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
-def test_eagle_chains_draft_together_and_equal_each_request_alone(engine: Engine,
-                                                                  sampled: bool) -> None:
-    """Several EAGLE chains in a step draft in lock-step: one head forward per depth over
-    all of them (plus one for the sync), not one per request; each request's tokens are
-    still what it gets alone."""
-    plan = [3, 1, 5, 2]  # k per request
+@pytest.mark.parametrize(("method", "plan"), [("eagle", [3, 1, 5, 2]), ("eagle2", [8, 4, 12, 6])])
+def test_eagle_drafters_draft_together_and_equal_each_request_alone(
+        engine: Engine, sampled: bool, method: str, plan: list[int]) -> None:
+    """Several EAGLE chains (or EAGLE-2 trees, k per request in `plan`) in a step draft
+    in lock-step: one head forward per depth over all of them (plus one for the sync),
+    not one per request; each request's tokens are still what it gets alone."""
     prompts = _prompts(len(plan))
 
     def new(i: int) -> Generation:
-        return _start(engine, prompts[i], "eagle", plan[i], seed=i, sampled=sampled,
+        return _start(engine, prompts[i], method, plan[i], seed=i, sampled=sampled,
                       limit=14 + 2 * i)
 
-    head = engine._methods["eagle"].new_drafter()._eagle.head  # shared by every chain
+    head = engine._methods[method].new_drafter()._eagle.head  # shared by every drafter
     sizes: list[int] = []
     forward_batch = head.forward_batch
 
@@ -143,7 +143,7 @@ def test_eagle_chains_draft_together_and_equal_each_request_alone(engine: Engine
     drafts = [(g.stats.num_proposed_drafts, g.stats.num_correct_drafts) for g in gens]
     assert drafts == [(g.stats.num_proposed_drafts, g.stats.num_correct_drafts)
                       for g in singles]  # the same drafts, accepted alike
-    assert max(sizes) == len(plan)  # all four chains in one head forward
+    assert max(sizes) == len(plan)  # all four drafters in one head forward
     assert sum(sizes) == forwards_alone  # the same head inputs...
     assert len(sizes) < 0.6 * forwards_alone  # ...in far fewer forwards
 

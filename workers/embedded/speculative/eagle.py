@@ -14,12 +14,12 @@ head forward per draft depth, never a pass over the prefix. A head trained with 
 vocabulary projects through its own (N, C) rows instead of the target's LM head; q is then
 zero outside those N tokens, which the rejection rule handles exactly.
 
-Batched drafting: a chain drafter also offers `propose_steps`, a generator that yields
-each head forward it needs (`HeadCall`) and is sent the answer; `draft_together` runs the
-chains of all the sequences in an engine step in lock-step, so each depth is ONE head
-forward over every sequence (a ragged batch, `EagleHead.forward_batch`) and one draft
-projection, not one of each per sequence. Alone, a chain is the same generator answered
-one call at a time (`propose`).
+Batched drafting: a chain drafter (and EAGLE-2's tree, `speculative.eagle2`) also offers
+`propose_steps`, a generator that yields each head forward it needs (`HeadCall`) and is
+sent the answer; `draft_together` runs the drafters of all the sequences in an engine step
+in lock-step, so each depth is ONE head forward over every sequence (a ragged batch,
+`EagleHead.forward_batch`) and one draft projection, not one of each per sequence. Alone,
+a drafter is the same generator answered one call at a time (`propose`).
 
 Legend: R the root's position, C hidden size, V vocabulary, f target features,
 h predicted features, p target probabilities, q draft probabilities.
@@ -77,6 +77,12 @@ class EagleSync:
                     position: torch.Tensor) -> HeadInput:
         """The pair (h (1, C), e(token (1,))) at `position` (1,): a chain's next step."""
         return HeadInput(h, self._embed(token), self.cache, position)
+
+    def tree_input(self, h: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                   mask: torch.Tensor) -> HeadInput:
+        """Pairs (h (F, C), e(tokens (F,))) at `positions` seeing what `mask` (F, L + F)
+        lets them: a draft tree's frontier."""
+        return HeadInput(h, self._embed(tokens), self.cache, positions, mask)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Draft logits (..., V) of predicted features h (..., C), float32; -inf outside the
@@ -147,31 +153,35 @@ class EagleChainDrafter:
 
 @dataclass
 class HeadCall:
-    """A head forward a chain waits for; answered with the head's output (T, C) and the
-    draft logits (1, V) of its last row, the new entries committed to the cache."""
+    """A head forward a drafter waits for; answered with the head's output (T, C) and the
+    draft logits of its last row (1, V), or of every row with `all_rows` (T, V: a draft
+    tree's frontier), the new entries committed to the cache."""
 
     sync: EagleSync
     input: HeadInput
+    all_rows: bool = False
 
 
 DraftSteps = Generator[HeadCall, tuple[torch.Tensor, torch.Tensor], Draft]
 
 
 def answer(calls: list[HeadCall]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Calls on one head as one batched forward and one draft projection of their last
-    rows; commits each call's cache."""
+    """Calls on one head as one batched forward and one draft projection of the rows
+    they want; commits each call's cache."""
     eagle = calls[0].sync
     out = eagle.head.forward_batch([call.input for call in calls])  # (N, C)
-    ends, end = [], 0
+    spans, start = [], 0  # per call: its rows in out, its rows of the logits
+    wanted: list[int] = []
     for call in calls:
-        end += call.input.features.shape[0]
-        ends.append(end)
-    logits = eagle.logits(out[torch.tensor(ends, device=out.device) - 1])  # (calls, V)
+        end = start + call.input.features.shape[0]
+        first = len(wanted)
+        wanted.extend(range(start, end) if call.all_rows else (end - 1,))
+        spans.append((start, end, first, len(wanted)))
+        start = end
+    logits = eagle.logits(out[torch.tensor(wanted, device=out.device)])  # (rows wanted, V)
     for call in calls:
         call.input.cache.commit()
-    starts = [0, *ends[:-1]]
-    return [(out[a:b], logits[i : i + 1]) for i, (a, b) in enumerate(zip(starts, ends,
-                                                                         strict=True))]
+    return [(out[a:b], logits[c:d]) for a, b, c, d in spans]
 
 
 def draft_together(chains: dict[int, DraftSteps]) -> dict[int, Draft | Exception]:

@@ -15,6 +15,10 @@ The tree is deterministic for greedy and for sampled requests, so every node is 
 mass (q = None): verification's recursive rejection over siblings is then exact for any
 temperature, and a node's children are accepted with the target's mass on their tokens.
 
+Drafting runs as a generator of head forwards (`propose_steps`), so the engine drafts the
+trees of all the sequences of a step in lock-step with each other and with EAGLE chains:
+one head forward per depth over every sequence (`speculative.eagle.draft_together`).
+
 Legend: R the root's position, F frontier size, C hidden size, V vocabulary.
 """
 
@@ -29,7 +33,7 @@ from policies.methods import TREE_DEPTH
 from workers.embedded.drafter_models import EagleHead
 from workers.embedded.model import LlamaForCausalLM
 from workers.embedded.speculative.draft import ROOT, DecodeState, Draft
-from workers.embedded.speculative.eagle import EagleSync
+from workers.embedded.speculative.eagle import DraftSteps, EagleSync, HeadCall, draft_together
 
 
 @dataclass(frozen=True)
@@ -48,17 +52,26 @@ class EagleTreeDrafter:
         self.last_scores: list[float] = []
 
     def propose(self, state: DecodeState) -> Draft:
+        """The tree alone: `draft_together` with one drafter."""
+        draft = draft_together({0: self.propose_steps(state)})[0]
+        if isinstance(draft, Exception):
+            raise draft
+        return draft
+
+    def propose_steps(self, state: DecodeState) -> DraftSteps:
+        """The tree as a generator of its head forwards (`speculative.eagle`): the sync,
+        then one call per depth over the frontier, which wants every row's logits."""
         eagle = self._eagle
         if not eagle.fits(state):
             return Draft.empty()
-        h_root = eagle.sync(state)  # (C,)
+        h, logits = yield HeadCall(eagle, eagle.sync_input(state))  # (m, C), (1, V)
+        h_root = h[-1]  # (C,)
         committed = eagle.cache.length  # R
         topk = min(self.config.topk, state.k)
         depth = min(self.config.depth, state.k, 1 + (eagle.room() - 1) // topk)
         device = h_root.device
 
-        logp = eagle.logits(h_root).log_softmax(-1)  # (V,)
-        top = logp.topk(topk)
+        top = logits[0].log_softmax(-1).topk(topk)
         tokens: list[int] = top.indices.tolist()
         parents: list[int] = [ROOT] * topk
         scores: list[float] = top.values.tolist()
@@ -76,8 +89,9 @@ class EagleTreeDrafter:
                 entry_of[node] = eagle.cache.length - committed + i
             positions = torch.full((len(frontier),), committed + d - 1, device=device)
             frontier_tokens = torch.tensor([tokens[n] for n in frontier], device=device)
-            h = eagle.step(inputs, frontier_tokens, positions, mask)  # (F, C)
-            logp = eagle.logits(h).log_softmax(-1)  # (F, V)
+            h, logits = yield HeadCall(eagle, eagle.tree_input(
+                inputs, frontier_tokens, positions, mask), all_rows=True)  # (F, C), (F, V)
+            logp = logits.log_softmax(-1)
             base = torch.tensor([scores[n] for n in frontier], device=device)[:, None]
             child = logp.topk(topk, dim=-1)  # (F, topk) per frontier node
             cumulative = (child.values + base).flatten()  # (F * topk,)
