@@ -7,7 +7,7 @@ falls back to `GET /v1/models`. Hysteresis keeps one lost probe from flapping a 
 bring it back. A worker never probed before takes the first answer as is, so a fresh
 gateway serves as soon as its workers answer.
 
-A probe that timed out (no answer within `max(1 s, health_interval_s)`) does not count
+A probe that timed out (no answer within `max(2 s, health_interval_s)`) does not count
 against a healthy worker that answered a request within the span those failures would
 take, `unhealthy_after` probe timeouts: it is busy, not dead, as on two cores shared with
 an engine that is starting. Its requests speak for it; if they fail, its circuit
@@ -37,8 +37,11 @@ class Probe(Enum):
     TIMED_OUT = "timed_out"
 
 
+PROBE_TIMEOUT_FLOOR_S = 2.0  # a busy server's /health can take a second (cloud LBs: 5 s)
+
+
 def probe_timeout_s(server: ServerConfig) -> float:
-    return max(1.0, server.health_interval_s)
+    return max(PROBE_TIMEOUT_FLOOR_S, server.health_interval_s)
 
 
 def busy_not_dead(worker: Worker, server: ServerConfig, now: float) -> bool:

@@ -57,16 +57,16 @@ def test_probe_hysteresis() -> None:
 
 
 def test_a_probe_timeout_spares_a_worker_that_is_serving() -> None:
-    server = ServerConfig(health_interval_s=0.5, unhealthy_after=3)  # probe timeout 1 s
+    server = ServerConfig(health_interval_s=0.5, unhealthy_after=3)  # probe timeout 2 s
     worker = Worker("http://w:1", CircuitBreaker(3, 10))
     apply_probe(worker, Probe.OK, server, now=0.0)
     worker.served(now=10.0)
-    for now in (10.5, 11.0, 12.0, 13.0):  # within 3 x 1 s of the last answered request
+    for now in (10.5, 12.0, 14.0, 16.0):  # within 3 x 2 s of the last answered request
         apply_probe(worker, Probe.TIMED_OUT, server, now=now)
     assert worker.healthy and worker.probe_failures == 0
-    apply_probe(worker, Probe.FAILED, server, now=13.0)  # a refusal always counts
+    apply_probe(worker, Probe.FAILED, server, now=16.0)  # a refusal always counts
     assert worker.probe_failures == 1
-    for now in (13.5, 14.0):  # no answer since 10.0: timeouts count again
+    for now in (16.5, 17.0):  # no answer since 10.0: timeouts count again
         apply_probe(worker, Probe.TIMED_OUT, server, now=now)
     assert not worker.healthy
 
@@ -115,7 +115,7 @@ async def test_a_busy_worker_that_serves_stays_in_while_a_silent_one_goes(
     silent, silent_url = await serve(StubServer(silent_cfg).app())
     try:
         gateway = make_gateway(client, [pool("busy", [busy_url]), pool("silent", [silent_url])])
-        server = ServerConfig(health_interval_s=0.2, unhealthy_after=2)  # probe timeout 1 s
+        server = ServerConfig(health_interval_s=0.2, unhealthy_after=2)  # probe timeout 2 s
         monitor = HealthMonitor(gateway.pools, session, server)
         await monitor.probe_all()
         busy_cfg.health_stall_s = silent_cfg.health_stall_s = 3.0
