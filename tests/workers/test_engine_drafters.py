@@ -21,7 +21,7 @@ from workers.embedded.drafter_models import (
 from workers.embedded.engine import BUNDLED_MODEL_DIR, Engine, Generation, SamplingParams
 from workers.embedded.model import LlamaForCausalLM
 from workers.embedded.speculative import DecodeState, Draft, Drafter, Sampler, verify
-from workers.embedded.speculative.eagle import EagleSync
+from workers.embedded.speculative.eagle import EagleSync, HeadCall, answer
 from workers.embedded.speculative.eagle2 import EagleTreeConfig, EagleTreeDrafter
 from workers.embedded.speculative.medusa import best_paths
 from workers.embedded.speculative.methods import load_methods
@@ -194,11 +194,12 @@ def test_eagle2_tree_nodes_see_exactly_their_ancestors(model_dir: Path) -> None:
         path = [node]
         while draft.parents[path[0]] >= 0:
             path.insert(0, draft.parents[path[0]])
-        h, score = chain.sync(state), 0.0
+        (h, logits), score = answer([HeadCall(chain, chain.sync_input(state))])[0], 0.0
         for depth, n in enumerate(path):
             token = draft.tokens[n]
-            score += float(chain.logits(h).log_softmax(-1)[token])
-            h = chain.step(h[None], torch.tensor([token]), torch.tensor([root_position + depth]))[0]
+            score += float(logits[0].log_softmax(-1)[token])
+            h, logits = answer([HeadCall(chain, chain.chain_input(
+                h[-1:], torch.tensor([token]), torch.tensor([root_position + depth])))])[0]
         assert score == pytest.approx(drafter.last_scores[node], abs=1e-4), path
 
 

@@ -6,11 +6,11 @@ turns a predicted feature into draft logits. Drafting is autoregressive at the f
 level: the predicted feature and the drafted token form the next input pair.
 
 The head keeps its own one-layer KV cache in step with the committed prefix: entry t is
-the pair at position t, computed from the target's *true* features. `EagleSync.sync` rolls
-back whatever the last draft appended and feeds the pairs the last verify made known
-(hidden[j] with tokens[hidden_start + j + 1]); its last output predicts the feature at the
-root's position, whose logits give the first draft token. One step therefore costs one
-head forward per draft depth, never a pass over the prefix. A head trained with a draft
+the pair at position t, computed from the target's *true* features. `EagleSync.sync_input`
+rolls back whatever the last draft appended and gives the pairs the last verify made
+known (hidden[j] with tokens[hidden_start + j + 1]); the head's last output over them
+predicts the feature at the root's position, whose logits give the first draft token.
+One step therefore costs one head forward per draft depth, never a pass over the prefix. A head trained with a draft
 vocabulary projects through its own (N, C) rows instead of the target's LM head; q is then
 zero outside those N tokens, which the rejection rule handles exactly.
 
@@ -54,14 +54,6 @@ class EagleSync:
         """Whether the head's cache and RoPE table can hold the committed prefix."""
         return len(state.tokens) <= self.cache.max_length
 
-    def sync(self, state: DecodeState) -> torch.Tensor:
-        """Bring the head cache to the committed prefix [0, R); return h_R (C,), the
-        predicted feature at the root's position (its logits give the first draft token)."""
-        new = self.sync_input(state)
-        h = self.head(new.features[None], new.embeddings[None], self.cache)  # (1, m, C)
-        self.cache.commit()
-        return h[0, -1]
-
     def sync_input(self, state: DecodeState) -> HeadInput:
         """Roll the head cache back to what the last verify kept; the pairs it made known
         (hidden[j] with tokens[hidden_start + j + 1]), to run after it."""
@@ -92,22 +84,6 @@ class EagleSync:
     def room(self) -> int:
         """Positions left in the head cache and its RoPE table after the committed prefix."""
         return self.cache.max_length - self.cache.length
-
-    def step(
-        self,
-        h: torch.Tensor,
-        tokens: torch.Tensor,
-        positions: torch.Tensor,
-        mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Run pairs (h (T, C), e(tokens (T,))) at `positions`; commit them to the cache.
-
-        mask: (T, L + T) bool over everything in the cache plus the new entries (a draft
-        tree's visibility); None = a single chain token that sees the whole cache.
-        """
-        out = self.head(h[None], self._embed(tokens)[None], self.cache, positions, mask)
-        self.cache.commit()
-        return out[0]  # (T, C)
 
 
 class EagleChainDrafter:
