@@ -312,3 +312,45 @@ def test_record_feeds_recorder_and_one_span() -> None:
     assert span.attributes["specroute.accept_length"] == 3.0
     assert span.attributes["gen_ai.usage.output_tokens"] == 9
     provider.shutdown()
+
+
+@pytest.mark.parametrize(("stub", "engine", "endpoint", "body"), [
+    ("cumulative", "sglang", "completions", {"prompt": "one two three"}),
+    ("cumulative", "sglang", "chat", {"messages": [{"role": "user", "content": "a b c"}]}),
+    ("vllm", "vllm", "chat", {"messages": [{"role": "user", "content": "a b c"}]})])
+async def test_a_stream_closed_at_its_end_or_midway_leaves_nothing_to_the_gc(
+        client: Http1Client, stubs: dict[str, str], stub: str, engine: str, endpoint: str,
+        body: dict) -> None:
+    """The relay closes an adapter's stream at its Final item, or after its first item
+    (a client that left): the generators inside it (SGLang's OpenAI route, the SSE reader)
+    close with it, so none is left for the loop's finalizer (a task and a late close of
+    the upstream response each)."""
+    import gc
+    import sys
+
+    gateway = make_gateway(client, [pool("p", [stubs[stub]], engine=engine)])
+    request = parse_request({"model": "m", "stream": True, "max_tokens": 3, **body},
+                            endpoint)  # type: ignore[arg-type]
+    finalized: list[str] = []
+    hooks = sys.get_asyncgen_hooks()
+
+    def finalizer(agen) -> None:  # noqa: ANN001
+        finalized.append(agen.__qualname__)
+        hooks.finalizer(agen)  # type: ignore[misc]  # asyncio's own
+
+    sys.set_asyncgen_hooks(firstiter=hooks.firstiter, finalizer=finalizer)
+    try:
+        for whole in (True, False):
+            decision, pools = gateway.router.route(request, minimal_profile(request, "t"))
+            lease, first, items = await gateway.dispatcher.open_stream(request, decision,
+                                                                       pools)
+            if whole:
+                seen = [first] + [item async for item in items]
+                assert isinstance(seen[-1], Final)
+            lease.release()
+            await items.aclose()  # type: ignore[attr-defined]
+            del items
+            gc.collect()
+    finally:
+        sys.set_asyncgen_hooks(*hooks)
+    assert finalized == []

@@ -15,7 +15,8 @@ Speculation facts are read from either
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
 
 from gateway.config import PoolConfig
 from gateway.schemas import GenerationRequest
@@ -156,12 +157,13 @@ class OpenAIAdapter:
         return result_from_body(worker, body, request.endpoint == "chat")
 
     async def stream(self, worker: str, request: GenerationRequest, pool: PoolConfig,
-                     k: int) -> AsyncIterator[StreamItem]:
+                     k: int) -> AsyncGenerator[StreamItem, None]:
         usage, spec, finish = Usage(), SpecStats(), None
         payload = self.payload(request, pool, k, stream=True)
         chat = request.endpoint == "chat"
-        async with post(self.client, worker, PATHS[request.endpoint], payload) as resp:
-            async for raw in sse_data(worker, resp):
+        async with (post(self.client, worker, PATHS[request.endpoint], payload) as resp,
+                    aclosing(sse_data(worker, resp)) as events):  # closed with this one
+            async for raw in events:
                 chunk = Reply(worker, raw, "event")
                 usage = usage_from_body(chunk) or usage
                 spec = merge_spec(spec_of(chunk), spec)

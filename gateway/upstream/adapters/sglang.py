@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 import orjson
 
@@ -166,14 +167,16 @@ class SGLangAdapter:
     async def stream(self, worker: str, request: GenerationRequest, pool: PoolConfig,
                      k: int) -> AsyncIterator[StreamItem]:
         if self._openai_route(request):
-            async for item in self.chat.stream(worker, request, pool, k):
-                yield item
+            async with aclosing(self.chat.stream(worker, request, pool, k)) as items:
+                async for item in items:  # closed with this one: no GC-time aclose task
+                    yield item
             return
         sent = 0
         meta = Reply(worker, {}, "meta_info")
         payload = self.payload(request, pool, k, stream=True)
-        async with post(self.client, worker, "/generate", payload) as resp:
-            async for raw in sse_data(worker, resp):
+        async with (post(self.client, worker, "/generate", payload) as resp,
+                    aclosing(sse_data(worker, resp)) as events):
+            async for raw in events:
                 chunk = Reply(worker, raw, "event")
                 meta = chunk.obj("meta_info") or meta
                 text = chunk.text("text")

@@ -7,7 +7,7 @@ here into `gateway.errors`; nothing above this module sees a transport exception
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
 
 import orjson
@@ -124,7 +124,7 @@ async def post_json(client: Http1Client, worker: str, path: str, payload: dict) 
     return body
 
 
-async def sse_data(worker: str, resp: Response) -> AsyncIterator[dict]:
+async def sse_data(worker: str, resp: Response) -> AsyncGenerator[dict, None]:
     """Yield each `data:` JSON object of an SSE stream until `data: [DONE]`.
 
     Events with a name (SGLang's `event: sglext_ids`) are skipped; an in-band
