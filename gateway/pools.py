@@ -11,6 +11,13 @@ A worker takes new requests only when all three agree:
 - the registry's drain flag (`gateway.upstream.discovery`): a worker about to be relaunched
   finishes what it has but gets nothing new.
 
+A pool none of whose workers is available falls back on its last resort, as Envoy's
+panic threshold does for a cluster: workers down only because their probes timed out
+(not refused, not answered with an error), with a closed breaker and no drain flag, take
+requests again. On two cores shared with an engine that is starting, every `/health` of a
+pool can be slow at once; a 503 then is worse than a slow answer. A worker that is truly
+wedged fails its requests, and its breaker takes it out of the last resort too.
+
 Within a pool the least-loaded eligible worker wins; with more than two eligible,
 power of two choices (Mitzenmacher 2001: two random candidates, the less loaded one),
 which avoids the herd that pure least-outstanding causes across gateway replicas.
@@ -94,6 +101,7 @@ class Worker:
     discovered: bool = False  # came from the Redis registry, not the config
     outstanding: int = 0
     served_at: float = -math.inf  # time.monotonic() of the last request it answered
+    timed_out: bool = False  # its last probe got no answer in time
 
     def served(self, now: float) -> None:
         """A request answered: closes the breaker and shows the worker alive."""
@@ -103,12 +111,18 @@ class Worker:
     def available(self, now: float) -> bool:
         return self.healthy and not self.draining and self.breaker.allows(now)
 
+    def last_resort(self, now: float) -> bool:
+        """Down only because its probes timed out: taken when nothing else is available."""
+        return (self.timed_out and not self.healthy and not self.draining
+                and self.breaker.allows(now))
+
     def state(self, now: float) -> dict:
         """For `/ready` and `/v1/routing/explain`."""
         return {"url": self.url, "healthy": self.healthy, "draining": self.draining,
                 "breaker": self.breaker.state(now).value, "outstanding": self.outstanding,
                 "probe_failures": self.probe_failures,
-                "probe_successes": self.probe_successes, "discovered": self.discovered}
+                "probe_successes": self.probe_successes, "timed_out": self.timed_out,
+                "discovered": self.discovered}
 
 
 @dataclass(slots=True, eq=False)  # identity: the router tests membership on hot paths
@@ -134,12 +148,22 @@ class Pool:
 
     @property
     def healthy_workers(self) -> int:
+        """Workers that take requests now: the available ones, else the last resort."""
         now = time.monotonic()
         count = 0
         for worker in self.workers:  # a loop, not sum(genexpr): asked ~4 times a request
             if worker.available(now):
                 count += 1
+        if count == 0:
+            for worker in self.workers:
+                if worker.last_resort(now):
+                    count += 1
         return count
+
+    def in_panic(self, now: float) -> bool:
+        """No worker available, some on their last resort."""
+        return (not any(w.available(now) for w in self.workers)
+                and any(w.last_resort(now) for w in self.workers))
 
     @property
     def outstanding(self) -> int:
@@ -171,6 +195,8 @@ class Pool:
         """Least outstanding among eligible workers; power of two choices beyond two."""
         now = time.monotonic()
         eligible = [w for w in self.workers if w.url not in exclude and w.available(now)]
+        if not eligible and not any(w.available(now) for w in self.workers):
+            eligible = [w for w in self.workers if w.url not in exclude and w.last_resort(now)]
         if len(eligible) > 2:
             eligible = self.rng.sample(eligible, 2)
         return min(eligible, key=lambda w: w.outstanding, default=None)

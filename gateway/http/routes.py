@@ -66,7 +66,7 @@ async def ready(request: Request) -> Response:
         return json_response({"ready": is_ready}, status)
     now = time.monotonic()
     pools = {p.name: {"healthy_workers": p.healthy_workers, "workers": len(p.workers),
-                      "outstanding": p.outstanding,
+                      "last_resort": p.in_panic(now), "outstanding": p.outstanding,
                       "worker_states": [w.state(now) for w in p.workers]}
              for p in gateway.pools.values()}
     return json_response({"ready": is_ready, "models": models, "pools": pools}, status)

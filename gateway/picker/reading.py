@@ -18,7 +18,7 @@ import orjson
 from gateway.errors import UpstreamProtocolError
 from gateway.telemetry.worker_stats import SpecStats, Usage, merge_spec
 from gateway.upstream.adapters.base import finish_reason_of
-from gateway.upstream.adapters.openai import spec_from_body, usage_from_body
+from gateway.upstream.adapters.openai import spec_of, usage_from_body
 from gateway.upstream.adapters.reply import Reply, usage_of
 from gateway.upstream.adapters.sglang import spec_from_meta
 
@@ -92,8 +92,9 @@ class ResponseReader:
                 self.finish_reason = finish_reason_of(meta["finish_reason"])
             self.tokens_seen = self.tokens_seen or bool(body.get("text"))
             return
-        self.usage = usage_from_body(Reply("worker", body)) or self.usage
-        self.spec = merge_spec(spec_from_body(body), self.spec)
+        reply = Reply("worker", body)
+        self.usage = usage_from_body(reply) or self.usage
+        self.spec = merge_spec(spec_of(reply), self.spec)
         for choice in body.get("choices") or ():
             if not isinstance(choice, dict):
                 continue

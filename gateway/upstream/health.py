@@ -11,7 +11,8 @@ A probe that timed out (no answer within `max(2 s, health_interval_s)`) does not
 against a healthy worker that answered a request within the span those failures would
 take, `unhealthy_after` probe timeouts: it is busy, not dead, as on two cores shared with
 an engine that is starting. Its requests speak for it; if they fail, its circuit
-breaker takes it out. A refused connection or a non-200 answer always counts.
+breaker takes it out. A refused connection or a non-200 answer always counts. A worker
+down only from timed-out probes stays its pool's last resort (`gateway.pools`).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def apply_probe(worker: Worker, probe: Probe, server: ServerConfig,
             worker, server, time.monotonic() if now is None else now):
         return
     ok = probe is Probe.OK
+    worker.timed_out = probe is Probe.TIMED_OUT
     if ok:
         worker.probe_successes += 1
         worker.probe_failures = 0
@@ -71,7 +73,11 @@ def apply_probe(worker: Worker, probe: Probe, server: ServerConfig,
     elif not worker.healthy and worker.probe_successes >= server.healthy_after:
         worker.healthy = True
     if worker.healthy != was:
-        log.info("worker %s is now %s", worker.url, "healthy" if worker.healthy else "down")
+        why = "" if worker.healthy else (
+            f" ({worker.probe_failures} probes in a row "
+            f"{'timed out: last resort' if worker.timed_out else 'refused or failed'})")
+        log.info("worker %s is now %s%s", worker.url, "healthy" if worker.healthy else "down",
+                 why)
 
 
 class HealthMonitor:

@@ -7,11 +7,18 @@ from __future__ import annotations
 import pytest
 
 from gateway.telemetry.worker_stats import SpecStats, merge_spec
-from gateway.upstream.adapters.openai import spec_from_body
+from gateway.upstream.adapters.openai import spec_of
+from gateway.upstream.adapters.reply import Reply
 from gateway.upstream.adapters.sglang import spec_from_meta
 
 DETAILS = {"spec_verify_ct": 4, "spec_accept_length": 2.5, "spec_accept_rate": 0.5,
            "spec_num_correct_drafts": 6, "spec_num_proposed_drafts": 12}
+
+
+def spec_from_body(raw: dict) -> SpecStats | None:
+    return spec_of(Reply("worker", raw))
+
+
 BATCH = {"requests": 2.5, "draft_tokens": 6.0, "steps": 3, "decode_s": 0.4}
 
 

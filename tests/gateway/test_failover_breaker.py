@@ -13,7 +13,7 @@ from openai_stub import VLLMStub
 from sglang_stub import StubConfig, StubServer
 
 from gateway.config import ServerConfig, parse_config
-from gateway.errors import UpstreamUnavailable
+from gateway.errors import NoHealthyWorker, UpstreamUnavailable
 from gateway.pools import BreakerState, CircuitBreaker, Worker, build_pools
 from gateway.schemas import parse_request
 from gateway.upstream.health import HealthMonitor, Probe, apply_probe
@@ -69,6 +69,25 @@ def test_a_probe_timeout_spares_a_worker_that_is_serving() -> None:
     for now in (16.5, 17.0):  # no answer since 10.0: timeouts count again
         apply_probe(worker, Probe.TIMED_OUT, server, now=now)
     assert not worker.healthy
+
+
+def test_a_pool_whose_probes_all_time_out_falls_back_on_its_last_resort() -> None:
+    config = parse_config({"pools": [pool("p", ["http://a:1", "http://b:1", "http://c:1"])],
+                           "server": {"unhealthy_after": 1}})
+    p = build_pools(config)["p"]
+    a, b, c = p.workers
+    for worker, probe in ((a, Probe.OK), (b, Probe.TIMED_OUT), (c, Probe.FAILED)):
+        apply_probe(worker, probe, config.server)
+    assert (p.healthy_workers, p.pick(), p.in_panic(time.monotonic())) == (1, a, False)
+    apply_probe(a, Probe.TIMED_OUT, config.server)  # nothing available: the last resort
+    assert not a.healthy and p.healthy_workers == 2 and p.in_panic(time.monotonic())
+    assert p.pick({a.url}) is b and p.pick() in (a, b)
+    b.breaker.failure(time.monotonic(), hard=True)  # a failing worker is no resort
+    a.draining = True
+    assert p.healthy_workers == 0 and p.pick() is None  # c refused: never a resort
+    apply_probe(c, Probe.OK, config.server)
+    apply_probe(c, Probe.OK, config.server)
+    assert p.pick() is c and not p.in_panic(time.monotonic())
 
 
 @pytest.fixture
@@ -133,6 +152,31 @@ async def test_a_busy_worker_that_serves_stays_in_while_a_silent_one_goes(
     finally:
         await busy.close()
         await silent.close()
+
+
+async def test_a_worker_slow_to_probe_still_serves_when_it_is_the_only_one(
+        client: Http1Client, session: aiohttp.ClientSession) -> None:
+    """Its /health stalls past the probe timeout and nothing else serves the model: the
+    request is answered, not refused with a 503; once its server is gone, it is."""
+    cfg = StubConfig(model="m")
+    stub, url = await serve(StubServer(cfg).app())
+    gateway = make_gateway(client, [pool("only", [url])])
+    monitor = HealthMonitor(gateway.pools, session, ServerConfig(unhealthy_after=1))
+    await monitor.probe_all()
+    cfg.health_stall_s = 3.0
+    await monitor.probe_all()
+    worker = gateway.pools["only"].workers[0]
+    assert not worker.healthy and worker.timed_out
+    request = parse_request({"model": "m", "prompt": "x y"}, "completions")
+    decision, pools = gateway.router.route(request, gateway.router.classify(request, "t"))
+    lease, result = await gateway.dispatcher.generate(request, decision, pools)
+    lease.release()
+    assert result.text == "x y" and lease.worker is worker
+    await stub.close()
+    await monitor.probe_all()  # refused now
+    assert not worker.timed_out and gateway.pools["only"].healthy_workers == 0
+    with pytest.raises(NoHealthyWorker):
+        gateway.router.route(request, gateway.router.classify(request, "t"))
 
 
 async def test_failing_worker_is_skipped_once_its_breaker_opens(client: Http1Client) -> None:

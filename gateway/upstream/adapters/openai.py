@@ -36,15 +36,10 @@ from policies.fleet import WORKER_BATCH_KEY
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
-def spec_from_body(raw: dict, worker: str = "worker") -> SpecStats | None:
+def spec_of(body: Reply) -> SpecStats | None:
     """Speculation stats from an SGLang `sglext` or a vLLM `metrics` object, if any; the
     embedded worker's `sglext.specroute_batch` too (alone: stats with only the batch
     fields, which a stream merges with `merge_spec`)."""
-    return spec_of(Reply(worker, raw))
-
-
-def spec_of(body: Reply) -> SpecStats | None:
-    """`spec_from_body` of a body already read as a `Reply`."""
     worker = body.worker
     sglext = body.obj("sglext")
     if sglext is not None:
@@ -74,15 +69,16 @@ def usage_from_body(body: Reply) -> Usage | None:
     return None if usage is None else usage_of(usage)
 
 
-def read_choices(body: Reply, chat: bool) -> list[Reply]:
+def read_choices(body: Reply, chat: bool) -> tuple[list[Reply], str | None]:
     """A whole answer's choices, each checked: a message object (chat) whose content is
-    text or null, or text (completions)."""
+    text or null, or text (completions); and the first one's finish reason."""
     choices = body.objects("choices")
     if not choices:
         raise body.bad("choices", "a non-empty list")
+    reasons = []
     for choice in choices:
         choice.index()
-        choice.finish_reason()
+        reasons.append(choice.finish_reason())
         choice.logprobs()
         if chat:
             message = choice.obj("message")
@@ -93,19 +89,19 @@ def read_choices(body: Reply, chat: bool) -> list[Reply]:
                 message.objects("tool_calls")
         else:
             choice.text("text")
-    return choices
+    return choices, reasons[0]
 
 
 def result_from_body(worker: str, raw: dict, chat: bool) -> GenerationResult:
     """A non-streaming OpenAI answer as a `GenerationResult`; UpstreamProtocolError when
     its shape is wrong."""
     body = Reply(worker, raw)
-    choices = read_choices(body, chat)
+    choices, reason = read_choices(body, chat)
     first = choices[0].data  # read_choices checked its message or text
     message = first["message"] if chat else None
     text = (message.get("content") if message is not None else first.get("text")) or ""
     return GenerationResult(
-        text=text, finish_reason=choices[0].finish_reason() or "stop",
+        text=text, finish_reason=reason or "stop",
         usage=usage_from_body(body) or Usage(), spec=spec_of(body) or SpecStats(),
         message=message, choices=[c.data for c in choices])
 
