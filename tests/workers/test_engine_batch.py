@@ -109,28 +109,39 @@ def test_mixed_methods_in_one_batch_equal_each_request_alone(engine: Engine,
     assert len(accepted) >= 2  # drafts were accepted, so caches were rolled back and compacted
 
 
+def _network(engine: Engine, method: str) -> tuple[object, str]:
+    """The drafter network every request of `method` shares, and its batched entry."""
+    drafter = engine._methods[method].new_drafter()
+    if method == "medusa":
+        return drafter._heads, "forward"  # (N, 1, C): one row per sequence
+    return drafter._eagle.head, "forward_batch"  # a list of inputs, one per sequence
+
+
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
-@pytest.mark.parametrize(("method", "plan"), [("eagle", [3, 1, 5, 2]), ("eagle2", [8, 4, 12, 6])])
-def test_eagle_drafters_draft_together_and_equal_each_request_alone(
+@pytest.mark.parametrize(("method", "plan"), [("eagle", [3, 1, 5, 2]),
+                                              ("eagle2", [8, 4, 12, 6]),
+                                              ("medusa", [4, 2, 6, 3])])
+def test_drafters_draft_together_and_equal_each_request_alone(
         engine: Engine, sampled: bool, method: str, plan: list[int]) -> None:
-    """Several EAGLE chains (or EAGLE-2 trees, k per request in `plan`) in a step draft
-    in lock-step: one head forward per depth over all of them (plus one for the sync),
-    not one per request; each request's tokens are still what it gets alone."""
+    """Several EAGLE chains (EAGLE-2 trees, Medusa trees; k per request in `plan`) in a
+    step draft in lock-step: one forward of their network per depth (Medusa: per step)
+    over all of them, not one per request; each request's tokens are still what it
+    gets alone."""
     prompts = _prompts(len(plan))
 
     def new(i: int) -> Generation:
         return _start(engine, prompts[i], method, plan[i], seed=i, sampled=sampled,
                       limit=14 + 2 * i)
 
-    head = engine._methods[method].new_drafter()._eagle.head  # shared by every drafter
+    network, entry = _network(engine, method)
     sizes: list[int] = []
-    forward_batch = head.forward_batch
+    forward = getattr(network, entry)
 
     def counted(inputs):  # noqa: ANN001, ANN202
         sizes.append(len(inputs))
-        return forward_batch(inputs)
+        return forward(inputs)
 
-    head.forward_batch = counted
+    setattr(network, entry, counted)
     try:
         singles = [new(i) for i in range(len(plan))]
         alone = [_alone(g) for g in singles]
@@ -138,13 +149,13 @@ def test_eagle_drafters_draft_together_and_equal_each_request_alone(
         gens = [new(i) for i in range(len(plan))]
         together = _together(engine, gens, join_after={2: 3})
     finally:
-        del head.forward_batch
+        delattr(network, entry)
     assert together == alone
     drafts = [(g.stats.num_proposed_drafts, g.stats.num_correct_drafts) for g in gens]
     assert drafts == [(g.stats.num_proposed_drafts, g.stats.num_correct_drafts)
                       for g in singles]  # the same drafts, accepted alike
-    assert max(sizes) == len(plan)  # all four drafters in one head forward
-    assert sum(sizes) == forwards_alone  # the same head inputs...
+    assert max(sizes) == len(plan)  # all four drafters in one forward
+    assert sum(sizes) == forwards_alone  # the same inputs...
     assert len(sizes) < 0.6 * forwards_alone  # ...in far fewer forwards
 
 

@@ -36,7 +36,7 @@ from workers.embedded.grammar import GrammarCompiler, GrammarProcessor
 from workers.embedded.limits import check_params
 from workers.embedded.model import ForwardOutput, LlamaForCausalLM, SequenceInput
 from workers.embedded.speculative import DecodeState, Draft, Sampler
-from workers.embedded.speculative.eagle import DraftSteps, draft_together
+from workers.embedded.speculative.lockstep import DraftSteps, draft_together
 from workers.embedded.speculative.methods import Method, builtin_methods, load_methods
 from workers.embedded.speculative.processors import build_processors
 from workers.embedded.speculative.sampling import token_logprobs
@@ -155,7 +155,7 @@ class Engine:
             raise TypeError("Engine.step takes the Generations this engine started")
         results: list[StepOutput | Exception] = [g._finished_output() for g in own]
         running: list[tuple[int, SequenceInput]] = []
-        chains: dict[int, DraftSteps] = {}  # EAGLE chains, drafted together
+        chains: dict[int, DraftSteps] = {}  # drafted in lock-step
         with torch.inference_mode():
             for i, gen in enumerate(own):
                 if not gen.finished:
@@ -270,7 +270,7 @@ class Generation:
 
     def _prepare(self) -> SequenceInput | DraftSteps:
         """This step's share of the batched forward: the prompt, or root + draft tree; or,
-        for a drafter that drafts in lock-step with others (an EAGLE chain), its steps,
+        for a drafter that drafts in lock-step with others (EAGLE, Medusa), its steps,
         whose draft `_verify_input` takes."""
         state = self._state
         if state is None:

@@ -44,7 +44,7 @@ def chain_steps(
 ) -> Generator[torch.Tensor, torch.Tensor, Draft]:
     """The chain as a generator: yields each drafted token (1,) whose successor's logits
     (V,) it needs and is sent them; returns the draft. A driver may so draft several
-    sequences in lock-step (`eagle.draft_together`).
+    sequences in lock-step (`lockstep.draft_together`).
 
     Greedy: argmax, q = None. Sampling: x ~ q with q = sampler.probs(logits), carried in the
     draft for min(1, p/q). Under a `constraint` (a request's grammar) each position's

@@ -162,7 +162,7 @@ class DecodeState:
 class Drafter(Protocol):
     """One per generation (it may keep state across steps, e.g. its own KV cache). A
     drafter that can draft in lock-step with the others of an engine step also has
-    `propose_steps(state)`, a generator of its network calls (the EAGLE chain:
-    `speculative.eagle`); the engine then drives it instead of `propose`."""
+    `propose_steps(state)`, a generator of its network calls (`speculative.lockstep`:
+    EAGLE, EAGLE-2, Medusa); the engine then drives it instead of `propose`."""
 
     def propose(self, state: DecodeState) -> Draft: ...

@@ -16,10 +16,11 @@ zero outside those N tokens, which the rejection rule handles exactly.
 
 Batched drafting: a chain drafter (and EAGLE-2's tree, `speculative.eagle2`) also offers
 `propose_steps`, a generator that yields each head forward it needs (`HeadCall`) and is
-sent the answer; `draft_together` runs the drafters of all the sequences in an engine step
-in lock-step, so each depth is ONE head forward over every sequence (a ragged batch,
-`EagleHead.forward_batch`) and one draft projection, not one of each per sequence. Alone,
-a drafter is the same generator answered one call at a time (`propose`).
+sent the answer; `speculative.lockstep.draft_together` runs the drafters of all the
+sequences in an engine step in lock-step, so each depth is ONE head forward over every
+sequence (a ragged batch, `EagleHead.forward_batch`) and one draft projection, not one of
+each per sequence. Alone, a drafter is the same generator answered one call at a time
+(`propose`).
 
 Legend: R the root's position, C hidden size, V vocabulary, f target features,
 h predicted features, p target probabilities, q draft probabilities.
@@ -27,7 +28,7 @@ h predicted features, p target probabilities, q draft probabilities.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +37,7 @@ from workers.embedded.drafter_models import EagleHead, HeadInput, draft_logits
 from workers.embedded.model import KVCache, LlamaForCausalLM
 from workers.embedded.speculative.chain import chain_steps
 from workers.embedded.speculative.draft import DecodeState, Draft
+from workers.embedded.speculative.lockstep import DraftSteps, draft_alone
 
 
 class EagleSync:
@@ -98,11 +100,8 @@ class EagleChainDrafter:
         self._eagle = EagleSync(model, head)
 
     def propose(self, state: DecodeState) -> Draft:
-        """The chain alone: `draft_together` with one chain."""
-        draft = draft_together({0: self.propose_steps(state)})[0]
-        if isinstance(draft, Exception):
-            raise draft
-        return draft
+        """The chain alone."""
+        return draft_alone(self.propose_steps(state))
 
     def propose_steps(self, state: DecodeState) -> DraftSteps:
         """The chain as a generator of its head forwards (see the module docstring)."""
@@ -137,11 +136,16 @@ class HeadCall:
     input: HeadInput
     all_rows: bool = False
 
+    @property
+    def group(self) -> int:
+        return id(self.sync.head)
 
-DraftSteps = Generator[HeadCall, tuple[torch.Tensor, torch.Tensor], Draft]
+    @staticmethod
+    def answer_all(calls: Sequence[HeadCall]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return answer(calls)
 
 
-def answer(calls: list[HeadCall]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def answer(calls: Sequence[HeadCall]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Calls on one head as one batched forward and one draft projection of the rows
     they want; commits each call's cache."""
     eagle = calls[0].sync
@@ -158,45 +162,3 @@ def answer(calls: list[HeadCall]) -> list[tuple[torch.Tensor, torch.Tensor]]:
     for call in calls:
         call.input.cache.commit()
     return [(out[a:b], logits[c:d]) for a, b, c, d in spans]
-
-
-def draft_together(chains: dict[int, DraftSteps]) -> dict[int, Draft | Exception]:
-    """Drive several chains in lock-step: each round answers every waiting call on the
-    same head with one `answer`. A chain that raises gets its exception; if a batched
-    round fails, its calls are answered one by one, so one bad sequence fails alone (a
-    failed forward leaves only pending cache entries, which the next forward overwrites)."""
-    results: dict[int, Draft | Exception] = {}
-    waiting: dict[int, HeadCall] = {}
-
-    def resume(i: int, reply: tuple[torch.Tensor, torch.Tensor] | None) -> None:
-        try:
-            waiting[i] = next(chains[i]) if reply is None else chains[i].send(reply)
-        except StopIteration as done:
-            results[i] = done.value
-        except Exception as exc:  # this sequence's drafting failed
-            results[i] = exc
-
-    for i in chains:
-        resume(i, None)
-    while waiting:
-        rounds: dict[int, list[tuple[int, HeadCall]]] = {}
-        for i, call in waiting.items():
-            rounds.setdefault(id(call.sync.head), []).append((i, call))
-        waiting = {}
-        for group in rounds.values():
-            try:
-                replies: list = answer([call for _, call in group])
-            except Exception:
-                replies = []
-                for _, call in group:
-                    try:
-                        replies.append(answer([call])[0])
-                    except Exception as exc:
-                        replies.append(exc)
-            for (i, _), reply in zip(group, replies, strict=True):
-                if isinstance(reply, Exception):
-                    chains[i].close()
-                    results[i] = reply
-                else:
-                    resume(i, reply)
-    return results

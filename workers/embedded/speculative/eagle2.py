@@ -17,7 +17,7 @@ temperature, and a node's children are accepted with the target's mass on their 
 
 Drafting runs as a generator of head forwards (`propose_steps`), so the engine drafts the
 trees of all the sequences of a step in lock-step with each other and with EAGLE chains:
-one head forward per depth over every sequence (`speculative.eagle.draft_together`).
+one head forward per depth over every sequence (`speculative.lockstep.draft_together`).
 
 Legend: R the root's position, F frontier size, C hidden size, V vocabulary.
 """
@@ -33,7 +33,8 @@ from policies.methods import TREE_DEPTH
 from workers.embedded.drafter_models import EagleHead
 from workers.embedded.model import LlamaForCausalLM
 from workers.embedded.speculative.draft import ROOT, DecodeState, Draft
-from workers.embedded.speculative.eagle import DraftSteps, EagleSync, HeadCall, draft_together
+from workers.embedded.speculative.eagle import EagleSync, HeadCall
+from workers.embedded.speculative.lockstep import DraftSteps, draft_alone
 
 
 @dataclass(frozen=True)
@@ -52,11 +53,8 @@ class EagleTreeDrafter:
         self.last_scores: list[float] = []
 
     def propose(self, state: DecodeState) -> Draft:
-        """The tree alone: `draft_together` with one drafter."""
-        draft = draft_together({0: self.propose_steps(state)})[0]
-        if isinstance(draft, Exception):
-            raise draft
-        return draft
+        """The tree alone."""
+        return draft_alone(self.propose_steps(state))
 
     def propose_steps(self, state: DecodeState) -> DraftSteps:
         """The tree as a generator of its head forwards (`speculative.eagle`): the sync,

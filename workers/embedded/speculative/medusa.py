@@ -13,16 +13,50 @@ found best-first with a heap; heads with a draft vocabulary rank only its N toke
 alike, so every node is a point mass (q = None): verification's recursive rejection over
 siblings is exact at any temperature (Medusa's "typical acceptance" is not, and is not used).
 
-Legend: R the root's position, H heads, C hidden size, V vocabulary.
+The sequences of an engine step draft in lock-step (`speculative.lockstep`): one
+`MedusaCall` each, answered by ONE forward of the heads and one draft projection over
+all of their features.
+
+Legend: R the root's position, H heads, N sequences, C hidden size, V vocabulary.
 """
 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
 
 from workers.embedded.drafter_models import MedusaHeads, draft_logits
 from workers.embedded.model import LlamaForCausalLM
 from workers.embedded.speculative.draft import ROOT, DecodeState, Draft
+from workers.embedded.speculative.lockstep import DraftSteps, draft_alone
+
+
+@dataclass
+class MedusaCall:
+    """The heads' log-probs (depth, V) for one sequence's last feature (1, C)."""
+
+    heads: MedusaHeads
+    lm_head: nn.Module
+    feature: torch.Tensor
+    depth: int
+
+    @property
+    def group(self) -> int:
+        return id(self.heads)
+
+    @staticmethod
+    def answer_all(calls: Sequence[MedusaCall]) -> list[torch.Tensor]:
+        first = calls[0]
+        depth = max(call.depth for call in calls)
+        features = torch.cat([call.feature for call in calls])[:, None]  # (N, 1, C)
+        per_head = first.heads(features)[:depth, :, 0]  # (depth, N, C)
+        logits = draft_logits(per_head, first.heads.vocabulary, first.lm_head)  # (depth, N, V)
+        logp = logits.log_softmax(-1)  # -inf outside a draft vocabulary
+        return [logp[: call.depth, n] for n, call in enumerate(calls)]
 
 
 class MedusaDrafter:
@@ -32,12 +66,17 @@ class MedusaDrafter:
         self._dtype = next(heads.parameters()).dtype
 
     def propose(self, state: DecodeState) -> Draft:
+        """This sequence's tree alone."""
+        return draft_alone(self.propose_steps(state))
+
+    def propose_steps(self, state: DecodeState) -> DraftSteps:
+        """The tree as a generator of its one heads call (`speculative.lockstep`)."""
         k = state.k
         depth = min(self._heads.config.num_heads, k)
-        feature = state.hidden[-1:].to(self._dtype)[None]  # (1, 1, C)
-        head_features = self._heads(feature)[:depth, 0, 0]  # (depth, C)
-        logits = draft_logits(head_features, self._heads.vocabulary, self._lm_head)  # (depth, V)
-        logp = logits.log_softmax(-1)  # -inf outside a draft vocabulary
+        if depth == 0:
+            return Draft.empty()
+        feature = state.hidden[-1:].to(self._dtype)  # (1, C)
+        logp = yield MedusaCall(self._heads, self._lm_head, feature, depth)  # (depth, V)
         top = logp.topk(min(k, logp.shape[-1]), dim=-1)  # (depth, k) best first per head
         return best_paths(top.values.tolist(), top.indices.tolist(), k)
 
