@@ -160,6 +160,12 @@ class Pool:
                     count += 1
         return count
 
+    @property
+    def up_workers(self) -> int:
+        """The available workers only (health, breaker, drain), last resort not counted."""
+        now = time.monotonic()
+        return sum(1 for worker in self.workers if worker.available(now))
+
     def in_panic(self, now: float) -> bool:
         """No worker available, some on their last resort."""
         return (not any(w.available(now) for w in self.workers)

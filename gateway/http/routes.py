@@ -58,8 +58,8 @@ async def ready(request: Request) -> Response:
     pools and worker URLs only for an admin (`is_admin`)."""
     gateway = _gateway(request)
     models: dict[str, int] = dict.fromkeys(gateway.config.models, 0)
-    for pool in gateway.pools.values():
-        models[pool.config.model] += pool.healthy_workers
+    for pool in gateway.pools.values():  # a pool on its last resort is not ready
+        models[pool.config.model] += pool.up_workers
     is_ready = all(models.values())
     status = 200 if is_ready else 503
     if not is_admin(request):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Gauge, ProcessCollector
@@ -107,6 +108,9 @@ class HttpMetrics:
         self.workers_up = Gauge("specroute_pool_workers_up", "Workers taking requests: "
                                 "healthy, breaker not open, not draining", ("pool",),
                                 registry=registry)
+        self.last_resort = Gauge("specroute_pool_last_resort", "1 while the pool has no "
+                                 "worker up and sends to those whose probes only timed out",
+                                 ("pool",), registry=registry)
         self.workers = Gauge("specroute_pool_workers", "Workers known (config and registry)",
                              ("pool",), registry=registry)
         self.tasks = Gauge("specroute_event_loop_tasks", "asyncio tasks alive (the scrape's "
@@ -127,5 +131,6 @@ class HttpMetrics:
         """Set the gauges (at scrape time, from the event loop: read, not counted)."""
         self.tasks.set(len(asyncio.all_tasks()))
         for name, pool in pools.items():
-            self.workers_up.labels(name).set(pool.healthy_workers)
+            self.workers_up.labels(name).set(pool.up_workers)
+            self.last_resort.labels(name).set(int(pool.in_panic(time.monotonic())))
             self.workers.labels(name).set(len(pool.workers))

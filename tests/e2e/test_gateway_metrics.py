@@ -134,6 +134,7 @@ def test_worker_gauges_follow_the_pool(stack: dict) -> None:
             time.sleep(0.2)
         samples = scrape(url)
         assert samples[up] == 0 and samples[known] == 1
+        assert samples[("specroute_pool_last_resort", (("pool", "p"),))] == 1  # hung only
     finally:
         stack["stub"].send_signal(signal.SIGCONT)
     wait_http(url + "/ready", 15)
