@@ -180,23 +180,39 @@ async def read_request(gateway: Gateway, scope: Scope, receive: Receive,
     return tenant, body, pin
 
 
+WATCH_AFTER_S = 0.05  # most requests are over by then: no waiter for them at all
+
+
 class DisconnectWatch:
     """Cancels the request's own task when the client disconnects mid-request.
 
     One `receive()` waiter per request instead of a second task around the work (a task
-    costs a creation and an extra loop turn). `close()` disarms it when the request is
-    done: from then on a late disconnect message (uvicorn answers `receive()` with one
-    as soon as the response is complete) must not cancel the server's task."""
+    costs a creation and an extra loop turn), and only from `after_s` on: a request over
+    before then never makes one (a timer handle costs far less than a task), and a client
+    that leaves earlier is seen at `after_s` (uvicorn answers `receive()` at once with the
+    disconnect it already saw). `close()` disarms it when the request is done: from then
+    on a late disconnect message (uvicorn answers `receive()` with one as soon as the
+    response is complete) must not cancel the server's task."""
 
-    __slots__ = ("task", "waiter", "armed", "fired")
+    __slots__ = ("task", "receive", "waiter", "timer", "armed", "fired")
 
-    def __init__(self, receive: Receive) -> None:
+    def __init__(self, receive: Receive, after_s: float = 0.0) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self.task = task
+        self.task, self.receive = task, receive
         self.armed, self.fired = True, False
-        self.waiter = asyncio.ensure_future(receive())
-        self.waiter.add_done_callback(self._done)
+        self.waiter: asyncio.Future | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        if after_s > 0:
+            self.timer = asyncio.get_running_loop().call_later(after_s, self._watch)
+        else:
+            self._watch()
+
+    def _watch(self) -> None:
+        self.timer = None
+        if self.armed:
+            self.waiter = asyncio.ensure_future(self.receive())
+            self.waiter.add_done_callback(self._done)
 
     def _done(self, message: asyncio.Future) -> None:
         if self.armed and not message.cancelled() and message.exception() is None \
@@ -207,7 +223,10 @@ class DisconnectWatch:
     def close(self) -> None:
         """Disarm; a cancellation this watch caused is taken back (`uncancel`)."""
         self.armed = False
-        self.waiter.cancel()
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.waiter is not None:
+            self.waiter.cancel()
         if self.fired:
             self.task.uncancel()
 
@@ -249,7 +268,7 @@ class TokenEndpoint:
             return
         admitted = Admitted(tenant, request, profile, decision, pools, trace)
         serve = self.stream if request.stream else self.complete
-        watch = DisconnectWatch(receive)
+        watch = DisconnectWatch(receive, WATCH_AFTER_S)
         ticket = None
         try:
             if gateway.admission is not None:

@@ -78,3 +78,31 @@ async def test_disconnect_after_close_does_not_cancel() -> None:
         return "finished"
 
     assert await asyncio.wait_for(request(), 5) == "finished"
+
+
+async def test_a_deferred_watch_waits_only_for_requests_still_running() -> None:
+    """From `after_s` on: a request done before then never calls receive(); one still
+    running then is cancelled by a disconnect its client sent earlier."""
+    calls: list[str] = []
+
+    async def gone() -> dict:
+        calls.append("receive")
+        return {"type": "http.disconnect"}
+
+    async def request(work_s: float) -> str:
+        watch = DisconnectWatch(gone, after_s=0.05)
+        try:
+            await asyncio.sleep(work_s)
+        except asyncio.CancelledError:
+            assert watch.fired
+            return "cancelled by client"
+        finally:
+            watch.close()
+        return "finished"
+
+    assert await request(0.01) == "finished"
+    await asyncio.sleep(0.1)  # past after_s: the cancelled timer made no waiter
+    assert calls == []
+    task = asyncio.ensure_future(request(30))
+    assert await asyncio.wait_for(task, 5) == "cancelled by client"
+    assert calls == ["receive"] and task.cancelling() == 0
