@@ -10,7 +10,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Route
 
 from gateway.http.app import GatewayApp, http_error
-from gateway.http.endpoints import DisconnectWatch
+from gateway.http.disconnect import DisconnectWatch
 
 
 async def _fast(scope, receive, send) -> None:
