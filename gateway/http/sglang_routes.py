@@ -266,7 +266,7 @@ async def health_generate(request: Request) -> Response:
     """200 when some pool that can generate has a healthy worker (SGLang's route runs a
     one-token generation; the gateway's health monitor already probes every worker)."""
     gateway: Gateway = request.app.state.gateway
-    if any(pool.healthy_workers for pool in gateway.pools.values()):
+    if any(pool.up_workers for pool in gateway.pools.values()):
         return Response(status_code=200)
     error = NoHealthyWorker("no healthy worker", code="no_healthy_worker")
     return JSONResponse(error.body(), status_code=error.status)

@@ -73,7 +73,7 @@ class PickerServices:
     def ready(self) -> bool:
         """Readiness: the first health round has run and some worker is available."""
         return self.started and any(
-            pool.healthy_workers for pool in self.pools.values())
+            pool.up_workers for pool in self.pools.values())
 
 
 def build(config: GatewayConfig, *, policy: str = "learned", decide: Decide | None = None,
