@@ -83,3 +83,31 @@ def test_eagle_training_unrolls_to_the_depth_asked() -> None:
     off = dict(cfg.__dict__, eagle_unroll_weight=0.0)
     _, plain = losses(students, embed[:16], embed, batch, SmolDrafterConfig(**off), None)
     assert "eagle_depth2" not in plain
+
+
+def test_a_warm_start_takes_the_shipped_drafters_as_saved(tmp_path: Path) -> None:
+    from bench.training.drafters.train_smollm2_drafters import (
+        SmolDrafterConfig,
+        Students,
+        shipped_state,
+        warm_start,
+    )
+    from workers.embedded.drafter_models import save_drafter
+    from workers.embedded.model import ModelConfig
+
+    base = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                       num_attention_heads=4, num_key_value_heads=2,
+                       max_position_embeddings=64)
+    cfg = SmolDrafterConfig(draft_vocab=16, medusa_heads=2)
+    shipped = Students(base, cfg)
+    shipped.set_vocabulary(torch.randperm(64)[:16], torch.randn(64, 32))
+    save_drafter(shipped.eagle, "eagle", tmp_path / "eagle")
+    save_drafter(shipped.medusa, "medusa", tmp_path / "medusa")
+    fresh = Students(base, cfg)
+    fresh.set_vocabulary(torch.arange(16), torch.randn(64, 32))
+    warm_start(fresh, tmp_path)
+    assert torch.equal(fresh.eagle.vocabulary.draft_vocab, shipped.eagle.vocabulary.draft_vocab)
+    for kind in ("eagle", "medusa"):
+        saved = shipped_state(tmp_path, kind)  # bf16 on disk: equal to what was saved
+        assert all(torch.equal(v, saved[k])
+                   for k, v in getattr(fresh, kind).state_dict().items())

@@ -2,6 +2,7 @@
 
     python -m bench.training.drafters.train_smollm2_drafters [--steps N] [--corpus-docs D]
     python -m bench.training.drafters.train_smollm2_drafters --resume [--steps N]
+    python -m bench.training.drafters.train_smollm2_drafters --init-from DIR [--lr 3e-4]
     python -m bench.training.drafters.train_smollm2_drafters --export [--checkpoint last]
 
 Data: the self-distillation shards of `distill_data` (prompt + the target's own response,
@@ -24,7 +25,9 @@ Students, trained together (`Students`):
   depth >= 2 (HASS, arXiv 2408.15766; EAGLE-3's training-time test).
 - Medusa heads (arXiv 2401.10774): head i at position t matches the target's distribution
   for x_{t+2+i}.
-Checkpoint every `ckpt_every` steps (`workdir/ckpt.pt`, resumed with --resume) plus the
+--init-from starts both students from shipped drafters (and their draft vocabulary), and
+scores them on this run's held-out set as step 0, so a checkpoint is "best" only if it
+beats what ships. Checkpoint every `ckpt_every` steps (`workdir/ckpt.pt`, resumed with --resume) plus the
 best by held-out EAGLE agreement (`workdir/best.pt`), which --export ships.
 
 Legend: B sequences, T positions, C hidden size, N draft vocabulary, V vocabulary.
@@ -82,6 +85,7 @@ class SmolDrafterConfig:
     holdout_shards: int = 1
     ckpt_every: int = 50
     seed: int = 0
+    init_from: str = ""  # a folder of shipped drafters (eagle/, medusa/) to start from
 
 
 # ---------------------------------------------------------------- phase 2: students
@@ -206,13 +210,31 @@ def lr_at(step: int, cfg: SmolDrafterConfig) -> float:
     return 0.1 * cfg.lr + 0.45 * cfg.lr * (1 + math.cos(math.pi * progress))
 
 
+def shipped_state(folder: Path, kind: str) -> dict[str, torch.Tensor]:
+    """A shipped drafter's weights (`save_drafter`'s bf16) as float32 tensors."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(folder / kind / "model.safetensors"))
+    return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
+
+
+def warm_start(students: Students, folder: Path) -> None:
+    """Start from shipped drafters: fine-tuning on more data, not training anew."""
+    students.eagle.load_state_dict(shipped_state(folder, "eagle"))
+    students.medusa.load_state_dict(shipped_state(folder, "medusa"))
+
+
 def train(cfg: SmolDrafterConfig, model_dir: Path, shards: list[Path], workdir: Path,
           cache_dir: Path, resume: bool) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     if (workdir / "ckpt.pt").exists() and not resume:
         raise SystemExit(f"{workdir}/ckpt.pt exists: pass --resume, or another --workdir")
+    vocab_file = workdir / "draft_vocab.pt"
+    if cfg.init_from and not vocab_file.exists():  # the shipped drafters' vocabulary
+        vocab = shipped_state(Path(cfg.init_from), "eagle")["vocabulary.draft_vocab"]
+        torch.save(vocab, vocab_file)
     base = load_model(model_dir, dtype=torch.float32).fuse()  # the engine's features
-    train_data, heldout, vocab = prepare(base, shards, cache_dir, workdir / "draft_vocab.pt",
+    train_data, heldout, vocab = prepare(base, shards, cache_dir, vocab_file,
                                          cfg.max_len, cfg.holdout_shards, cfg.draft_vocab)
     embed = base.model.embed_tokens.weight.detach()  # (V, C) tied: also the LM head
     base_rows = embed[vocab].float()  # (N, C)
@@ -224,6 +246,8 @@ def train(cfg: SmolDrafterConfig, model_dir: Path, shards: list[Path], workdir: 
     torch.manual_seed(cfg.seed)
     students = Students(base.config, cfg)
     students.set_vocabulary(vocab, embed)
+    if cfg.init_from:
+        warm_start(students, Path(cfg.init_from))
     del base
     data = {"shards": [s.name for s in shards], "train_sequences": len(train_data.tokens),
             "train_positions": n_train, "heldout_sequences": len(heldout.tokens),
@@ -232,6 +256,10 @@ def train(cfg: SmolDrafterConfig, model_dir: Path, shards: list[Path], workdir: 
     opt = torch.optim.AdamW(students.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     step, history = load_checkpoint(workdir, students, opt, gen)
+    if cfg.init_from and step == 0:  # what the shipped drafters score on this held-out set
+        history.append({"step": 0, "wall_s": 0,
+                        **evaluate(students, base_rows, embed, heldout, cfg)})
+        print(f"eval step 0 (shipped): {json.dumps(history[-1])}", flush=True)
     best = max((h.get("heldout_eagle", 0.0) for h in history), default=0.0)
     t0, done = time.time(), 0
     while step < cfg.steps:
@@ -310,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--features", type=Path, default=Path("runs/smollm2-features"),
                    help="per-shard target features, shared between runs")
     p.add_argument("--resume", action="store_true", help="continue from workdir/ckpt.pt")
+    p.add_argument("--init-from", type=Path, default=None,
+                   help="start from the drafters shipped in this folder (their vocabulary too)")
     p.add_argument("--export", action="store_true", help="ship a checkpoint of workdir and exit")
     p.add_argument("--checkpoint", choices=("best", "last"), default="best",
                    help="--export: best held-out EAGLE agreement, or the last step")
@@ -332,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
                                 draft_vocab=args.draft_vocab, ckpt_every=args.ckpt_every,
                                 eagle_unroll_weight=args.eagle_unroll_weight,
                                 eagle_unroll_steps=args.eagle_unroll_steps,
-                                holdout_shards=args.holdout_shards)
+                                holdout_shards=args.holdout_shards,
+                                init_from=str(args.init_from or ""))
     args.workdir.mkdir(parents=True, exist_ok=True)
     base_config = json.loads((Path(model_dir) / "config.json").read_text())
     run = {"train_config": asdict(cfg), "base_config": base_config}
