@@ -144,3 +144,15 @@ def test_briefly_trained_drafters_are_accepted(tmp_path: Path) -> None:
             assert outputs[0] == outputs[1]
             accepted.append(g.stats.accept_length)
         assert sum(accepted) / len(accepted) > floor, (method, accepted)
+
+
+def test_autocast_is_bf16_only_where_the_cpu_computes_it() -> None:
+    """Emulated bf16 products are ~190x slower than float32 (AVX2): no autocast there."""
+    import torch
+
+    from bench.training.drafters.train import cpu_autocast, native_bf16
+
+    a, b = torch.randn(4, 8), torch.randn(8, 2)
+    with cpu_autocast():
+        product = a @ b
+    assert product.dtype == (torch.bfloat16 if native_bf16() else torch.float32)

@@ -72,7 +72,7 @@ def render(model_dir: Path, bench: dict | None, note: str = "") -> str:
         "(`bench/training/drafters/corpus.py`).",
         f"- Training: {tc['steps']} steps x {tc['batch_size']} x {tc['seq_len']} tokens "
         f"({base['train_tokens'] / 1e6:.1f} M tokens), AdamW, cosine LR {tc['lr']} -> "
-        f"{tc['min_lr']}, bf16 autocast on CPU (`python -m bench.training.drafters.train`).",
+        f"{tc['min_lr']}, bf16 autocast where the CPU computes bf16 natively, else float32 (`python -m bench.training.drafters.train`).",
         f"- Final loss: train {last['train_loss']:.3f}, held-out {last['val_loss']:.3f} "
         f"(step {last['step']}). Held-out loss by step: "
         + ", ".join(f"{h['step']}: {h['val_loss']:.2f}" for h in base["history"]) + ".",

@@ -80,8 +80,23 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * progress))
 
 
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX-512-BF16, AMX). Without it oneDNN
+    emulates bf16 and a product is ~190x slower than float32 (a (638, 8192) x (8192,
+    576) product: 9.3 s against 0.05 on an AVX2 core pair), so autocast must stay off."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def cpu_autocast() -> torch.autocast:
+    """bf16 autocast where the CPU computes bf16 natively; float32 elsewhere."""
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=native_bf16())
+
+
 def lm_loss(model: torch.nn.Module, xy: torch.Tensor) -> torch.Tensor:
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with cpu_autocast():
         logits = model(xy[:, :-1]).logits
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), xy[:, 1:].reshape(-1))
 

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from bench.training.drafters.train import (
     TrainConfig,
     batch,
+    cpu_autocast,
     load_checkpoint,
     prepare_data,
     save_checkpoint,
@@ -104,7 +105,7 @@ def losses(students: Students, base: LlamaForCausalLM, xy: torch.Tensor, cfg: Dr
     embed = base.model.embed_tokens.weight.float().detach()
     b, t, _ = feats.shape
     stats: dict[str, float] = {}
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with cpu_autocast():
         # Medusa: head i at position p predicts x_{p+2+i} ~ teacher[p+1+i].
         pos = torch.randint(0, t - 1 - cfg.medusa_heads, (cfg.medusa_positions,), generator=gen)
         head_feats = students.medusa(feats[:, pos])  # (H, B, P, C)

@@ -53,7 +53,7 @@ from bench.training.drafters.smollm2_data import (
     make_batch,
     prepare,
 )
-from bench.training.drafters.train import load_checkpoint, save_checkpoint
+from bench.training.drafters.train import cpu_autocast, load_checkpoint, save_checkpoint
 from policies.fleet import SMOLLM2_MODEL_NAME, weights_dir
 from workers.embedded.checkpoint import init_weights, load_model
 from workers.embedded.drafter_models import (
@@ -144,7 +144,7 @@ def losses(students: Students, base_rows: torch.Tensor, embed: torch.Tensor, bat
     f, x, valid = batch.hidden, batch.tokens, batch.valid.float()
     teacher = f @ base_rows.T  # (B, T, N): target logits over the draft vocabulary
     stats: dict[str, float] = {}
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with cpu_autocast():  # bf16 only where the CPU has it (train.native_bf16)
         # EAGLE pass 1 at t: (f_t, e(x_{t+1})) -> f_{t+1}, whose logits predict x_{t+2}.
         w1 = valid[:, 1:]  # (B, T-1)
         inputs = f[:, :-1]
