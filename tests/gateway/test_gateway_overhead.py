@@ -34,6 +34,19 @@ async def test_token_route_front_door_and_405() -> None:
         assert missing.status_code == 404
 
 
+async def watched(receive, work_s: float, after_s: float = 0.0) -> str:  # noqa: ANN001
+    """A request of `work_s` under a watch: how it ended."""
+    watch = DisconnectWatch(receive, after_s)
+    try:
+        await asyncio.sleep(work_s)
+    except asyncio.CancelledError:
+        assert watch.fired
+        return "cancelled by client"
+    finally:
+        watch.close()
+    return "finished"
+
+
 async def test_disconnect_cancels_the_request_and_is_taken_back() -> None:
     left = asyncio.Event()
 
@@ -41,18 +54,7 @@ async def test_disconnect_cancels_the_request_and_is_taken_back() -> None:
         await left.wait()
         return {"type": "http.disconnect"}
 
-    async def request() -> str:
-        watch = DisconnectWatch(receive)
-        try:
-            await asyncio.sleep(30)
-        except asyncio.CancelledError:
-            assert watch.fired
-            return "cancelled by client"
-        finally:
-            watch.close()
-        return "finished"
-
-    task = asyncio.ensure_future(request())
+    task = asyncio.ensure_future(watched(receive, 30))
     await asyncio.sleep(0)
     left.set()
     assert await asyncio.wait_for(task, 5) == "cancelled by client"
@@ -89,20 +91,9 @@ async def test_a_deferred_watch_waits_only_for_requests_still_running() -> None:
         calls.append("receive")
         return {"type": "http.disconnect"}
 
-    async def request(work_s: float) -> str:
-        watch = DisconnectWatch(gone, after_s=0.05)
-        try:
-            await asyncio.sleep(work_s)
-        except asyncio.CancelledError:
-            assert watch.fired
-            return "cancelled by client"
-        finally:
-            watch.close()
-        return "finished"
-
-    assert await request(0.01) == "finished"
+    assert await watched(gone, 0.01, after_s=0.05) == "finished"
     await asyncio.sleep(0.1)  # past after_s: the cancelled timer made no waiter
     assert calls == []
-    task = asyncio.ensure_future(request(30))
+    task = asyncio.ensure_future(watched(gone, 30, after_s=0.05))
     assert await asyncio.wait_for(task, 5) == "cancelled by client"
     assert calls == ["receive"] and task.cancelling() == 0
