@@ -24,7 +24,7 @@ import gc
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import orjson
@@ -152,6 +152,20 @@ class GatewayApp(Starlette):
                             seconds * 1000, scope.get("specroute.tenant", "-"))
 
 
+STOP_TIMEOUT_S = 15.0  # each part's share of a shutdown; more and it is left behind
+
+
+async def bounded_stop(name: str, stop: Callable[[], Awaitable[None]]) -> None:
+    """Await one part's stop for at most STOP_TIMEOUT_S: a part that hangs (a socket that
+    never answers) is logged and left, and the shutdown goes on."""
+    try:
+        async with asyncio.timeout(STOP_TIMEOUT_S):
+            await stop()
+    except TimeoutError:
+        log.warning("%s did not stop within %g s; shutting down without it", name,
+                    STOP_TIMEOUT_S)
+
+
 def create_app(config: GatewayConfig, *, policy: str = "learned",
                decide: Decide | None = None, classify: Classify | None = None,
                recorder: Recorder | None = None,
@@ -232,14 +246,15 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
             try:
                 yield
             finally:
-                await console.stop()
+                stops = [("console", console.stop), ("watchers", watchers.stop),
+                         ("rate limits", app.state.gateway.limits.close),
+                         ("loop lag probe", app.state.loop_lag.stop)]
                 if planning is not None:
-                    await planning.stop()
-                await watchers.stop()
+                    stops.insert(1, ("fleet planning", planning.stop))
                 if reloader is not None:
-                    await reloader.stop()
-                await app.state.gateway.limits.close()
-                await app.state.loop_lag.stop()
+                    stops.insert(-2, ("tenant reloader", reloader.stop))
+                for name, stop in stops:
+                    await bounded_stop(name, stop)
                 await asyncio.to_thread(routing.stop)  # joins threads, flushes telemetry
                 upstream.close()
                 provider.shutdown()

@@ -97,3 +97,21 @@ async def test_a_deferred_watch_waits_only_for_requests_still_running() -> None:
     task = asyncio.ensure_future(watched(gone, 30, after_s=0.05))
     assert await asyncio.wait_for(task, 5) == "cancelled by client"
     assert calls == ["receive"] and task.cancelling() == 0
+
+
+async def test_a_part_that_hangs_at_shutdown_is_left_behind(monkeypatch, caplog) -> None:  # noqa: ANN001
+    from gateway.http import app as app_module
+
+    monkeypatch.setattr(app_module, "STOP_TIMEOUT_S", 0.05)
+    stopped: list[str] = []
+
+    async def hangs() -> None:
+        await asyncio.Event().wait()
+
+    async def quick() -> None:
+        stopped.append("quick")
+
+    await asyncio.wait_for(app_module.bounded_stop("stuck part", hangs), 5)
+    await app_module.bounded_stop("quick part", quick)
+    assert stopped == ["quick"]
+    assert "stuck part did not stop within 0.05 s" in caplog.text
