@@ -246,15 +246,15 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
             try:
                 yield
             finally:
-                stops = [("console", console.stop), ("watchers", watchers.stop),
-                         ("rate limits", app.state.gateway.limits.close),
-                         ("loop lag probe", app.state.loop_lag.stop)]
-                if planning is not None:
-                    stops.insert(1, ("fleet planning", planning.stop))
-                if reloader is not None:
-                    stops.insert(-2, ("tenant reloader", reloader.stop))
-                for name, stop in stops:
-                    await bounded_stop(name, stop)
+                for name, stop in (
+                        ("console", console.stop),
+                        ("fleet planning", planning.stop if planning is not None else None),
+                        ("watchers", watchers.stop),
+                        ("tenant reloader", reloader.stop if reloader is not None else None),
+                        ("rate limits", app.state.gateway.limits.close),
+                        ("loop lag probe", app.state.loop_lag.stop)):
+                    if stop is not None:
+                        await bounded_stop(name, stop)
                 await asyncio.to_thread(routing.stop)  # joins threads, flushes telemetry
                 upstream.close()
                 provider.shutdown()
