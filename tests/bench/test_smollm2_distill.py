@@ -111,3 +111,22 @@ def test_a_warm_start_takes_the_shipped_drafters_as_saved(tmp_path: Path) -> Non
         saved = shipped_state(tmp_path, kind)  # bf16 on disk: equal to what was saved
         assert all(torch.equal(v, saved[k])
                    for k, v in getattr(fresh, kind).state_dict().items())
+
+
+def test_held_out_shards_come_from_every_folder(tmp_path: Path) -> None:
+    from bench.training.drafters.smollm2_data import split_shards
+
+    distill, magpie = tmp_path / "distill", tmp_path / "magpie"
+    for folder, pattern, n in ((distill, "shard-{:05d}.jsonl", 4), (magpie, "magpie-{:05d}.jsonl", 5)):
+        folder.mkdir()
+        for i in range(n):
+            (folder / pattern.format(i)).write_text("")
+    (magpie / "queries.jsonl").write_text("")  # not a shard
+    train, heldout = split_shards([distill, magpie], [1, 2])
+    assert [p.name for p in heldout] == ["shard-00000.jsonl", "magpie-00000.jsonl", "magpie-00001.jsonl"]
+    assert [p.name for p in train] == [f"shard-0000{i}.jsonl" for i in (1, 2, 3)] + \
+        [f"magpie-0000{i}.jsonl" for i in (2, 3, 4)]
+    train, heldout = split_shards([distill, magpie], [1], max_shards=3)
+    assert len(heldout) == 2 and len(train) == 4
+    with pytest.raises(ValueError):
+        split_shards([distill, magpie], [1, 2, 3])

@@ -147,11 +147,33 @@ def concat(parts: list[ShardFeatures]) -> ShardFeatures:
                          [a for p in parts for a in p.argmax])
 
 
-def prepare(base: LlamaForCausalLM, shards: list[Path], cache_dir: Path, vocab_file: Path,
-            max_len: int, holdout_shards: int, vocab_size: int,
+SHARD_PATTERNS = ("shard-*.jsonl", "magpie-*.jsonl")  # distill_data's, magpie's
+
+
+def split_shards(folders: list[Path], holdout: list[int], max_shards: int = 10_000,
+                 ) -> tuple[list[Path], list[Path]]:
+    """(train, held-out) shards: the first `holdout[i]` shards of folder i are held out
+    (one count: the same for every folder), so the held-out set has some of every data
+    source; at most `max_shards` a folder."""
+    counts = holdout * len(folders) if len(holdout) == 1 else holdout
+    if len(counts) != len(folders):
+        raise ValueError(f"{len(holdout)} held-out counts for {len(folders)} shard folders")
+    train: list[Path] = []
+    heldout: list[Path] = []
+    for folder, count in zip(folders, counts, strict=True):
+        found = sorted(p for pattern in SHARD_PATTERNS for p in folder.glob(pattern))
+        found = found[:max_shards]
+        heldout += found[:count]
+        train += found[count:]
+    return train, heldout
+
+
+def prepare(base: LlamaForCausalLM, train_shards: list[Path], heldout_shards: list[Path],
+            cache_dir: Path, vocab_file: Path, max_len: int, vocab_size: int,
             ) -> tuple[ShardFeatures, ShardFeatures, torch.Tensor]:
     """(train, held-out, draft vocabulary); the vocabulary is fixed at the first run."""
     cache_dir.mkdir(parents=True, exist_ok=True)
+    shards = heldout_shards + train_shards
     parts = []
     for i, shard in enumerate(shards):
         t0 = time.time()
@@ -159,8 +181,8 @@ def prepare(base: LlamaForCausalLM, shards: list[Path], cache_dir: Path, vocab_f
         positions = sum(len(t) for t in parts[-1].tokens)
         print(f"features {shard.name} ({i + 1}/{len(shards)}): {positions} positions, "
               f"{time.time() - t0:.1f}s", flush=True)
-    heldout = concat(parts[:holdout_shards])
-    train = concat(parts[holdout_shards:])
+    heldout = concat(parts[:len(heldout_shards)])
+    train = concat(parts[len(heldout_shards):])
     if not vocab_file.exists():
         torch.save(draft_vocabulary(train.tokens, vocab_size, base.config.vocab_size), vocab_file)
     return train, heldout, torch.load(vocab_file)

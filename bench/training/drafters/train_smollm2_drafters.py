@@ -11,7 +11,9 @@ corpus (`corpus.py`: standard-library code, docstrings, JSON) rendered as ChatML
 assistant turns (`corpus_shards`): the target's features and argmax over fixed text, as
 EAGLE-1 trained on ShareGPT; one forward per document instead of one per token. The
 frozen target runs once per shard (`smollm2_data.cached_features`, kept under --features,
-so a resumed run reuses them). Shard 0 of the distillation is held out for agreement.
+so a resumed run reuses them). The first --holdout-shards of each --shards folder are
+held out for agreement. `magpie` shards (prompts the target wrote, `magpie.py`) are read
+like the distillation's: `--shards runs/smollm2-distill runs/smollm2-magpie`.
 
 Draft vocabulary (FR-Spec, arXiv 2502.14856): the N most frequent tokens of the training
 shards; each drafter owns an (N, C) projection initialised from those rows of the tied
@@ -52,6 +54,7 @@ from bench.training.drafters.smollm2_data import (
     coverage,
     make_batch,
     prepare,
+    split_shards,
 )
 from bench.training.drafters.train import cpu_autocast, load_checkpoint, save_checkpoint
 from policies.fleet import SMOLLM2_MODEL_NAME, weights_dir
@@ -225,7 +228,11 @@ def warm_start(students: Students, folder: Path) -> None:
 
 
 def train(cfg: SmolDrafterConfig, model_dir: Path, shards: list[Path], workdir: Path,
-          cache_dir: Path, resume: bool) -> dict:
+          cache_dir: Path, resume: bool, heldout_shards: list[Path] | None = None) -> dict:
+    """Train on `shards`; agreement on `heldout_shards` (default: the first
+    `cfg.holdout_shards` of `shards`)."""
+    if heldout_shards is None:
+        shards, heldout_shards = shards[cfg.holdout_shards:], shards[:cfg.holdout_shards]
     workdir.mkdir(parents=True, exist_ok=True)
     if (workdir / "ckpt.pt").exists() and not resume:
         raise SystemExit(f"{workdir}/ckpt.pt exists: pass --resume, or another --workdir")
@@ -234,12 +241,13 @@ def train(cfg: SmolDrafterConfig, model_dir: Path, shards: list[Path], workdir: 
         vocab = shipped_state(Path(cfg.init_from), "eagle")["vocabulary.draft_vocab"]
         torch.save(vocab, vocab_file)
     base = load_model(model_dir, dtype=torch.float32).fuse()  # the engine's features
-    train_data, heldout, vocab = prepare(base, shards, cache_dir, vocab_file,
-                                         cfg.max_len, cfg.holdout_shards, cfg.draft_vocab)
+    train_data, heldout, vocab = prepare(base, shards, heldout_shards, cache_dir, vocab_file,
+                                         cfg.max_len, cfg.draft_vocab)
     embed = base.model.embed_tokens.weight.detach()  # (V, C) tied: also the LM head
     base_rows = embed[vocab].float()  # (N, C)
     n_train = sum(len(t) for t in train_data.tokens)
-    print(f"{len(shards)} shards: {len(train_data.tokens)} train sequences ({n_train} positions), "
+    print(f"{len(shards)} + {len(heldout_shards)} shards: {len(train_data.tokens)} train "
+          f"sequences ({n_train} positions), "
           f"{len(heldout.tokens)} held out; draft vocabulary {len(vocab)} covers "
           f"{coverage(heldout, vocab, base.config.vocab_size):.3f} of held-out target tokens",
           flush=True)
@@ -249,7 +257,8 @@ def train(cfg: SmolDrafterConfig, model_dir: Path, shards: list[Path], workdir: 
     if cfg.init_from:
         warm_start(students, Path(cfg.init_from))
     del base
-    data = {"shards": [s.name for s in shards], "train_sequences": len(train_data.tokens),
+    data = {"shards": [str(s) for s in shards], "heldout_shards": [str(s) for s in heldout_shards],
+            "train_sequences": len(train_data.tokens),
             "train_positions": n_train, "heldout_sequences": len(heldout.tokens),
             "heldout_positions": sum(len(t) for t in heldout.tokens)}
     (workdir / "data.json").write_text(json.dumps(data, indent=2) + "\n")
@@ -325,15 +334,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draft-vocab", type=int, default=defaults.draft_vocab)
     p.add_argument("--eagle-unroll-weight", type=float, default=defaults.eagle_unroll_weight)
     p.add_argument("--eagle-unroll-steps", type=int, default=defaults.eagle_unroll_steps)
-    p.add_argument("--holdout-shards", type=int, default=defaults.holdout_shards,
-                   help="distillation shards held out for agreement")
+    p.add_argument("--holdout-shards", type=int, nargs="+", default=[defaults.holdout_shards],
+                   help="shards held out for agreement: one count for every --shards "
+                        "folder, or one count each")
     p.add_argument("--ckpt-every", type=int, default=defaults.ckpt_every)
-    p.add_argument("--max-shards", type=int, default=10_000, help="use the first N shards")
+    p.add_argument("--max-shards", type=int, default=10_000,
+                   help="use the first N shards of each folder")
     p.add_argument("--corpus-docs", type=int, default=0,
                    help="teacher-forced corpus documents to add")
     p.add_argument("--model", type=Path, default=None,
                    help="base folder (default: ensure_smollm2())")
-    p.add_argument("--shards", type=Path, default=Path("runs/smollm2-distill"))
+    p.add_argument("--shards", type=Path, nargs="+", default=[Path("runs/smollm2-distill")],
+                   help="folders of distill_data (shard-*) or magpie (magpie-*) shards")
     p.add_argument("--workdir", type=Path, default=Path("runs/smollm2-drafters"))
     p.add_argument("--features", type=Path, default=Path("runs/smollm2-features"),
                    help="per-shard target features, shared between runs")
@@ -362,16 +374,16 @@ def main(argv: list[str] | None = None) -> int:
                                 draft_vocab=args.draft_vocab, ckpt_every=args.ckpt_every,
                                 eagle_unroll_weight=args.eagle_unroll_weight,
                                 eagle_unroll_steps=args.eagle_unroll_steps,
-                                holdout_shards=args.holdout_shards,
+                                holdout_shards=args.holdout_shards[0],
                                 init_from=str(args.init_from or ""))
     args.workdir.mkdir(parents=True, exist_ok=True)
     base_config = json.loads((Path(model_dir) / "config.json").read_text())
     run = {"train_config": asdict(cfg), "base_config": base_config}
     run_file.write_text(json.dumps(run, indent=2) + "\n")
-    shards = sorted(args.shards.glob("shard-*.jsonl"))[: args.max_shards]
+    shards, heldout = split_shards(args.shards, args.holdout_shards, args.max_shards)
     if args.corpus_docs:
-        shards += corpus_shards(Path(model_dir), Path(f"{args.shards}-corpus"), args.corpus_docs)
-    train(cfg, Path(model_dir), shards, args.workdir, args.features, args.resume)
+        shards += corpus_shards(Path(model_dir), Path(f"{args.shards[0]}-corpus"), args.corpus_docs)
+    train(cfg, Path(model_dir), shards, args.workdir, args.features, args.resume, heldout)
     return 0
 
 
