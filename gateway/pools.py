@@ -148,7 +148,7 @@ class Pool:
 
     @property
     def healthy_workers(self) -> int:
-        """Workers that take requests now: the available ones, else the last resort."""
+        """len(takers()), counted without lists: asked ~4 times a request."""
         now = time.monotonic()
         count = 0
         for worker in self.workers:  # a loop, not sum(genexpr): asked ~4 times a request
@@ -166,10 +166,16 @@ class Pool:
         now = time.monotonic()
         return sum(1 for worker in self.workers if worker.available(now))
 
+    def takers(self, now: float) -> list[Worker]:
+        """The workers that take requests now: the available ones, else the last resort
+        (Envoy's panic threshold, narrowed to workers whose probes only timed out)."""
+        available = [w for w in self.workers if w.available(now)]
+        return available or [w for w in self.workers if w.last_resort(now)]
+
     def in_panic(self, now: float) -> bool:
         """No worker available, some on their last resort."""
-        return (not any(w.available(now) for w in self.workers)
-                and any(w.last_resort(now) for w in self.workers))
+        takers = self.takers(now)
+        return bool(takers) and not takers[0].available(now)
 
     @property
     def outstanding(self) -> int:
@@ -199,10 +205,9 @@ class Pool:
 
     def pick(self, exclude: frozenset[str] | set[str] = frozenset()) -> Worker | None:
         """Least outstanding among eligible workers; power of two choices beyond two."""
-        now = time.monotonic()
-        eligible = [w for w in self.workers if w.url not in exclude and w.available(now)]
-        if not eligible and not any(w.available(now) for w in self.workers):
-            eligible = [w for w in self.workers if w.url not in exclude and w.last_resort(now)]
+        eligible = self.takers(time.monotonic())
+        if exclude:
+            eligible = [w for w in eligible if w.url not in exclude]
         if len(eligible) > 2:
             eligible = self.rng.sample(eligible, 2)
         return min(eligible, key=lambda w: w.outstanding, default=None)
