@@ -1,16 +1,16 @@
 """How many tokens a drafter gets accepted per step, on two kinds of held-out prompts.
 
     python -m bench.acceptance [--methods eagle:3,eagle2:8,medusa:2] [--prompts 6]
-        [--max-tokens 48] [--magpie runs/smollm2-magpie --magpie-holdout 3]
-        [--candidate DIR] [--json]
+        [--max-tokens 48] [--held-out runs/smollm2-magpie:3 ...] [--candidate DIR] [--json]
 
 In-process, greedy (T 0), SmolLM2 on the engine's serving path, each answer until its
 stop token or --max-tokens; accept length = tokens / verify steps (the step's bonus token
 included, as `specroute bench engine` counts it). Prompt sets, none of them trained on:
 - `workload`: the benchmark's prompts (`bench.workload`, seed 11, --prompts a task: code,
   structured, chat), the ones `specroute bench engine` measures;
-- `magpie`: the queries of a magpie run's held-out shards (the first --magpie-holdout
-  shards of --magpie, which the trainer holds out), per task: prompts the target wrote.
+- each `--held-out FOLDER:N`: the prompts of the first N shards of a data folder (those
+  the trainer holds out with `--holdout-shards N`), per task: `distill_data`'s templated
+  prompts, or a magpie run's queries (prompts the target wrote).
 Rows for the shipped drafters and, with --candidate (a folder holding `eagle/` and
 `medusa/` as `train_smollm2_drafters --export --out DIR` writes them), for those too, on
 the same model in the same run. Timing is not measured here (`specroute bench engine`).
@@ -21,27 +21,36 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 WORKLOAD_SEED = 11
 WORKLOAD_TASKS = ("code", "structured", "chat")
 
 
-def prompt_sets(tokenizer, prompts: int, magpie: Path | None, holdout: int
+def held_out(spec: str) -> tuple[Path, int]:
+    """"FOLDER:N" as (folder, N); "FOLDER" holds out 1."""
+    folder, _, count = spec.rpartition(":") if ":" in spec else (spec, "", "1")
+    return Path(folder), int(count)
+
+
+def prompt_sets(tokenizer, prompts: int, folders: Sequence[tuple[Path, int]] = (),
                 ) -> dict[str, list[list[int]]]:
-    """{"<set>/<task>": [prompt ids]}."""
+    """{"<set>/<task>": [prompt ids]}: the workload's, then each folder's held-out shards'
+    (named by the folder)."""
+    from bench.training.drafters.smollm2_data import split_shards
     from bench.workload import prompts as workload_prompts
 
     sets = {f"workload/{task}": [tokenizer.encode_chat(list(p.messages))
                                  for p in workload_prompts(task, prompts, WORKLOAD_SEED)]
             for task in WORKLOAD_TASKS}
-    if magpie is not None:
-        shards = sorted(magpie.glob("magpie-*.jsonl"))[:holdout]
+    for folder, count in folders:
+        _, shards = split_shards([folder], [count])
         rows = [json.loads(line) for shard in shards for line in shard.read_text().splitlines()]
         for task in WORKLOAD_TASKS:
             chosen = [r["prompt_ids"] for r in rows if r["task"] == task]
             if chosen:
-                sets[f"magpie/{task}"] = chosen
+                sets[f"{folder.name}/{task}"] = chosen
     return sets
 
 
@@ -68,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", default="eagle:3,eagle2:8,medusa:2")
     p.add_argument("--prompts", type=int, default=6, help="workload prompts a task")
     p.add_argument("--max-tokens", type=int, default=48)
-    p.add_argument("--magpie", type=Path, default=None)
-    p.add_argument("--magpie-holdout", type=int, default=3)
+    p.add_argument("--held-out", action="append", default=[], metavar="FOLDER:N",
+                   help="also the prompts of a data folder's first N (held-out) shards")
     p.add_argument("--candidate", type=Path, default=None,
                    help="drafters to measure beside the shipped ones")
     p.add_argument("--json", action="store_true")
@@ -87,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.candidate is not None:
         engines["candidate"] = Engine.from_model(
             shipped.model, shipped.tokenizer, methods=load_methods(args.candidate, shipped.model))
-    sets = prompt_sets(shipped.tokenizer, args.prompts, args.magpie, args.magpie_holdout)
+    sets = prompt_sets(shipped.tokenizer, args.prompts, [held_out(h) for h in args.held_out])
     rows = []
     for label in args.methods.split(","):
         method, _, k = label.partition(":")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.acceptance import accept_length, prompt_sets
+from bench.acceptance import accept_length, held_out, prompt_sets
 from workers.embedded.engine import BUNDLED_MODEL_DIR, Engine
 from workers.embedded.speculative.methods import load_methods
 
@@ -19,12 +19,15 @@ def engine() -> Engine:
     return Engine()  # the bundled tiny model, with every drafter
 
 
-def test_only_the_held_out_magpie_shards_are_read(engine: Engine, tmp_path: Path) -> None:
+def test_only_the_held_out_shards_are_read(engine: Engine, tmp_path: Path) -> None:
+    folder = tmp_path / "magpie"
+    folder.mkdir()
     for i, task in enumerate(("chat", "code", "structured", "chat")):
         row = {"id": i, "task": task, "temperature": 0.0, "prompt_ids": [1, 2, 3 + i],
                "response_ids": [5, 2], "finish": "stop"}
-        (tmp_path / f"magpie-{i:05d}.jsonl").write_text(json.dumps(row) + "\n")
-    sets = prompt_sets(engine.tokenizer, 2, tmp_path, holdout=2)
+        (folder / f"magpie-{i:05d}.jsonl").write_text(json.dumps(row) + "\n")
+    assert held_out(f"{folder}:2") == (folder, 2) and held_out(str(folder)) == (folder, 1)
+    sets = prompt_sets(engine.tokenizer, 2, [held_out(f"{folder}:2")])
     assert {k: len(v) for k, v in sets.items()} == {
         "workload/code": 2, "workload/structured": 2, "workload/chat": 2,
         "magpie/chat": 1, "magpie/code": 1}
@@ -32,7 +35,7 @@ def test_only_the_held_out_magpie_shards_are_read(engine: Engine, tmp_path: Path
 
 
 def test_plain_reads_one_token_a_step_and_a_drafter_at_least_one(engine: Engine) -> None:
-    prompts = prompt_sets(engine.tokenizer, 2, None, 0)["workload/code"]
+    prompts = prompt_sets(engine.tokenizer, 2)["workload/code"]
     plain, tokens = accept_length(engine, prompts, "plain", 0, 12)
     assert plain == 1.0 and tokens > 0
     eagle, eagle_tokens = accept_length(engine, prompts, "eagle", 3, 12)
