@@ -109,11 +109,30 @@ def test_answers_are_shards_the_trainer_reads_and_a_restart_writes_only_the_miss
         else:
             assert EOS not in row["response_ids"] and len(row["response_ids"]) == 4
     assert {r["finish"] for r in rows} == {"stop", "length"}
-    answers = {b["temperature"] for b in fake.bodies}
-    assert answers == {0.0, 0.8}
+    assert {b["temperature"] for b in fake.bodies} == {0.0, 0.8}
+    assert not any("seed" in b for b in fake.bodies)  # vLLM CPU dies on chunked seeded ones
     assert len(read_shard(tmp_path / "magpie-00000.jsonl")) == 12
 
     (tmp_path / "magpie-00001.jsonl").unlink()
     asked = len(fake.bodies)
     assert asyncio.run(answer(4)) == 1
     assert len(fake.bodies) - asked == 12 and (tmp_path / "magpie-00001.jsonl").exists()
+
+
+def test_a_shard_whose_request_fails_is_left_for_the_next_run(tmp_path: Path) -> None:
+    queries = [magpie.Query(i, "chat", f"question number {i} here") for i in range(24)]
+    fake = FakeCompletions([])
+
+    def failing(request: httpx.Request) -> httpx.Response:
+        if json.loads(request.content)["prompt"] == [1] * 20:  # query 17, in shard 1
+            return httpx.Response(500, text="Internal Server Error")
+        return fake(request)
+
+    async def answer() -> int:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(failing)) as client:
+            return await magpie.answer_shards(client, "http://w", "m", queries,
+                                              lambda t: [1] * (3 + int(t.split()[2])), EOS,
+                                              tmp_path, 4, 24)
+
+    assert asyncio.run(answer()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["magpie-00000.jsonl"]

@@ -22,6 +22,11 @@ and the others at T 0.8, up to `--max-new` tokens; written as `distill_data`'s s
 (`magpie-NNNNN.jsonl`, SHARD_ROWS rows of {id, task, temperature, prompt_ids,
 response_ids, finish}; atomically; a restart skips the shards present).
 
+Sampled answers carry no seed, so a rerun samples them anew: vLLM CPU 0.32 fails a
+seeded request whose prefill it chunks (`RuntimeError: CPU Generator does not use
+offset`, `gpu_model_runner._bookkeeping_sync`), and its engine with it (every later
+request a 500); a shard with a failed request is left for the next run.
+
 Server: any OpenAI-compatible `/v1/completions` that takes token-id prompts and hands
 back the answer's ids (vLLM's `return_token_ids`). Without --url, vLLM CPU is started on
 the model (the project's vLLM virtualenv, both cores) and stopped at the end: batched,
@@ -95,10 +100,12 @@ def keep(text: str, finish: str, seen: set[str], excluded: set[str]) -> str | No
 
 
 async def _complete(client: httpx.AsyncClient, url: str, model: str, prompt: str | list[int],
-                    max_tokens: int, temperature: float, seed: int) -> dict:
+                    max_tokens: int, temperature: float, seed: int | None) -> dict:
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens,
-            "temperature": temperature, "top_p": 0.95 if temperature else 1.0, "seed": seed,
+            "temperature": temperature, "top_p": 0.95 if temperature else 1.0,
             "stop": ["<|im_end|>"], "return_token_ids": True}
+    if seed is not None:
+        body["seed"] = seed
     reply = await client.post(f"{url}/v1/completions", json=body)
     reply.raise_for_status()
     choice = reply.json()["choices"][0]
@@ -154,21 +161,25 @@ async def answer_shards(client: httpx.AsyncClient, url: str, model: str, queries
     todo = [i for i in range(len(shards)) if i % part[1] == part[0]
             and not (out / f"magpie-{i:05d}.jsonl").exists()]
 
-    async def shard(i: int) -> None:
+    async def shard(i: int) -> bool:
         prompts = [encode(q.text) for q in shards[i]]
-        replies = await asyncio.gather(*(
-            _complete(client, url, model, ids, max_new,
-                      ANSWER_TEMPERATURES[q.id % len(ANSWER_TEMPERATURES)], SEED + q.id)
-            for q, ids in zip(shards[i], prompts, strict=True)))
+        try:  # no seed: see the module's docstring
+            replies = await asyncio.gather(*(
+                _complete(client, url, model, ids, max_new,
+                          ANSWER_TEMPERATURES[q.id % len(ANSWER_TEMPERATURES)], None)
+                for q, ids in zip(shards[i], prompts, strict=True)))
+        except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+            print(f"shard {i} failed, left for a rerun: {exc!r}", flush=True)
+            return False
         rows = [answer_row(q, ids, r, eos_id)
                 for q, ids, r in zip(shards[i], prompts, replies, strict=True)]
         partial = out / f"magpie-{i:05d}.partial"
         partial.write_text("".join(json.dumps(row) + "\n" for row in rows))
         os.replace(partial, out / f"magpie-{i:05d}.jsonl")
         print(f"shard {i}: {sum(len(r['response_ids']) for r in rows)} tokens", flush=True)
+        return True
 
-    await _bounded(todo, shard, max(1, concurrency // SHARD_ROWS))
-    return len(todo)
+    return sum(await _bounded(todo, shard, max(1, concurrency // SHARD_ROWS)))
 
 
 async def run(out: Path, model_dir: Path, url: str, model: str, n: int, max_new: int,
