@@ -9,6 +9,7 @@ in SPECROUTE_VLLM_VENV); skipped elsewhere unless SPECROUTE_REQUIRE_VLLM is set.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -232,3 +233,44 @@ def test_follow_fleet_needs_supervised_servers(tmp_path: Path,
     assert run_stack(engine="embedded", follow_fleet=True, workdir=str(tmp_path / "w")) == 2
     assert "needs --engine vllm" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.timeout(600)
+def test_seeded_requests_under_load_leave_the_fleets_vllm_serving(tmp_path: Path,
+                                                                  vllm_venv: str) -> None:
+    """vLLM CPU 0.32 raises in its worker on a seeded request whose prefill it chunks
+    (`CPU Generator does not use offset`) and serves only 500s from then on. The fleet
+    launches it so that no prefill is chunked: concurrent seeded requests whose prompts
+    exceed one step's token budget all answer, and the server keeps serving."""
+    from bench.engine_compare import vllm_command
+    from specroute.stack import prepare_model
+    from workers.fleet.vllm_cpu import SERVER_ENV, cpu_dtype
+
+    model = prepare_model(resolve_model(None))
+    port = free_port()
+    log = (tmp_path / "vllm.log").open("wb")
+    argv = vllm_command(Path(vllm_venv) / "bin" / "python", model, "plain", 0, None, port,
+                        cpu_dtype())
+    server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                              env={**os.environ, **SERVER_ENV}, start_new_session=True)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", 400, server)
+        prompt = ("Summarize the following text in one sentence. "
+                  + "The quick brown fox jumps over the lazy dog near the river bank. " * 12)
+        url = f"http://127.0.0.1:{port}/v1/completions"
+
+        async def burst() -> tuple[list[int], int]:  # ~8,500 prompt tokens at once
+            async with httpx.AsyncClient(timeout=300) as client:
+                replies = await asyncio.gather(*(client.post(url, json={
+                    "model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0.8,
+                    "seed": seed}) for seed in range(48)))
+                after = await client.post(url, json={"model": MODEL, "prompt": "Hello",
+                                                     "max_tokens": 2, "seed": 1})
+                return [r.status_code for r in replies], after.status_code
+
+        statuses, after = asyncio.run(burst())
+        assert statuses == [200] * 48 and after == 200
+        assert b"does not use offset" not in (tmp_path / "vllm.log").read_bytes()
+    finally:
+        stop_group(server)
+        log.close()

@@ -86,6 +86,9 @@ def test_the_supervisor_launches_vllm_from_the_stacks_pools(tmp_path: Path) -> N
                     "prompt_lookup_min": 1}
     assert ngram[ngram.index("--per-request-spec-decode-metrics") + 1] == "summary"
     assert ngram[ngram.index("--max-model-len") + 1] == "2048"
+    for command in (plain, ngram):  # no prefill is chunked (vLLM CPU dies on seeded ones)
+        assert "--no-enable-chunked-prefill" in command
+        assert command[command.index("--max-num-batched-tokens") + 1] == "2048"
 
 
 def test_the_pools_name_the_cached_measured_json_of_the_methods_it_measured(

@@ -4,7 +4,7 @@ drafters exported into vLLM's formats (once, beside the model folder).
 
 Server flags for the CPU (docs/FLEET.md): `--enforce-eager` (30-40 s to start instead
 of 130-150 s recompiling the graph at every start, for 21-25 instead of 30-33 tok/s),
-`--dtype` by the CPU (`cpu_dtype`), `--max-model-len 2048`; `VLLM_CPU_KVCACHE_SPACE=1` (GiB
+`--dtype` by the CPU (`cpu_dtype`), `--max-model-len 2048`, no chunked prefill (below); `VLLM_CPU_KVCACHE_SPACE=1` (GiB
 of KV cache) and `HF_HUB_OFFLINE=1` (no hub at run time).
 """
 
@@ -20,7 +20,13 @@ VLLM_METHODS = {"plain": 0, "ngram": 4, "medusa": 4, "eagle": 3}  # method -> k,
 DRAFTER_METHODS = ("medusa", "eagle")  # methods whose checkpoint the stack exports
 SERVER_MEMORY_GIB = 5.0  # one SmolLM2 server's RSS (~4 GB) and some room
 MAX_MODEL_LEN = 2048
-CPU_LAUNCH = {"enforce_eager": True, "max_model_len": MAX_MODEL_LEN}
+# No chunked prefill: vLLM CPU 0.32 raises in its worker on a seeded request whose
+# prefill it chunks (`gpu_model_runner._bookkeeping_sync` rewinds the request's
+# generator with `set_offset`: "CPU Generator does not use offset") and the server then
+# answers nothing but 500s; 48 concurrent seeded requests of ~150 prompt tokens did it.
+# With a step's token budget at the longest context, a prompt waits for a step it fits.
+CPU_LAUNCH = {"enforce_eager": True, "max_model_len": MAX_MODEL_LEN,
+              "no_enable_chunked_prefill": True, "max_num_batched_tokens": MAX_MODEL_LEN}
 SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
 
 
