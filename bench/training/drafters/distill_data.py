@@ -283,12 +283,18 @@ def run(out: Path, model_dir: Path, batch_size: int, max_new: int, limit: int | 
               f"{tokens} tokens, {rate:.1f} tokens/s", flush=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
+def data_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The arguments every data generator takes: where its shards go, and the model."""
+    p = argparse.ArgumentParser(description=doc,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--model", type=Path, default=None,
                    help="HF-layout folder (default: SmolLM2 from the model cache)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = data_parser(__doc__)
     p.add_argument("--batch", type=int, default=12)
     p.add_argument("--max-new", type=int, default=160)
     p.add_argument("--limit", type=int, default=None, help="only the first N batches")

@@ -35,7 +35,6 @@ it writes ~115 tokens/s here against ~30 for `distill_data`'s loop on the two co
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -134,7 +133,7 @@ async def draw_queries(client: httpx.AsyncClient, url: str, model: str, n: int,
 
     replies = await _bounded(plan, run, concurrency)
     seen: set[str] = set()
-    queries = []
+    queries: list[Query] = []
     for (_, task, opener), reply in zip(plan, replies, strict=True):
         text = keep(opener + reply["text"], reply["finish"], seen, excluded)
         if text is not None:
@@ -226,11 +225,9 @@ def _start_vllm(model_dir: Path, work: Path):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--model", type=Path, default=None,
-                   help="HF-layout folder (default: SmolLM2 from the model cache)")
+    from bench.training.drafters.distill_data import data_parser
+
+    p = data_parser(__doc__)
     p.add_argument("--url", default=None, help="a running server (default: start vLLM CPU)")
     p.add_argument("--served-model", default=None, help="its model name (default: the folder's)")
     p.add_argument("--queries", type=int, default=2400, help="queries drawn (some are dropped)")
