@@ -227,12 +227,9 @@ def warm_start(students: Students, folder: Path) -> None:
     students.medusa.load_state_dict(shipped_state(folder, "medusa"))
 
 
-def train(cfg: SmolDrafterConfig, model_dir: Path, shards: list[Path], workdir: Path,
-          cache_dir: Path, resume: bool, heldout_shards: list[Path] | None = None) -> dict:
-    """Train on `shards`; agreement on `heldout_shards` (default: the first
-    `cfg.holdout_shards` of `shards`)."""
-    if heldout_shards is None:
-        shards, heldout_shards = shards[cfg.holdout_shards:], shards[:cfg.holdout_shards]
+def train(cfg: SmolDrafterConfig, model_dir: Path, shards: list[Path],
+          heldout_shards: list[Path], workdir: Path, cache_dir: Path, resume: bool) -> dict:
+    """Train on `shards`; agreement on `heldout_shards` (`smollm2_data.split_shards`)."""
     workdir.mkdir(parents=True, exist_ok=True)
     if (workdir / "ckpt.pt").exists() and not resume:
         raise SystemExit(f"{workdir}/ckpt.pt exists: pass --resume, or another --workdir")
@@ -383,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     shards, heldout = split_shards(args.shards, args.holdout_shards, args.max_shards)
     if args.corpus_docs:
         shards += corpus_shards(Path(model_dir), Path(f"{args.shards[0]}-corpus"), args.corpus_docs)
-    train(cfg, Path(model_dir), shards, args.workdir, args.features, args.resume, heldout)
+    train(cfg, Path(model_dir), shards, heldout, args.workdir, args.features, args.resume)
     return 0
 
 
