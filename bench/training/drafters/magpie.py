@@ -39,6 +39,7 @@ import asyncio
 import json
 import os
 import random
+import subprocess
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -215,8 +216,6 @@ def _start_vllm(model_dir: Path, work: Path):
     argv += ["--max-num-seqs", "64"]
     log = work / "vllm.log"
     env = {**os.environ, **SERVER_ENV, "VLLM_CPU_KVCACHE_SPACE": "2"}
-    import subprocess
-
     proc = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env,
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
