@@ -53,6 +53,9 @@ def test_the_plan_draws_every_task_in_its_share_and_code_openers_only_for_code()
     assert all(opener == "" for _, task, opener in plan if task != "code")
     assert {opener for _, task, opener in plan if task == "code"} - {""}
     assert magpie.draw_plan(400) == plan  # a rerun draws the same
+    other = magpie.draw_plan(400, draw_set=1)  # a second folder draws other queries
+    assert not {s for s, _, _ in other} & {s for s, _, _ in plan}
+    assert min(s for s, _, _ in other) > 0
 
 
 def test_queries_are_kept_only_when_whole_new_long_enough_and_not_benchmark_prompts(

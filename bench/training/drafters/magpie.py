@@ -11,7 +11,8 @@ start of a user turn writes a user query from its own distribution; sampled many
 that is a varied prompt set nobody wrote, and the target's answers to it are what the
 target says to prompts like them.
 
-Queries (`queries.jsonl`, drawn once; seeds fixed, so a rerun draws the same): the
+Queries (`queries.jsonl`, drawn once; seeds fixed, so a rerun draws the same, and
+`--draw-set 1` another set for a second folder): the
 template's system turn, then `<|im_start|>user\\n` and, for a code query, one of
 `CODE_OPENERS`, sampled at T 1.0 / top-p 0.95 up to 64 tokens. A system turn that names
 the task steers the draw (`STEERING`). Kept: queries that ended by themselves, of at
@@ -64,6 +65,7 @@ MIN_QUERY_WORDS = 4
 ANSWER_TEMPERATURES = (0.0, 0.8)
 SHARD_ROWS = 12
 SEED = 20261205
+DRAW_SET_SPAN = 1_000_000  # draw seeds a draw set owns
 
 
 @dataclass(frozen=True)
@@ -78,12 +80,14 @@ def query_prefix(task: str, opener: str) -> str:
     return f"<|im_start|>system\n{STEERING[task]}<|im_end|>\n<|im_start|>user\n{opener}"
 
 
-def draw_plan(n: int) -> list[tuple[int, str, str]]:
-    """(seed, task, opener) for n draws, tasks in their shares, in a fixed order."""
-    rng = random.Random(SEED)
+def draw_plan(n: int, draw_set: int = 0) -> list[tuple[int, str, str]]:
+    """(seed, task, opener) for n draws, tasks in their shares, in a fixed order; another
+    `draw_set` (a second data folder's) draws other queries with seeds of its own."""
+    rng = random.Random(SEED + draw_set)
     tasks = [task for task, share in TASK_SHARES for _ in range(round(n * share))]
     rng.shuffle(tasks)
-    return [(SEED + i, task, rng.choice(CODE_OPENERS) if task == "code" else "")
+    base = SEED + draw_set * DRAW_SET_SPAN
+    return [(base + i, task, rng.choice(CODE_OPENERS) if task == "code" else "")
             for i, task in enumerate(tasks)]
 
 
@@ -124,8 +128,8 @@ async def _bounded(jobs: Iterable, run, concurrency: int) -> list:
 
 
 async def draw_queries(client: httpx.AsyncClient, url: str, model: str, n: int,
-                       concurrency: int, excluded: set[str]) -> list[Query]:
-    plan = draw_plan(n)
+                       concurrency: int, excluded: set[str], draw_set: int = 0) -> list[Query]:
+    plan = draw_plan(n, draw_set)
 
     async def run(job: tuple[int, str, str]) -> dict:
         seed, task, opener = job
@@ -183,7 +187,7 @@ async def answer_shards(client: httpx.AsyncClient, url: str, model: str, queries
 
 
 async def run(out: Path, model_dir: Path, url: str, model: str, n: int, max_new: int,
-              concurrency: int, part: tuple[int, int]) -> None:
+              concurrency: int, part: tuple[int, int], draw_set: int = 0) -> None:
     from bench.training.drafters.distill_data import bench_prompt_texts
     from workers.embedded.tokenizer import TextTokenizer
 
@@ -192,7 +196,8 @@ async def run(out: Path, model_dir: Path, url: str, model: str, n: int, max_new:
     queries_file = out / "queries.jsonl"
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client:
         if not queries_file.exists():
-            queries = await draw_queries(client, url, model, n, concurrency, bench_prompt_texts())
+            queries = await draw_queries(client, url, model, n, concurrency,
+                                         bench_prompt_texts(), draw_set)
             queries_file.with_suffix(".partial").write_text(
                 "".join(json.dumps(q.__dict__) + "\n" for q in queries))
             os.replace(queries_file.with_suffix(".partial"), queries_file)
@@ -233,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new", type=int, default=160)
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--part", default="0/1", help="I/N: only shards s with s %% N == I")
+    p.add_argument("--draw-set", type=int, default=0,
+                   help="another draw set draws other queries (a second data folder: 1)")
     args = p.parse_args(argv)
     if args.model is None:
         from workers.embedded.fetch_model import ensure_smollm2
@@ -247,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         from bench.engine_compare import MODEL
 
         asyncio.run(run(args.out, args.model, url.rstrip("/"), args.served_model or MODEL,
-                        args.queries, args.max_new, args.concurrency, (index, count)))
+                        args.queries, args.max_new, args.concurrency, (index, count),
+                        args.draw_set))
     finally:
         if proc is not None:
             from workers.processes import stop_group
