@@ -151,7 +151,7 @@ class Pool:
         """len(takers()), counted without lists: asked ~4 times a request."""
         now = time.monotonic()
         count = 0
-        for worker in self.workers:  # a loop, not sum(genexpr): asked ~4 times a request
+        for worker in self.workers:  # a loop, not sum(genexpr)
             if worker.available(now):
                 count += 1
         if count == 0:
