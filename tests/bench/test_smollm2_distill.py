@@ -130,3 +130,36 @@ def test_held_out_shards_come_from_every_folder(tmp_path: Path) -> None:
     assert len(heldout) == 2 and len(train) == 4
     with pytest.raises(ValueError):
         split_shards([distill, magpie], [1, 2, 3])
+
+
+def test_a_second_draw_sets_shards_are_found_under_their_own_names(tmp_path: Path) -> None:
+    from bench.training.drafters.magpie import shard_stem
+    from bench.training.drafters.smollm2_data import split_shards
+
+    assert shard_stem(0, 7) == "magpie-00007" and shard_stem(1, 7) == "magpie1-00007"
+    for i in range(3):
+        (tmp_path / f"{shard_stem(1, i)}.jsonl").write_text("")
+    train, heldout = split_shards([tmp_path], [1])
+    assert [p.name for p in heldout + train] == [f"magpie1-0000{i}.jsonl" for i in range(3)]
+
+
+def test_cached_features_of_another_shard_with_the_same_name_are_computed_again(tmp_path: Path) -> None:
+    """Two folders' `magpie-00000.jsonl` once shared a cache entry: the second folder
+    trained on the first's features. The cache now checks the tokens it holds."""
+    from bench.training.drafters.smollm2_data import cached_features
+    from workers.embedded.checkpoint import load_model
+
+    base = load_model(ensure_smollm2(), dtype=torch.float32).fuse()
+    cache = tmp_path / "features"
+    cache.mkdir()
+    row = {"prompt_ids": [1, 9690, 198], "response_ids": [504, 3158, 2]}
+    first, second = tmp_path / "a" / "magpie-00000.jsonl", tmp_path / "b" / "magpie-00000.jsonl"
+    for path, ids in ((first, row), (second, {**row, "response_ids": [1229, 2]})):
+        path.parent.mkdir()
+        path.write_text(json.dumps(ids) + "\n")
+    a = cached_features(base, first, cache, 320)
+    assert [t.tolist() for t in a.tokens] == [[1, 9690, 198, 504, 3158, 2]]
+    b = cached_features(base, second, cache, 320)
+    assert [t.tolist() for t in b.tokens] == [[1, 9690, 198, 1229, 2]]
+    again = cached_features(base, second, cache, 320)  # now from the cache, the same
+    assert all(torch.equal(x, y) for x, y in zip(again.hidden, b.hidden, strict=True))

@@ -20,7 +20,7 @@ least 4 words, seen once, none a benchmark prompt (`distill_data.bench_prompt_te
 Answers: each query as the only user message under the model's chat template (the
 engine's `encode_chat`, as the benchmark encodes its prompts), every second one greedy
 and the others at T 0.8, up to `--max-new` tokens; written as `distill_data`'s shards
-(`magpie-NNNNN.jsonl`, SHARD_ROWS rows of {id, task, temperature, prompt_ids,
+(`magpie-NNNNN.jsonl`, `magpie1-NNNNN.jsonl` for draw set 1..., SHARD_ROWS rows of {id, task, temperature, prompt_ids,
 response_ids, finish}; atomically; a restart skips the shards present).
 
 Sampled answers carry no seed, so a rerun samples them anew: vLLM CPU 0.32 fails a
@@ -73,6 +73,12 @@ class Query:
     id: int
     task: str
     text: str
+
+
+def shard_stem(draw_set: int, i: int) -> str:
+    """`magpie-NNNNN` (draw set 0), `magpie1-NNNNN`...: the trainer caches a shard's features
+    by its name, so two folders' shards must not share one."""
+    return f"magpie{draw_set or ''}-{i:05d}"
 
 
 def query_prefix(task: str, opener: str) -> str:
@@ -159,11 +165,11 @@ def answer_row(query: Query, prompt_ids: list[int], reply: dict, eos_id: int) ->
 
 async def answer_shards(client: httpx.AsyncClient, url: str, model: str, queries: list[Query],
                         encode, eos_id: int, out: Path, max_new: int, concurrency: int,
-                        part: tuple[int, int] = (0, 1)) -> int:
+                        part: tuple[int, int] = (0, 1), draw_set: int = 0) -> int:
     """Write the missing shards; returns how many were written."""
     shards = [queries[s: s + SHARD_ROWS] for s in range(0, len(queries), SHARD_ROWS)]
     todo = [i for i in range(len(shards)) if i % part[1] == part[0]
-            and not (out / f"magpie-{i:05d}.jsonl").exists()]
+            and not (out / f"{shard_stem(draw_set, i)}.jsonl").exists()]
 
     async def shard(i: int) -> bool:
         prompts = [encode(q.text) for q in shards[i]]
@@ -177,9 +183,9 @@ async def answer_shards(client: httpx.AsyncClient, url: str, model: str, queries
             return False
         rows = [answer_row(q, ids, r, eos_id)
                 for q, ids, r in zip(shards[i], prompts, replies, strict=True)]
-        partial = out / f"magpie-{i:05d}.partial"
+        partial = out / f"{shard_stem(draw_set, i)}.partial"
         partial.write_text("".join(json.dumps(row) + "\n" for row in rows))
-        os.replace(partial, out / f"magpie-{i:05d}.jsonl")
+        os.replace(partial, out / f"{shard_stem(draw_set, i)}.jsonl")
         print(f"shard {i}: {sum(len(r['response_ids']) for r in rows)} tokens", flush=True)
         return True
 
@@ -206,7 +212,7 @@ async def run(out: Path, model_dir: Path, url: str, model: str, n: int, max_new:
         written = await answer_shards(
             client, url, model, queries,
             lambda text: tokenizer.encode_chat([{"role": "user", "content": text}]),
-            tokenizer.eos_id, out, max_new, concurrency, part)
+            tokenizer.eos_id, out, max_new, concurrency, part, draw_set)
     print(f"{written} shards written to {out}", flush=True)
 
 

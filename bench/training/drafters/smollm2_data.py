@@ -100,10 +100,16 @@ def shard_features(base: LlamaForCausalLM, sequences: list[list[int]], max_len: 
 
 def cached_features(base: LlamaForCausalLM, shard: Path, cache_dir: Path,
                     max_len: int) -> ShardFeatures:
+    """The shard's features from the cache, computed (and kept) where the cache has none or
+    holds another shard's of the same name (its tokens differ)."""
     target = cache_dir / f"{shard.stem}.pt"
+    sequences = read_shard(shard)
     if target.exists():
-        return ShardFeatures(**torch.load(target))
-    feats = shard_features(base, read_shard(shard), max_len)
+        feats = ShardFeatures(**torch.load(target))
+        if [t.tolist() for t in feats.tokens] == [seq[:max_len] for seq in sequences]:
+            return feats
+        print(f"{target.name}: cached for another shard of that name, computed again", flush=True)
+    feats = shard_features(base, sequences, max_len)
     torch.save(asdict(feats), cache_dir / f"{shard.stem}.tmp")
     (cache_dir / f"{shard.stem}.tmp").replace(target)
     return feats
@@ -147,7 +153,7 @@ def concat(parts: list[ShardFeatures]) -> ShardFeatures:
                          [a for p in parts for a in p.argmax])
 
 
-SHARD_PATTERNS = ("shard-*.jsonl", "magpie-*.jsonl")  # distill_data's, magpie's
+SHARD_PATTERNS = ("shard-*.jsonl", "magpie*-*.jsonl")  # distill_data's, magpie's (any draw set)
 
 
 def split_shards(folders: list[Path], holdout: list[int], max_shards: int = 10_000,
