@@ -82,3 +82,21 @@ def test_shipped_measured_json_has_step_costs(model: str) -> None:
         curve = measured_step_curve(measured, method)
         assert [p.batch for p in curve] == [1.0, 2.0, 4.0], method
         assert curve[0].base == 1.0 and all(p.base > 0 for p in curve), method
+
+
+def test_throughput_serves_the_same_prompts_at_every_concurrency(monkeypatch) -> None:
+    """One request's tokens/s is the same four prompts served one after another, so a
+    long prompt's prefill counts at 1 as at 4 (it once ran the first prompt alone)."""
+    import bench.batching as batching
+
+    served: dict[int, list[list[int]]] = {}
+
+    def fake_run(engine, requests, method, max_tokens, seed):
+        served.setdefault(len(requests) if method == "plain" else -1, []).extend(requests)
+        return 10 * len(requests), 1.0, 10
+
+    monkeypatch.setattr(batching, "run_together", fake_run)
+    monkeypatch.setattr(batching, "_prompt_ids", lambda engine, n, seed: [[i] * (i + 1) for i in range(n)])
+    rates = batching.measure(None, ["plain"], 1, 10, 0)
+    assert served[1] == served[2] == served[4] == [[0], [1, 1], [2, 2, 2], [3, 3, 3, 3]]
+    assert rates[("plain", 1)] == [10.0] and rates[("plain", 4)] == [40.0]
