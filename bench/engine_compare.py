@@ -161,9 +161,42 @@ def report(results: dict[str, dict[str, dict]], methods: list[str]) -> dict:
             plain, own = results["vllm/plain"], results["embedded/plain"]
             speedup[method] = {t: round(vll[t]["c1"] / plain[t]["c1"], 3) for t in TASKS}
             embedded_speedup[method] = {t: round(emb[t]["c1"] / own[t]["c1"], 3) for t in TASKS}
-    return {"embedded_over_vllm": over, "accept_length": accepts,
-            "speedup_over_plain": embedded_speedup, "vllm_speedup_over_plain": speedup,
-            "k": {method: entry(method)[1] for method in methods}}
+    summary: dict = {"embedded_over_vllm": over, "accept_length": accepts,
+                     "speedup_over_plain": embedded_speedup, "vllm_speedup_over_plain": speedup,
+                     "k": {method: entry(method)[1] for method in methods}}
+    summary["targets"] = targets(summary)
+    print("\n| target (issue 26) | figure | verdict |\n|---|---|---|")
+    for row in summary["targets"]:
+        verdict = "not measured" if row["met"] is None else "met" if row["met"] else "missed"
+        print(f"| {row['target']} | {row['figure']} | {verdict} |")
+    return summary
+
+
+def targets(summary: dict) -> list[dict]:
+    """The issue's targets this run measures, each with its figure and whether it is met
+    (None: the run lacks the methods). Best = the best of every method and k run."""
+    def best(table: dict, task: str, methods: list[str]) -> tuple[float, str] | None:
+        found = [(table[m][task], m) for m in methods if table.get(m, {}).get(task) is not None]
+        return max(found) if found else None
+
+    rows = []
+    plain = summary["embedded_over_vllm"].get("plain")
+    rows.append({"target": "embedded plain >= 1.0x vLLM CPU eager tokens/s at c = 1",
+                 "figure": f"{plain['c1']:.2f}x" if plain else "-",
+                 "met": plain["c1"] >= 1.0 if plain else None})
+    speculative = [m for m in summary["k"] if m != "plain"]
+    for task, goal in (("code", 1.5), ("chat", 1.3)):
+        found = best(summary["speedup_over_plain"], task, speculative)
+        rows.append({"target": f"best speculation >= {goal}x plain on {task} at T0",
+                     "figure": f"{found[0]:.2f}x ({found[1]})" if found else "-",
+                     "met": found[0] >= goal if found else None})
+    eagle = [m for m in speculative if entry(m)[0] == "eagle"]
+    for task in ("code", "chat"):
+        found = best(summary["accept_length"], task, eagle)
+        rows.append({"target": f"EAGLE accept length >= 2.5 on {task} at T0, best k",
+                     "figure": f"{found[0]:.2f} ({found[1]})" if found else "-",
+                     "met": found[0] >= 2.5 if found else None})
+    return rows
 
 
 def main(args: argparse.Namespace) -> int:

@@ -95,7 +95,32 @@ def test_engine_compare_arithmetic(capsys: pytest.CaptureFixture[str]) -> None:
     assert summary["accept_length"] == {"plain": {t: None for t in TASKS},
                                         "ngram": {t: 2.0 for t in TASKS}}
     assert summary["k"] == {"plain": 0, "ngram": 4}
-    assert "| ngram | edit | 10.0 | 40.0 | 0.25 |" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "| ngram | edit | 10.0 | 40.0 | 0.25 |" in printed
+    assert "| embedded plain >= 1.0x vLLM CPU eager tokens/s at c = 1 | 0.50x | missed |" in printed
+    assert "| best speculation >= 1.5x plain on code at T0 | 1.00x (ngram) | missed |" in printed
+    assert "| EAGLE accept length >= 2.5 on code at T0, best k | - | not measured |" in printed
+
+
+def test_engine_compare_targets_take_the_best_method_and_k() -> None:
+    from bench.engine_compare import targets
+
+    summary = {"embedded_over_vllm": {"plain": {"c1": 1.55, "c4": 1.1}},
+               "k": {"plain": 0, "eagle:1": 1, "eagle:2": 2, "medusa:2": 2},
+               "speedup_over_plain": {"eagle:1": {"code": 1.2, "chat": 1.31},
+                                      "eagle:2": {"code": 1.6, "chat": 0.9},
+                                      "medusa:2": {"code": 1.1, "chat": 1.0}},
+               "accept_length": {"plain": {"code": None, "chat": None},
+                                 "eagle:1": {"code": 1.8, "chat": 1.5},
+                                 "eagle:2": {"code": 2.6, "chat": 1.4},
+                                 "medusa:2": {"code": 2.9, "chat": 2.9}}}
+    rows = {r["target"]: (r["figure"], r["met"]) for r in targets(summary)}
+    assert rows == {
+        "embedded plain >= 1.0x vLLM CPU eager tokens/s at c = 1": ("1.55x", True),
+        "best speculation >= 1.5x plain on code at T0": ("1.60x (eagle:2)", True),
+        "best speculation >= 1.3x plain on chat at T0": ("1.31x (eagle:1)", True),
+        "EAGLE accept length >= 2.5 on code at T0, best k": ("2.60 (eagle:2)", True),
+        "EAGLE accept length >= 2.5 on chat at T0, best k": ("1.50 (eagle:1)", False)}
 
 
 def test_the_pinned_figures_written_as_measured_json_read_back_the_same(tmp_path) -> None:
