@@ -327,3 +327,83 @@ def test_bundled_heads_predict_the_offsets_they_are_drafted_for(bundled: Engine)
     for name, pred in (("eagle", eagle_next), ("medusa", head0)):
         right, before = agree(pred, 1), agree(pred, 0)
         assert right > 0.2 and right > before, (name, right, before)
+
+
+def _peaked(top: float, token: int, size: int = 8) -> torch.Tensor:
+    """Logits (size,) whose softmax puts `top` on `token` and spreads the rest evenly."""
+    p = torch.full((size,), (1 - top) / (size - 1))
+    p[token] = top
+    return p.log()
+
+
+@pytest.mark.parametrize("greedy", (True, False))
+def test_a_chain_stops_where_the_drafts_confidence_product_falls_below_the_cutoff(
+    greedy: bool,
+) -> None:
+    """Tops 0.9, 0.5, 0.2, 0.9: the product 0.9, 0.45, 0.09 falls under 0.1 at the third
+    position, so the chain holds two tokens (k 4); the first is drafted however unsure."""
+    from workers.embedded.speculative.chain import draft_chain
+
+    sampler = Sampler(0.0 if greedy else 1.0, generator=torch.Generator().manual_seed(0))
+    levels = [_peaked(0.9, 1), _peaked(0.5, 2), _peaked(0.2, 3), _peaked(0.9, 4)]
+
+    def chain(cutoff: float, first: torch.Tensor = levels[0]):
+        from workers.embedded.speculative.chain import chain_steps
+
+        steps = chain_steps(first, 4, sampler, None, cutoff)
+        depth = 0
+        next(steps)
+        try:
+            while True:
+                depth += 1
+                steps.send(levels[depth])
+        except StopIteration as done:
+            return done.value
+
+    assert len(chain(0.1)) == 2 and len(chain(0.0)) == 4
+    assert len(chain(0.95, _peaked(0.1, 1))) == 1  # the first token always
+    short = chain(0.1)
+    assert short.q is None if greedy else short.q.shape == (2, 8)
+    if greedy:
+        assert short.tokens == [1, 2]
+    assert len(draft_chain(levels[0], 4, sampler, lambda d, t: levels[d + 1])) == 4  # no cutoff
+
+
+@pytest.mark.parametrize(("sampler_args", "cutoff"), [
+    (dict(temperature=1.0), 3.7e-4), (dict(temperature=0.7, top_k=20), 0.0108)])
+@torch.inference_mode()
+def test_the_token_after_a_cut_chain_position_follows_the_target(
+    model_dir: Path, sampler_args: dict, cutoff: float
+) -> None:
+    """With a cutoff that ends about half the chains after their first token (the tiny
+    head is unsure: the median product of its top two probabilities, measured), the second
+    committed token still has the target's marginal sum_t1 p(t1) p(. | t1): whether a
+    position gets a draft depends on the accepted prefix, never on the token drawn."""
+    from workers.embedded.speculative.eagle import EagleChainDrafter
+
+    model = load_model(model_dir, dtype=torch.float32)
+    head = load_methods(model_dir, model)["eagle"].new_drafter()._eagle.head  # type: ignore[attr-defined]
+    prompt = [5, 17, 42, 99, 7, 5, 17]
+    probe = Sampler(**sampler_args, generator=torch.Generator().manual_seed(0))
+    state, root_logits = _prefill_state(model, prompt, probe, k=3)
+    root = state.tokens[-1]
+    p1 = probe.probs(root_logits)  # (V,)
+    following = model(torch.tensor([[*prompt, root, t] for t in range(V)])).logits[:, -1]
+    marginal = sum(p1[t] * probe.probs(following[t]) for t in range(V) if p1[t] > 0)
+    lengths: Counter[int] = Counter()
+    counts: Counter[int] = Counter()
+    for trial in range(TRIALS):
+        sampler = Sampler(**sampler_args, generator=torch.Generator().manual_seed(trial))
+        drafter = EagleChainDrafter(model, head, min_confidence=cutoff)
+        original = drafter.propose_steps
+
+        def recorded(state, original=original):
+            draft = yield from original(state)
+            lengths[len(draft)] += 1
+            return draft
+
+        drafter.propose_steps = recorded  # type: ignore[method-assign]
+        state = _decode(model, drafter, prompt, sampler, 3, 2)
+        counts[state.tokens[len(prompt) + 2]] += 1
+    assert lengths[1] > TRIALS // 5 and sum(n for size, n in lengths.items() if size > 1) > TRIALS // 5
+    assert_follows(counts, marginal)

@@ -79,3 +79,24 @@ def test_greedy_output_equals_plain_greedy(engine: Engine, prompts: list[list[in
         assert output == expected, method
         steps += verify_steps
     assert steps < len(prompts) * (NEW_TOKENS - 1), f"{method} never accepted a draft token"
+
+
+def test_the_shipped_eagle_chain_ends_by_its_measured_cutoff(engine: Engine, prompts: list[list[int]],
+                                                             monkeypatch) -> None:
+    """The shipped head carries its chain cutoff (`EagleConfig.chain_confidence`), which the
+    greedy test above runs under; so chains at k 5 are often shorter than 5, and
+    SPECROUTE_EAGLE_CHAIN_CONFIDENCE=0 restores chains of k tokens."""
+    from workers.embedded.speculative.methods import chain_confidence, load_methods
+
+    eagle = engine._methods["eagle"].new_drafter()  # type: ignore[attr-defined]
+    head = eagle._eagle.head  # type: ignore[attr-defined]
+    assert head.config.chain_confidence > 0
+    assert eagle._min_confidence == head.config.chain_confidence  # type: ignore[attr-defined]
+    monkeypatch.setenv("SPECROUTE_EAGLE_CHAIN_CONFIDENCE", "0")
+    assert chain_confidence(head) == 0.0
+    assert load_methods(ensure_smollm2(), engine.model)["eagle"].new_drafter()._min_confidence == 0.0  # type: ignore[attr-defined]
+    monkeypatch.delenv("SPECROUTE_EAGLE_CHAIN_CONFIDENCE")
+    gen = engine.start(prompts[1], SamplingParams(max_new_tokens=NEW_TOKENS, ignore_eos=True), "eagle", 5)
+    while not gen.finished:
+        gen.step()
+    assert gen.stats.batch_draft_tokens < 5 * gen.stats.verify_steps

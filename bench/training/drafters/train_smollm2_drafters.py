@@ -89,6 +89,10 @@ class SmolDrafterConfig:
     ckpt_every: int = 50
     seed: int = 0
     init_from: str = ""  # a folder of shipped drafters (eagle/, medusa/) to start from
+    # Written into the exported head's config, for serving: the chain cutoff
+    # (`EagleConfig.chain_confidence`), measured on SmolLM2's head (docs/results/
+    # 2026-12-05-engine-vllm.md, section 3).
+    chain_confidence: float = 0.1
 
 
 # ---------------------------------------------------------------- phase 2: students
@@ -103,7 +107,7 @@ class Students(torch.nn.Module):
             num_key_value_heads=base.num_key_value_heads,
             max_position_embeddings=base.max_position_embeddings, rms_norm_eps=base.rms_norm_eps,
             rope_theta=base.rope_theta, vocab_size=base.vocab_size,
-            draft_vocab_size=cfg.draft_vocab))
+            draft_vocab_size=cfg.draft_vocab, chain_confidence=cfg.chain_confidence))
         self.medusa = MedusaHeads(MedusaConfig(
             hidden_size=base.hidden_size, num_heads=cfg.medusa_heads, vocab_size=base.vocab_size,
             draft_vocab_size=cfg.draft_vocab))

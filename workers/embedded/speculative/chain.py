@@ -41,6 +41,7 @@ def chain_steps(
     steps: int,
     sampler: Sampler,
     constraint: DraftConstraint | None = None,
+    min_confidence: float = 0.0,
 ) -> Generator[torch.Tensor, torch.Tensor, Draft]:
     """The chain as a generator: yields each drafted token (1,) whose successor's logits
     (V,) it needs and is sent them; returns the draft. A driver may so draft several
@@ -51,17 +52,34 @@ def chain_steps(
     logits are masked first, so q is the masked distribution actually drawn from; once the
     grammar is done, drafting goes on unmasked (verification prunes what it forbids) so
     that the drafter sees every step.
+
+    `min_confidence`: the chain stops before a token past the first once the product of
+    the draft's top probabilities so far (this position's included) falls below it — a
+    chain of dynamic length, as EAGLE-2 sizes its trees by the same product (arXiv
+    2406.16858, which shows it tracks acceptance). The test is made before the token is
+    drawn and reads only the draft's distribution, never the token drawn, so whether
+    position i gets a draft depends on the accepted prefix alone and verification stays
+    exact (a position without a draft samples the target). Where it pays: an extra
+    verify row and head forward cost ~14% of a SmolLM2 step on this CPU, so a token
+    accepted less often than that costs more than it brings; the product tracks
+    acceptance there (docs/results/2026-12-05-engine-vllm.md).
     """
     tokens: list[torch.Tensor] = []  # (1,) each; greedy stays on the device, no sync
     qs: list[torch.Tensor] = []
     masked = constraint is not None
+    confidence = 1.0  # product of the draft's top probabilities so far
     for depth in range(steps):
         if masked:
             logits = constraint.restrict(logits)  # type: ignore[union-attr]
-        if sampler.greedy:
+        q = None if sampler.greedy else sampler.probs(logits)
+        if min_confidence > 0.0:
+            top = (q if q is not None else torch.softmax(logits.float(), -1)).max()
+            confidence *= float(top)
+            if depth > 0 and confidence < min_confidence:
+                break
+        if q is None:
             token = logits.argmax().view(1)
         else:
-            q = sampler.probs(logits)
             token = torch.multinomial(q, 1, generator=sampler.generator)
             qs.append(q)
         tokens.append(token)

@@ -89,15 +89,20 @@ class EagleSync:
 
 
 class EagleChainDrafter:
-    """EAGLE-1 style chain of k draft tokens.
+    """EAGLE-1 style chain of up to k draft tokens.
 
     Greedy: argmax at every step, q = None (point masses). Sampling: x ~ q, where q is the
     head's distribution after the request's own temperature / top-k / top-p, and the
-    chain carries q so verification applies min(1, p/q).
+    chain carries q so verification applies min(1, p/q). The chain ends early where the
+    head is unsure (`min_confidence`, by default the head's measured
+    `EagleConfig.chain_confidence`; 0: always k tokens).
     """
 
-    def __init__(self, model: LlamaForCausalLM, head: EagleHead) -> None:
+    def __init__(self, model: LlamaForCausalLM, head: EagleHead,
+                 min_confidence: float | None = None) -> None:
         self._eagle = EagleSync(model, head)
+        self._min_confidence = (head.config.chain_confidence if min_confidence is None
+                                else min_confidence)
 
     def propose(self, state: DecodeState) -> Draft:
         """The chain alone."""
@@ -113,7 +118,8 @@ class EagleChainDrafter:
         root_position = len(state.tokens) - 1
         steps = min(state.k, eagle.room())
         positions = torch.arange(root_position, root_position + steps, device=h.device)
-        chain = chain_steps(logits[0], steps, state.sampler, state.constraint)
+        chain = chain_steps(logits[0], steps, state.sampler, state.constraint,
+                            self._min_confidence)
         depth = 0
         try:
             token = next(chain)

@@ -9,6 +9,7 @@ the same rule `specroute up` uses to decide which methods a model serves.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,7 +68,8 @@ def load_methods(model_dir: Path | None, model: LlamaForCausalLM) -> dict[str, M
                                    DEFAULT_K["medusa"])
     if (folder / "eagle" / "config.json").exists():
         head = _load(folder / "eagle", EagleHead, weight, dtype)
-        methods["eagle"] = Method("eagle", lambda: EagleChainDrafter(model, head),
+        cutoff = chain_confidence(head)
+        methods["eagle"] = Method("eagle", lambda: EagleChainDrafter(model, head, cutoff),
                                   DEFAULT_K["eagle"])
         methods["eagle2"] = Method("eagle2", lambda: EagleTreeDrafter(model, head),
                                    DEFAULT_K["eagle2"])
@@ -77,6 +79,13 @@ def load_methods(model_dir: Path | None, model: LlamaForCausalLM) -> dict[str, M
         methods["draft"] = Method("draft", lambda: DraftModelDrafter(draft, length),
                                   DEFAULT_K["draft"])
     return methods
+
+
+def chain_confidence(head: EagleHead) -> float:
+    """The EAGLE chain's cutoff: the head's measured `chain_confidence`, or
+    SPECROUTE_EAGLE_CHAIN_CONFIDENCE where set (0: chains of k tokens, as before it)."""
+    value = os.environ.get("SPECROUTE_EAGLE_CHAIN_CONFIDENCE")
+    return head.config.chain_confidence if value is None else float(value)
 
 
 def _load(folder: Path, kind: type[_Module], like: torch.Tensor, dtype: torch.dtype) -> _Module:
