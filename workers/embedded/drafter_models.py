@@ -50,10 +50,6 @@ class MedusaConfig:
     num_layers: int = 1
     vocab_size: int = 0  # the base's V; needed only with a draft vocabulary
     draft_vocab_size: int = 0  # N; 0 = project through the base's LM head
-    # Serving, not the network: a chain ends where the product of the head's top
-    # probabilities falls below this (`speculative.chain.chain_steps`); measured per
-    # head, 0 = always k tokens.
-    chain_confidence: float = 0.0
 
 
 class DraftVocabulary(nn.Module):

@@ -20,8 +20,9 @@ least 4 words, seen once, none a benchmark prompt (`distill_data.bench_prompt_te
 Answers: each query as the only user message under the model's chat template (the
 engine's `encode_chat`, as the benchmark encodes its prompts), every second one greedy
 and the others at T 0.8, up to `--max-new` tokens; written as `distill_data`'s shards
-(`magpie-NNNNN.jsonl`, `magpie1-NNNNN.jsonl` for draw set 1..., SHARD_ROWS rows of {id, task, temperature, prompt_ids,
-response_ids, finish}; atomically; a restart skips the shards present).
+(`magpie-NNNNN.jsonl`, `magpie1-NNNNN.jsonl` for draw set 1 ..., SHARD_ROWS rows of
+{id, task, temperature, prompt_ids, response_ids, finish}; atomically; a restart skips
+the shards present).
 
 Sampled answers carry no seed, so a rerun samples them anew: vLLM CPU 0.32 fails a
 seeded request whose prefill it chunks (`RuntimeError: CPU Generator does not use

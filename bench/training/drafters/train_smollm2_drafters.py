@@ -91,7 +91,7 @@ class SmolDrafterConfig:
     init_from: str = ""  # a folder of shipped drafters (eagle/, medusa/) to start from
     # Written into the exported head's config, for serving: the chain cutoff
     # (`EagleConfig.chain_confidence`), measured on SmolLM2's head (docs/results/
-    # 2026-12-05-engine-vllm.md, section 3).
+    # 2026-12-05-engine-vllm.md, section 2).
     chain_confidence: float = 0.1
 
 
