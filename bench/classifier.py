@@ -78,7 +78,7 @@ def _router() -> PoolRouter:
         for worker in pool.workers:
             worker.healthy = True  # as if probed: routing needs an available worker
     policy = build_routing_policy("learned", config)
-    return PoolRouter(pools, decide=policy.decide, classify=classify, predict=policy.predict)
+    return PoolRouter(pools, policy)
 
 
 def _percentiles(ns: list[int]) -> dict[str, float]:

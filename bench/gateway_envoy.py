@@ -125,7 +125,7 @@ def decision_latency(picks: int, upstream: str = "http://127.0.0.1:9") -> dict:
 
     from gateway.config import parse_config
     from gateway.picker.exchange import Exchange
-    from gateway.picker.services import build
+    from gateway.picker.runtime import build
 
     services = build(parse_config(picker_config(upstream)), policy="learned",
                      max_endpoints=1)

@@ -42,7 +42,8 @@ from bench import gateway as bench_gateway
 from gateway.config import parse_config
 from gateway.http.app import create_app
 from gateway.http.responses import response_body
-from gateway.routing.router import Pin
+from gateway.pins import NO_PIN, Pin
+from gateway.routing.admission import Ticket
 from gateway.schemas import parse_request
 from gateway.telemetry.record import Outcome, Timer, request_record
 from workers.processes import free_port, start_redis
@@ -157,7 +158,7 @@ async def stages(app, calls: int) -> dict:  # noqa: ANN001
     body = orjson.loads(BODY)
     request = parse_request(body, "chat")
     tenant = gw.auth.tenant(f"Bearer {KEY}")
-    profile = gw.router.classify(request, tenant.name)
+    profile = gw.classify(request, tenant.name)
     decision, pools = gw.router.route(request, profile, Pin())
     lease, result = await gw.dispatcher.generate(request, decision, pools)
     outcome = Outcome(request, profile, tenant, decision, Timer(), lease.load, lease.workers,
@@ -182,7 +183,7 @@ async def stages(app, calls: int) -> dict:  # noqa: ANN001
     out = {
         "parse": await _cpu(lambda: parse_request(orjson.loads(BODY), "chat"), calls),
         "authenticate": await _cpu(lambda: gw.auth.tenant(f"Bearer {KEY}"), calls),
-        "classify": await _cpu(lambda: gw.router.classify(request, tenant.name), calls),
+        "classify": await _cpu(lambda: gw.classify(request, tenant.name), calls),
         "decide": await _cpu(lambda: gw.router.route(request, profile, Pin()), calls),
         "admission": await _acpu(admission, calls) if gw.admission is not None else 0.0,
         "upstream call": await _acpu(lambda: gw.dispatcher.generate(request, decision, pools),
@@ -233,19 +234,23 @@ async def ablation(app, upstream: str, calls: int) -> dict:  # noqa: ANN001
     gw.reporter.record = lambda *args, **kwargs: None
     out["- record and metrics (after the response)"] = await _acpu(lambda: post(app, BODY),
                                                                    calls)
-    gw.router.classify = minimal_profile
+    gw.classify.classify = minimal_profile
     out["- classify (the minimal profile instead)"] = await _acpu(lambda: post(app, BODY),
                                                                   calls)
-    gw.admission = None
+    async def enter(pool, tenant, arrived):  # noqa: ANN001, ANN202 - a slot, never a wait
+        return Ticket(pool, tenant, arrived, arrived, 0)
+
+    gw.admission.enter, gw.admission.leave = enter, lambda ticket: None
     out["- admission"] = await _acpu(lambda: post(app, BODY), calls)
-    route, decided = gw.router.route, []
+    assess, route, decided = gw.router.assess, gw.router.route_assessed, []
 
-    def fixed(request, profile, pin=None):  # noqa: ANN001, ANN202
+    def assess_once(request, profile, pin=NO_PIN):  # noqa: ANN001, ANN202
         if not decided:
-            decided.append(route(request, profile, pin or Pin()))
-        return decided[0]
+            decided.append(route(assess(request, profile, pin), profile, pin))
+        return []
 
-    gw.router.route = fixed
+    gw.router.assess = assess_once
+    gw.router.route_assessed = lambda assessed, profile, pin, explain=False: decided[0]
     out["- decide (one decision, reused)"] = await _acpu(lambda: post(app, BODY), calls)
     out["minimal proxy, same upstream client"] = await _floor(upstream, calls)
     return {k: round(v, 1) for k, v in out.items()}

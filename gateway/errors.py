@@ -204,3 +204,13 @@ def shutting_down() -> GatewayError:
                          status=503, code="shutting_down")
     error.type = "service_unavailable"
     return error
+
+
+def body_too_large(limit: int) -> PayloadTooLarge:
+    """A request body over `server.max_body_bytes`, however it arrived."""
+    return PayloadTooLarge(f"Request body is larger than {limit} bytes",
+                           code="request_too_large")
+
+
+def invalid_json(exc: Exception) -> InvalidRequest:
+    return InvalidRequest(f"The request body is not valid JSON: {exc}", code="invalid_json")

@@ -34,11 +34,11 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from gateway.config import GatewayConfig, PoolConfig, ServerConfig
-from policies.types import PoolView
+from policies.types import Decision, PoolView
 
 REPORTED_BATCH_TAU_S = 3.0  # about one request's life at the batches that matter
 
@@ -221,3 +221,21 @@ def build_pools(config: GatewayConfig) -> dict[str, Pool]:
             pool.new_worker(url)
         pools[pool.name] = pool
     return pools
+
+
+def served(decision: Decision, pool: Pool, *, pinned_k: int | None = None,
+           why: str | None = None) -> Decision:
+    """The decision as `pool` runs it — the one place `k` is set after the policy chose:
+    a per-request-k pool runs the decided k (or the one pinned by `x-specroute-k`),
+    a pool that fixes k at launch (SGLang, vLLM) its launch k (`PoolConfig.run_k`).
+    On another pool than the decision's (failover, a picker's subset hint) the pool,
+    method and k are that pool's and `why` (default: failover) joins the reason."""
+    if pinned_k is not None and pool.config.capabilities.per_request_k:
+        mark = "k" if decision.k == pinned_k else f"k={pinned_k}"
+        decision = replace(decision, k=pinned_k,
+                           reason=f"{decision.reason}; {mark} pinned by x-specroute-k")
+    k = pool.config.run_k(decision.k)
+    if pool.name != decision.pool:
+        return replace(decision, pool=pool.name, method=pool.config.method, k=k,
+                       reason=f"{decision.reason}; {why or f'failover to {pool.name}'}")
+    return decision if k == decision.k else replace(decision, k=k)

@@ -106,6 +106,10 @@ class Ranked:
 
 
 class Policy:
+    """The learned policy (module docstring); a `policies.protocol.RoutingPolicy`."""
+
+    name = "learned"
+
     def __init__(self, store: Telemetry, config: PolicyConfig | None = None) -> None:
         self.store = store
         self.config = config or PolicyConfig()
@@ -238,8 +242,11 @@ class Policy:
             fallbacks=fallbacks(options, chosen))
 
     def observe(self, record: RequestRecord) -> None:
-        """Hand a finished request to the store (enqueue only; learning happens in refit)."""
-        self.store.record(record)
+        """Hand a finished request to the store (enqueue only; learning happens in refit).
+        Successful requests only: a failure carries no acceptance, and its tokens-free
+        time would read as a very slow step."""
+        if record.ok and record.output_tokens > 0:
+            self.store.record(record)
 
     # -- helpers for decide --------------------------------------------------------------
     def _with_hysteresis(self, state: PolicyState, options: list[Option],
@@ -354,14 +361,13 @@ class Policy:
                                lambda pool: self._load(state, pool))
         return state
 
-    def start(self) -> Policy:
+    def start(self) -> None:
         """Refit every `refit_interval_s` in a daemon thread, never on the event loop."""
         if self._thread is None:
             self._stop.clear()
             self._thread = threading.Thread(target=self._run, name="specroute-learner",
                                             daemon=True)
             self._thread.start()
-        return self
 
     def stop(self) -> None:
         if self._thread is not None:

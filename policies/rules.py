@@ -4,11 +4,13 @@
 - `static_rules`: task and temperature -> method, a stand-in until the learned policy
   takes over.
 Both have the learned policy's signature, `decide(profile, pools) -> Decision`, and raise
-ValueError when no pool has a healthy worker (the router answers that with a 503).
+ValueError when no pool has a healthy worker (the router answers that with a 503);
+`RULES` holds them as `policies.protocol.Rule` policies, by the name `--policy` takes.
 """
 
 from __future__ import annotations
 
+from policies.protocol import Rule
 from policies.types import Decision, PoolView, RequestProfile
 
 # the names `specroute gateway --policy` takes (gateway.routing.policy builds them)
@@ -58,3 +60,7 @@ def static_rules(profile: RequestProfile, pools: list[PoolView]) -> Decision:
               else f"static rule: no {'/'.join(preference[:2])} pool for {key}")
     return Decision(pool=best.name, method=best.method, k=best.k, reason=reason,
                     fallbacks=tuple(v.name for v in ranked[1:]))
+
+
+RULES: dict[str, Rule] = {"static": Rule(static_rules, "static"),
+                          "first": Rule(first_healthy, "first")}

@@ -18,7 +18,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("specroute", "bench", "gateway", "workers", "policies")  # highest first
 SUBLAYERS = {  # highest first; a module directly in the package is its ground layer
-    "gateway": ("picker", "http", "upstream", "tenants", "routing", "telemetry", "classifier", ""),
+    "gateway": ("picker", "http", "core", "upstream", "tenants", "routing", "telemetry",
+                "classifier", ""),
     "workers": ("embedded", "fleet", ""),
     "policies": ("planner", ""),
 }

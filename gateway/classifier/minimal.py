@@ -1,11 +1,18 @@
 """The minimal profile: the classifier's fallback when its model cannot load (task from
 `response_format` and tools only), with `gateway.classifier.classify.classify`'s
-signature."""
+signature; `Guarded`, a classifier that falls back on it."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+
+from gateway.errors import traceback_text
 from gateway.schemas import GenerationRequest
 from policies.types import RequestProfile
+
+log = logging.getLogger("specroute.gateway")
+Classify = Callable[[GenerationRequest, str], RequestProfile]
 
 
 def minimal_profile(request: GenerationRequest, tenant: str) -> RequestProfile:
@@ -26,3 +33,22 @@ def minimal_profile(request: GenerationRequest, tenant: str) -> RequestProfile:
         needs_tools=request.needs_tools,
         reasons=("minimal_profile",),
     )
+
+
+class Guarded:
+    """`classify`, except that a classifier bug never fails a valid request: it degrades
+    to the minimal profile (logged with its traceback the first time)."""
+
+    def __init__(self, classify: Classify) -> None:
+        self.classify = classify
+        self._failed = False
+
+    def __call__(self, request: GenerationRequest, tenant: str) -> RequestProfile:
+        try:
+            return self.classify(request, tenant)
+        except Exception as exc:  # noqa: BLE001 - any classifier failure: route on the basics
+            if not self._failed:
+                self._failed = True
+                log.error("request classifier failed; using the minimal profile: %s",
+                          traceback_text(exc))  # not the message: it may quote the prompt
+            return minimal_profile(request, tenant)

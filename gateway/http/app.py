@@ -24,28 +24,24 @@ import gc
 import logging
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import aiohttp
 import orjson
-from prometheus_client import (
-    CollectorRegistry,
-    ProcessCollector,
-)
+from prometheus_client import CollectorRegistry, ProcessCollector
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.classifier.minimal import minimal_profile
+from gateway.classifier.minimal import Classify
 from gateway.config import GatewayConfig
-from gateway.errors import (
-    GatewayError,
-    shutting_down,
-)
+from gateway.core.services import bounded_stop
+from gateway.errors import GatewayError, shutting_down
 from gateway.http.console import Console, console_asset, console_page, console_state_json
 from gateway.http.endpoints import ExplainEndpoint, TokenEndpoint
 from gateway.http.faults import SentWatch, gateway_error, http_error, internal_fault, log_fault
+from gateway.http.gateway import Gateway
 from gateway.http.openapi import openapi_document
 from gateway.http.routes import (
     get_model,
@@ -56,49 +52,16 @@ from gateway.http.routes import (
     ready,
     routing_fleet,
 )
-from gateway.http.services import Gateway
 from gateway.http.sglang_routes import GenerateEndpoint, health_generate, model_info, server_info
-from gateway.pools import build_pools
 from gateway.routing.fleet_plan import fleet_planning
-from gateway.routing.policy import RoutingPolicy, build_routing_policy
-from gateway.routing.router import Classify, Decide, PoolRouter
-from gateway.routing.slo import slo_layer
 from gateway.telemetry.loop_lag import LoopLagProbe
-from gateway.telemetry.prometheus import (
-    FanoutRecorder,
-    HttpMetrics,
-    PrometheusRecorder,
-    Recorder,
-)
-from gateway.telemetry.recent import RecentTraffic
-from gateway.telemetry.record import Reporter
-from gateway.telemetry.spans import make_tracer
-from gateway.telemetry.tenant_metrics import TenantMetrics
-from gateway.tenants.auth import Authenticator, TenantReloader
-from gateway.tenants.limits import Limits
-from gateway.upstream.adapters import make_adapters
-from gateway.upstream.dispatch import Dispatcher
-from gateway.upstream.http1 import Http1Client
-from gateway.upstream.watchers import UpstreamWatchers
+from gateway.telemetry.prometheus import HttpMetrics, Recorder
+from policies.protocol import DecideFn, RoutingPolicy, Rule
 
 GIL_SWITCH_S = 0.001  # see the lifespan
 
 log = logging.getLogger("specroute.gateway")
 access_log = logging.getLogger("specroute.access")
-
-
-def load_default_classifier() -> Classify:
-    """`gateway.classifier.classify.classify` with its model loaded; the minimal profile (logged
-    once) when the classifier or its model cannot load. Blocking: call it in a thread."""
-    try:
-        from gateway.classifier.classify import classify, load_classifier
-
-        load_classifier()
-    except Exception as exc:  # noqa: BLE001 - any failure to load means: use the fallback
-        log.warning("request classifier unavailable (%s: %s); using the minimal profile",
-                    type(exc).__name__, exc)
-        return minimal_profile
-    return classify
 
 
 class GatewayApp(Starlette):
@@ -152,34 +115,18 @@ class GatewayApp(Starlette):
                             seconds * 1000, scope.get("specroute.tenant", "-"))
 
 
-STOP_TIMEOUT_S = 15.0  # each part's share of a shutdown; more and it is left behind
-
-
-async def bounded_stop(name: str, stop: Callable[[], Awaitable[None]]) -> None:
-    """Await one part's stop for at most STOP_TIMEOUT_S: a part that hangs (a socket that
-    never answers) is logged and left, and the shutdown goes on."""
-    try:
-        async with asyncio.timeout(STOP_TIMEOUT_S):
-            await stop()
-    except TimeoutError:
-        log.warning("%s did not stop within %g s; shutting down without it", name,
-                    STOP_TIMEOUT_S)
-
-
-def create_app(config: GatewayConfig, *, policy: str = "learned",
-               decide: Decide | None = None, classify: Classify | None = None,
+def create_app(config: GatewayConfig, *, policy: str | RoutingPolicy = "learned",
+               decide: DecideFn | None = None, classify: Classify | None = None,
                recorder: Recorder | None = None,
                config_path: str | None = None) -> GatewayApp:
-    """Build the app. `policy` names the routing policy (`policies.rules.POLICY_NAMES`);
-    a `decide` function replaces it (a fixed rule that learns nothing). `classify=None`
-    means `gateway.classifier.classify`, loaded in the lifespan; `recorder` replaces the Prometheus
-    recorder (the policy is fed either way). With `config_path`, tenants reload when
-    that file changes or on SIGHUP (`gateway.tenants.auth.TenantReloader`)."""
+    """Build the app over the routing core (`gateway.core.services.Core`, its arguments);
+    a `decide` function replaces the policy (a fixed rule that learns nothing). With
+    `config_path`, tenants reload when that file changes or on SIGHUP."""
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)  # process_resident_memory_bytes, CPU seconds, fds
-    recorder = recorder or PrometheusRecorder(registry)
-    tenant_metrics = TenantMetrics(registry)
     server = config.server
+    gateway = Gateway(config, policy=Rule(decide, "custom") if decide else policy,
+                      classify=classify, recorder=recorder, registry=registry)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -187,61 +134,26 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
                                         connect=server.connect_timeout_s,
                                         sock_read=server.read_timeout_s)
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
-        provider, tracer = make_tracer(server.otel_exporter)
-        chosen = classify if classify is not None else await asyncio.to_thread(
-            load_default_classifier)
-        routing = (RoutingPolicy(decide, "custom") if decide
-                   else build_routing_policy(policy, config))
-        app.state.routing = routing
         async with aiohttp.ClientSession(timeout=timeout, connector=connector,
                                          auto_decompress=False) as session:
-            pools = build_pools(config)
-            watchers = UpstreamWatchers(pools, session, server, config.redis_url, registry,
-                                        routing.set_worker_prior)
-            priors = app.state.priors = watchers.priors
             app.state.session = session  # gateway.http.sglang_routes's /server_info asks the workers
-            admission, slo = slo_layer(config, pools, routing.decide, routing.predict,
-                                       lambda name: app.state.gateway.auth.named(name),
-                                       tenant_metrics)
-            recent = RecentTraffic()  # what the console shows of the last hour
-            limits = Limits(config.redis_url, config.limits.on_redis_error,
-                            on_limited=tenant_metrics.limited)
-            upstream = Http1Client(server.connect_timeout_s, server.read_timeout_s,
-                                   server.total_timeout_s)
-            app.state.gateway = Gateway(
-                config=config, pools=pools,
-                router=PoolRouter(pools, decide=slo.decide, classify=chosen,
-                                  predict=slo.predict),
-                auth=Authenticator(config.tenants, config.auth),
-                limits=limits, admission=admission,
-                dispatcher=Dispatcher(make_adapters(upstream), server),
-                reporter=Reporter(FanoutRecorder(recorder, routing, tenant_metrics, recent),
-                                  pools, limits.spend, tracer, provider),
-                tracer=tracer, provider=provider)
-            reloader = None
-            if config_path is not None:
-                def install(auth: Authenticator) -> None:
-                    app.state.gateway.auth = auth
-
-                reloader = TenantReloader(config_path, install,
-                                          app.state.gateway.auth.required)
-                reloader.start()
-            app.state.reloader = reloader
-            planning = app.state.planning = fleet_planning(config, pools, routing)
-            console = app.state.console = Console(app.state.gateway, routing, planning, recent,
-                                                  tenant_metrics, priors.sources)
             # The policy's refit and the telemetry store's flush are Python threads: while
             # one runs, the loop waits for the GIL up to the switch interval (5 ms by
             # default); 1 ms bounds what a refit or a flush can add to a request.
             sys.setswitchinterval(GIL_SWITCH_S)
-            routing.start()
+            await gateway.start(session, config_path)
+            assert gateway.watchers is not None
+            app.state.priors = gateway.watchers.priors
+            planning = app.state.planning = fleet_planning(config, gateway.pools,
+                                                           gateway.policy)
+            console = app.state.console = Console(gateway, planning,
+                                                  gateway.watchers.priors.sources)
             app.state.loop_lag.start()
-            await watchers.start()
             if planning is not None:
                 await planning.start()
             await console.start()
             # Startup leaves ~60k long-lived objects (classifier, policy, libraries); a
-            # full collection walks them all (~40 ms here). Frozen, they are never scanned.
+            # full collection walks them all. Frozen, they are never scanned.
             gc.freeze()
             try:
                 yield
@@ -249,15 +161,10 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
                 for name, stop in (
                         ("console", console.stop),
                         ("fleet planning", planning.stop if planning is not None else None),
-                        ("watchers", watchers.stop),
-                        ("tenant reloader", reloader.stop if reloader is not None else None),
-                        ("rate limits", app.state.gateway.limits.close),
                         ("loop lag probe", app.state.loop_lag.stop)):
                     if stop is not None:
                         await bounded_stop(name, stop)
-                await asyncio.to_thread(routing.stop)  # joins threads, flushes telemetry
-                upstream.close()
-                provider.shutdown()
+                await gateway.stop()
 
     fast_routes: dict[str, ASGIApp] = {"/v1/chat/completions": TokenEndpoint("chat"),
                                        "/v1/completions": TokenEndpoint("completions"),
@@ -285,6 +192,8 @@ def create_app(config: GatewayConfig, *, policy: str = "learned",
                      exception_handlers={GatewayError: gateway_error, HTTPException: http_error,
                                          Exception: internal_fault})
     app.state.registry = registry
+    app.state.gateway = gateway
+    app.state.routing = gateway.policy
     app.state.openapi = orjson.dumps(openapi_document(config.models))
     app.state.loop_lag = LoopLagProbe(registry)
     app.state.started = int(time.time())

@@ -37,12 +37,9 @@ from starlette.responses import Response
 from gateway.config import hash_api_key
 from gateway.errors import AuthenticationFailed, PermissionDenied, error_response
 from gateway.http.console_state import ConsoleSources, RegistryFacts, console_state
-from gateway.http.services import Gateway
+from gateway.http.gateway import Gateway
 from gateway.periodic import Periodic
 from gateway.routing.fleet_plan import FleetPlanning
-from gateway.routing.policy import RoutingPolicy
-from gateway.telemetry.recent import RecentTraffic
-from gateway.telemetry.tenant_metrics import TenantMetrics
 from gateway.tenants.auth import is_admin
 from policies.fleet import desired_k_key, fleet_move_key
 from workers.fleet.registry import WorkerInfo, pool_workers_key, worker_key
@@ -94,14 +91,13 @@ def console_refusal(request: Request) -> Response | None:
 
 
 class Console:
-    def __init__(self, gateway: Gateway, routing: RoutingPolicy, planning: FleetPlanning | None,
-                 recent: RecentTraffic, tenant_metrics: TenantMetrics,
+    def __init__(self, gateway: Gateway, planning: FleetPlanning | None,
                  prior_sources: dict[str, str], refresh_s: float = 2.0) -> None:
         self.gateway = gateway
-        self.routing = routing
+        self.routing = gateway.policy
         self.planning = planning
-        self.recent = recent
-        self.tenant_metrics = tenant_metrics
+        self.recent = gateway.recent
+        self.tenant_metrics = gateway.tenant_metrics
         self.prior_sources = prior_sources
         self.registry = RegistryFacts()
         self.started = time.time()

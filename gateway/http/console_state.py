@@ -23,16 +23,17 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gateway.http.services import Gateway
-from gateway.pools import BreakerState, Pool
+from gateway.http.gateway import Gateway
+from gateway.pools import BreakerState, Pool, served
 from gateway.routing.fleet_plan import FleetPlanning
-from gateway.routing.policy import LearnedRoutingPolicy, RoutingPolicy
+from gateway.routing.policy import LearnedRoutingPolicy
 from gateway.telemetry.recent import RecentTraffic, Tally
 from gateway.telemetry.series import Counter
 from gateway.telemetry.tenant_metrics import TenantMetrics
 from gateway.tenants.auth import DEFAULT_TENANT
 from policies.acceptance import TEMPERATURE_BUCKETS
 from policies.learner import PolicyState
+from policies.protocol import RoutingPolicy
 from policies.telemetry import LocalTelemetry
 from policies.types import TASKS, RequestProfile
 
@@ -96,12 +97,12 @@ def routing_table(sources: ConsoleSources) -> list[dict]:
                                          max_tokens=TABLE_MAX_TOKENS, stream=True,
                                          tenant=DEFAULT_TENANT.name, model=model)
                 try:
-                    decision = gateway.router.predict(profile, views)
+                    decision = gateway.router.policy.predict(profile, views)
                 except ValueError as exc:
                     rows.append({**row, "pool": None, "reason": str(exc)})
                     continue
                 pool = gateway.pools.get(decision.pool)
-                k = pool.config.run_k(decision.k) if pool is not None else decision.k
+                k = served(decision, pool).k if pool is not None else decision.k
                 seen = recent.observed(model, task, bucket, decision.pool)
                 rows.append({**row, "pool": decision.pool, "method": decision.method, "k": k,
                              "predicted_accept_length": _round(decision.predicted_accept_length),

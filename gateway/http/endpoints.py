@@ -5,8 +5,9 @@ These run on every generated request, so they skip FastAPI's dependency and resp
 layers (measured on the 2-core dev box: raw ASGI + aiohttp added 0.20 ms p50, a FastAPI
 route 0.29 ms and ~45% less throughput under concurrency; docs/GATEWAY.md, "What the
 proxy stack costs"). One request, in order: authenticate → read the body (size-capped,
-time-capped) → rate limit → parse JSON → validate → classify → route → dispatch →
-respond → record.
+time-capped) → the routing core's admission (`gateway.core.admit`: rate limit, parse
+JSON, pins, validate, authorize, classify, route) → queue for the pool's slots →
+dispatch → respond → record.
 Every failure is a `GatewayError`, turned into a response in exactly one place
 (`errors.error_body`). A client that disconnects cancels the work at once (the upstream
 connection is closed, so the worker frees its slot); explain runs the same steps up to
@@ -19,36 +20,33 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
+from functools import partial
 
 import orjson
 from starlette.types import Receive, Scope, Send
 
 from gateway.config import TenantConfig
+from gateway.core.admit import Admitted, admit
 from gateway.errors import (
     GatewayError,
     InvalidRequest,
-    PayloadTooLarge,
     RequestTimeout,
-    UnsupportedMediaType,
     error_body,
     internal_error,
     retry_after,
     shutting_down,
 )
+from gateway.http.bodies import check_media_type, content_length, read_body
 from gateway.http.disconnect import WATCH_AFTER_S, DisconnectWatch
+from gateway.http.gateway import Gateway
 from gateway.http.responses import ChunkWriter, headers_for, response_body
-from gateway.http.services import Gateway
-from gateway.pools import Pool
-from gateway.routing.router import Pin
 from gateway.schemas import Endpoint, GenerationRequest, parse_request
 from gateway.telemetry.record import Outcome, Timer
-from gateway.telemetry.spans import NO_TRACE, Trace, request_attributes, start_request
-from gateway.tenants.auth import authorize
+from gateway.telemetry.spans import NO_TRACE, Trace, start_request
 from gateway.upstream.adapters.base import Final, GenerationResult, StreamItem
 from gateway.upstream.dispatch import Lease, warning_headers
-from policies.types import Decision, RequestProfile
+from policies.types import Decision
 
 log = logging.getLogger("specroute.gateway")
 JSON = [(b"content-type", b"application/json")]
@@ -62,56 +60,6 @@ async def send_once(send: Send, status: int, body: bytes,
     await send({"type": "http.response.body", "body": body})
 
 
-async def read_body(receive: Receive, limit: int, content_length: int | None,
-                    timeout_s: float) -> bytes:
-    """The whole body, at most `limit` bytes, within `timeout_s` of the headers: a client
-    trickling its body (slow loris) gets a 408 instead of holding the connection."""
-    def too_large() -> PayloadTooLarge:  # built only when raised
-        return PayloadTooLarge(f"Request body is larger than {limit} bytes",
-                               code="request_too_large")
-
-    if content_length is not None and content_length > limit:
-        raise too_large()
-    chunks, size = [], 0
-    try:
-        async with asyncio.timeout(timeout_s):
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    raise InvalidRequest("client disconnected", code="client_disconnected")
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > limit:
-                    raise too_large()
-                chunks.append(chunk)
-                if not message.get("more_body", False):
-                    return b"".join(chunks)
-    except TimeoutError as exc:
-        raise RequestTimeout(f"The request body did not arrive within {timeout_s:g} s",
-                             code="request_timeout") from exc
-
-
-def content_length(value: bytes | None) -> int | None:
-    """The declared length; None when absent or not plain digits (the server's parser
-    has the last word on those). Past 18 digits `int` would be slow or refuse (Python's
-    4300-digit limit), and any such length is over every body limit anyway."""
-    if value is None or not value.isdigit():
-        return None
-    return int(value) if len(value) <= 18 else 10**18
-
-
-def check_media_type(value: bytes | None) -> None:
-    """JSON or nothing (curl without -H, httpx `content=`); anything else is a 415
-    rather than a confusing JSON error."""
-    if value is None:
-        return
-    media = value.split(b";", 1)[0].strip().lower()
-    if media != b"application/json" and not media.endswith(b"+json"):
-        raise UnsupportedMediaType(
-            f"Content-Type must be application/json, got {value.decode('latin-1')[:100]!r}",
-            param="content-type", code="unsupported_media_type")
-
-
 async def send_error(send: Send, exc: GatewayError) -> None:
     """The error answer; after a 408 the connection is closed, since the rest of the
     slow body may still be on its way."""
@@ -121,64 +69,41 @@ async def send_error(send: Send, exc: GatewayError) -> None:
     await send_once(send, exc.status, error_body(exc), close)
 
 
-@dataclass(slots=True)
-class Admitted:
-    """A request that passed every check and has a route."""
-
-    tenant: TenantConfig
-    request: GenerationRequest
-    profile: RequestProfile
-    decision: Decision
-    pools: list[Pool]
-    trace: Trace = NO_TRACE
-
-    def outcome(self, timer: Timer, lease: Lease,
-                done: GenerationResult | Final | None) -> Outcome:
-        """What the request came to on `lease`; `done`: what the worker finished with
-        (None: no answer). Built in one go: `dataclasses.replace` costs ~5 us."""
-        if done is None:
-            return Outcome(self.request, self.profile, self.tenant, lease.decision, timer,
-                           lease.load, lease.workers)
-        return Outcome(self.request, self.profile, self.tenant, lease.decision, timer,
-                       lease.load, lease.workers, done.usage, done.spec, True,
-                       done.finish_reason)
-
-
-def _headers(scope: Scope) -> dict[bytes, bytes]:
-    return {name: value for name, value in scope["headers"]
-            if name in (b"authorization", b"content-length", b"content-type",
-                        b"x-specroute-pool", b"x-specroute-k", b"x-specroute-benchmark")}
+HEADERS = (b"authorization", b"content-length", b"content-type", b"x-specroute-pool",
+           b"x-specroute-k", b"x-specroute-benchmark")
 
 
 async def read_request(gateway: Gateway, scope: Scope, receive: Receive,
-                       trace: Trace = NO_TRACE) -> tuple[TenantConfig, dict, Pin]:
-    """Authenticate, check the media type, read the body (size- and time-capped), rate
-    limit, parse JSON, read pins."""
-    headers = _headers(scope)
-    authorization = headers.get(b"authorization")
+                       trace: Trace = NO_TRACE) -> tuple[TenantConfig, dict[str, str], bytes]:
+    """Authenticate, check the media type, read the body (size- and time-capped): the
+    tenant, the headers `admit` reads (by lowercase name) and the body."""
+    headers = {name.decode(): value.decode("latin-1") for name, value in scope["headers"]
+               if name in HEADERS}
     with trace.phase("authenticate"):
-        tenant = gateway.auth.tenant(authorization.decode("latin-1") if authorization
-                                     else None)
+        tenant = gateway.auth.tenant(headers.get("authorization"))
     trace.set("specroute.tenant", tenant.name)
     scope["specroute.tenant"] = tenant.name  # for the access log
-    check_media_type(headers.get(b"content-type"))
+    media = headers.get("content-type")
+    check_media_type(media.encode("latin-1") if media is not None else None)
+    declared = headers.get("content-length")
     server = gateway.config.server
     raw = await read_body(receive, server.max_body_bytes,
-                          content_length(headers.get(b"content-length")),
+                          content_length(declared.encode("latin-1") if declared else None),
                           server.body_timeout_s)
-    with trace.phase("rate limit"):
-        await gateway.limits.admit(tenant)
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"The request body is not valid JSON: {exc}",
-                             code="invalid_json") from exc
-    pool, k = headers.get(b"x-specroute-pool"), headers.get(b"x-specroute-k")
-    benchmark = headers.get(b"x-specroute-benchmark")
-    pin = Pin.from_headers(pool.decode("latin-1") if pool else None,
-                           k.decode("latin-1") if k is not None else None,
-                           benchmark.decode("latin-1") if benchmark is not None else None)
-    return tenant, body, pin
+    return tenant, headers, raw
+
+
+def outcome(job: Admitted, timer: Timer, lease: Lease | None,
+            done: GenerationResult | Final | None) -> Outcome:
+    """What the request came to on `lease` (None: no worker took it); `done`: what the
+    worker finished with (None: no answer)."""
+    if lease is None:
+        return Outcome(job.request, job.profile, job.tenant, job.decision, timer)
+    if done is None:
+        return Outcome(job.request, job.profile, job.tenant, lease.decision, timer,
+                       lease.load, lease.workers)
+    return Outcome(job.request, job.profile, job.tenant, lease.decision, timer, lease.load,
+                   lease.workers, done.usage, done.spec, True, done.finish_reason)
 
 
 class TokenEndpoint:
@@ -188,8 +113,10 @@ class TokenEndpoint:
         self.endpoint = endpoint
         self.route = route or endpoint  # the span's name (gateway.http.sglang_routes: "generate")
 
-    def parse(self, gateway: Gateway, body: object) -> GenerationRequest:
-        return parse_request(body, self.endpoint)
+    def parser(self, gateway: Gateway) -> Callable[[object], GenerationRequest]:
+        """What validates this route's body (a partial: no frame of this module's on the
+        request path)."""
+        return partial(parse_request, endpoint=self.endpoint)
 
     def render(self, request: GenerationRequest, result: GenerationResult,
                decision: Decision) -> bytes:
@@ -204,74 +131,59 @@ class TokenEndpoint:
         trace = start_request(gateway.tracer, gateway.provider, scope["headers"],
                               self.route)
         try:
-            tenant, body, pin = await read_request(gateway, scope, receive, trace)
-            request = self.parse(gateway, body)
-            request_attributes(trace, request, gateway.config.server.otel_capture_content)
-            authorize(tenant, request, pin)
-            with trace.phase("classify"):
-                profile = gateway.router.classify(request, tenant.name)
-            with trace.phase("decide"):
-                decision, pools = gateway.router.route(request, profile, pin)
+            tenant, headers, raw = await read_request(gateway, scope, receive, trace)
         except GatewayError as exc:
             trace.fail(exc.status, exc.code)
             await send_error(send, exc)
             return
-        admitted = Admitted(tenant, request, profile, decision, pools, trace)
-        serve = self.stream if request.stream else self.complete
-        watch = DisconnectWatch(receive, WATCH_AFTER_S)
-        ticket = None
+        watch = DisconnectWatch(receive, WATCH_AFTER_S)  # from here the client may leave
+        job: Admitted | None = None
         try:
-            if gateway.admission is not None:
-                try:
-                    with trace.phase("queue wait"):
-                        ticket = await gateway.admission.enter(decision.pool, tenant,
-                                                               timer.start)
-                except GatewayError as exc:  # shed under overload: 429 + Retry-After
-                    trace.fail(exc.status, exc.code)
-                    await send_error(send, exc)
-                    return
-                trace.set("specroute.queued_ms", round(ticket.queued_s * 1000, 3))
-            await serve(gateway, send, timer, admitted)
+            try:
+                job = await admit(gateway, tenant, headers, raw, self.parser(gateway), trace,
+                                  queue=timer.start)  # shed under overload: 429 + Retry-After
+            except GatewayError as exc:
+                trace.fail(exc.status, exc.code)
+                await send_error(send, exc)
+                return
+            serve = self.stream if job.request.stream else self.complete
+            await serve(gateway, send, timer, job)
         except asyncio.CancelledError:
             if not watch.fired:
                 raise  # cancelled from outside, not by the client leaving
             log.info("client disconnected; upstream request cancelled")
         finally:
             watch.close()
-            if ticket is not None:
-                gateway.admission.leave(ticket)  # type: ignore[union-attr]
+            if job is not None and job.ticket is not None:
+                gateway.admission.leave(job.ticket)
 
     async def complete(self, gateway: Gateway, send: Send, timer: Timer,
                        job: Admitted) -> None:
-        outcome = Outcome(job.request, job.profile, job.tenant, job.decision, timer)
+        lease, result = None, None
         try:
             lease, result = await gateway.dispatcher.generate(job.request, job.decision,
                                                               job.pools, job.trace)
             timer.token()
-            outcome = job.outcome(timer, lease, result)
             await send_once(send, 200, self.render(job.request, result, lease.decision),
-                            headers_for(lease.decision) + warning_headers(job.request,
-                                                                          lease.pool))
+                            headers_for(lease.decision) + lease.warnings)
         except GatewayError as exc:
             job.trace.set("http.response.status_code", exc.status)
             await send_error(send, exc)
         finally:
-            gateway.reporter.record(outcome, job.trace)
+            gateway.reporter.record(outcome(job, timer, lease, result), job.trace)
 
     async def stream(self, gateway: Gateway, send: Send, timer: Timer,
                      job: Admitted) -> None:
-        outcome = Outcome(job.request, job.profile, job.tenant, job.decision, timer)
         try:
             lease, first, items = await gateway.dispatcher.open_stream(
                 job.request, job.decision, job.pools, job.trace)
         except GatewayError as exc:
             job.trace.set("http.response.status_code", exc.status)
             await send_error(send, exc)
-            gateway.reporter.record(outcome, job.trace)
+            gateway.reporter.record(outcome(job, timer, None, None), job.trace)
             return
         await send({"type": "http.response.start", "status": 200,
-                    "headers": [*SSE, *headers_for(lease.decision),
-                                *warning_headers(job.request, lease.pool)]})
+                    "headers": [*SSE, *headers_for(lease.decision), *lease.warnings]})
         final: Final | None = None
         try:
             final = await self.relay(send, self.writer(job.request, lease.decision), first,
@@ -280,7 +192,7 @@ class TokenEndpoint:
             lease.release()
             await items.aclose()  # type: ignore[attr-defined]  # closes the upstream
             await send({"type": "http.response.body", "body": b"", "more_body": False})
-            gateway.reporter.record(job.outcome(timer, lease, final), job.trace)
+            gateway.reporter.record(outcome(job, timer, lease, final), job.trace)
 
     async def relay(self, send: Send, writer: ChunkWriter, item: StreamItem,
                     items: AsyncIterator[StreamItem], timer: Timer,
@@ -336,31 +248,33 @@ class ExplainEndpoint:
     """`POST /v1/routing/explain`: the profile, the decision and every pool's
     eligibility for a chat or completions body, without generating anything."""
 
+    @staticmethod
+    def endpoint(body: object) -> Endpoint:
+        return "chat" if isinstance(body, dict) and "messages" in body else "completions"
+
+    def parse(self, body: object) -> GenerationRequest:
+        if isinstance(body, dict) and "messages" not in body and "prompt" not in body:
+            raise InvalidRequest("give 'messages' (chat) or 'prompt' (completions)",
+                                 param="messages", code="invalid_value")
+        return parse_request(body, self.endpoint(body))
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gateway: Gateway = scope["app"].state.gateway
         try:
-            tenant, body, pin = await read_request(gateway, scope, receive)
-            endpoint: Endpoint = "chat" if isinstance(body, dict) and "messages" in body \
-                else "completions"
-            if isinstance(body, dict) and "messages" not in body and "prompt" not in body:
-                raise InvalidRequest("give 'messages' (chat) or 'prompt' (completions)",
-                                     param="messages", code="invalid_value")
-            request = parse_request(body, endpoint)
-            authorize(tenant, request, pin)
-            profile = gateway.router.classify(request, tenant.name)
-            assessed = gateway.router.assess(request, profile, pin)
-            decision, pools = gateway.router.route_assessed(assessed, profile, pin,
-                                                            explain=True)
+            tenant, headers, raw = await read_request(gateway, scope, receive)
+            job = await admit(gateway, tenant, headers, raw, self.parse, explain=True)
         except GatewayError as exc:
             await send_error(send, exc)
             return
+        request, decision, pools = job.request, job.decision, job.pools
+        assessed, profile = job.assessed or [], job.profile
         warnings = warning_headers(request, pools[0])
-        answer = {"endpoint": endpoint, "profile": profile.to_dict(),
+        answer = {"endpoint": self.endpoint(job.body), "profile": profile.to_dict(),
                   "tenant": {"name": tenant.name, "priority": tenant.priority,
                              "slo_ttft_ms": tenant.slo_ttft_ms,
                              "slo_tpot_ms": tenant.slo_tpot_ms},
                   "decision": decision.to_dict(), "order": [p.name for p in pools],
-                  "predictions": gateway.router.predictions(assessed, profile, pin),
+                  "predictions": gateway.router.predictions(assessed, profile, job.pin),
                   "candidates": [a.to_dict() for a in assessed],
                   "warnings": [value.decode() for _, value in warnings]}
         await send_once(send, 200, orjson.dumps(answer), headers_for(decision) + warnings)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.routing.router import MAX_PINNED_K
+from gateway.pins import MAX_PINNED_K
 from gateway.schemas import MAX_N, MAX_TOP_LOGPROBS, STEERING_KEYS, TOOL_CHOICES
 
 ERROR_STATUSES = {

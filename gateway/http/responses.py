@@ -17,7 +17,7 @@ import orjson
 
 from gateway.schemas import GenerationRequest
 from gateway.telemetry.worker_stats import SpecStats, Usage
-from gateway.upstream.adapters.base import Delta, Final, GenerationResult, finish_reason_of
+from gateway.upstream.adapters.base import Delta, Final, GenerationResult
 from policies.types import Decision
 
 DONE = b"data: [DONE]\n\n"
@@ -102,7 +102,7 @@ def _choices(request: GenerationRequest, result: GenerationResult) -> list[dict]
         message = c.get("message") if isinstance(c.get("message"), dict) else None
         text = (message or {}).get("content") or "" if chat else c.get("text") or ""
         out.append(_choice(chat, c.get("index", i), text, message,
-                           finish_reason_of(c.get("finish_reason")), c.get("logprobs")))
+                           c.get("finish_reason") or "stop", c.get("logprobs")))
     return out
 
 

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.errors import AuthenticationFailed, ModelNotFound
-from gateway.http.services import Gateway
+from gateway.http.gateway import Gateway
 from gateway.routing.fleet_plan import FleetPlanning
 from gateway.tenants.auth import is_admin
 

@@ -21,19 +21,20 @@ Field names from the sglang==0.5.23 wheel: `managers/io_struct.py` GenerateReqIn
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
+from collections.abc import Callable
+from functools import partial
 
 import aiohttp
 import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.types import Send
 
+from gateway.core.admit import NATIVE_ENGINES
 from gateway.errors import InvalidRequest, NoHealthyWorker
-from gateway.http.endpoints import Admitted, TokenEndpoint, send_error
+from gateway.http.endpoints import TokenEndpoint
+from gateway.http.gateway import Gateway
 from gateway.http.responses import DONE, ChunkWriter
-from gateway.http.services import Gateway
 from gateway.pools import Pool
 from gateway.schemas import (
     GenerationRequest,
@@ -41,13 +42,11 @@ from gateway.schemas import (
     check_grammar,
     check_logit_bias,
 )
-from gateway.telemetry.record import Timer
 from gateway.tenants.auth import is_admin
 from gateway.upstream.adapters.base import Delta, Final, GenerationResult
 from policies.types import Decision
 
 log = logging.getLogger("specroute.gateway")
-NATIVE_ENGINES = frozenset({"sglang", "embedded"})
 GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")
 PARAMS = "sampling_params."
 
@@ -163,8 +162,9 @@ class GenerateEndpoint(TokenEndpoint):
     def __init__(self) -> None:
         super().__init__("completions", route="generate")
 
-    def parse(self, gateway: Gateway, body: object) -> GenerationRequest:
-        return parse_generate(body, sorted({p.config.model for p in gateway.pools.values()}))
+    def parser(self, gateway: Gateway) -> Callable[[object], GenerationRequest]:
+        return partial(parse_generate,
+                       models=sorted({p.config.model for p in gateway.pools.values()}))
 
     def render(self, request: GenerationRequest, result: GenerationResult,
                decision: Decision) -> bytes:
@@ -172,27 +172,6 @@ class GenerateEndpoint(TokenEndpoint):
 
     def writer(self, request: GenerationRequest, decision: Decision) -> ChunkWriter:
         return NativeWriter(request, decision)
-
-    async def complete(self, gateway: Gateway, send: Send, timer: Timer,
-                       job: Admitted) -> None:
-        if (native := await _native(send, job)) is not None:
-            await super().complete(gateway, send, timer, native)
-
-    async def stream(self, gateway: Gateway, send: Send, timer: Timer,
-                     job: Admitted) -> None:
-        if (native := await _native(send, job)) is not None:
-            await super().stream(gateway, send, timer, native)
-
-
-async def _native(send: Send, job: Admitted) -> Admitted | None:
-    """The job on the pools that speak `/generate`; a 400 when none serves the model."""
-    pools = [p for p in job.pools if p.config.engine in NATIVE_ENGINES]
-    if pools:
-        return dataclasses.replace(job, pools=pools)
-    await send_error(send, InvalidRequest(
-        f"POST /generate needs a pool of engine sglang or embedded serving "
-        f"{job.request.model!r}", param="model", code="unsupported_capability"))
-    return None
 
 
 async def _worker_info(session: aiohttp.ClientSession, pool: Pool, url: str) -> dict | None:

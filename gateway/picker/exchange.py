@@ -2,7 +2,7 @@
 
 Envoy sends, in order (the filter's processing mode, docs/PICKER.md): the request
 headers, the request body, the response headers, the response body chunk by chunk
-(`STREAMED`). The request side decides on the whole body (`gateway.picker.decide`) and
+(`STREAMED`). The request side decides on the whole body (`gateway.picker.place`) and
 answers with the endpoints, or with an ImmediateResponse (an OpenAI-shaped error: 4xx as
 the gateway would answer, 429 shed, 503 no ready endpoint). With a `BUFFERED` body the
 pick answers the body; with `FULL_DUPLEX_STREAMED` (GAIE's Envoy Gateway setting) or
@@ -32,19 +32,19 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from gateway.errors import (
     GatewayError,
     NoHealthyWorker,
-    PayloadTooLarge,
+    body_too_large,
     error_body,
     internal_error,
     retry_after,
 )
 from gateway.http.responses import headers_for
 from gateway.picker import protocol
-from gateway.picker.decide import Pick, any_worker, decide, route_of, served_decision
+from gateway.picker.place import Pick, any_worker, place, route_of
 from gateway.picker.reading import ResponseReader
-from gateway.picker.services import PickerServices
-from gateway.pools import Pool, Worker
+from gateway.picker.runtime import PickerServices
+from gateway.pools import Pool, Worker, served
 from gateway.telemetry.record import Outcome
-from gateway.telemetry.spans import NO_TRACE, request_attributes, start_request
+from gateway.telemetry.spans import NO_TRACE, start_request
 
 BodySendMode = ProcessingMode.BodySendMode
 log = logging.getLogger("specroute.picker")
@@ -152,7 +152,7 @@ class Exchange:
             trace.fail(exc.status, exc.code)
             raise
         trace.set("specroute.tenant", tenant.name)
-        self.pick = Pick(tenant, None, None, None, [], trace=trace)
+        self.pick = Pick(tenant, trace=trace)
         if route is not None and headers.get(":method") == "POST" \
                 and not message.request_headers.end_of_stream:
             # the body decides; held until it is in when Envoy sends it without waiting
@@ -173,9 +173,7 @@ class Exchange:
         self.body += body.body
         self.chunks += 1
         if len(self.body) > self.services.config.server.max_body_bytes:
-            raise PayloadTooLarge(f"Request body is larger than "
-                                  f"{self.services.config.server.max_body_bytes} bytes",
-                                  code="request_too_large")
+            raise body_too_large(self.services.config.server.max_body_bytes)
         if not body.end_of_stream:
             # BUFFERED never gets here; a STREAMED chunk that Envoy waits on is passed
             # (the pick then comes too late: a listener must buffer, or send without waiting)
@@ -190,13 +188,11 @@ class Exchange:
     async def _place(self) -> list[ext.ProcessingResponse]:
         """Decide on the whole body; the answers for the messages held so far."""
         assert self.pick is not None
-        pick = await decide(self.services, self.headers, bytes(self.body), self.subset,
-                            self.pick, self.budget)
+        pick = await place(self.services, self.headers, bytes(self.body), self.subset,
+                           self.pick, self.budget)
         self.placed = True
-        assert pick.request is not None and pick.decision is not None
-        request_attributes(pick.trace, pick.request,
-                           self.services.config.server.otel_capture_content)
-        self.reader.streaming = pick.request.stream
+        assert pick.job is not None
+        self.reader.streaming = pick.job.request.stream
         headers: list[tuple[str, str]] = []
         metadata: list[tuple[str, str]] = []
         if self.observed:  # the observer finds this exchange by the header's value
@@ -204,7 +200,7 @@ class Exchange:
             self.services.exchanges[self.key] = self
             headers.append((protocol.EXCHANGE, self.key))
         if self.headers_from_metadata:
-            metadata = [(k.decode(), v.decode()) for k, v in headers_for(pick.decision)]
+            metadata = [(k.decode(), v.decode()) for k, v in headers_for(pick.job.decision)]
         if not self.deferred:
             return [protocol.pick(pick.endpoints, pick.body, headers, metadata=metadata)]
         answers = [protocol.pick(pick.endpoints, pick.body, headers, "request_headers",
@@ -223,10 +219,10 @@ class Exchange:
         self.reader.streaming = headers.get("content-type", "").startswith(
             "text/event-stream")
         pick = self.pick
-        if pick is None or pick.decision is None:
+        if pick is None or pick.job is None:
             return protocol.go_on("response_headers")
         self._served(message, headers)
-        extra = [(k.decode(), v.decode("latin-1")) for k, v in headers_for(pick.decision)]
+        extra = [(k.decode(), v.decode("latin-1")) for k, v in headers_for(pick.job.decision)]
         if message.response_headers.end_of_stream:
             self._finish()
         return protocol.go_on("response_headers", extra)
@@ -234,18 +230,17 @@ class Exchange:
     def _served(self, message: ext.ProcessingRequest, headers: dict[str, str]) -> None:
         """The worker that served, as the proxy reports it (else the pick), and the
         decision as run there."""
-        assert self.pick is not None and self.pick.decision is not None
-        served = protocol.served_endpoint(message, headers)
-        self.served = self.services.worker_at(served) if served else None
+        assert self.pick is not None and self.pick.job is not None
+        endpoint = protocol.served_endpoint(message, headers)
+        self.served = self.services.worker_at(endpoint) if endpoint else None
         if self.served is None:
             self.served = self.pick.targets[0]
-        pool = self.served[0]
-        self.pick.decision = served_decision(self.pick.decision, pool,
-                                             f"failover to {pool.name}")
+        job = self.pick.job
+        job.decision = served(job.decision, self.served[0])
 
     def _response_body(self, message: ext.ProcessingRequest) -> ext.ProcessingResponse:
         pick = self.pick
-        if pick is not None and pick.decision is not None:
+        if pick is not None and pick.job is not None:
             # no response headers (SKIPped): the attributes say; without them the status
             # is unknown, and an unknown status counts against no worker
             if self.served is None and (status := protocol.response_code(message)):
@@ -270,12 +265,12 @@ class Exchange:
             return
         self.closed = True
         pick = self.pick
-        if pick is None or pick.decision is None or pick.request is None:
+        if pick is None or pick.job is None:
             return
         now = time.monotonic()
         primary = pick.targets[0][1]
         primary.outstanding -= 1
-        if self.services.admission is not None and pick.ticket is not None:
+        if pick.ticket is not None:
             self.services.admission.leave(pick.ticket)
         served = self.served
         if served is not None and served[1] is not primary:
@@ -289,9 +284,10 @@ class Exchange:
                 served[1].breaker.failure(now)
             else:
                 served[1].served(now)
-        outcome = Outcome(pick.request, pick.profile, pick.tenant,  # type: ignore[arg-type]
-                          pick.decision, pick.timer, load=pick.load, workers=pick.workers,
-                          usage=self.reader.usage, spec=self.reader.spec, ok=ok,
+        job = pick.job
+        outcome = Outcome(job.request, job.profile, job.tenant, job.decision, pick.timer,
+                          load=pick.load, workers=pick.workers, usage=self.reader.usage,
+                          spec=self.reader.spec, ok=ok,
                           finish_reason=self.reader.finish_reason)
         if not ok:
             pick.trace.set("http.response.status_code", self.status or 502)

@@ -101,7 +101,7 @@ def subset_hint(request: ext.ProcessingRequest) -> set[str] | None:
 
 def subset_header(headers: dict[str, str]) -> set[str] | None:
     """A subset asked for in a request header of the same name: from the client, not the
-    proxy, so it is honoured like a pin (`gateway.picker.decide`)."""
+    proxy, so it is honoured like a pin (`gateway.picker.place`)."""
     if SUBSET not in headers:
         return None
     return {e.strip() for e in headers[SUBSET].split(",") if e.strip()}

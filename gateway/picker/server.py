@@ -24,7 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.picker.exchange import Exchange, observe
 from gateway.picker.protocol import MAX_ENDPOINTS_METADATA, RESPONSE_METADATA
-from gateway.picker.services import PickerServices, running
+from gateway.picker.runtime import PickerServices, running
 
 log = logging.getLogger("specroute.picker")
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
@@ -156,9 +156,8 @@ def run(config_path: str, host: str | None, port: int, policy: str = "learned",
     gateway's Prometheus metrics (requests, latency, accept length per pool, the engines'
     own acceptance) on that port's `/metrics`."""
     from gateway.config import ConfigError, load_config
+    from gateway.picker.runtime import build
     from gateway.tenants.auth import check_exposure
-
-    from .services import build
 
     try:
         config = load_config(config_path)

@@ -34,7 +34,7 @@ import redis
 from gateway.config import GatewayConfig
 from gateway.periodic import Periodic
 from gateway.pools import Pool
-from gateway.routing.policy import LearnedRoutingPolicy, RoutingPolicy
+from gateway.routing.policy import LearnedRoutingPolicy
 from policies.decision import Policy
 from policies.fleet import desired_fleet_key, fleet_move_key
 from policies.learner import PolicyState
@@ -53,6 +53,7 @@ from policies.planner import (
     unmeasured,
 )
 from policies.prior import Measured, WorkerPrior
+from policies.protocol import RoutingPolicy
 from policies.telemetry import Telemetry
 
 log = logging.getLogger("specroute.gateway")

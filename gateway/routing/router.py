@@ -1,10 +1,11 @@
-"""Which pool serves a request: filter by model and capability, then ask a policy.
+"""Which pool serves a request: filter by model and capability, then ask the policy.
 
 The `PoolRouter` owns the facts (which pools serve the model, which can do constrained
 decoding or tools, which fit the prompt, which have an available worker); the choice
-among the remaining pools is a pluggable `decide(profile, pools) -> Decision` from
-`policies/` (the learned `policies.decision.Policy`, or `policies.rules`); a policy that
-finds no pool with a healthy worker raises ValueError, answered 503 here.
+among the remaining pools is the `policies.protocol.RoutingPolicy` it holds (in the
+routing core, the SLO-aware wrapper around the learned policy or a rule); a policy that
+finds no pool with a healthy worker raises ValueError, answered 503 here. The decision
+that leaves `route` is final: its `k` is what the pool runs (`gateway.pools.served`).
 A `Pin` from the `x-specroute-pool` / `x-specroute-k` headers overrides the policy
 for benchmarks and debugging; capability checks still apply.
 """
@@ -17,50 +18,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-from gateway.classifier.minimal import minimal_profile
-from gateway.errors import InvalidRequest, ModelNotFound, NoHealthyWorker, traceback_text
-from gateway.pools import Pool
+from gateway.errors import InvalidRequest, ModelNotFound, NoHealthyWorker
+from gateway.pins import NO_PIN, Pin
+from gateway.pools import Pool, served
 from gateway.schemas import GenerationRequest
-from policies.rules import first_healthy
+from policies.protocol import RoutingPolicy
+from policies.rules import RULES
 from policies.types import Decision, PoolView, RequestProfile
 
 log = logging.getLogger("specroute.gateway")
-Decide = Callable[[RequestProfile, list[PoolView]], Decision]
-Classify = Callable[[GenerationRequest, str], RequestProfile]
-MAX_PINNED_K = 16
 JSON_OBJECT_PREFERENCE = ("lacks constrained_decoding, preferred for response_format "
                           "json_object")
-
-
-@dataclass(frozen=True, slots=True)
-class Pin:
-    """Routing forced (`x-specroute-pool`, `x-specroute-k`) or traffic marked
-    (`x-specroute-benchmark`) by request headers; empty by default. Any of them makes the
-    request a benchmark: its record is marked `pinned` and does not teach the policy."""
-
-    pool: str | None = None
-    k: int | None = None
-    benchmark: bool = False
-
-    @property
-    def active(self) -> bool:
-        return self.pool is not None or self.k is not None or self.benchmark
-
-    @classmethod
-    def from_headers(cls, pool: str | None, k: str | None,
-                     benchmark: str | None = None) -> Pin:
-        return cls(pool=pool or None, k=None if k is None else parse_pinned_k(k),
-                   benchmark=benchmark is not None and benchmark.strip() not in ("", "0"))
-
-
-def parse_pinned_k(text: str) -> int:
-    """ASCII digits only: `str.isdigit` accepts '²' or Arabic-Indic digits, which `int`
-    then refuses or reads as another number."""
-    value = text.strip(" \t")  # HTTP optional whitespace; not str.strip's Unicode set
-    if not (value.isascii() and value.isdigit()) or int(value) > MAX_PINNED_K:
-        raise InvalidRequest(f"x-specroute-k must be an integer 0..{MAX_PINNED_K}, "
-                             f"got {text!r}", param="x-specroute-k", code="invalid_value")
-    return int(value)
 
 
 class Requirement(NamedTuple):
@@ -89,31 +57,15 @@ class Assessment:
 
 
 class PoolRouter:
-    """`decide` routes live requests; `predict` (default: `decide`) is the policy's pure
-    ranking, used by explain, which must move no counter, RNG or exploration budget."""
+    """Routes live requests with the policy's `decide`; explain and pinned requests use
+    its pure `predict`, which must move no counter, RNG or exploration budget."""
 
-    def __init__(self, pools: dict[str, Pool], decide: Decide = first_healthy,
-                 classify: Classify = minimal_profile, predict: Decide | None = None) -> None:
+    def __init__(self, pools: dict[str, Pool], policy: RoutingPolicy = RULES["first"]) -> None:
         self.pools = pools
-        self.decide = decide
-        self.predict = predict or decide
-        self.classifier = classify
-        self._classifier_failed = False
-
-    def classify(self, request: GenerationRequest, tenant: str) -> RequestProfile:
-        """The classifier's profile; a classifier bug must not fail a valid request, so
-        it degrades to the minimal profile (logged with its traceback the first time)."""
-        try:
-            return self.classifier(request, tenant)
-        except Exception as exc:  # noqa: BLE001 - any classifier failure: route on the basics
-            if not self._classifier_failed:
-                self._classifier_failed = True
-                log.error("request classifier failed; using the minimal profile: %s",
-                          traceback_text(exc))  # not the message: it may quote the prompt
-            return minimal_profile(request, tenant)
+        self.policy = policy
 
     def assess(self, request: GenerationRequest, profile: RequestProfile,
-               pin: Pin = Pin()) -> list[Assessment]:
+               pin: Pin = NO_PIN) -> list[Assessment]:
         """Every pool, excluded with a reason or eligible; raises when none is eligible,
         naming the first requirement no pool of the model meets."""
         out = {name: Assessment(pool) for name, pool in self.pools.items()}
@@ -221,7 +173,7 @@ class PoolRouter:
                               param="x-specroute-k", code="unsupported_capability")
 
     def route(self, request: GenerationRequest, profile: RequestProfile,
-              pin: Pin = Pin()) -> tuple[Decision, list[Pool]]:
+              pin: Pin = NO_PIN) -> tuple[Decision, list[Pool]]:
         """The decision and the pools to try: chosen, fallbacks, then plain pools last."""
         return self.route_assessed(self.assess(request, profile, pin), profile, pin)
 
@@ -234,10 +186,10 @@ class PoolRouter:
             if a.excluded is not None:
                 continue
             try:
-                decision = self.predict(profile, [self._view(a.pool, pin)])
+                decision = self.policy.predict(profile, [self._view(a.pool, pin)])
             except ValueError:
                 continue
-            out[a.pool.name] = {"k": a.pool.config.run_k(decision.k),
+            out[a.pool.name] = {"k": served(decision, a.pool).k,
                                 "predicted_accept_length": decision.predicted_accept_length,
                                 "predicted_tokens_per_s": decision.predicted_tokens_per_s}
         return out
@@ -259,7 +211,7 @@ class PoolRouter:
                 raise NoHealthyWorker(f"no healthy worker serves model {profile.model!r}",
                                       code="no_healthy_worker")
             # a pinned k is predicted at that k; a pinned request is no policy decision
-            decide = self.predict if explain or pin.active else self.decide
+            decide = self.policy.predict if explain or pin.active else self.policy.decide
             try:
                 decision = decide(profile, [self._view(p, pin) for p in eligible])
             except ValueError as exc:  # the policy found no pool with a healthy worker
@@ -269,7 +221,7 @@ class PoolRouter:
         if chosen is None:
             raise NoHealthyWorker(f"policy chose unavailable pool {decision.pool!r}",
                                   code="no_healthy_worker")
-        decision = self._with_k(decision, chosen, pin)
+        decision = served(decision, chosen, pinned_k=pin.k)
         if decision.pinned != pin.active:
             decision = replace(decision, pinned=pin.active)
         rest = [by_name[n] for n in dict.fromkeys(decision.fallbacks)
@@ -288,15 +240,3 @@ class PoolRouter:
         if pin.k is None or not view.per_request_k or view.method == "plain":
             return view
         return replace(view, k=pin.k, per_request_k=False, max_k=pin.k)
-
-    @staticmethod
-    def _with_k(decision: Decision, pool: Pool, pin: Pin) -> Decision:
-        if not pool.config.capabilities.per_request_k:  # k is fixed at launch
-            k = pool.config.run_k(decision.k)
-            return decision if decision.k == k else replace(decision, k=k)
-        if pin.k is None:
-            return decision
-        if decision.k == pin.k:
-            return replace(decision, reason=f"{decision.reason}; k pinned by x-specroute-k")
-        return replace(decision, k=pin.k, reason=f"{decision.reason}; k={pin.k} pinned by "
-                       f"x-specroute-k")

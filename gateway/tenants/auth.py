@@ -38,7 +38,7 @@ from gateway.config import (
 )
 from gateway.errors import AuthenticationFailed, InvalidRequest, ModelNotFound, PermissionDenied
 from gateway.periodic import Periodic
-from gateway.routing.router import Pin
+from gateway.pins import Pin
 from gateway.schemas import GenerationRequest
 
 log = logging.getLogger("specroute.gateway")

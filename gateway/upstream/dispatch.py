@@ -24,11 +24,11 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from gateway.config import ServerConfig
 from gateway.errors import GatewayError, NoHealthyWorker, UpstreamTimeout, UpstreamUnavailable
-from gateway.pools import Pool, Worker
+from gateway.pools import Pool, Worker, served
 from gateway.schemas import GenerationRequest
 from gateway.telemetry.spans import NO_TRACE, Trace
 from gateway.upstream.adapters.base import Adapter, Delta, GenerationResult, StreamItem
@@ -47,6 +47,7 @@ class Lease:
     decision: Decision
     load: int
     workers: int = 1  # available workers in the pool at dispatch
+    warnings: list[tuple[bytes, bytes]] = field(default_factory=list)  # response headers
     released: bool = False
     deadline: float = math.inf  # time.monotonic() a stream must end by (total_timeout_s)
 
@@ -89,11 +90,13 @@ def warning_headers(request: GenerationRequest, pool: Pool) -> list[tuple[bytes,
                  "ascii", "replace"))]
 
 
-def _lease(pool: Pool, worker: Worker, decision: Decision) -> Lease:
+def _lease(pool: Pool, worker: Worker, decision: Decision,
+           request: GenerationRequest) -> Lease:
     load, workers = pool.outstanding, pool.healthy_workers
     worker.outstanding += 1
     worker.breaker.begin(time.monotonic())
-    return Lease(pool=pool, worker=worker, decision=decision, load=load, workers=workers)
+    return Lease(pool=pool, worker=worker, decision=decision, load=load, workers=workers,
+                 warnings=warning_headers(request, pool))
 
 
 def no_worker(decision: Decision) -> NoHealthyWorker:
@@ -154,7 +157,7 @@ class Dispatcher:
         for pool, worker, attempt in self._candidates(pools, decision):
             if time.monotonic() >= deadline:
                 raise expired()
-            lease = _lease(pool, worker, attempt)
+            lease = _lease(pool, worker, attempt, request)
             adapter = self.adapters[pool.config.engine]
             try:
                 with trace.upstream(worker.url, pool.name, attempt.k):
@@ -207,7 +210,7 @@ class Dispatcher:
         for pool, worker, attempt in self._candidates(pools, decision):
             if (left := deadline - time.monotonic()) <= 0:
                 break
-            lease = _lease(pool, worker, attempt)
+            lease = _lease(pool, worker, attempt, request)
             lease.deadline = deadline
             items = self.adapters[pool.config.engine].stream(
                 worker.url, self.prepare(request, pool), pool.config, attempt.k)
@@ -239,10 +242,7 @@ class Dispatcher:
         tried: set[str] = set()
         attempts = 0
         for pool in pools:
-            if pool.name != decision.pool:
-                decision = replace(decision, pool=pool.name, method=pool.config.method,
-                                   k=pool.config.run_k(decision.k),
-                                   reason=f"{decision.reason}; failover to {pool.name}")
+            decision = served(decision, pool)  # a fallback pool runs its own method and k
             while attempts < self.server.max_attempts:
                 worker = pool.pick(tried)
                 if worker is None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 
 from bench.live_fleets import fleets
-from gateway.routing.router import Pin
+from gateway.pins import Pin
 from policies.decision import Policy, PolicyConfig
 from policies.telemetry import LocalTelemetry
 from policies.types import PoolView, RequestProfile, RequestRecord

@@ -216,6 +216,7 @@ def test_a_policy_without_a_pool_answers_503() -> None:
     from gateway.pools import build_pools
     from gateway.routing.router import PoolRouter
     from gateway.schemas import parse_request
+    from policies.protocol import Rule
 
     def no_pool(profile: object, pools: object) -> None:
         raise ValueError("no healthy pool to decide between")
@@ -225,7 +226,7 @@ def test_a_policy_without_a_pool_answers_503() -> None:
     pools["p"].workers[0].healthy = True
     request = parse_request(chat("m"), "chat")
     with pytest.raises(NoHealthyWorker) as info:
-        PoolRouter(pools, decide=no_pool).route(request, minimal_profile(request, "t"))
+        PoolRouter(pools, Rule(no_pool, "none")).route(request, minimal_profile(request, "t"))
     assert info.value.status == 503 and info.value.code == "no_healthy_worker"
 
 
@@ -236,6 +237,7 @@ def test_json_object_prefers_constrained_pools_and_strips_elsewhere() -> None:
     from gateway.routing.router import JSON_OBJECT_PREFERENCE, PoolRouter
     from gateway.schemas import parse_request
     from gateway.upstream.dispatch import for_pool, warning_headers
+    from policies.protocol import Rule
     from policies.rules import first_healthy
 
     config = parse_config({"pools": [pool("free", "eagle", "http://a:1"),
@@ -244,7 +246,7 @@ def test_json_object_prefers_constrained_pools_and_strips_elsewhere() -> None:
     pools = build_pools(config)
     for p in pools.values():
         p.workers[0].healthy = True
-    router = PoolRouter(pools, decide=first_healthy)
+    router = PoolRouter(pools, Rule(first_healthy, "first"))
     request = parse_request(chat("m", response_format={"type": "json_object"}), "chat")
     profile = minimal_profile(request, "t")
     assert profile.task == "structured" and not profile.needs_constrained

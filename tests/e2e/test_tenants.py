@@ -28,7 +28,7 @@ from gateway.errors import (
     PermissionDenied,
     RateLimited,
 )
-from gateway.routing.router import Pin
+from gateway.pins import Pin
 from gateway.schemas import parse_request
 from gateway.tenants.auth import Authenticator, TenantReloader, authorize, check_exposure
 from gateway.tenants.keys import KEY_PREFIX, add_key

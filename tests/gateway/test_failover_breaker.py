@@ -140,7 +140,7 @@ async def test_a_busy_worker_that_serves_stays_in_while_a_silent_one_goes(
         busy_cfg.health_stall_s = silent_cfg.health_stall_s = 3.0
         request = parse_request({"model": "m", "prompt": "x y"}, "completions")
         for _ in range(3):
-            decision, pools = gateway.router.route(request, gateway.router.classify(
+            decision, pools = gateway.router.route(request, gateway.classify(
                 request, "t"))
             lease, result = await gateway.dispatcher.generate(request, decision, [
                 gateway.pools["busy"]])
@@ -168,7 +168,7 @@ async def test_a_worker_slow_to_probe_still_serves_when_it_is_the_only_one(
     worker = gateway.pools["only"].workers[0]
     assert not worker.healthy and worker.timed_out
     request = parse_request({"model": "m", "prompt": "x y"}, "completions")
-    decision, pools = gateway.router.route(request, gateway.router.classify(request, "t"))
+    decision, pools = gateway.router.route(request, gateway.classify(request, "t"))
     lease, result = await gateway.dispatcher.generate(request, decision, pools)
     lease.release()
     assert result.text == "x y" and lease.worker is worker
@@ -176,7 +176,7 @@ async def test_a_worker_slow_to_probe_still_serves_when_it_is_the_only_one(
     await monitor.probe_all()  # refused now
     assert not worker.timed_out and gateway.pools["only"].healthy_workers == 0
     with pytest.raises(NoHealthyWorker):
-        gateway.router.route(request, gateway.router.classify(request, "t"))
+        gateway.router.route(request, gateway.classify(request, "t"))
 
 
 async def test_failing_worker_is_skipped_once_its_breaker_opens(client: Http1Client) -> None:
@@ -187,7 +187,7 @@ async def test_failing_worker_is_skipped_once_its_breaker_opens(client: Http1Cli
         gateway = make_gateway(client, [pool("p", [bad_url, good_url])])
         request = parse_request({"model": "m", "prompt": "x y"}, "completions")
         for _ in range(4):
-            decision, pools = gateway.router.route(request, gateway.router.classify(
+            decision, pools = gateway.router.route(request, gateway.classify(
                 request, "t"))
             lease, result = await gateway.dispatcher.generate(request, decision, pools)
             assert lease.worker.url == good_url and result.text == "x y"
@@ -205,7 +205,7 @@ async def test_all_attempts_fail_with_the_last_error(client: Http1Client) -> Non
     try:
         gateway = make_gateway(client, [pool("p", [url])])
         request = parse_request({"model": "m", "prompt": "x"}, "completions")
-        decision, pools = gateway.router.route(request, gateway.router.classify(
+        decision, pools = gateway.router.route(request, gateway.classify(
             request, "t"))
         with pytest.raises(UpstreamUnavailable, match="answered 500"):
             await gateway.dispatcher.generate(request, decision, pools)

@@ -24,19 +24,16 @@ from gateway.errors import (
     RateLimited,
     UpstreamUnavailable,
 )
-from gateway.http.services import Gateway
+from gateway.http.gateway import Gateway
 from gateway.pools import BreakerState, build_pools
 from gateway.routing.router import PoolRouter
 from gateway.schemas import parse_request
-from gateway.telemetry.prometheus import PrometheusRecorder
 from gateway.telemetry.record import Outcome, Reporter, Timer
 from gateway.telemetry.spans import make_tracer
 from gateway.tenants.auth import DEFAULT_TENANT, Authenticator
 from gateway.tenants.limits import Limits
-from gateway.upstream.adapters import make_adapters
 from gateway.upstream.adapters.base import Delta, Final
 from gateway.upstream.adapters.wire import upstream_message
-from gateway.upstream.dispatch import Dispatcher
 from gateway.upstream.http1 import Http1Client
 
 
@@ -67,21 +64,12 @@ async def stubs() -> AsyncIterator[dict[str, str]]:
 
 def make_gateway(client: Http1Client, pools: list[dict],
                  max_attempts: int = 2) -> Gateway:
-    from prometheus_client import CollectorRegistry
-
     config = parse_config({"pools": pools, "server": {"max_attempts": max_attempts}})
-    built = build_pools(config)
-    for pool in built.values():
+    gateway = Gateway(config, policy="first", classify=minimal_profile, upstream=client)
+    for pool in gateway.pools.values():
         for worker in pool.workers:
             worker.healthy = True  # as if the last health probe had answered
-    tracer = make_tracer("none")[1]
-    limits = Limits()
-    return Gateway(config=config, pools=built, router=PoolRouter(built),
-                   auth=Authenticator(()), limits=limits,
-                   dispatcher=Dispatcher(make_adapters(client), config.server),
-                   reporter=Reporter(PrometheusRecorder(CollectorRegistry()), built,
-                                     limits.spend, tracer),
-                   tracer=tracer)
+    return gateway
 
 
 def pool(name: str, workers: list[str], engine: str = "sglang", **caps: object) -> dict:

@@ -100,7 +100,7 @@ async def test_a_deferred_watch_waits_only_for_requests_still_running() -> None:
 
 
 async def test_a_part_that_hangs_at_shutdown_is_left_behind(monkeypatch, caplog) -> None:  # noqa: ANN001
-    from gateway.http import app as app_module
+    from gateway.core import services as app_module
 
     monkeypatch.setattr(app_module, "STOP_TIMEOUT_S", 0.05)
     stopped: list[str] = []

@@ -15,7 +15,7 @@ import asyncio
 import math
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import SimpleNamespace
 
 import orjson
@@ -23,21 +23,24 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway.classifier.classify import classify, load_classifier
+from gateway.classifier.minimal import minimal_profile
 from gateway.config import ServerConfig, TenantConfig, hash_api_key, parse_config
+from gateway.core.admit import admit
+from gateway.core.services import Core
 from gateway.errors import (
     AuthenticationFailed,
     ClientError,
     InvalidRequest,
     UnsupportedMediaType,
 )
-from gateway.http.endpoints import TokenEndpoint, check_media_type, content_length, read_request
+from gateway.http.bodies import check_media_type, content_length
+from gateway.http.endpoints import TokenEndpoint, read_request
 from gateway.http.responses import ChunkWriter
-from gateway.routing.router import MAX_PINNED_K, Pin, parse_pinned_k
+from gateway.pins import MAX_PINNED_K, Pin, parse_pinned_k
 from gateway.schemas import ROLES, GenerationRequest, parse_request
 from gateway.telemetry.record import Timer
 from gateway.telemetry.worker_stats import SpecStats, Usage
 from gateway.tenants.auth import Authenticator
-from gateway.tenants.limits import Limits
 from gateway.upstream.adapters.base import Delta, Final, StreamItem
 from gateway.upstream.adapters.wire import sse_data
 from gateway.upstream.http1 import Connection, Http1Client, Response, target
@@ -283,13 +286,17 @@ def test_media_type_and_length_parsing(value: bytes | None) -> None:
 
 HEADER_NAMES = [b"authorization", b"content-length", b"content-type", b"x-specroute-pool",
                 b"x-specroute-k", b"x-specroute-benchmark", b"x-other"]
-GATEWAY = SimpleNamespace(
-    config=parse_config({"pools": [{"name": "p", "engine": "sglang", "model": "m",
-                                    "workers": ["http://127.0.0.1:1"]}],
-                         "tenants": [{"name": "acme",
-                                      "api_key_sha256": [hash_api_key("sk-real")]}]}),
-    limits=Limits())
-GATEWAY.auth = Authenticator(GATEWAY.config.tenants)
+GATEWAY = Core(parse_config({"pools": [{"name": "p", "engine": "sglang", "model": "m",
+                                         "workers": ["http://127.0.0.1:1"]}],
+                              "tenants": [{"name": "acme",
+                                           "api_key_sha256": [hash_api_key("sk-real")]}]}),
+               policy="first", classify=minimal_profile)
+GATEWAY.pools["p"].workers[0].healthy = True  # as if probed: the route needs a worker
+
+
+async def read_and_admit(headers: list, receive: Callable[[], Awaitable[dict]]) -> None:
+    tenant, named, raw = await read_request(GATEWAY, {"headers": headers}, receive)  # type: ignore[arg-type]
+    await admit(GATEWAY, tenant, named, raw, lambda body: parse_request(body, "completions"))
 
 
 @settings(max_examples=300, deadline=None)
@@ -300,11 +307,12 @@ GATEWAY.auth = Authenticator(GATEWAY.config.tenants)
        body=st.binary(max_size=40) | st.just(b'{"model": "m", "prompt": "x"}'))
 def test_read_request_accepts_or_raises_a_client_error(headers: list, body: bytes) -> None:
     """Whatever the header bytes (repeated names included) and body, `read_request`
-    returns or raises a `ClientError` (4xx): never another exception."""
+    then the core's `admit` return or raise a `ClientError` (4xx): never another
+    exception."""
     async def receive() -> dict:
         return {"type": "http.request", "body": body, "more_body": False}
 
     try:
-        asyncio.run(read_request(GATEWAY, {"headers": headers}, receive))  # type: ignore[arg-type]
+        asyncio.run(read_and_admit(headers, receive))
     except ClientError as exc:
         assert 400 <= exc.status < 500

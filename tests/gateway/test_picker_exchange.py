@@ -21,8 +21,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gateway.config import hash_api_key, parse_config
 from gateway.picker import protocol
 from gateway.picker.reading import ResponseReader
+from gateway.picker.runtime import PickerServices, build
 from gateway.picker.server import make_server
-from gateway.picker.services import PickerServices, build
 from policies.types import RequestRecord
 
 KEY = "sk-unit"
@@ -148,7 +148,7 @@ async def test_the_pick_is_the_routers_decision(picker) -> None:
     for body in (chat(CODE, temperature=0), chat(CHAT, temperature=1.0),
                  chat(JSON_ASK, temperature=0)):
         request = parse_request(body, "chat")
-        decision, pools = services.router.route(request, services.router.classify(request, "t"))
+        decision, pools = services.router.route(request, services.classify(request, "t"))
         _, pick = await exchange(channel, [headers_message(), body_message(body)])
         endpoints, _ = destination(pick)
         owner = services.worker_at(endpoints[0])
@@ -478,7 +478,7 @@ async def test_a_bug_is_a_500_with_a_request_id_and_no_message_leak(
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError(f"secret prompt {CHAT}")
 
-    services.router.route = broken  # type: ignore[method-assign]
+    services.router.assess = broken  # type: ignore[method-assign]
     answers = await exchange(channel, [headers_message(), body_message(chat(CHAT))])
     status, error = error_of(answers[-1])
     assert (status, error["code"]) == (500, "internal_error") and error["request_id"]

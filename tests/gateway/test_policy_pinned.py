@@ -15,8 +15,9 @@ import pytest
 from gateway.classifier.minimal import minimal_profile
 from gateway.config import parse_config
 from gateway.errors import InvalidRequest
+from gateway.pins import Pin
 from gateway.pools import build_pools
-from gateway.routing.router import Pin, PoolRouter
+from gateway.routing.router import PoolRouter
 from gateway.schemas import parse_request
 from gateway.telemetry.record import Outcome, Timer
 from gateway.telemetry.worker_stats import SpecStats, Usage
@@ -44,7 +45,7 @@ def _router(policy) -> PoolRouter:
     built = build_pools(parse_config({"pools": pools}))
     for pool in built.values():
         pool.workers[0].healthy = True
-    return PoolRouter(built, decide=policy.decide, predict=policy.predict)
+    return PoolRouter(built, policy)
 
 
 def test_pinned_k_is_the_k_the_reason_states() -> None:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.classifier.minimal import minimal_profile
+from gateway.classifier.minimal import Guarded, minimal_profile
 from gateway.config import parse_config
 from gateway.errors import InvalidRequest
+from gateway.pins import Pin
 from gateway.pools import build_pools
-from gateway.routing.router import Pin, PoolRouter
+from gateway.routing.router import PoolRouter
 from gateway.schemas import GenerationRequest, parse_request
+from policies.protocol import Rule
 from policies.rules import static_rules
 from policies.types import Decision, PoolView, RequestProfile
 
@@ -57,7 +59,7 @@ def test_failover_order_keeps_policy_fallbacks_and_adds_plain_last() -> None:
     def decide(_: RequestProfile, views: list[PoolView]) -> Decision:
         return Decision(pool="b", method="ngram", k=4, reason="test", fallbacks=("p", "a"))
 
-    router = PoolRouter(built, decide=decide)
+    router = PoolRouter(built, Rule(decide, "test"))
     request = parse_request({"model": "m", "prompt": "x"}, "completions")
     decision, order = router.route(request, minimal_profile(request, "t"))
     assert [p.name for p in order] == ["b", "a", "p"]  # c is not a fallback; plain last
@@ -78,7 +80,7 @@ def test_a_failing_classifier_degrades_to_the_minimal_profile() -> None:
     def broken(request: GenerationRequest, tenant: str) -> RequestProfile:
         raise KeyError("bug")
 
-    router = PoolRouter({}, classify=broken)
+    guarded = Guarded(broken)
     body = {"model": "m", "prompt": "x", "response_format": {"type": "json_object"}}
-    got = router.classify(parse_request(body, "completions"), "t")
+    got = guarded(parse_request(body, "completions"), "t")
     assert got.reasons == ("minimal_profile",) and got.task == "structured"

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from gateway.classifier.minimal import minimal_profile
 from gateway.config import parse_config
+from gateway.pins import Pin
 from gateway.pools import build_pools
-from gateway.routing.router import Pin, PoolRouter
+from gateway.routing.router import PoolRouter
 from gateway.schemas import parse_request
+from policies.protocol import Rule
 from policies.types import Decision, PoolView, RequestProfile
 from tests.policies.test_policy_decide import PROFILE, pools, trained
 
@@ -36,7 +38,9 @@ def test_explain_routes_with_predict_never_decide() -> None:
     def predict(_: RequestProfile, views: list[PoolView]) -> Decision:
         return Decision(pool="a", method="eagle", k=3, reason="predicted")
 
-    router = PoolRouter(built, decide=decide, predict=predict)
+    policy = Rule(decide, "split")
+    policy.predict = predict  # a policy whose pure ranking differs from its live pick
+    router = PoolRouter(built, policy)
     request = parse_request({"model": "m", "prompt": "x"}, "completions")
     profile = minimal_profile(request, "t")
     decision, _ = router.route_assessed(router.assess(request, profile), profile, Pin(),

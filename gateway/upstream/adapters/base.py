@@ -26,7 +26,8 @@ class GenerationResult:
     usage: Usage
     spec: SpecStats
     message: dict | None = None  # chat: the worker's message (tool_calls, ...) when given
-    choices: list[dict] = field(default_factory=list)  # the worker's OpenAI choices, if any
+    # the worker's OpenAI choices, if any, their finish reasons normalised (`finish_reason_of`)
+    choices: list[dict] = field(default_factory=list)
     native: dict | None = None  # the worker's /generate body, for a native request
 
 

@@ -71,14 +71,17 @@ def usage_from_body(body: Reply) -> Usage | None:
 
 def read_choices(body: Reply, chat: bool) -> tuple[list[Reply], str | None]:
     """A whole answer's choices, each checked: a message object (chat) whose content is
-    text or null, or text (completions); and the first one's finish reason."""
+    text or null, or text (completions), its finish reason normalised in place
+    (`finish_reason_of`; none: "stop"); and the first one's finish reason."""
     choices = body.objects("choices")
     if not choices:
         raise body.bad("choices", "a non-empty list")
     reasons = []
     for choice in choices:
         choice.index()
-        reasons.append(choice.finish_reason())
+        reason = choice.finish_reason()
+        reasons.append(reason)
+        choice.data["finish_reason"] = reason or "stop"
         choice.logprobs()
         if chat:
             message = choice.obj("message")

@@ -1,14 +1,15 @@
-"""One request's pick: the standalone gateway's decision path, answered as endpoints.
+"""One request's pick: the routing core's admission, answered as endpoints.
 
-The steps are the token route's (`gateway.http.endpoints.TokenEndpoint`), in its order:
-authenticate → check the media type and size → rate limit → parse JSON → validate →
-authorize → classify → route (policy, SLO hook) → admission; then, instead of a
-dispatch, the endpoints to name to Envoy: the chosen pool's best available worker, its
-other available workers, then the router's fallback pools (plain last), at most
-`max_endpoints` in all (default `server.max_attempts`, the gateway's own failover
-budget; 1 for an ORIGINAL_DST cluster, which takes one endpoint), only `ip:port`
-workers and, with a subset hint, only those in the hint. Every failure is a
-`GatewayError`, answered by the caller as an ImmediateResponse.
+The front door's part: the body arrives whole from Envoy (media type checked here, the
+rest — size cap, rate limit, JSON, pins, validation, authorization, classification,
+route — is `gateway.core.admit`, the token route's own), a subset hint checked as a pin,
+then, instead of a dispatch, the endpoints to name to Envoy: the chosen pool's best
+available worker, its other available workers, then the router's fallback pools (plain
+last), at most `max_endpoints` in all (default `server.max_attempts`, the gateway's own
+failover budget; 1 for an ORIGINAL_DST cluster, which takes one endpoint), only
+`ip:port` workers and, with a subset hint, only those in the hint; then the pool's
+admission slot. Every failure is a `GatewayError`, answered by the caller as an
+ImmediateResponse.
 
 The body reaches the worker as the client sent it, except where the picked pool needs
 more (a body mutation): a per-request-k pool gets the decided k in `custom_params`
@@ -22,25 +23,24 @@ the picker chooses among pools, not k.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import orjson
 
 from gateway.config import TenantConfig
-from gateway.errors import InvalidRequest, NoHealthyWorker, PayloadTooLarge, PermissionDenied
-from gateway.http.endpoints import check_media_type, content_length
-from gateway.http.sglang_routes import NATIVE_ENGINES, parse_generate
+from gateway.core.admit import Admitted, admit
+from gateway.errors import NoHealthyWorker, PermissionDenied
+from gateway.http.bodies import check_media_type
+from gateway.http.sglang_routes import parse_generate
 from gateway.picker.protocol import SUBSET, endpoint_of, subset_header
-from gateway.picker.services import PickerServices
-from gateway.pools import Pool, Worker
+from gateway.picker.runtime import PickerServices
+from gateway.pools import Pool, Worker, served
 from gateway.routing.admission import Ticket
-from gateway.routing.router import Pin
 from gateway.schemas import GenerationRequest, parse_request
 from gateway.telemetry.record import Timer
 from gateway.telemetry.spans import NO_TRACE, Trace
-from gateway.tenants.auth import authorize
 from gateway.upstream.adapters.base import worker_params
-from policies.types import Decision, RequestProfile
+from policies.types import Decision
 
 ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completions",
           "/generate": "generate"}
@@ -49,19 +49,19 @@ SPEC_DETAILS_ENGINES = frozenset({"sglang", "embedded"})
 
 @dataclass(slots=True)
 class Pick:
-    """A routed request: who asked, what was decided, where it may go."""
+    """Where a request may go: who asked, the admitted request (None: not a token route,
+    e.g. GET /v1/models), the endpoints in the order Envoy is to try them, and what it
+    holds until its response ends."""
 
     tenant: TenantConfig
-    request: GenerationRequest | None  # None: not a token route (GET /v1/models, ...)
-    profile: RequestProfile | None
-    decision: Decision | None
-    targets: list[tuple[Pool, Worker]]  # in the order Envoy is to try them
+    trace: Trace = NO_TRACE
+    job: Admitted | None = None
+    targets: list[tuple[Pool, Worker]] = field(default_factory=list)
     body: bytes | None = None  # the body to send instead of the client's
     ticket: Ticket | None = None
     timer: Timer = field(default_factory=Timer)
     load: int = 0
     workers: int = 1
-    trace: Trace = NO_TRACE
 
     @property
     def endpoints(self) -> list[str]:
@@ -70,23 +70,6 @@ class Pick:
 
 def route_of(path: str) -> str | None:
     return ROUTES.get(path.split("?", 1)[0])
-
-
-def read_body(services: PickerServices, headers: dict[str, str], raw: bytes) -> object:
-    """The JSON body, within the gateway's size cap; 400/413/415 as the gateway answers."""
-    check_media_type(headers["content-type"].encode("latin-1")
-                     if "content-type" in headers else None)
-    limit = services.config.server.max_body_bytes
-    declared = content_length(headers["content-length"].encode("latin-1")) \
-        if "content-length" in headers else None
-    if len(raw) > limit or (declared is not None and declared > limit):
-        raise PayloadTooLarge(f"Request body is larger than {limit} bytes",
-                              code="request_too_large")
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"The request body is not valid JSON: {exc}",
-                             code="invalid_json") from exc
 
 
 def parse(services: PickerServices, route: str, body: object) -> GenerationRequest:
@@ -113,15 +96,6 @@ def targets(pools: list[Pool], budget: int, subset: set[str] | None
     return out
 
 
-def served_decision(decision: Decision, pool: Pool, why: str) -> Decision:
-    """The decision as run on `pool` (a fallback or the subset's): the dispatcher's
-    failover rewrite (`gateway.upstream.dispatch`)."""
-    if pool.name == decision.pool:
-        return decision
-    return replace(decision, pool=pool.name, method=pool.config.method,
-                   k=pool.config.run_k(decision.k), reason=f"{decision.reason}; {why}")
-
-
 def mutated_body(request: GenerationRequest, original: object, pool: Pool,
                  decision: Decision) -> bytes | None:
     """The body the picked pool needs (module docstring), or None to send the client's."""
@@ -140,48 +114,34 @@ def mutated_body(request: GenerationRequest, original: object, pool: Pool,
     return None if body == original else orjson.dumps(body)
 
 
-async def decide(services: PickerServices, headers: dict[str, str], raw: bytes,
-                 subset: set[str] | None, pick: Pick, budget: int) -> Pick:
+async def place(services: PickerServices, headers: dict[str, str], raw: bytes,
+                subset: set[str] | None, pick: Pick, budget: int) -> Pick:
     """Fill `pick` (made at the request's headers, with its tenant, timer and trace) for
     a token route; raises a `GatewayError` for every refusal."""
     route = route_of(headers.get(":path", ""))
     assert route is not None
-    trace = pick.trace
-    body = read_body(services, headers, raw)
-    with trace.phase("rate limit"):
-        await services.limits.admit(pick.tenant)
-    request = parse(services, route, body)
-    pin = Pin.from_headers(headers.get("x-specroute-pool"), headers.get("x-specroute-k"),
-                           headers.get("x-specroute-benchmark"))
-    authorize(pick.tenant, request, pin)
+    media = headers.get("content-type")
+    check_media_type(media.encode("latin-1") if media is not None else None)
+    job = await admit(services, pick.tenant, headers, raw,
+                      lambda body: parse(services, route, body), pick.trace)
     if subset is None and (asked := subset_header(headers)) is not None:
         if not pick.tenant.may_pin:  # a client choosing pods is a pin
             raise PermissionDenied(f"tenant '{pick.tenant.name}' may not pin endpoints "
                                    f"({SUBSET})", param=SUBSET, code="pin_not_allowed")
         subset = asked
-    with trace.phase("classify"):
-        profile = services.router.classify(request, pick.tenant.name)
-    with trace.phase("decide"):
-        decision, pools = services.router.route(request, profile, pin)
-    if route == "generate":
-        pools = [p for p in pools if p.config.engine in NATIVE_ENGINES]
-        if not pools:
-            raise InvalidRequest(f"POST /generate needs a pool of engine sglang or embedded "
-                                 f"serving {request.model!r}", param="model",
-                                 code="unsupported_capability")
-    chosen = targets(pools, budget, subset)
+    chosen = targets(job.pools, budget, subset)
     if not chosen:
         where = "in the subset hint " if subset is not None else ""
-        raise NoHealthyWorker(f"no ready endpoint {where}serves model {request.model!r}",
+        raise NoHealthyWorker(f"no ready endpoint {where}serves model {job.request.model!r}",
                               code="no_healthy_worker")
     pool, worker = chosen[0]
-    decision = served_decision(decision, pool, f"subset hint: {pool.name}"
-                               if pool.name != decision.pool and subset is not None
-                               else f"failover to {pool.name}")
-    with trace.phase("queue wait"):
-        ticket = await services.admission.enter(decision.pool, pick.tenant, pick.timer.start)
-    pick.request, pick.profile, pick.decision, pick.targets = request, profile, decision, chosen
-    pick.body, pick.ticket = mutated_body(request, body, pool, decision), ticket
+    job.decision = served(job.decision, pool, why=f"subset hint: {pool.name}"
+                          if subset is not None else None)
+    with pick.trace.phase("queue wait"):
+        ticket = await services.admission.enter(job.decision.pool, pick.tenant,
+                                                pick.timer.start)
+    pick.job, pick.targets, pick.ticket = job, chosen, ticket
+    pick.body = mutated_body(job.request, job.body, pool, job.decision)
     pick.load, pick.workers = pool.outstanding, pool.healthy_workers
     worker.outstanding += 1  # released by the exchange when the response ends
     worker.breaker.begin(time.monotonic())

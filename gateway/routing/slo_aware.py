@@ -1,7 +1,8 @@
-"""The SLO hook between the router and the routing policy: tenants' targets steer the pick.
+"""The SLO-aware policy: tenants' targets steer the pick of the policy it wraps.
 
-`SloHook.decide` / `.predict` wrap the policy's own (`gateway.routing.policy.RoutingPolicy`):
-the policy decides as always, then `policies.slo.choose` checks its pick against the
+`SloAware` is a `policies.protocol.RoutingPolicy` around another one (the learned policy
+or a rule: `gateway.routing.policy`); its `decide` / `predict` wrap the inner policy's
+own, the rest is the inner policy's. The policy decides as always, then `policies.slo.choose` checks its pick against the
 tenant's `slo_ttft_ms` / `slo_tpot_ms` with the pools' state from admission (busy, queue
 wait, higher-priority work) and may move the request: to the fastest option that meets
 the SLO when the pick misses, or, under load with higher-priority work in flight, to the
@@ -19,49 +20,66 @@ only built when the pick misses or some pool is busy. A policy without predictio
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import replace
 
-from gateway.config import GatewayConfig, TenantConfig
-from gateway.pools import Pool
+from gateway.config import TenantConfig
 from gateway.routing.admission import Admission, PoolState
-from gateway.routing.router import Decide
 from gateway.telemetry.tenant_metrics import TenantMetrics
+from policies.prior import WorkerPrior
+from policies.protocol import RoutingPolicy
 from policies.slo import SloOption, SloTarget, choose
-from policies.types import Decision, PoolView, RequestProfile
+from policies.types import Decision, PoolView, RequestProfile, RequestRecord
 
 
-class SloHook:
-    def __init__(self, decide: Decide, predict: Decide, tenant: Callable[[str], TenantConfig],
-                 admission: Admission, enabled: bool = True,
+class SloAware:
+    """`inner`, with each pick checked against the tenant's SLO (module docstring);
+    `tenants`: every tenant's current config by name (kept current as tenants reload),
+    `default` for a name not in it."""
+
+    def __init__(self, inner: RoutingPolicy, tenants: Mapping[str, TenantConfig],
+                 default: TenantConfig, admission: Admission, enabled: bool = True,
                  metrics: TenantMetrics | None = None) -> None:
-        self.policy_decide = decide
-        self.policy_predict = predict
-        self.tenant = tenant
+        self.inner = inner
+        self.name = inner.name
+        self.tenants = tenants
+        self.default = default
         self.admission = admission
         self.enabled = enabled
         self.metrics = metrics
 
     def decide(self, profile: RequestProfile, pools: list[PoolView]) -> Decision:
-        decision, kind = self._apply(self.policy_decide(profile, pools), profile, pools,
+        decision, kind = self._apply(self.inner.decide(profile, pools), profile, pools,
                                      explain=False)
         if self.metrics is not None:
             self.metrics.decided(kind)
         return decision
 
     def predict(self, profile: RequestProfile, pools: list[PoolView]) -> Decision:
-        return self._apply(self.policy_predict(profile, pools), profile, pools,
+        return self._apply(self.inner.predict(profile, pools), profile, pools,
                            explain=True)[0]
+
+    def observe(self, record: RequestRecord) -> None:
+        self.inner.observe(record)
+
+    def set_worker_prior(self, pool: str, prior: WorkerPrior) -> None:
+        self.inner.set_worker_prior(pool, prior)
+
+    def start(self) -> None:
+        self.inner.start()
+
+    def stop(self) -> None:
+        self.inner.stop()
 
     def _apply(self, decision: Decision, profile: RequestProfile, pools: list[PoolView],
                explain: bool) -> tuple[Decision, str]:
         if not self.enabled or decision.predicted_tokens_per_s <= 0:
             return decision, "policy"
-        tenant = self.tenant(profile.tenant)
+        tenant = self.tenants.get(profile.tenant, self.default)
         tpot_ms = 1000.0 / decision.predicted_tokens_per_s
         if tpot_ms <= tenant.slo_tpot_ms and not any(
                 self.admission.busy(p.name) for p in pools):
-            # the common case, kept cheap (~3 us): a live decision keeps the policy's
+            # the common case, kept cheap: a live decision keeps the policy's
             # reason as it is; explain says why it stands
             if not explain:
                 return decision, "slo_kept"
@@ -96,7 +114,7 @@ class SloHook:
             if view.per_request_k and view.method != "plain" and view.k > 0:
                 variants.append(replace(view, k=0, per_request_k=False, max_k=0))
             for variant in variants:
-                d = self.policy_predict(profile, [variant])
+                d = self.inner.predict(profile, [variant])
                 out.append(option(view.name, d.method, d.k, d.predicted_tokens_per_s,
                                   d.predicted_accept_length, states.get(view.name)))
         return out
@@ -108,11 +126,3 @@ def option(pool: str, method: str, k: int, tokens_per_s: float, accept_length: f
     return SloOption(pool, method, k, tokens_per_s, accept_length, state.wait_s * 1000,
                      state.busy, state.higher_priority)
 
-
-def slo_layer(config: GatewayConfig, pools: dict[str, Pool], decide: Decide, predict: Decide,
-              tenant: Callable[[str], TenantConfig], metrics: TenantMetrics
-              ) -> tuple[Admission, SloHook]:
-    """Admission for `pools` and the SLO hook around the policy's decide / predict."""
-    admission = Admission(config.admission, pools, metrics)
-    hook = SloHook(decide, predict, tenant, admission, config.admission.slo_aware, metrics)
-    return admission, hook
