@@ -17,14 +17,17 @@ python -m pip install --quiet --no-deps -e ./bench
 python -m pip install --quiet --force-reinstall --no-deps "opentelemetry-proto==$(python -c \
     'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
 # SGLang's own launch parser, to check every argv the supervisor builds
-# (tests/workers/test_sglang_launch.py): sglang 0.5.23 without its GPU dependencies, only
-# what `sglang.srt.server_args` imports, in a virtualenv of its own (its triton must not
-# sit beside this environment's CPU torch). Built once, reused from the cache.
-SGLANG_VENV="${SPECROUTE_SGLANG_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/specroute/sglang-0.5.23}"
+# (tests/workers/test_sglang_launch.py): sglang 0.5.23 without its GPU dependencies, in a
+# virtualenv of its own that holds everything it imports (its triton must not sit beside
+# this environment's torch; it sees no other site-packages): torch, then the pinned list in
+# scripts/sglang-parser.txt. Built once per version of that list, reused from the cache.
+SGLANG_LIST=scripts/sglang-parser.txt
+SGLANG_KEY="0.5.23-$(cksum <"$SGLANG_LIST" | cut -d' ' -f1)"
+SGLANG_VENV="${SPECROUTE_SGLANG_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/specroute/sglang-$SGLANG_KEY}"
 if ! "$SGLANG_VENV/bin/python" -c 'import sglang.srt.server_args' 2>/dev/null; then
-    python -m venv --system-site-packages "$SGLANG_VENV"
-    "$SGLANG_VENV/bin/python" -m pip install --quiet --no-deps 'sglang==0.5.23' \
-        'triton==3.9.0' 'pybase64==1.5.1' 'pillow==13.0.0' 'msgspec==0.23.0' 'pyzmq==27.3.0'
+    python -m venv --clear "$SGLANG_VENV"
+    "$SGLANG_VENV/bin/python" -m pip install --quiet 'torch==2.13.0'
+    "$SGLANG_VENV/bin/python" -m pip install --quiet --no-deps -r "$SGLANG_LIST"
 fi
 export SPECROUTE_SGLANG_PYTHON="$SGLANG_VENV/bin/python" SPECROUTE_REQUIRE_SGLANG=1
 # vLLM CPU in its own virtualenv (vLLM pins its own torch), for the real-engine tests

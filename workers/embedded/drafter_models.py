@@ -75,7 +75,7 @@ def draft_logits(features: torch.Tensor, vocabulary: DraftVocabulary | None,
                  base_lm_head: nn.Module) -> torch.Tensor:
     """Draft logits (..., V) float32 through the drafter's own vocabulary, else the base's head."""
     if vocabulary is None:
-        return base_lm_head(features.to(base_lm_head.weight.dtype)).float()
+        return base_lm_head(features.to(next(base_lm_head.parameters()).dtype)).float()
     return vocabulary(features)
 
 

@@ -154,9 +154,10 @@ def build_tokenizer(contents: GgufContents):
     if contents.pre_tokenizer not in ("smollm", "starcoder", "refact", "command-r", "gpt2"):
         raise ValueError(f"pre-tokenizer {contents.pre_tokenizer!r} is not supported")
     vocab = {token: i for i, token in enumerate(contents.tokens)}
-    merges = [tuple(m.split(" ", 1)) for m in contents.merges]
+    merges = [(left, right) for left, _, right in (m.partition(" ") for m in contents.merges)]
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
-    steps = [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+    steps: list[pre_tokenizers.PreTokenizer] = [
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
     if contents.pre_tokenizer != "gpt2":
         steps.insert(0, pre_tokenizers.Split(Regex(DIGIT_PATTERN), behavior="isolated"))
     tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
