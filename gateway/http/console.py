@@ -44,8 +44,8 @@ from gateway.routing.policy import RoutingPolicy
 from gateway.telemetry.recent import RecentTraffic
 from gateway.telemetry.tenant_metrics import TenantMetrics
 from gateway.tenants.auth import is_admin
-from policies.fleet import desired_k_key, fleet_move_key
-from workers.fleet.registry import WorkerInfo, pool_workers_key, worker_key
+from policies.keys import desired_k_key, fleet_move_key, pool_workers_key, worker_key
+from workers.fleet.registry import WorkerInfo
 
 log = logging.getLogger("specroute.gateway")
 REALM = 'Basic realm="specroute console", charset="UTF-8"'

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import torch
 
-from policies.fleet import BUNDLED_MODEL_DIR
 from workers.embedded.api import (
     DecodeRequest,
     EngineInputError,
@@ -42,6 +41,7 @@ from workers.embedded.speculative.processors import build_processors
 from workers.embedded.speculative.sampling import token_logprobs
 from workers.embedded.speculative.verify import VerifyStep
 from workers.embedded.tokenizer import TextTokenizer
+from workers.models import BUNDLED_MODEL_DIR
 
 # Prompt tokens prefilled per engine step: a long prompt is prefilled over several steps,
 # each sharing its forward with the other requests' decode steps, so a 6,000-token prompt

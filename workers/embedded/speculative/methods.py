@@ -17,7 +17,6 @@ from typing import TypeVar
 
 import torch
 
-from policies.fleet import drafter_dir_for
 from policies.methods import DEFAULT_K
 from workers.embedded.checkpoint import load_model
 from workers.embedded.drafter_models import EagleHead, MedusaHeads, load_drafter
@@ -29,6 +28,7 @@ from workers.embedded.speculative.eagle2 import EagleTreeDrafter
 from workers.embedded.speculative.lookahead import LookaheadDrafter
 from workers.embedded.speculative.medusa import MedusaDrafter
 from workers.embedded.speculative.ngram import NgramDrafter, NoDraft
+from workers.models import drafter_dir_for
 
 _Module = TypeVar("_Module", MedusaHeads, EagleHead)
 
