@@ -44,11 +44,11 @@ from gateway.schemas import (
 from gateway.telemetry.record import Timer
 from gateway.tenants.auth import is_admin
 from gateway.upstream.adapters.base import Delta, Final, GenerationResult
+from policies.request_limits import GRAMMAR_FIELDS
 from policies.types import Decision
 
 log = logging.getLogger("specroute.gateway")
 NATIVE_ENGINES = frozenset({"sglang", "embedded"})
-GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")
 PARAMS = "sampling_params."
 
 

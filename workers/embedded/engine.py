@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from policies.request_limits import MAX_K
 from workers.embedded.api import (
     DecodeRequest,
     EngineInputError,
@@ -60,7 +61,7 @@ class Engine:
         model_dir: str | Path | None = None,
         device: str = "cpu",
         dtype: torch.dtype = torch.float32,
-        max_k: int = 16,
+        max_k: int = MAX_K,
     ) -> None:
         folder = Path(model_dir) if model_dir is not None else BUNDLED_MODEL_DIR
         model = load_model(folder, dtype=dtype, device=device)
@@ -72,7 +73,7 @@ class Engine:
         cls,
         model: LlamaForCausalLM,
         tokenizer: TextTokenizer,
-        max_k: int = 16,
+        max_k: int = MAX_K,
         methods: dict[str, Method] | None = None,
     ) -> Engine:
         """An engine over an in-memory model (tests, random tiny models)."""
