@@ -37,7 +37,7 @@ from workers.embedded.limits import check_params
 from workers.embedded.model import ForwardOutput, LlamaForCausalLM, SequenceInput
 from workers.embedded.speculative import DecodeState, Draft, Sampler
 from workers.embedded.speculative.lockstep import DraftSteps, draft_together
-from workers.embedded.speculative.methods import Method, builtin_methods, load_methods
+from workers.embedded.speculative.methods import EngineMethod, builtin_methods, load_methods
 from workers.embedded.speculative.processors import build_processors
 from workers.embedded.speculative.sampling import token_logprobs
 from workers.embedded.speculative.verify import VerifyStep
@@ -74,7 +74,7 @@ class Engine:
         model: LlamaForCausalLM,
         tokenizer: TextTokenizer,
         max_k: int = MAX_K,
-        methods: dict[str, Method] | None = None,
+        methods: dict[str, EngineMethod] | None = None,
     ) -> Engine:
         """An engine over an in-memory model (tests, random tiny models)."""
         engine = cls.__new__(cls)
@@ -85,7 +85,7 @@ class Engine:
         self,
         model: LlamaForCausalLM,
         tokenizer: TextTokenizer,
-        methods: dict[str, Method],
+        methods: dict[str, EngineMethod],
         max_k: int,
     ) -> None:
         self.model = model.fuse()  # fused projections (inference; see model.Attention)
@@ -215,7 +215,7 @@ class Engine:
 class Generation:
     """One request's decoding loop; not thread-safe on its own (step it from one thread)."""
 
-    def __init__(self, engine: Engine, request: DecodeRequest, method: Method) -> None:
+    def __init__(self, engine: Engine, request: DecodeRequest, method: EngineMethod) -> None:
         params, prompt = request.params, request.input_ids
         self._engine = engine
         self._model = engine.model
