@@ -35,7 +35,7 @@ from pathlib import Path
 
 from bench.engine import _k, _load_engine
 from bench.workload import TASKS, prompts
-from policies.fleet import resolve_model
+from workers.models import resolve_model
 
 CONCURRENCY = (1, 2, 4)
 

@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 
 from bench.measured import device_description, measured_document, write_measured
 from bench.workload import TASKS, Prompt, prompts
-from policies.fleet import ModelChoice, resolve_model
 from policies.methods import default_k
+from workers.models import ModelChoice, resolve_model
 
 TEMPERATURES = (0.0, 0.8)
 SCHEMA_TASK = "schema"  # structured prompts under a JSON schema; not a policy class

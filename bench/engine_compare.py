@@ -200,9 +200,9 @@ def targets(summary: dict) -> list[dict]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from policies.fleet import resolve_model
     from workers.embedded.fetch_model import ensure_smollm2
     from workers.fleet.vllm_cpu import VLLM_METHODS, cpu_dtype
+    from workers.models import resolve_model
 
     model = resolve_model(args.model).folder or ensure_smollm2()
     methods = [m for m in (args.methods.split(",") if args.methods else list(VLLM_METHODS))

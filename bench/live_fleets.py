@@ -37,8 +37,8 @@ import redis
 import yaml
 
 from bench.live_prompts import Item
+from policies.keys import STREAM_KEY
 from policies.methods import default_k
-from policies.telemetry import STREAM_KEY
 from workers.processes import free_port, stop_group, wait_http
 
 ADAPTIVE = "adaptive"

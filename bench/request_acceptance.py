@@ -28,8 +28,8 @@ import numpy as np
 from bench.engine import _k, _load_engine, _run
 from bench.workload import TASKS, prompts
 from policies.acceptance import expected_accept_length, invert_accept_length
-from policies.fleet import resolve_model
 from policies.types import temperature_bucket
+from workers.models import resolve_model
 
 TEMPERATURES = (0.0, 0.8)
 

@@ -16,7 +16,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from bench.engine import _load_engine, variant
-from policies.fleet import resolve_model
+from workers.models import resolve_model
 
 PROMPT = "Write a Python function that checks whether a number is prime."
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway.errors import InvalidRequest
-
-MAX_PINNED_K = 16
+from policies.request_limits import MAX_K
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,15 +33,13 @@ class Pin:
         return cls(pool=pool or None, k=None if k is None else parse_pinned_k(k),
                    benchmark=benchmark is not None and benchmark.strip() not in ("", "0"))
 
-
 def parse_pinned_k(text: str) -> int:
     """ASCII digits only: `str.isdigit` accepts '²' or Arabic-Indic digits, which `int`
     then refuses or reads as another number."""
     value = text.strip(" \t")  # HTTP optional whitespace; not str.strip's Unicode set
-    if not (value.isascii() and value.isdigit()) or int(value) > MAX_PINNED_K:
-        raise InvalidRequest(f"x-specroute-k must be an integer 0..{MAX_PINNED_K}, "
+    if not (value.isascii() and value.isdigit()) or int(value) > MAX_K:
+        raise InvalidRequest(f"x-specroute-k must be an integer 0..{MAX_K}, "
                              f"got {text!r}", param="x-specroute-k", code="invalid_value")
     return int(value)
-
 
 NO_PIN = Pin()  # a request without pins

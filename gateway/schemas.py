@@ -12,16 +12,14 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gateway.errors import InvalidRequest
+from policies.request_limits import GRAMMAR_FIELDS, MAX_N, RESPONSE_FORMATS
 
 Endpoint = Literal["chat", "completions"]
 BYTES_PER_TOKEN = 4  # the gateway has no tokenizer: prompt size is estimated from bytes
 TOKENS_PER_MESSAGE = 4  # chat-template overhead per message
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
-RESPONSE_FORMATS = frozenset({"text", "json_object", "json_schema"})
-MAX_N = 16  # the embedded worker's limit; more samples are more requests
 MAX_TOP_LOGPROBS = 20  # OpenAI's
 TOOL_CHOICES = frozenset({"none", "auto", "required"})
-GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")  # SGLang's; the adapters pass them on
 # custom_params keys that choose what the embedded worker runs: the gateway's alone
 STEERING_KEYS = ("method", "num_speculative_tokens")
 

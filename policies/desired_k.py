@@ -2,7 +2,7 @@
 
 SGLang and vLLM fix k at launch, so the policy cannot choose it per request there; it
 publishes, per pool, the k that maximises predicted tokens/s over the pool's traffic mix
-(`specroute:pool:{pool}:desired_k`), and `workers.fleet.supervisor` relaunches the server
+(`policies.keys.desired_k_key`), and `workers.fleet.supervisor` relaunches the server
 when it changes. A relaunch takes the pool out of service, so a change is asked for only
 when it pays: predicted gain above max(`desired_k_gain`, `relaunch_cost_s /
 relaunch_payback_s`), acceptance measured (not prior) for the contexts scored, the same

@@ -1,13 +1,13 @@
 """Telemetry store: finished requests into Redis, decayed aggregates back out.
 
-Redis layout (see docs/POLICY.md):
-- `specroute:telemetry` — stream, one entry per request (`r` = the record as JSON),
+Redis layout (the keys are policies/keys.py's; see docs/POLICY.md):
+- `STREAM_KEY` — stream, one entry per request (`r` = the record as JSON),
   `XADD ... MAXLEN ~ 100000`.
-- `specroute:agg:{context}` — hash of forward-decayed sums (policies/aggregates.py);
+- `agg_key(context)` — hash of forward-decayed sums (policies/aggregates.py);
   `{context}` = `model|pool|method|k|task|temperature_bucket|load_bucket`.
-- `specroute:agg:index` — set of the context strings, so readers need no SCAN.
-- `specroute:pool:{pool}:desired_k` — string, the k the policy wants on a fixed-k pool
-  (read by the worker supervisor; the key is part of the fleet contract, policies/fleet.py).
+- `AGG_INDEX` — set of the context strings, so readers need no SCAN.
+- `desired_k_key(pool)` — string, the k the policy wants on a fixed-k pool (read by the
+  worker supervisor).
 
 Design: one daemon thread per store owns the Redis client. `record()` only appends, to
 the in-process aggregates' pending deque and to a bounded send deque: O(1), no lock, no
@@ -44,14 +44,15 @@ from policies.aggregates import (
     stale_fields,
     teaches,
 )
-from policies.fleet import desired_k_key
+from policies.keys import (
+    AGG_INDEX,
+    STREAM_KEY,
+    agg_key,
+    desired_k_key,
+)
 from policies.types import RequestRecord
 
 log = logging.getLogger(__name__)
-
-STREAM_KEY = "specroute:telemetry"
-AGG_PREFIX = "specroute:agg:"
-AGG_INDEX = "specroute:agg:index"
 
 
 class Telemetry(Protocol):
@@ -232,7 +233,7 @@ class TelemetryStore:
             if not teaches(rec):
                 continue
             context = ContextKey.of(rec).encode()
-            key = AGG_PREFIX + context
+            key = agg_key(context)
             for name, inc in forward_increments(record_values(rec), rec.timestamp, tau).items():
                 pipe.hincrbyfloat(key, name, inc)
             pipe.hdel(key, *stale_fields(rec.timestamp, tau))
@@ -245,7 +246,7 @@ class TelemetryStore:
         contexts = sorted(c.decode() for c in self._client.smembers(AGG_INDEX))  # type: ignore[union-attr]
         pipe = self._client.pipeline(transaction=False)
         for context in contexts:
-            pipe.hgetall(AGG_PREFIX + context)
+            pipe.hgetall(agg_key(context))
         hashes = pipe.execute() if contexts else []
         self._remote = {
             context: {f.decode(): float(v) for f, v in fields.items()}

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from policies.request_limits import MAX_K
+
 # `edit`: rewrite material the request provides (proofread a paragraph, rename in a
 # function): the output copies the input, which prompt-lookup drafting (n-gram) accepts
 # best — what DESIGN.md calls input-grounded. The classifier's text model knows only the
@@ -60,7 +62,7 @@ class PoolView:
     per_request_k: bool
     healthy_workers: int
     outstanding: int  # requests in flight across the pool's workers
-    max_k: int = 16
+    max_k: int = MAX_K
     # the batch per worker its workers reported on this gateway's latest answers, fading
     # to 1 over seconds (0: none lately): other gateways' traffic in it, which
     # `outstanding` misses

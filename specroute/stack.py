@@ -28,14 +28,14 @@ from pathlib import Path
 
 import yaml
 
-from policies.fleet import (
+from policies.methods import default_k
+from workers.models import (
     DRAFTER_FOLDERS,
     ModelChoice,
     ModelNotFound,
     drafter_dir_for,
     resolve_model,
 )
-from policies.methods import default_k
 from workers.processes import Child, Restarts, free_port, spawn, start_redis, wait_child
 
 BASE_METHODS = ("plain", "ngram", "lookahead")

@@ -43,6 +43,7 @@ from pathlib import Path
 from gateway.classifier.grounded import edit_evidence
 from gateway.classifier.scorer import LinearTextModel
 from gateway.schemas import GenerationRequest, content_text
+from policies.request_limits import COMPLETIONS_DEFAULT_MAX_TOKENS
 from policies.types import RequestProfile, Task
 
 DEFAULT_MODEL_PATH = Path(__file__).resolve().parent / "assets" / "classifier.npz"
@@ -50,7 +51,6 @@ RULE_HEAD_CHARS = 1536  # bounded scans: a format or code ask sits at either end
 RULE_TAIL_CHARS = 512  # prompt; pasted code or a trace shows in any 2 KB of it
 SYSTEM_CHARS = 1024
 MAX_FENCES = 16  # fenced blocks inspected per prompt
-COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI /v1/completions default; chat: 0 = unset
 
 _CONSTRAINED_EXTRAS = ("guided_json", "guided_regex", "guided_grammar", "regex", "ebnf",
                        "json_schema")
@@ -183,6 +183,7 @@ def classify(request: GenerationRequest, tenant: str = "default", *,
     if request.max_tokens is not None:
         max_tokens = request.max_tokens
     else:
+        # chat: 0 = unset (the gateway budgets it per pool)
         max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS if request.endpoint == "completions" else 0
     return RequestProfile(
         task=task,

@@ -41,8 +41,8 @@ from gateway.http.gateway import Gateway
 from gateway.periodic import Periodic
 from gateway.routing.fleet_plan import FleetPlanning
 from gateway.tenants.auth import is_admin
-from policies.fleet import desired_k_key, fleet_move_key
-from workers.fleet.registry import WorkerInfo, pool_workers_key, worker_key
+from policies.keys import desired_k_key, fleet_move_key, pool_workers_key, worker_key
+from workers.fleet.registry import WorkerInfo
 
 log = logging.getLogger("specroute.gateway")
 REALM = 'Basic realm="specroute console", charset="UTF-8"'

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.pins import MAX_PINNED_K
-from gateway.schemas import MAX_N, MAX_TOP_LOGPROBS, STEERING_KEYS, TOOL_CHOICES
+from gateway.schemas import MAX_TOP_LOGPROBS, STEERING_KEYS, TOOL_CHOICES
+from policies.request_limits import MAX_K, MAX_N
 
 ERROR_STATUSES = {
     "400": "Invalid request (the `param` names the field)",
@@ -153,10 +153,10 @@ PIN_HEADERS = [
     {"name": "x-specroute-pool", "in": "header", "required": False,
      "description": "Run on this pool (it must be eligible)", "schema": {"type": "string"}},
     {"name": "x-specroute-k", "in": "header", "required": False,
-     "description": f"Speculative tokens, 0..{MAX_PINNED_K} in ASCII digits (tenants with "
+     "description": f"Speculative tokens, 0..{MAX_K} in ASCII digits (tenants with "
                     "may_pin)",
      "schema": {"type": "string", "pattern": "^({})$".format(
-         "|".join(str(k) for k in range(MAX_PINNED_K + 1)))}},
+         "|".join(str(k) for k in range(MAX_K + 1)))}},
     {"name": "x-specroute-benchmark", "in": "header", "required": False,
      "description": "Mark the request as a benchmark (not learned from)",
      "schema": {"type": "string"}},

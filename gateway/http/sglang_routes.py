@@ -44,10 +44,10 @@ from gateway.schemas import (
 )
 from gateway.tenants.auth import is_admin
 from gateway.upstream.adapters.base import Delta, Final, GenerationResult
+from policies.request_limits import GRAMMAR_FIELDS
 from policies.types import Decision
 
 log = logging.getLogger("specroute.gateway")
-GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf")
 PARAMS = "sampling_params."
 
 

@@ -36,7 +36,7 @@ from gateway.periodic import Periodic
 from gateway.pools import Pool
 from gateway.routing.policy import LearnedRoutingPolicy
 from policies.decision import Policy
-from policies.fleet import desired_fleet_key, fleet_move_key
+from policies.keys import desired_fleet_key, fleet_move_key
 from policies.learner import PolicyState
 from policies.planner import (
     Benchmarked,

@@ -30,8 +30,8 @@ from policies.aggregates import (
     stale_fields,
     teaches,
 )
-from policies.fleet import desired_k_key
-from policies.telemetry import AGG_INDEX, AGG_PREFIX, STREAM_KEY, TelemetryStore
+from policies.keys import AGG_INDEX, AGG_PREFIX, STREAM_KEY, desired_k_key
+from policies.telemetry import TelemetryStore
 from policies.types import RequestRecord
 
 

@@ -1,7 +1,7 @@
 """Requests and tokens per minute per tenant, one count for every gateway replica.
 
-Counts live in Redis (`redis_url`) in fixed one-minute windows, keyed
-``specroute:limit:{tenant}:{minute}:req`` and ``...:tok``, expiring two windows later.
+Counts live in Redis (`redis_url`) in fixed one-minute windows, keyed by
+`policies.keys.limit_window_keys` (requests and tokens), expiring two windows later.
 A request is admitted by one Lua script (atomic on the server, so two replicas never
 both take the last slot): refused when the tenant's tokens in this window already reach
 `rate_limit_tpm`, or its requests reach `rate_limit_rpm`; otherwise its request is
@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 from gateway.config import TenantConfig
 from gateway.errors import LimiterUnavailable, RateLimited
+from policies.keys import limit_window_keys
 
 log = logging.getLogger("specroute.gateway")
 WINDOW_S = 60
@@ -50,11 +51,6 @@ local n = redis.call('INCRBY', KEYS[1], ARGV[1])
 if n == tonumber(ARGV[1]) then redis.call('EXPIRE', KEYS[1], ARGV[2]) end
 return n
 """
-
-
-def window_keys(tenant: str, window: int) -> tuple[str, str]:
-    base = f"specroute:limit:{tenant}:{window}"
-    return f"{base}:req", f"{base}:tok"
 
 
 class LocalCounts:
@@ -147,7 +143,7 @@ class Limits:
 
     async def _redis_admit(self, tenant: TenantConfig, window: int) -> int | None:
         """The verdict from Redis; None to count locally (Redis down, fail open)."""
-        requests, tokens = window_keys(tenant.name, window)
+        requests, tokens = limit_window_keys(tenant.name, window)
         try:
             verdict, _ = await self.admit_script(
                 keys=[requests, tokens],
@@ -165,7 +161,7 @@ class Limits:
 
     async def _redis_spend(self, tenant: TenantConfig, window: int, tokens: int) -> None:
         try:
-            await self.spend_script(keys=[window_keys(tenant.name, window)[1]],
+            await self.spend_script(keys=[limit_window_keys(tenant.name, window)[1]],
                                     args=[tokens, 2 * WINDOW_S])
         except Exception as exc:  # noqa: BLE001 - telemetry of limits: degrade quietly
             self._redis_failed(exc)

@@ -23,8 +23,7 @@ import orjson
 
 from gateway.pools import Pool
 from gateway.schemas import BYTES_PER_TOKEN, GenerationRequest
-
-COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (API reference)
+from policies.request_limits import COMPLETIONS_DEFAULT_MAX_TOKENS
 
 
 def tools_tokens(request: GenerationRequest) -> int:
@@ -38,7 +37,7 @@ def with_budget(request: GenerationRequest, pool: Pool,
     """The request with a `max_tokens` that fits `pool`, if it had none."""
     if request.max_tokens is not None or request.native is not None:
         return request
-    asked = COMPLETIONS_MAX_TOKENS if request.endpoint == "completions" else default_max_tokens
+    asked = COMPLETIONS_DEFAULT_MAX_TOKENS if request.endpoint == "completions" else default_max_tokens
     left = (pool.config.capabilities.max_context - request.prompt_tokens_estimate
             - tools_tokens(request))
     budget = max(1, min(asked, left // 2))

@@ -1,12 +1,12 @@
 """Worker discovery from the Redis registry that workers heartbeat into.
 
-The key layout is `workers.fleet.registry`'s (docs/FLEET.md): `specroute:pools:{pool}:workers`
-indexes URLs, `specroute:worker:{pool}:{url}` holds the JSON `WorkerInfo` while the
-worker is alive (TTL), `...:draining` is set while it is being drained. Every
-`server.discovery_interval_s` the gateway reads that for each configured pool, off the
-request path: registered workers join the pool of the same name (workers of another
-model are ignored with one warning), expired ones leave it (workers listed in the
-config stay), the drain flag is copied onto every worker of the pool, and every live
+The key layout is `workers.fleet.registry`'s (policies/keys.py, docs/FLEET.md):
+`pool_workers_key(pool)` indexes URLs, `worker_key(pool, url)` holds the JSON `WorkerInfo`
+while the worker is alive (TTL), `draining_key(pool, url)` is set while it is being
+drained. Every `server.discovery_interval_s` the gateway reads that for each configured
+pool, off the request path: registered workers join the pool of the same name (workers
+of another model are ignored with one warning), expired ones leave it (workers listed in
+the config stay), the drain flag is copied onto every worker of the pool, and every live
 entry goes to `on_entry` (the gateway reads the worker's measurement from it). Redis
 being slow or down never blocks a request: a read that fails or times out keeps the
 last known set.
@@ -23,7 +23,8 @@ from redis.exceptions import RedisError
 
 from gateway.periodic import Periodic
 from gateway.pools import Pool, Worker
-from workers.fleet.registry import WorkerInfo, draining_key, pool_workers_key, worker_key
+from policies.keys import draining_key, pool_workers_key, worker_key
+from workers.fleet.registry import WorkerInfo
 
 log = logging.getLogger("specroute.gateway")
 OnNewWorker = Callable[[Pool, Worker], Awaitable[None]]

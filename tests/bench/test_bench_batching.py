@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from bench.batching import CostTally, cost_rows, format_costs, time_decode_steps
-from policies.fleet import BUNDLED_MODEL_DIR
 from policies.prior import Measured, measured_step_curve
 from specroute.cli import main
+from workers.models import BUNDLED_MODEL_DIR
 
 
 def test_costs_merge_into_measured_json_and_give_a_step_curve(tmp_path: Path, capsys) -> None:
@@ -69,7 +69,7 @@ def test_the_table_is_relative_to_plain_at_the_same_batch() -> None:
 def test_shipped_measured_json_has_step_costs(model: str) -> None:
     """Both shipped measured.json files carry the step costs of every method they measured
     (`specroute bench batching --write-costs`), at batch 1, 2 and 4, and they parse."""
-    from policies.fleet import weights_dir
+    from workers.models import weights_dir
 
     document = json.loads((weights_dir(model) / "measured.json").read_text())
     measured = Measured.from_dict(document)

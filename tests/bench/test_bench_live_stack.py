@@ -13,7 +13,7 @@ import pytest
 from bench.live import Settings, run_fleets
 from bench.live_fleets import ADAPTIVE, fleets
 from bench.live_prompts import plan
-from policies.fleet import BUNDLED_MODEL_DIR
+from workers.models import BUNDLED_MODEL_DIR
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not (BUNDLED_MODEL_DIR / "config.json").exists(),

@@ -6,8 +6,8 @@ import json
 
 from bench.engine import _load_engine
 from bench.step_profile import format_profile, profile_method
-from policies.fleet import resolve_model
 from specroute.cli import main
+from workers.models import resolve_model
 
 
 def test_a_profile_counts_the_steps_tokens_and_ops() -> None:

@@ -18,7 +18,7 @@ import pytest
 from conftest import stop_process
 from gateway_harness import start_gateway, start_worker
 
-from policies.fleet import BUNDLED_MODEL_DIR
+from workers.models import BUNDLED_MODEL_DIR
 
 METHODS = ("plain", "ngram", "lookahead", "medusa", "eagle", "eagle2", "draft")
 SCHEMA = {"type": "object",

@@ -27,7 +27,7 @@ from conftest import stop_process
 from gateway_harness import start_gateway, start_stubs, start_worker
 
 from gateway.config import hash_api_key
-from policies.fleet import BUNDLED_MODEL_DIR
+from workers.models import BUNDLED_MODEL_DIR
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",

@@ -15,7 +15,7 @@ import openai
 import pytest
 from conftest import free_port, start_process, stop_process, wait_http
 
-from policies.fleet import BUNDLED_MODEL_DIR
+from workers.models import BUNDLED_MODEL_DIR
 
 needs_model = pytest.mark.skipif(not (BUNDLED_MODEL_DIR / "config.json").exists(),
                                  reason=f"no model at {BUNDLED_MODEL_DIR}")

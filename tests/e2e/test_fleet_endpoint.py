@@ -12,7 +12,7 @@ from conftest import stop_process
 from gateway_harness import start_gateway, start_stubs
 
 from gateway.config import hash_api_key
-from policies.fleet import desired_fleet_key
+from policies.keys import desired_fleet_key
 from policies.planner import Benchmarked, FleetPlan
 from tests.policies.test_planner_benchmarked import document
 

@@ -15,9 +15,11 @@ import yaml
 from conftest import free_port, start_process, stop_process, wait_http
 from gateway_harness import start_gateway
 
-from policies.fleet import BUNDLED_MODEL_DIR, BUNDLED_MODEL_NAME, FleetPool, desired_fleet_key
+from policies.fleet import FleetPool
+from policies.keys import desired_fleet_key
 from policies.planner import FleetPlan
 from tests.e2e.test_supervisor import BUILTIN_TEMPLATE, FAILING_K, reported_k
+from workers.models import BUNDLED_MODEL_DIR, BUNDLED_MODEL_NAME
 
 
 def publish(client, model: str, desired: dict[str, int]) -> None:

@@ -17,8 +17,8 @@ import redis
 from conftest import stop_process
 from gateway_harness import start_gateway, start_stubs, start_worker
 
-from policies.fleet import BUNDLED_MODEL_DIR
-from policies.telemetry import STREAM_KEY
+from policies.keys import STREAM_KEY
+from workers.models import BUNDLED_MODEL_DIR
 
 POOLS = ("batch-embedded", "batch-stub")  # names no other test's records use
 

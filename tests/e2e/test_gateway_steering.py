@@ -21,6 +21,7 @@ from conftest import stop_process
 from gateway_harness import start_gateway, start_stub, stats
 
 from gateway.config import hash_api_key
+from policies.keys import STREAM_KEY
 
 KEY, PINNER = "sk-steer-plain", "sk-steer-pinner"
 CHAT = {"model": "m", "max_tokens": 4, "messages": [{"role": "user",
@@ -60,7 +61,7 @@ def post(stack: dict, path: str, body: dict, key: str = KEY, **headers: str
 def stream_length(stack: dict) -> int:
     client = redis.Redis.from_url(stack["redis"])
     try:
-        return int(client.xlen("specroute:telemetry"))
+        return int(client.xlen(STREAM_KEY))
     finally:
         client.close()
 
@@ -71,10 +72,10 @@ def record_after(stack: dict, seen: int) -> dict:
     client = redis.Redis.from_url(stack["redis"])
     deadline = time.monotonic() + 10
     try:
-        while client.xlen("specroute:telemetry") <= seen:
+        while client.xlen(STREAM_KEY) <= seen:
             assert time.monotonic() < deadline, "no new telemetry record"
             time.sleep(0.05)
-        (_, fields), = client.xrevrange("specroute:telemetry", count=1)
+        (_, fields), = client.xrevrange(STREAM_KEY, count=1)
         return orjson.loads(fields[b"r"])
     finally:
         client.close()

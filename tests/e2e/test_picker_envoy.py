@@ -30,6 +30,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.config import hash_api_key
 from gateway.picker.envoy import bootstrap, envoy_binary
+from policies.keys import STREAM_KEY
 
 KEY, LIMITED_KEY = "sk-picker", "sk-picker-limited"
 CODE = "Fix the bug in this function:\n```python\ndef add(a, b):\n    return a - b\n```"
@@ -361,7 +362,7 @@ def test_telemetry_from_served_responses_reaches_redis(stack: dict, response: st
     decision headers set by the route from the pick's metadata)."""
     tmp, url = stack["tmp"], stack["redis"]
     store = redis.Redis.from_url(url)
-    store.delete("specroute:telemetry")
+    store.delete(STREAM_KEY)
     live = {name: url for name, url in stack["urls"].items() if name != "ngram1"}
     picker, port = start_picker(tmp, f"learned-{response}", config(live, redis_url=url),
                                 "learned")
@@ -379,7 +380,7 @@ def test_telemetry_from_served_responses_reaches_redis(stack: dict, response: st
     assert sum(1 for c in stream if c.choices and c.choices[0].delta.content) == 5
 
     def records() -> list[dict]:
-        return [json.loads(fields[b"r"]) for _, fields in store.xrange("specroute:telemetry")]
+        return [json.loads(fields[b"r"]) for _, fields in store.xrange(STREAM_KEY)]
 
     wait_for(lambda: len(records()) >= 4, 15, "4 records in Redis")
     got = records()

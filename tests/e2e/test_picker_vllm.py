@@ -38,9 +38,9 @@ def vllm_pods(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
             pytest.fail("SPECROUTE_REQUIRE_VLLM is set but SPECROUTE_VLLM_VENV names no vLLM")
         pytest.skip("no vLLM environment (SPECROUTE_VLLM_VENV; scripts/test.sh builds one)")
     from bench.engine_compare import start, stop
-    from policies.fleet import resolve_model
     from specroute.stack import prepare_model
     from workers.fleet.vllm_cpu import cpu_dtype
+    from workers.models import resolve_model
 
     work = tmp_path_factory.mktemp("picker-vllm")
     model = prepare_model(resolve_model(None))

@@ -19,7 +19,7 @@ import redis
 from conftest import stop_process
 from gateway_harness import start_gateway, start_stubs, stats
 
-from policies.telemetry import STREAM_KEY, desired_k_key
+from policies.keys import STREAM_KEY, desired_k_key
 
 CODE = ("Fix the bug in this function:\n```python\ndef add(a, b):\n    return a - b\n```"
         " and explain the fix in one sentence please")

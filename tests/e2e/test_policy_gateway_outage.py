@@ -14,7 +14,7 @@ import redis
 from conftest import free_port, start_redis, stop_process
 from gateway_harness import start_gateway, start_stubs
 
-from policies.telemetry import STREAM_KEY
+from policies.keys import STREAM_KEY
 
 
 def stream_length(port: int) -> int:

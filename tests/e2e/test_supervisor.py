@@ -25,7 +25,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from policies.fleet import BUNDLED_MODEL_DIR  # noqa: E402
+from workers.models import BUNDLED_MODEL_DIR  # noqa: E402
 
 STUB_TEMPLATE = f"{{python}} {ROOT / 'tests/sglang_stub.py'} --port {{port}} --k {{k}}"
 EMBEDDED_TEMPLATE = ("{python} -m specroute.cli worker --method plain --port {port} "
@@ -102,7 +102,8 @@ def make_supervisor(redis_url: str, tmp_path: Path):
 def test_launch_registers_with_ttl(make_supervisor, redis_url: str) -> None:
     import redis
 
-    from workers.fleet.registry import list_workers, worker_key
+    from policies.keys import worker_key
+    from workers.fleet.registry import list_workers
 
     sup = make_supervisor(k=2)
     sup.start()
@@ -135,7 +136,7 @@ def test_the_registration_carries_the_pools_measured_file(make_supervisor, redis
 def test_desired_k_change_drains_then_relaunches(make_supervisor, redis_url: str) -> None:
     import redis
 
-    from policies.fleet import desired_k_key
+    from policies.keys import desired_k_key
     from workers.fleet.registry import list_workers
 
     sup = make_supervisor(k=2)
@@ -168,7 +169,7 @@ def test_desired_k_change_drains_then_relaunches(make_supervisor, redis_url: str
 def test_relaunch_held_by_min_interval(make_supervisor, redis_url: str) -> None:
     import redis
 
-    from policies.fleet import desired_k_key
+    from policies.keys import desired_k_key
 
     sup = make_supervisor(k=2, min_relaunch_interval_s=60.0)
     sup.start()
@@ -180,7 +181,7 @@ def test_relaunch_held_by_min_interval(make_supervisor, redis_url: str) -> None:
 def test_k_that_fails_to_start_falls_back(make_supervisor, redis_url: str) -> None:
     import redis
 
-    from policies.fleet import desired_k_key
+    from policies.keys import desired_k_key
     from workers.fleet.registry import list_workers
 
     if WORKER_TEMPLATE != BUILTIN_TEMPLATE:
@@ -203,7 +204,7 @@ def test_a_start_that_hangs_is_tried_again(make_supervisor, redis_url: str, tmp_
     processes were waiting on."""
     import redis
 
-    from policies.fleet import desired_k_key
+    from policies.keys import desired_k_key
     from workers.fleet.registry import list_workers
 
     if WORKER_TEMPLATE != BUILTIN_TEMPLATE:
@@ -249,7 +250,8 @@ def test_relaunches_a_real_embedded_worker_on_a_k_change(redis_url: str, tmp_pat
     new k, and the new server reports and uses that k."""
     import redis
 
-    from policies.fleet import FleetPool, desired_k_key
+    from policies.fleet import FleetPool
+    from policies.keys import desired_k_key
     from tests.conftest import free_port
     from workers.fleet.launch import command_builder
     from workers.fleet.registry import list_workers

@@ -20,13 +20,8 @@ import openai
 import pytest
 from conftest import free_port, start_process, stop_process, wait_http
 
-from policies.fleet import (
-    BUNDLED_MODEL_DIR,
-    ModelChoice,
-    ModelNotFound,
-    resolve_model,
-)
 from specroute.stack import available_methods, build_config, prepare_model
+from workers.models import BUNDLED_MODEL_DIR, ModelChoice, ModelNotFound, resolve_model
 
 MODEL = Path(os.environ.get("SPECROUTE_TEST_MODEL") or BUNDLED_MODEL_DIR)
 MODEL_ARG = "tiny" if MODEL == BUNDLED_MODEL_DIR else str(MODEL)

@@ -24,9 +24,9 @@ import yaml
 from conftest import free_port, start_process, stop_process, wait_http, wait_until
 from gateway_harness import start_gateway
 
-from policies.fleet import resolve_model
 from tests.e2e.test_fleet_supervisor import publish, registered
 from tests.e2e.test_vllm_stack import EDIT, vllm_venv  # noqa: F401 - the fixture
+from workers.models import resolve_model
 
 MODEL = "smollm2-135m-instruct"
 

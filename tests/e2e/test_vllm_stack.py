@@ -23,8 +23,8 @@ import openai
 import pytest
 from conftest import free_port, start_process, wait_http
 
-from policies.fleet import resolve_model
 from tests.e2e.test_up import assert_stops_cleanly, children_of, descendants, kill_stack
+from workers.models import resolve_model
 from workers.processes import stop_group
 
 VENV = os.environ.get("SPECROUTE_VLLM_VENV")
@@ -67,7 +67,7 @@ def relaunches_with_no_request_lost(client: openai.OpenAI, work: Path, edit: lis
     import redis
     import yaml
 
-    from policies.fleet import desired_k_key
+    from policies.keys import desired_k_key
     from workers.fleet.registry import list_workers
 
     store = redis.Redis.from_url(yaml.safe_load((work / "config.yaml").read_text())["redis_url"])
@@ -188,10 +188,10 @@ def test_our_drafters_run_on_vllm_and_are_accepted(tmp_path: Path, vllm_venv: st
     """The project's SmolLM2 Medusa heads and EAGLE head, exported into vLLM's formats, load
     in a real vLLM CPU server and its own counters show drafts accepted (> 1 token per
     verify step)."""
-    from policies.fleet import weights_dir
     from specroute.stack import prepare_model
     from workers.fleet.vllm_cpu import cpu_dtype
     from workers.fleet.vllm_drafters import EXPORTERS
+    from workers.models import weights_dir
 
     model = prepare_model(resolve_model(None))
     heads = EXPORTERS[method](weights_dir(model.name) / method, model, tmp_path / method)

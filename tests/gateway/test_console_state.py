@@ -216,8 +216,8 @@ def test_without_an_admin_key_the_console_is_for_loopback_only() -> None:
 def test_the_fleet_shows_what_redis_says_of_workers_relaunches_and_moves(redis_url: str) -> None:
     import redis
 
-    from policies.fleet import desired_k_key, fleet_move_key
-    from workers.fleet.registry import new_worker_info, pool_workers_key, worker_key
+    from policies.keys import desired_k_key, fleet_move_key, pool_workers_key, worker_key
+    from workers.fleet.registry import new_worker_info
 
     raw = {"redis_url": redis_url, "server": {"health_interval_s": 3600},
            "pools": [{"name": "eagle", "engine": "sglang", "method": "eagle", "k": 3,

@@ -18,7 +18,7 @@ from gateway.pools import build_pools
 from gateway.routing.fleet_plan import FleetPlanning, current_fleet
 from gateway.upstream.worker_priors import WorkerPriors
 from policies.decision import Policy
-from policies.fleet import desired_fleet_key
+from policies.keys import desired_fleet_key
 from policies.planner import (
     FleetPlan,
     PlannerConfig,

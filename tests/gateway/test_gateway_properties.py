@@ -36,7 +36,7 @@ from gateway.errors import (
 from gateway.http.bodies import check_media_type, content_length
 from gateway.http.endpoints import TokenEndpoint, read_request
 from gateway.http.responses import ChunkWriter
-from gateway.pins import MAX_PINNED_K, Pin, parse_pinned_k
+from gateway.pins import Pin, parse_pinned_k
 from gateway.schemas import ROLES, GenerationRequest, parse_request
 from gateway.telemetry.record import Timer
 from gateway.telemetry.worker_stats import SpecStats, Usage
@@ -44,6 +44,7 @@ from gateway.tenants.auth import Authenticator
 from gateway.upstream.adapters.base import Delta, Final, StreamItem
 from gateway.upstream.adapters.wire import sse_data
 from gateway.upstream.http1 import Connection, Http1Client, Response, target
+from policies.request_limits import MAX_K
 from policies.types import Decision
 
 load_classifier()
@@ -249,7 +250,7 @@ def test_pinned_k_is_a_small_int_or_a_400(text: str) -> None:
     except InvalidRequest as exc:
         assert exc.status == 400 and exc.param == "x-specroute-k"
     else:
-        assert type(k) is int and 0 <= k <= MAX_PINNED_K
+        assert type(k) is int and 0 <= k <= MAX_K
 
 
 @settings(max_examples=300, deadline=None)

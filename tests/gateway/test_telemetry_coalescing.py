@@ -12,7 +12,8 @@ import redis
 
 from gateway.routing.telemetry_store import CoalescingTelemetryStore
 from policies.aggregates import DECAY_TAU_S, ERA_TAUS
-from policies.telemetry import AGG_INDEX, AGG_PREFIX, STREAM_KEY, TelemetryStore
+from policies.keys import AGG_INDEX, AGG_PREFIX, STREAM_KEY, desired_k_key
+from policies.telemetry import TelemetryStore
 from policies.types import RequestRecord
 
 
@@ -50,7 +51,7 @@ def test_same_aggregates_as_one_by_one(redis_url: str, batch: int) -> None:
         for i in range(0, len(records), batch):
             store._write([replace(r) for r in records[i:i + batch]], {"eagle": 3})
         states.append(_state(client))
-        assert client.get("specroute:pool:eagle:desired_k") == b"3"
+        assert client.get(desired_k_key("eagle")) == b"3"
         store._client.close()
     (ours, our_len), (theirs, their_len) = states[1], states[0]
     assert our_len == their_len == len(records)
@@ -96,6 +97,6 @@ def test_an_error_reply_fails_the_batch_and_drops_the_connection(redis_url: str)
         store._write(records, {})
     client.delete(STREAM_KEY)
     store._write(records, {"eagle": 4})
-    assert client.get("specroute:pool:eagle:desired_k") == b"4"
+    assert client.get(desired_k_key("eagle")) == b"4"
     assert client.scard(AGG_INDEX) == 1 and client.xlen(STREAM_KEY) == 5
     store._client.close()

@@ -110,7 +110,7 @@ def test_measured_schema_errors_name_the_field(change: dict, field: str) -> None
 
 
 def test_shipped_tiny_measurement_parses() -> None:
-    from policies.fleet import BUNDLED_MODEL_DIR
+    from workers.models import BUNDLED_MODEL_DIR
 
     doc = Measured.from_dict(json.loads((BUNDLED_MODEL_DIR / "measured.json").read_text()))
     assert doc.model == "specroute-tiny" and doc.entries
@@ -141,7 +141,7 @@ def test_predictions_match_the_shipped_measurement_after_a_few_requests() -> Non
     """SmolLM2's measured.json as the workers' prior, then a few requests per pool that
     agree with it: every pool's predicted speedup over plain at its measured k stays near
     the measured one (a speculative pool measured at 0.86x plain once read "1.7x")."""
-    from policies.fleet import weights_dir
+    from workers.models import weights_dir
 
     doc = Measured.from_dict(json.loads(
         (weights_dir("smollm2-135m-instruct") / "measured.json").read_text()))
@@ -172,8 +172,8 @@ def test_predictions_match_the_shipped_measurement_after_a_few_requests() -> Non
 def test_shipped_smollm2_prior_sends_greedy_edits_to_ngram() -> None:
     """What SmolLM2's workers measured (n-gram 2.05x plain on greedy edits, accept length
     4.6) routes an edit to n-gram from the first request, before any telemetry."""
-    from policies.fleet import weights_dir
     from policies.methods import DEFAULT_K
+    from workers.models import weights_dir
 
     doc = Measured.from_dict(json.loads(
         (weights_dir("smollm2-135m-instruct") / "measured.json").read_text()))

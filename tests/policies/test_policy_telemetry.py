@@ -14,15 +14,8 @@ import redis
 from conftest import free_port
 
 from policies.decision import Policy, PolicyConfig
-from policies.fleet import desired_k_key
-from policies.telemetry import (
-    AGG_INDEX,
-    AGG_PREFIX,
-    STREAM_KEY,
-    LocalTelemetry,
-    TelemetryConfig,
-    TelemetryStore,
-)
+from policies.keys import AGG_INDEX, AGG_PREFIX, STREAM_KEY, desired_k_key
+from policies.telemetry import LocalTelemetry, TelemetryConfig, TelemetryStore
 from policies.types import PoolView, RequestProfile, RequestRecord
 
 FAST = TelemetryConfig(flush_interval_s=0.02, refresh_interval_s=0.1, stale_after_s=0.5,
@@ -206,7 +199,7 @@ def test_desired_k_is_published_for_fixed_k_pools(redis_url: str) -> None:
         policy.start()  # the learner thread refits and publishes on its own
         client = redis.Redis.from_url(redis_url)
         wait_for(lambda: int(client.get(desired_k_key("eagle3")) or 1) > 1)
-        desired = int(client.get("specroute:pool:eagle3:desired_k"))
+        desired = int(client.get(desired_k_key("eagle3")))
         assert desired > 1
         assert store.read_desired_k("eagle3") == desired
         client.close()

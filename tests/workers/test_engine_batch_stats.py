@@ -12,7 +12,7 @@ from bench.training.drafters.bpe import train_tokenizer
 from workers.embedded.engine import Engine, Generation, SamplingParams, StepOutput
 from workers.embedded.speculative import Draft
 from workers.embedded.speculative.draft import DecodeState
-from workers.embedded.speculative.methods import Method, builtin_methods
+from workers.embedded.speculative.methods import EngineMethod, builtin_methods
 from workers.embedded.tokenizer import TextTokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -31,7 +31,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
     texts = [f"the quick brown fox jumps over the lazy dog {i} times" for i in range(100)]
     path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
     train_tokenizer(texts, 300).save(str(path))
-    methods = {**builtin_methods(), "fixed": Method("fixed", FixedChain, K)}
+    methods = {**builtin_methods(), "fixed": EngineMethod("fixed", FixedChain, K)}
     engine = Engine.from_model(near_bigram_llama(300, 192, 0.3), TextTokenizer(path),
                                methods=methods)
     engine.prefill_chunk = 4

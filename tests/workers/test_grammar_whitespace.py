@@ -12,10 +12,10 @@ import llguidance
 import pytest
 from tokenizers import Tokenizer
 
-from policies.fleet import BUNDLED_MODEL_DIR
 from workers.embedded import tools
 from workers.embedded.api import Constraint
 from workers.embedded.grammar import GrammarCompiler
+from workers.models import BUNDLED_MODEL_DIR
 
 TOKENIZER = Path(BUNDLED_MODEL_DIR) / "tokenizer.json"
 WHITESPACE = (" ", "\n", "  ", "\t", "\n\n")

@@ -18,7 +18,7 @@ import yaml
 
 kubernetes = pytest.importorskip("kubernetes")
 
-from policies.fleet import desired_fleet_key  # noqa: E402
+from policies.keys import desired_fleet_key  # noqa: E402
 from policies.planner import FleetPlan  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,16 +8,14 @@ import time
 
 import redis
 
+from policies.keys import draining_key, pool_workers_key, worker_key
 from tests.conftest import free_port
 from workers.fleet.registry import (
     Registration,
-    draining_key,
     is_draining,
     list_workers,
     new_worker_info,
-    pool_workers_key,
     set_draining,
-    worker_key,
 )
 
 

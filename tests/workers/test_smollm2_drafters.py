@@ -13,10 +13,10 @@ import pytest
 import torch
 from smollm2_prompts import chat_prompts
 
-from policies.fleet import SMOLLM2_MODEL_NAME, drafter_dir_for, weights_dir
 from workers.embedded.drafter_models import MedusaConfig, MedusaHeads, load_drafter, save_drafter
 from workers.embedded.engine import BUNDLED_MODEL_DIR, Engine, SamplingParams
 from workers.embedded.fetch_model import ensure_smollm2
+from workers.models import SMOLLM2_MODEL_NAME, drafter_dir_for, weights_dir
 
 NEW_TOKENS = 16
 QUESTIONS = (

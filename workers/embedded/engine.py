@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from policies.fleet import BUNDLED_MODEL_DIR
+from policies.request_limits import MAX_K
 from workers.embedded.api import (
     DecodeRequest,
     EngineInputError,
@@ -37,11 +37,12 @@ from workers.embedded.limits import check_params
 from workers.embedded.model import ForwardOutput, LlamaForCausalLM, SequenceInput
 from workers.embedded.speculative import DecodeState, Draft, Sampler
 from workers.embedded.speculative.lockstep import DraftSteps, draft_together
-from workers.embedded.speculative.methods import Method, builtin_methods, load_methods
+from workers.embedded.speculative.methods import EngineMethod, builtin_methods, load_methods
 from workers.embedded.speculative.processors import build_processors
 from workers.embedded.speculative.sampling import token_logprobs
 from workers.embedded.speculative.verify import VerifyStep
 from workers.embedded.tokenizer import TextTokenizer
+from workers.models import BUNDLED_MODEL_DIR
 
 # Prompt tokens prefilled per engine step: a long prompt is prefilled over several steps,
 # each sharing its forward with the other requests' decode steps, so a 6,000-token prompt
@@ -60,7 +61,7 @@ class Engine:
         model_dir: str | Path | None = None,
         device: str = "cpu",
         dtype: torch.dtype = torch.float32,
-        max_k: int = 16,
+        max_k: int = MAX_K,
     ) -> None:
         folder = Path(model_dir) if model_dir is not None else BUNDLED_MODEL_DIR
         model = load_model(folder, dtype=dtype, device=device)
@@ -72,8 +73,8 @@ class Engine:
         cls,
         model: LlamaForCausalLM,
         tokenizer: TextTokenizer,
-        max_k: int = 16,
-        methods: dict[str, Method] | None = None,
+        max_k: int = MAX_K,
+        methods: dict[str, EngineMethod] | None = None,
     ) -> Engine:
         """An engine over an in-memory model (tests, random tiny models)."""
         engine = cls.__new__(cls)
@@ -84,7 +85,7 @@ class Engine:
         self,
         model: LlamaForCausalLM,
         tokenizer: TextTokenizer,
-        methods: dict[str, Method],
+        methods: dict[str, EngineMethod],
         max_k: int,
     ) -> None:
         self.model = model.fuse()  # fused projections (inference; see model.Attention)
@@ -214,7 +215,7 @@ class Engine:
 class Generation:
     """One request's decoding loop; not thread-safe on its own (step it from one thread)."""
 
-    def __init__(self, engine: Engine, request: DecodeRequest, method: Method) -> None:
+    def __init__(self, engine: Engine, request: DecodeRequest, method: EngineMethod) -> None:
         params, prompt = request.params, request.input_ids
         self._engine = engine
         self._model = engine.model

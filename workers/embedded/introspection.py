@@ -11,10 +11,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from policies.fleet import weights_dir
 from policies.methods import SGLANG_ALGORITHM
 from policies.prior import MEASURED_FILE, Measured, MeasuredError
 from workers.embedded.context import WorkerState
+from workers.models import weights_dir
 
 log = logging.getLogger(__name__)
 

@@ -16,6 +16,13 @@ from typing import Any
 
 import orjson
 
+from policies.request_limits import (
+    COMPLETIONS_DEFAULT_MAX_TOKENS,
+    GRAMMAR_FIELDS,
+    JSON_OBJECT_SCHEMA,
+    MAX_N,
+    RESPONSE_FORMATS,
+)
 from workers.embedded import tools
 from workers.embedded.api import Constraint, SamplingParams
 from workers.embedded.errors import BadRequest
@@ -24,13 +31,8 @@ from workers.embedded.errors import BadRequest
 # that special-token text in a message stays text.
 EncodeChat = Callable[[Sequence[dict[str, str]]], list[int]]
 
-# SGLang's grammar fields (sampling_params.py); at most one per request.
-CONSTRAINED_FIELDS = ("json_schema", "regex", "ebnf")
-# OpenAI's json_object: any JSON object, as SGLang's own route compiles it.
-JSON_OBJECT = '{"type": "object"}'
 # SGLang's TOP_K_ALL (sampling_params.py): "no top-k cut", like -1.
 TOP_K_ALL = 1 << 30
-MAX_N = 16
 # Sampling options SGLang accepts that this engine does not implement, with the value
 # that means "off"; any other value is refused rather than silently ignored.
 UNSUPPORTED_DEFAULTS = {"min_p": 0.0, "repetition_penalty": 1.0, "min_new_tokens": 0}
@@ -110,7 +112,7 @@ def _refuse_unsupported(obj: dict[str, Any], where: str) -> None:
 
 def _constraint(obj: dict[str, Any], where: str) -> Constraint | None:
     """SGLang's json_schema / regex / ebnf (strings); at most one."""
-    given = [name for name in CONSTRAINED_FIELDS if obj.get(name) is not None]
+    given = [name for name in GRAMMAR_FIELDS if obj.get(name) is not None]
     if len(given) > 1:
         raise BadRequest(f"only one of {where}json_schema, regex, ebnf may be given")
     if not given:
@@ -253,15 +255,15 @@ def _response_format(body: dict[str, Any]) -> Constraint | None:
     fmt = body.get("response_format")
     if fmt is None:
         return None
-    if not isinstance(fmt, dict) or fmt.get("type") not in ("text", "json_object", "json_schema"):
+    if not isinstance(fmt, dict) or fmt.get("type") not in RESPONSE_FORMATS:
         raise BadRequest("response_format.type must be text, json_object or json_schema")
     if fmt["type"] == "json_object":
-        return Constraint("json_schema", JSON_OBJECT)
+        return Constraint("json_schema", JSON_OBJECT_SCHEMA)
     if fmt["type"] == "json_schema":
         spec = fmt.get("json_schema")
         schema = spec.get("schema", spec.get("schema_")) if isinstance(spec, dict) else None
         if schema is None:
-            return Constraint("json_schema", JSON_OBJECT)
+            return Constraint("json_schema", JSON_OBJECT_SCHEMA)
         if not isinstance(schema, dict):
             raise BadRequest("response_format.json_schema.schema must be an object")
         return Constraint("json_schema", orjson.dumps(schema).decode())
@@ -294,11 +296,11 @@ def _openai_common(body: dict[str, Any], default_max: int | None, max_key: str,
     if not 1 <= n <= MAX_N:
         raise BadRequest(f"n must be in 1..{MAX_N}")
     constraint = _response_format(body)
-    if constraint is not None and any(body.get(f) is not None for f in CONSTRAINED_FIELDS):
+    if constraint is not None and any(body.get(f) is not None for f in GRAMMAR_FIELDS):
         raise BadRequest("give either response_format or one of json_schema, regex, ebnf")
     tool_mode = tool_request.mode if tool_request is not None else None
     if tool_mode is not None:
-        if constraint is not None or any(body.get(f) is not None for f in CONSTRAINED_FIELDS):
+        if constraint is not None or any(body.get(f) is not None for f in GRAMMAR_FIELDS):
             raise BadRequest("tools (tool_choice other than none) cannot be combined with "
                              "response_format or a grammar")
         constraint = tools.constraint(tool_request)  # type: ignore[arg-type]
@@ -320,7 +322,8 @@ def parse_completion(body: dict[str, Any]) -> GenerateRequest:
     if body.get("echo"):
         raise BadRequest("echo is not supported by this engine")
     return GenerateRequest(text=text, input_ids=input_ids,
-                           **_openai_common(body, 16, "max_tokens", chat=False))
+                           **_openai_common(body, COMPLETIONS_DEFAULT_MAX_TOKENS, "max_tokens",
+                                            chat=False))
 
 
 def _message_text(content: Any, index: int) -> str:

@@ -30,7 +30,7 @@ from typing import Any
 
 import redis
 
-from policies.fleet import desired_fleet_key
+from policies.keys import desired_fleet_key
 from policies.planner import FleetPlan, next_move
 
 logger = logging.getLogger(__name__)

@@ -29,13 +29,8 @@ from pathlib import Path
 import redis
 import yaml
 
-from policies.fleet import (
-    FleetConfigError,
-    FleetPool,
-    desired_fleet_key,
-    fleet_move_key,
-    load_pool,
-)
+from policies.fleet import FleetConfigError, FleetPool, load_pool
+from policies.keys import desired_fleet_key, fleet_move_key
 from policies.planner import FleetPlan, next_move
 from workers.fleet.launch import CommandBuilder
 from workers.fleet.registry import list_workers

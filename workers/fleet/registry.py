@@ -1,11 +1,11 @@
 """Worker registration in Redis with a heartbeat TTL, discovery, and drain flags.
 
-Key layout (all under the `specroute:` prefix; `{url}` is the worker's base URL as is):
+Key layout (policies/keys.py; `{url}` is the worker's base URL as is):
 
-    specroute:worker:{pool}:{url}            string, JSON WorkerInfo, EX ttl (default 10 s)
-    specroute:worker:{pool}:{url}:draining   string "1" while the worker is being drained
-    specroute:pools:{pool}:workers           set of urls registered in the pool
-    specroute:pools                          set of pool names that ever registered
+    worker_key(pool, url)        string, JSON WorkerInfo, EX ttl (default 10 s)
+    draining_key(pool, url)      string "1" while the worker is being drained
+    pool_workers_key(pool)       set of urls registered in the pool
+    POOL_INDEX_KEY               set of pool names that ever registered
 
 A worker is alive exactly while its key exists: the heartbeat thread rewrites it every
 ttl/3, so a dead worker vanishes within one ttl. The sets are only an index for
@@ -23,23 +23,11 @@ from dataclasses import asdict, dataclass, replace
 
 import redis
 
+from policies.keys import POOL_INDEX_KEY, draining_key, pool_workers_key, worker_key
+
 logger = logging.getLogger(__name__)
 
-PREFIX = "specroute"
-POOLS_KEY = f"{PREFIX}:pools"
 DRAIN_FLAG_TTL_S = 3600  # a supervisor that dies mid-drain must not strand a worker forever
-
-
-def worker_key(pool: str, url: str) -> str:
-    return f"{PREFIX}:worker:{pool}:{url}"
-
-
-def draining_key(pool: str, url: str) -> str:
-    return f"{worker_key(pool, url)}:draining"
-
-
-def pool_workers_key(pool: str) -> str:
-    return f"{PREFIX}:pools:{pool}:workers"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +68,7 @@ def list_workers(client: redis.Redis, pool: str | None = None) -> list[WorkerInf
 
     Set members whose key has expired are removed from the set on the way.
     """
-    pools = [pool] if pool is not None else sorted(_text(p) for p in client.smembers(POOLS_KEY))
+    pools = [pool] if pool is not None else sorted(_text(p) for p in client.smembers(POOL_INDEX_KEY))
     found: list[WorkerInfo] = []
     for name in pools:
         urls = sorted(_text(u) for u in client.smembers(pool_workers_key(name)))
@@ -155,7 +143,7 @@ class Registration:
             pipe = self._client.pipeline(transaction=False)
             pipe.set(worker_key(info.pool, info.url), info.to_json(), px=int(self.ttl * 1000))
             pipe.sadd(pool_workers_key(info.pool), info.url)
-            pipe.sadd(POOLS_KEY, info.pool)
+            pipe.sadd(POOL_INDEX_KEY, info.pool)
             pipe.execute()
         except redis.RedisError as exc:
             logger.warning("heartbeat for %s failed, will retry: %s", info.url, exc)

@@ -1,7 +1,7 @@
 """Run one pool's inference server and relaunch it when the policy wants another k.
 
 SGLang and vLLM fix the speculation depth at launch, so a per-pool change of k means a
-restart. The policy publishes the pool's wish in Redis (`specroute:pool:{pool}:desired_k`,
+restart. The policy publishes the pool's wish in Redis (`policies.keys.desired_k_key`,
 a decimal string); the supervisor applies it when it is worth it:
 
     desired k read -> equal to current k, or last launch < min interval ago? keep
@@ -35,12 +35,12 @@ from urllib.parse import urlsplit
 import httpx
 import redis
 
-from policies.fleet import FleetPool, desired_k_key
+from policies.fleet import FleetPool
+from policies.keys import desired_k_key
 from workers.fleet.launch import CommandBuilder
 from workers.fleet.registry import Registration, new_worker_info
 
 logger = logging.getLogger(__name__)
-
 
 
 class SupervisorError(RuntimeError):

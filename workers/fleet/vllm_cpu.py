@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from policies.fleet import drafter_dir_for
+from workers.models import drafter_dir_for
 
 VLLM_METHODS = {"plain": 0, "ngram": 4, "medusa": 4, "eagle": 3}  # method -> k, in the order of cores
 DRAFTER_METHODS = ("medusa", "eagle")  # methods whose checkpoint the stack exports

@@ -57,7 +57,6 @@ from bench.training.drafters.smollm2_data import (
     split_shards,
 )
 from bench.training.drafters.train import cpu_autocast, load_checkpoint, save_checkpoint
-from policies.fleet import SMOLLM2_MODEL_NAME, weights_dir
 from workers.embedded.checkpoint import init_weights, load_model
 from workers.embedded.drafter_models import (
     EagleConfig,
@@ -67,6 +66,7 @@ from workers.embedded.drafter_models import (
     save_drafter,
 )
 from workers.embedded.model import ModelConfig
+from workers.models import SMOLLM2_MODEL_NAME, weights_dir
 
 SHIPPED_DIR = weights_dir(SMOLLM2_MODEL_NAME)
 

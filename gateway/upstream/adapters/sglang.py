@@ -39,6 +39,7 @@ from gateway.upstream.adapters.reply import Reply, no_finish, spec_counters, usa
 from gateway.upstream.adapters.wire import answers, post, post_json, sse_data
 from gateway.upstream.http1 import Http1Client
 from policies.prior import Measured, MeasuredError, WorkerPrior
+from policies.request_limits import JSON_OBJECT_SCHEMA
 
 
 def spec_from_meta(raw: dict, worker: str = "worker") -> SpecStats:
@@ -122,7 +123,7 @@ def sampling_params(request: GenerationRequest, pool: PoolConfig, k: int) -> dic
         if schema is not None:
             params["json_schema"] = orjson.dumps(schema).decode()
         elif request.response_format.get("type") == "json_object":
-            params["json_schema"] = '{"type": "object"}'  # what SGLang's own route sends
+            params["json_schema"] = JSON_OBJECT_SCHEMA
     if (custom := worker_params(None, pool, k)) is not None:
         params["custom_params"] = custom
     return params

@@ -1,8 +1,8 @@
 """The decoding methods an engine offers: name -> drafter factory and default k.
 
 Weightless methods are always there; drafters with weights (Medusa heads, EAGLE head,
-draft model) are added by `load_methods` where the fleet contract's `drafter_dir_for`
-finds them: the model folder itself (the bundled model), else the repository's
+draft model) are added by `load_methods` where `workers.models.drafter_dir_for` finds
+them: the model folder itself (the bundled model), else the repository's
 `weights/<model folder name>/` (SmolLM2: base in the user cache, drafters shipped here) —
 the same rule `specroute up` uses to decide which methods a model serves.
 """
@@ -17,7 +17,6 @@ from typing import TypeVar
 
 import torch
 
-from policies.fleet import drafter_dir_for
 from policies.methods import DEFAULT_K
 from workers.embedded.checkpoint import load_model
 from workers.embedded.drafter_models import EagleHead, MedusaHeads, load_drafter
@@ -29,26 +28,30 @@ from workers.embedded.speculative.eagle2 import EagleTreeDrafter
 from workers.embedded.speculative.lookahead import LookaheadDrafter
 from workers.embedded.speculative.medusa import MedusaDrafter
 from workers.embedded.speculative.ngram import NgramDrafter, NoDraft
+from workers.models import drafter_dir_for
 
 _Module = TypeVar("_Module", MedusaHeads, EagleHead)
 
 
 @dataclass(frozen=True)
-class Method:
+class EngineMethod:
+    """A method as this engine runs it: its drafter factory and default k. The method's
+    name is a `policies.methods.Method` value (or a test's own)."""
+
     name: str
     new_drafter: Callable[[], Drafter]  # one drafter per generation
     default_k: int  # draft tokens (tree nodes) per step; 0 = plain
 
 
-def builtin_methods() -> dict[str, Method]:
+def builtin_methods() -> dict[str, EngineMethod]:
     return {
-        "plain": Method("plain", NoDraft, 0),
-        "ngram": Method("ngram", NgramDrafter, DEFAULT_K["ngram"]),
-        "lookahead": Method("lookahead", LookaheadDrafter, DEFAULT_K["lookahead"]),
+        "plain": EngineMethod("plain", NoDraft, 0),
+        "ngram": EngineMethod("ngram", NgramDrafter, DEFAULT_K["ngram"]),
+        "lookahead": EngineMethod("lookahead", LookaheadDrafter, DEFAULT_K["lookahead"]),
     }
 
 
-def load_methods(model_dir: Path | None, model: LlamaForCausalLM) -> dict[str, Method]:
+def load_methods(model_dir: Path | None, model: LlamaForCausalLM) -> dict[str, EngineMethod]:
     """Built-in methods plus those whose drafter weights `drafter_dir_for(model_dir)` finds:
     `medusa/` -> medusa; `eagle/` -> eagle (chain) and eagle2 (dynamic tree); `draft/` ->
     draft. Weights load once, onto the model's device (and dtype, but see `dtype` below);
@@ -64,19 +67,19 @@ def load_methods(model_dir: Path | None, model: LlamaForCausalLM) -> dict[str, M
     dtype = torch.bfloat16 if model.four_bit else weight.dtype
     if (folder / "medusa" / "config.json").exists():
         heads = _load(folder / "medusa", MedusaHeads, weight, dtype)
-        methods["medusa"] = Method("medusa", lambda: MedusaDrafter(model, heads),
+        methods["medusa"] = EngineMethod("medusa", lambda: MedusaDrafter(model, heads),
                                    DEFAULT_K["medusa"])
     if (folder / "eagle" / "config.json").exists():
         head = _load(folder / "eagle", EagleHead, weight, dtype)
         cutoff = chain_confidence(head)
-        methods["eagle"] = Method("eagle", lambda: EagleChainDrafter(model, head, cutoff),
+        methods["eagle"] = EngineMethod("eagle", lambda: EagleChainDrafter(model, head, cutoff),
                                   DEFAULT_K["eagle"])
-        methods["eagle2"] = Method("eagle2", lambda: EagleTreeDrafter(model, head),
+        methods["eagle2"] = EngineMethod("eagle2", lambda: EagleTreeDrafter(model, head),
                                    DEFAULT_K["eagle2"])
     if (folder / "draft" / "config.json").exists():
         draft = load_model(folder / "draft", dtype=weight.dtype, device=weight.device)
         length = model.config.max_position_embeddings
-        methods["draft"] = Method("draft", lambda: DraftModelDrafter(draft, length),
+        methods["draft"] = EngineMethod("draft", lambda: DraftModelDrafter(draft, length),
                                   DEFAULT_K["draft"])
     return methods
 
