@@ -9,7 +9,7 @@ from tiny_models import near_bigram_llama
 from bench.training.drafters.bpe import train_tokenizer
 from gateway.classifier.classify import classify
 from gateway.errors import InvalidRequest
-from gateway.routing.router import parse_pinned_k
+from gateway.pins import parse_pinned_k
 from gateway.schemas import parse_request
 from policies.request_limits import COMPLETIONS_DEFAULT_MAX_TOKENS, GRAMMAR_FIELDS, MAX_K, MAX_N
 from policies.types import PoolView

@@ -44,7 +44,8 @@ import sys
 import uvicorn
 from gateway.http.app import create_app
 from gateway.config import load_config
-from gateway.routing.router import first_healthy, minimal_profile
+from gateway.classifier.minimal import minimal_profile
+from policies.rules import first_healthy
 from gateway.http.serve import uvicorn_options
 
 config = load_config(sys.argv[1])

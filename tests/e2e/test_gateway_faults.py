@@ -35,7 +35,8 @@ from starlette.routing import Route
 from gateway.http.app import create_app
 from gateway.config import load_config
 from dataclasses import replace
-from gateway.routing.router import first_healthy, minimal_profile
+from gateway.classifier.minimal import minimal_profile
+from policies.rules import first_healthy
 from gateway.http.serve import uvicorn_options
 
 def classify(request, tenant):
