@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.acceptance import accept_length, held_out, prompt_sets
+from bench.engine.acceptance import accept_length, held_out, prompt_sets
 from workers.embedded.engine import BUNDLED_MODEL_DIR, Engine
 from workers.embedded.speculative.methods import load_methods
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.batching import CostTally, cost_rows, format_costs, time_decode_steps
+from bench.engine.batching import CostTally, cost_rows, format_costs, time_decode_steps
 from policies.fleet import BUNDLED_MODEL_DIR
 from policies.prior import Measured, measured_step_curve
 from specroute.cli import main
@@ -87,7 +87,7 @@ def test_shipped_measured_json_has_step_costs(model: str) -> None:
 def test_throughput_serves_the_same_prompts_at_every_concurrency(monkeypatch) -> None:
     """One request's tokens/s is the same four prompts served one after another, so a
     long prompt's prefill counts at 1 as at 4 (it once ran the first prompt alone)."""
-    import bench.batching as batching
+    import bench.engine.batching as batching
 
     served: dict[int, list[list[int]]] = {}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.engine import Tally, format_table, summarize, variant, verdicts
+from bench.engine.methods import Tally, format_table, summarize, variant, verdicts
 from bench.workload import TASKS
 from specroute.cli import main
 

@@ -10,9 +10,9 @@ import httpx
 import orjson
 import pytest
 
-from bench import peers
-from bench.gateway import Target, _start, _start_peer, _table, stop_all, summarize
-from bench.upstream import app
+from bench.gateway import peers
+from bench.gateway.overhead import Target, _start, _start_peer, _table, stop_all, summarize
+from bench.gateway.upstream import app
 from workers.processes import free_port
 
 
@@ -49,13 +49,13 @@ async def test_upstream_chat_completions_plain_and_streamed(upstream) -> None:
 @pytest.mark.parametrize("client", ["aiohttp", "http1"])
 def test_the_minimal_proxy_relays_the_upstream(tmp_path: Path, client: str) -> None:
     """Both minimal proxies answer what the upstream does, byte for byte, plain and
-    streamed (over real sockets: `bench.upstream` and the proxy as processes)."""
+    streamed (over real sockets: `bench.gateway.upstream` and the proxy as processes)."""
     procs: list = []
     up, proxy = free_port(), free_port()
     try:
-        _start(procs, [sys.executable, "-m", "bench.upstream", "--port", str(up)],
+        _start(procs, [sys.executable, "-m", "bench.gateway.upstream", "--port", str(up)],
                f"http://127.0.0.1:{up}/health", "upstream", tmp_path / "up.log")
-        _start(procs, [sys.executable, "-m", "bench.minproxy", "--port", str(proxy),
+        _start(procs, [sys.executable, "-m", "bench.gateway.minproxy", "--port", str(proxy),
                        "--upstream", f"http://127.0.0.1:{up}", "--client", client],
                f"http://127.0.0.1:{proxy}/health", "minimal proxy", tmp_path / "proxy.log")
         body = {"model": "bench", "messages": [{"role": "user", "content": "hi"}]}
@@ -128,7 +128,7 @@ def test_json_gives_every_ratio_the_issue_asks_for() -> None:
 
 
 def test_loop_lag_past_the_last_bucket_is_no_number() -> None:
-    from bench.gateway import lag_p99_ms
+    from bench.gateway.overhead import lag_p99_ms
 
     assert lag_p99_ms({0.5: 10.0, float("inf"): 100.0}) is None  # JSON has no Infinity
     assert lag_p99_ms({0.001: 99.0, 0.5: 100.0, float("inf"): 100.0}) == 1.0

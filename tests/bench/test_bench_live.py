@@ -11,7 +11,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from bench.live_fleets import (
+from bench.live.fleets import (
     ADAPTIVE,
     Config,
     Record,
@@ -20,9 +20,9 @@ from bench.live_fleets import (
     read_reason,
     schedule,
 )
-from bench.live_prompts import MIXES, Item
-from bench.live_report import adaptive_picks, prompt_rows, render, summarize, targets
-from bench.live_stats import bootstrap, estimate, from_rows
+from bench.live.prompts import MIXES, Item
+from bench.live.report import adaptive_picks, prompt_rows, render, summarize, targets
+from bench.live.stats import bootstrap, estimate, from_rows
 
 
 def _rows(table: dict[str, list[tuple[str, int, dict[str, float]]]]) -> list[dict]:

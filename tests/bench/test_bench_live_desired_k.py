@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 
-from bench.live_fleets import fleets
+from bench.live.fleets import fleets
 from gateway.routing.router import Pin
 from policies.decision import Policy, PolicyConfig
 from policies.telemetry import LocalTelemetry

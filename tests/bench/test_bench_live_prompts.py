@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.live_prompts import (
+from bench.live.prompts import (
     CLASSES,
     MIXES,
     classifier_texts,
@@ -65,8 +65,8 @@ def test_no_measured_or_warm_up_prompt_fed_a_prior_or_the_classifier(run_plan) -
 def test_bench_vllms_calibration_prompts_are_left_out_as_the_priors(run_plan) -> None:
     """`bench vllm --write-measured` writes a prior from its own prompts (at most
     `PRIOR_DRAWS` per class): every one is among the prior's texts, none is measured live."""
-    from bench.live_prompts import PRIOR_DRAWS, VLLM_CALIBRATION_SEED
-    from bench.vllm import TASKS as VLLM_TASKS
+    from bench.engine.vllm import TASKS as VLLM_TASKS
+    from bench.live.prompts import PRIOR_DRAWS, VLLM_CALIBRATION_SEED
 
     calibration = {m["content"] for task in VLLM_TASKS
                    for p in prompts(task, PRIOR_DRAWS, VLLM_CALIBRATION_SEED)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.live import Settings, run_fleets
-from bench.live_fleets import ADAPTIVE, fleets
-from bench.live_prompts import plan
+from bench.live.fleets import ADAPTIVE, fleets
+from bench.live.prompts import plan
+from bench.live.run import Settings, run_fleets
 from policies.fleet import BUNDLED_MODEL_DIR
 
 pytestmark = [pytest.mark.slow,

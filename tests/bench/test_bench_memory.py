@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from bench.memory import format_report, memory_rows, process_tree, role
+from bench.engine.memory import format_report, memory_rows, process_tree, role
 
 
 def test_a_process_tree_is_read_with_its_memory() -> None:

@@ -3,7 +3,7 @@ keeps its SLO while lower-priority work waits or is shed; off, it does not."""
 
 from __future__ import annotations
 
-from bench.slo import run, table
+from bench.gateway.slo import run, table
 
 
 def test_slo_bench_ordering() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from bench.engine import _load_engine
-from bench.step_profile import format_profile, profile_method
+from bench.engine.methods import _load_engine
+from bench.engine.step_profile import format_profile, profile_method
 from policies.fleet import resolve_model
 from specroute.cli import main
 

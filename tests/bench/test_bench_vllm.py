@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from bench.vllm import TASKS, paired_ratio, report
+from bench.engine.vllm import TASKS, paired_ratio, report
 
 
 def test_paired_ratio_and_its_interval() -> None:
@@ -45,7 +45,7 @@ def test_mixed_traffic_counts_every_malformed_or_failed_reply(
     500 and a stream that never ends with [DONE] are errors, the rest are not."""
     import httpx
 
-    from bench.vllm import mixed
+    from bench.engine.vllm import mixed
 
     def handler(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
@@ -71,8 +71,8 @@ def test_mixed_traffic_counts_every_malformed_or_failed_reply(
 
 
 def test_engine_compare_arithmetic(capsys: pytest.CaptureFixture[str]) -> None:
-    from bench.engine_compare import accept_length, core_count, entry
-    from bench.engine_compare import report as compare_report
+    from bench.engine.compare import accept_length, core_count, entry
+    from bench.engine.compare import report as compare_report
 
     assert (core_count("0"), core_count("0-1"), core_count("0,2-3")) == (1, 2, 3)
     assert (entry("eagle"), entry("eagle:2"), entry("plain")) == (("eagle", 3), ("eagle", 2),
@@ -103,7 +103,7 @@ def test_engine_compare_arithmetic(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_engine_compare_targets_take_the_best_method_and_k() -> None:
-    from bench.engine_compare import targets
+    from bench.engine.compare import targets
 
     summary = {"embedded_over_vllm": {"plain": {"c1": 1.55, "c4": 1.1}},
                "k": {"plain": 0, "eagle:1": 1, "eagle:2": 2, "medusa:2": 2},
@@ -127,8 +127,8 @@ def test_the_pinned_figures_written_as_measured_json_read_back_the_same(tmp_path
     """What `--write-measured` writes is what the fleet planner's builder reads: per
     (method, k) and class the accept length vLLM reported, and the step at one request
     (accept length / tokens/s; plain: 1 / tokens/s); no costs per batch size."""
-    from bench.measured import measured_document, write_measured
-    from bench.vllm import measured_rows
+    from bench.engine.measured import measured_document, write_measured
+    from bench.engine.vllm import measured_rows
     from policies.planner.benchmarked import benchmarked_from_measured
     from policies.prior import Measured, read_measured
 
@@ -162,7 +162,7 @@ def test_the_pinned_figures_written_as_measured_json_read_back_the_same(tmp_path
 
 
 def test_a_document_off_the_schema_is_not_written(tmp_path) -> None:
-    from bench.measured import write_measured
+    from bench.engine.measured import write_measured
     from policies.prior import MeasuredError
 
     path = tmp_path / "measured.json"

@@ -3,8 +3,8 @@ bootstraps it runs, and the command's wiring."""
 
 from __future__ import annotations
 
-from bench.gateway import Target
-from bench.gateway_envoy import EPP, EPP_BODY, envoy_summary
+from bench.gateway.overhead import Target
+from bench.gateway.picker import EPP, EPP_BODY, envoy_summary
 from gateway.picker.envoy import alone_bootstrap, bootstrap
 from specroute.cli import build_parser
 

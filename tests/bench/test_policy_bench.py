@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from bench.policy import main
+from bench.sim.policy import main
 
 RATIOS = ("vs_best_homogeneous", "vs_sglang_adaptive_homogeneous", "vs_oracle",
           "vs_static_split")

@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from bench.classifier import PROMPT_4KB, _router, chat_request
+from bench.gateway.classifier import PROMPT_4KB, _router, chat_request
 from gateway.classifier.classify import classify
 
 

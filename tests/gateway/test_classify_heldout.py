@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.classifier import HELDOUT_SETS, accuracy, chat_request, heldout
+from bench.gateway.classifier import HELDOUT_SETS, accuracy, chat_request, heldout
 from bench.training.classifier.data import build_dataset
 from gateway.classifier.classify import classify
 

@@ -2,7 +2,7 @@
 
 The gateway app in its production configuration (learned policy, a tenant with an API
 key, Redis telemetry on a real redis-server) runs in this process in front of the
-benchmark's upstream (`bench.upstream`, a real HTTP server in its own process); the test
+benchmark's upstream (`bench.gateway.upstream`, a real HTTP server in its own process); the test
 drives non-streaming and streamed chat requests through the app's ASGI entry, 8 at a
 time, and counts this process's CPU time (every thread: the telemetry store's and the
 policy's too) per request. CPU time, not wall time, so a loaded machine slows the test
@@ -25,7 +25,7 @@ import orjson
 import pytest
 from conftest import free_port, start_process, stop_process, wait_http
 
-from bench.hot_path import post
+from bench.gateway.hot_path import post
 from gateway.config import parse_config
 from gateway.http.app import create_app
 
@@ -59,7 +59,7 @@ async def _lifespan(app, events: asyncio.Queue, done: asyncio.Queue) -> None:
 @pytest.fixture
 def upstream(tmp_path: Path):
     port = free_port()
-    proc = start_process(["-m", "bench.upstream", "--port", str(port)], tmp_path / "up.log")
+    proc = start_process(["-m", "bench.gateway.upstream", "--port", str(port)], tmp_path / "up.log")
     url = f"http://127.0.0.1:{port}"
     try:
         wait_http(url + "/health", 30, proc)

@@ -1,6 +1,6 @@
 """How many tokens a drafter gets accepted per step, on two kinds of held-out prompts.
 
-    python -m bench.acceptance [--methods eagle:3,eagle2:8,medusa:2] [--prompts 6]
+    python -m bench.engine.acceptance [--methods eagle:3,eagle2:8,medusa:2] [--prompts 6]
         [--max-tokens 48] [--held-out runs/smollm2-magpie:3 ...] [--candidate DIR] [--json]
 
 In-process, greedy (T 0), SmolLM2 on the engine's serving path, each answer until its

@@ -8,7 +8,7 @@ that cannot be installed or started is reported with the reason, never dropped.
 - sglang-router (PyPI `sglang-router`, the Rust router; `python -m
   sglang_router.launch_router`, arguments read from its 0.3.2 `router_args.py`): its
   default policy (`cache_aware`); before it routes it probes the worker's `/health`,
-  `/server_info` and `/model_info` (bench/upstream.py answers them). It also tries to
+  `/server_info` and `/model_info` (bench/gateway/upstream.py answers them). It also tries to
   fetch a tokenizer for the model name from Hugging Face, fails (no such model, or no
   network) and routes anyway.
 - smg (PyPI `smg`, "Shepherd Model Gateway", sglang-router's successor; the `smg` command

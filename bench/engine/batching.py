@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.engine import _k, _load_engine
+from bench.engine.methods import _k, _load_engine
 from bench.workload import TASKS, prompts
 from policies.fleet import resolve_model
 

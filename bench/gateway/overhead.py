@@ -1,11 +1,11 @@
 """`specroute bench gateway`: specroute beside other gateways, in one run.
 
-Starts a trivial upstream (`bench.upstream`), Redis, and in front of the upstream the
+Starts a trivial upstream (`bench.gateway.upstream`), Redis, and in front of the upstream the
 gateway in its production configuration (default learned policy, one `engine: sglang`
 pool, a tenant with an API key, Redis telemetry), a minimal raw-ASGI + aiohttp
-pass-through (`bench.minproxy`, the floor any Python proxy pays here) and the same on
+pass-through (`bench.gateway.minproxy`, the floor any Python proxy pays here) and the same on
 the gateway's own upstream client (`minimal proxy http1`), smg,
-sglang-router and LiteLLM proxy (`bench.peers`, installed into their own virtualenvs on
+sglang-router and LiteLLM proxy (`bench.gateway.peers`, installed into their own virtualenvs on
 first use). One load
 client sends the same `/v1/chat/completions` body everywhere; rounds are interleaved (each
 round visits every path in turn), so a slow spell of the shared machine hits all of them.
@@ -14,7 +14,7 @@ then requests/s at concurrency 32 and the CPU a request cost the path's own proc
 in that phase (from /proc: the gateway's threads and workers, a peer's children; the
 direct row is the upstream's own). The load client shares the cores with the servers,
 so req/s moves with the machine's load; CPU per request much less.
-Last, classify + decide CPU p99 on a 4 KB prompt (`bench.classifier.cost`).
+Last, classify + decide CPU p99 on a 4 KB prompt (`bench.gateway.classifier.cost`).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from pathlib import Path
 import aiohttp
 import yaml
 
-from bench import peers
-from bench.classifier import cost as classifier_cost
+from bench.gateway import peers
+from bench.gateway.classifier import cost as classifier_cost
 from workers.processes import free_port, free_ports, start_redis, wait_http
 
 CONCURRENCY = 32
@@ -313,12 +313,12 @@ def run(names: list[str], n: int, seconds: float, rounds: int,
         try:
             redis, redis_url = start_redis(tmp)
             procs.append(redis.proc)
-            _start(procs, [sys.executable, "-m", "bench.upstream", "--port", str(up_port)],
+            _start(procs, [sys.executable, "-m", "bench.gateway.upstream", "--port", str(up_port)],
                    f"{upstream}/health", "upstream", tmp / "upstream.log")
-            _start(procs, [sys.executable, "-m", "bench.minproxy", "--port", str(min_port),
+            _start(procs, [sys.executable, "-m", "bench.gateway.minproxy", "--port", str(min_port),
                            "--upstream", upstream], f"http://127.0.0.1:{min_port}/health",
                    "minimal proxy", tmp / "minproxy.log")
-            _start(procs, [sys.executable, "-m", "bench.minproxy", "--port", str(min1_port),
+            _start(procs, [sys.executable, "-m", "bench.gateway.minproxy", "--port", str(min1_port),
                            "--upstream", upstream, "--client", "http1"],
                    f"http://127.0.0.1:{min1_port}/health", "minimal proxy http1",
                    tmp / "minproxy-http1.log")
@@ -335,7 +335,7 @@ def run(names: list[str], n: int, seconds: float, rounds: int,
             asyncio.run(_measure(targets, n, seconds, rounds))
         finally:
             stop_all(procs)
-    # classify + decide on the slowest 4 KB prompt, in this process (bench/classifier.py)
+    # classify + decide on the slowest 4 KB prompt, in this process (bench/gateway/classifier.py)
     p99 = classifier_cost(3000)["classify + route"]["cpu"]["p99_us"]
     return summarize(targets, p99)
 

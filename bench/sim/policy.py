@@ -39,7 +39,7 @@ PRIMARY = "sglang"
 
 def main(args: argparse.Namespace) -> int:
     if getattr(args, "fleet", False):
-        from bench.fleet import main as fleet_main
+        from bench.sim.fleet import main as fleet_main
 
         return fleet_main(args)
     started = time.perf_counter()

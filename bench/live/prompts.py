@@ -2,7 +2,7 @@
 
 Classes are (task, temperature). Mixes are shares of requests, as a user would describe
 their traffic (`MIXES`). Every class is measured on its own prompts; a mix's rate weighs
-the classes' per-request means by its shares (bench/live_stats.py).
+the classes' per-request means by its shares (bench/live/stats.py).
 
 Held out, by construction (`excluded_texts`, `drafter_exclusion`), and checked by
 tests/bench/test_bench_live_prompts.py:

@@ -1,10 +1,10 @@
 """CPU per request of each stage of the gateway's hot path, in-process.
 
-    python -m bench.hot_path [--calls N] [--json] [--ablate]
+    python -m bench.gateway.hot_path [--calls N] [--json] [--ablate]
 
 Builds the gateway app in its production configuration (the `specroute bench gateway`
 one: learned policy, a tenant with an API key, Redis telemetry on a redis-server of its
-own) in front of `bench.upstream` (its own process), runs its lifespan, and times each
+own) in front of `bench.gateway.upstream` (its own process), runs its lifespan, and times each
 stage of one non-streaming "hello" chat request with the app's own objects, on this
 thread's CPU clock (`time.thread_time_ns`), median of N calls: parse (orjson + the
 typed request), authenticate, classify, decide (route: capability filter, the learned
@@ -38,7 +38,7 @@ from pathlib import Path
 
 import orjson
 
-from bench import gateway as bench_gateway
+from bench.gateway import overhead as bench_gateway
 from gateway.config import parse_config
 from gateway.http.app import create_app
 from gateway.http.responses import response_body
@@ -203,9 +203,9 @@ async def stages(app, calls: int) -> dict:  # noqa: ANN001
 
 
 async def _floor(upstream: str, calls: int) -> float:
-    """The whole request through `bench.minproxy`'s app on the gateway's own upstream
+    """The whole request through `bench.gateway.minproxy`'s app on the gateway's own upstream
     client: what any request costs here before specroute does anything."""
-    from bench.minproxy import make_http1_app
+    from bench.gateway.minproxy import make_http1_app
 
     proxy = make_http1_app(upstream)
     life = Lifespan(proxy)
@@ -260,7 +260,7 @@ def run(calls: int, ablate: bool = False) -> dict:
             procs.append(redis.proc)
             port = free_port()
             upstream = f"http://127.0.0.1:{port}"
-            bench_gateway._start(procs, [sys.executable, "-m", "bench.upstream", "--port",
+            bench_gateway._start(procs, [sys.executable, "-m", "bench.gateway.upstream", "--port",
                                          str(port)], f"{upstream}/health", "upstream",
                                  tmp / "upstream.log")
             app = create_app(production_config(upstream, redis_url))

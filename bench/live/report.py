@@ -1,6 +1,6 @@
 """What `specroute bench live` prints: per concurrency and stated mix, the adaptive fleet
 against the best homogeneous fleet of the same size and against the held-out oracle,
-with 95% bootstrap intervals over prompts (bench/live_stats.py), the targets, every
+with 95% bootstrap intervals over prompts (bench/live/stats.py), the targets, every
 configuration's tokens/s per class, what the adaptive gateway chose, and the audits.
 
 Tokens/s of a configuration on a class = its completion tokens over its requests' wall
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from bench.live_fleets import ADAPTIVE, Record
-from bench.live_prompts import MIXES
-from bench.live_stats import bootstrap, estimate, from_rows
+from bench.live.fleets import ADAPTIVE, Record
+from bench.live.prompts import MIXES
+from bench.live.stats import bootstrap, estimate, from_rows
 
 TARGET_BEST, TARGET_ORACLE, TARGET_NO_HARM = 1.10, 0.95, 0.97
 TARGET_MIXES = ("code assistant", "even")

@@ -36,7 +36,7 @@ import httpx
 import redis
 import yaml
 
-from bench.live_prompts import Item
+from bench.live.prompts import Item
 from policies.methods import default_k
 from policies.telemetry import STREAM_KEY
 from workers.processes import free_port, stop_group, wait_http

@@ -1,8 +1,8 @@
 """`specroute bench picker`: specroute as Envoy's endpoint picker, beside Envoy alone,
 the standalone gateway and smg, in one run.
 
-One upstream (`bench.upstream`), one load client and one body for every path (those of
-`specroute bench gateway`, imported from `bench.gateway`), rounds interleaved so a slow
+One upstream (`bench.gateway.upstream`), one load client and one body for every path (those of
+`specroute bench gateway`, imported from `bench.gateway.overhead`), rounds interleaved so a slow
 spell of the shared machine hits every path:
 
 - direct: the upstream itself (the floor every "added" figure is measured from);
@@ -15,7 +15,7 @@ spell of the shared machine hits every path:
 - envoy + epp body: the same picker, the response read from its body alone (response
   headers SKIP; status and served endpoint as attributes: one message fewer);
 - specroute: the standalone gateway (`specroute gateway`, default learned policy);
-- smg: smg 1.13 (`bench.peers`), round robin.
+- smg: smg 1.13 (`bench.gateway.peers`), round robin.
 
 Per path, streaming and not: sequential p50/p99, the p50 added over direct, then
 requests/s at concurrency 32. Before the load, the picker's decision in process (request
@@ -36,8 +36,8 @@ from pathlib import Path
 
 import yaml
 
-from bench import peers
-from bench.gateway import (
+from bench.gateway import peers
+from bench.gateway.overhead import (
     BODY,
     CONCURRENCY,
     Target,
@@ -196,7 +196,7 @@ def run(n: int, seconds: float, rounds: int, body_mode: str, with_smg: bool) -> 
     with tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         try:
-            _start(procs, [sys.executable, "-m", "bench.upstream", "--port", str(up_port)],
+            _start(procs, [sys.executable, "-m", "bench.gateway.upstream", "--port", str(up_port)],
                    f"{upstream}/health", "upstream", tmp / "upstream.log")
             redis, redis_url = start_redis(tmp)  # the standalone gateway's production config
             procs.append(redis.proc)

@@ -34,7 +34,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from bench.measured import device_description, measured_document, write_measured
+from bench.engine.measured import device_description, measured_document, write_measured
 from bench.workload import TASKS, Prompt, prompts
 from policies.fleet import ModelChoice, resolve_model
 from policies.methods import default_k
@@ -258,7 +258,7 @@ def _source(args: argparse.Namespace, model: str, settings: Settings, methods: l
 
 def main(args: argparse.Namespace) -> int:
     if getattr(args, "compare", None) == "vllm":
-        from bench.engine_compare import main as compare
+        from bench.engine.compare import main as compare
 
         return compare(args)
     import torch

@@ -15,7 +15,7 @@ import os
 import time
 from dataclasses import asdict, dataclass
 
-from bench.engine import _load_engine, variant
+from bench.engine.methods import _load_engine, variant
 from policies.fleet import resolve_model
 
 PROMPT = "Write a Python function that checks whether a number is prime."

@@ -1,6 +1,6 @@
 """A trivial upstream for the gateway benchmark: fixed answers, no model.
 
-    python -m bench.upstream --port P
+    python -m bench.gateway.upstream --port P
 
 Speaks what every gateway in `specroute bench gateway` needs of a worker: SGLang's
 `/generate`, the OpenAI `/v1/chat/completions` (streamed or not; the route sglang-router

@@ -1,4 +1,4 @@
-"""`python -m bench.sim_calibration`: the figures the policy simulator takes from this
+"""`python -m bench.sim.calibrate`: the figures the policy simulator takes from this
 repository's own engine and classifier (bench/sim/calibration.py stores the results).
 
 1. Per-prompt acceptance spread. The embedded engine (bundled model, one thread) decodes

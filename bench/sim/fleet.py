@@ -34,7 +34,7 @@ from bench.sim.world import World
 from policies.decision import PolicyConfig
 
 QUICK_SCALE = 0.1
-SCALE = 0.3  # as `specroute bench policy` (bench/policy.py); --full: 1.0
+SCALE = 0.3  # as `specroute bench policy` (bench/sim/policy.py); --full: 1.0
 QUICK_FIXED_KS = (2, 3, 4, 6)
 TARGETS = (("best fixed", None, 1.0), ("SGLang adaptive", "sglang-adaptive", 1.0),
            ("static split", "static-split", 1.10))

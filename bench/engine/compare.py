@@ -130,7 +130,7 @@ def entry(label: str) -> tuple[str, int]:
     (`VLLM_METHODS`), "eagle:2" at k 2 on both engines."""
     from workers.fleet.vllm_cpu import VLLM_METHODS
 
-    method, _, k = label.partition(":")  # bench.engine imports this module: no import back
+    method, _, k = label.partition(":")  # bench.engine.methods imports this module: no import back
     return method, (int(k) if k and method != "plain" else VLLM_METHODS[method])
 
 

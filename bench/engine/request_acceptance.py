@@ -11,7 +11,7 @@ held out from fitting (odd-indexed prompts):
 - per-request: a ridge regression (numpy, closed form) of `a` on the features.
 Prints the mean absolute error of the predicted accept length E(a, k) for both.
 
-    python -m bench.request_acceptance [--model tiny] [--prompts 24] [--max-tokens 32]
+    python -m bench.engine.request_acceptance [--model tiny] [--prompts 24] [--max-tokens 32]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import textwrap
 
 import numpy as np
 
-from bench.engine import _k, _load_engine, _run
+from bench.engine.methods import _k, _load_engine, _run
 from bench.workload import TASKS, prompts
 from policies.acceptance import expected_accept_length, invert_accept_length
 from policies.fleet import resolve_model

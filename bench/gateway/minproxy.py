@@ -1,6 +1,6 @@
 """The floor for any Python proxy on this machine: raw ASGI in, one HTTP client out.
 
-    python -m bench.minproxy --port P --upstream URL [--client aiohttp|http1]
+    python -m bench.gateway.minproxy --port P --upstream URL [--client aiohttp|http1]
 
 Forwards bodies unchanged and relays the answer (streamed as it comes), with no
 parsing, routing or telemetry. `specroute bench gateway` runs it beside the gateway so
@@ -16,7 +16,7 @@ import argparse
 
 import aiohttp
 
-from bench.upstream import read_body
+from bench.gateway.upstream import read_body
 
 
 async def lifespan(receive, send, start, stop) -> None:  # noqa: ANN001

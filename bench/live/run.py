@@ -1,14 +1,14 @@
 """`specroute bench live`: the adaptive gateway against equal homogeneous fleets and a
 held-out oracle, on the embedded engine or on real vLLM CPU pools.
 
-Per replicate, every fleet (bench/live_fleets.py; embedded: all up at once, blocks of
+Per replicate, every fleet (bench/live/fleets.py; embedded: all up at once, blocks of
 prompts interleaved over every configuration; vLLM: one fleet at a time, in a random
 order): the adaptive gateway's (one server per method of `--methods`, the learned policy) and,
 for each method of `--homogeneous`, a fleet of as many servers of that method alone,
 measured at every (pool, k) configuration the policy may use there (embedded: k pinned per
 request; vLLM: the pool as launched). Each fleet serves, per concurrency, the same
 prompts at the same concurrency; prompts are fresh per replicate and concurrency and
-held out from every prior, drafter and classifier (bench/live_prompts.py).
+held out from every prior, drafter and classifier (bench/live/prompts.py).
 
 Before measuring, the adaptive fleet serves `--warmup` requests of other prompts (what it
 learns from), split evenly over the measured concurrencies in turn (warmed at the highest
@@ -18,8 +18,8 @@ learned). After a fleet's last request the bench reads its
 telemetry stream: the adaptive gateway must have learned from exactly its own requests
 and the homogeneous ones from none.
 
-bench/live_stats.py turns the records into ratios with bootstrap intervals per stated
-mix (bench/live_prompts.py `MIXES`) and concurrency; bench/live_report.py prints them.
+bench/live/stats.py turns the records into ratios with bootstrap intervals per stated
+mix (bench/live/prompts.py `MIXES`) and concurrency; bench/live/report.py prints them.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.live_fleets import (
+from bench.live.fleets import (
     ADAPTIVE,
     BLOCK_PER_THREAD,
     Config,
@@ -44,8 +44,8 @@ from bench.live_fleets import (
     fleets,
     schedule,
 )
-from bench.live_prompts import CLASSES, Plan, plan
-from bench.live_report import render, summarize
+from bench.live.prompts import CLASSES, Plan, plan
+from bench.live.report import render, summarize
 from workers.processes import available_gib
 
 ENGINE_DEFAULTS = {  # --methods (the adaptive fleet), --homogeneous
