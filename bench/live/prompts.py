@@ -5,7 +5,7 @@ their traffic (`MIXES`). Every class is measured on its own prompts; a mix's rat
 the classes' per-request means by its shares (bench/live/stats.py).
 
 Held out, by construction (`excluded_texts`, `drafter_exclusion`), and checked by
-tests/bench/test_bench_live_prompts.py:
+tests/bench/live/test_bench_live_prompts.py:
 - the prior: `measured.json` comes from `bench engine --prompts 2 --seed 0` (vLLM pools:
   `bench vllm --write-measured`, its own prompts at `VLLM_CALIBRATION_SEED`) and the
   batch costs from `bench batching --seed 0`; every text those benches draw at seeds

@@ -11,7 +11,7 @@ from bench.gateway.classifier import HELDOUT_SETS, accuracy, chat_request, heldo
 from bench.training.classifier.data import build_dataset
 from gateway.classifier.classify import classify
 
-TRAINING = Path(__file__).resolve().parents[2] / "bench" / "training" / "classifier"
+TRAINING = Path(__file__).resolve().parents[3] / "bench" / "training" / "classifier"
 
 
 @pytest.mark.parametrize("path", HELDOUT_SETS, ids=lambda p: p.name)

@@ -12,7 +12,7 @@ import yaml
 from gateway.config import parse_config
 from specroute.cli import build_parser
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 GAIE = ROOT / "deploy/k8s/gaie"
 
 

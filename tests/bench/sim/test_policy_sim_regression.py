@@ -1,7 +1,7 @@
 """The headline ratios of a small seeded simulator run, pinned per scenario.
 
 A change to the world, the baselines or the policy that moves a ratio fails here; rerun
-`python -m tests.bench.test_policy_sim_regression` and update EXPECTED with the reason in the
+`python -m tests.bench.sim.test_policy_sim_regression` and update EXPECTED with the reason in the
 commit message. Small scale (420 requests, fixed k 2 and 4), so the figures are not the
 report's (docs/POLICY.md has the full run), only a tripwire for it.
 """

@@ -24,7 +24,7 @@ from gateway.tenants.auth import DEFAULT_TENANT
 from policies.learner import Learner
 from policies.telemetry import LocalTelemetry
 from policies.types import Decision, RequestRecord
-from tests.gateway.test_policy_unknown_spec import _reporter
+from tests.gateway.telemetry.test_policy_unknown_spec import _reporter
 from tests.policies.test_policy_decide import PROFILE, trained
 
 

@@ -18,7 +18,7 @@ from gateway.pools import BreakerState, CircuitBreaker, Worker, build_pools
 from gateway.schemas import parse_request
 from gateway.upstream.health import HealthMonitor, Probe, apply_probe
 from gateway.upstream.http1 import Http1Client
-from tests.gateway.test_gateway_dispatch import make_gateway, pool
+from tests.gateway.upstream.test_gateway_dispatch import make_gateway, pool
 
 
 def test_breaker_opens_cools_down_and_lets_one_trial_through() -> None:

@@ -17,7 +17,7 @@ from gateway.classifier.classify import DEFAULT_MODEL_PATH, classify, load_class
 from gateway.classifier.scorer import LinearTextModel, features, window
 from gateway.schemas import parse_request
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from bench.sim.launch import launch_bench, launched
 from bench.sim.scenarios import SCENARIOS, SGLANG_RELAUNCH_S, VLLM_RELAUNCH_S
 from bench.sim.world import World
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_the_benchmark_measures_rather_than_reads_the_world() -> None:
