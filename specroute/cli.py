@@ -232,7 +232,14 @@ BENCHES: dict[str, tuple[str, dict[str, str]]] = {
 }
 
 
-BENCH_MODULES = {"picker": "gateway_envoy", "step": "step_profile"}  # a bench whose module has another name
+# Each bench's module in the offline distribution, under bench/ (folders by purpose).
+BENCH_MODULES = {
+    "gateway": "gateway.overhead", "picker": "gateway.picker", "slo": "gateway.slo",
+    "soak": "gateway.soak", "classifier": "gateway.classifier",
+    "engine": "engine.methods", "batching": "engine.batching", "step": "engine.step_profile",
+    "memory": "engine.memory", "vllm": "engine.vllm",
+    "policy": "sim.policy", "live": "live.run",
+}
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -240,7 +247,7 @@ def _bench(args: argparse.Namespace) -> int:
     import importlib
 
     try:
-        name = f"bench.{BENCH_MODULES.get(args.target, args.target)}"
+        name = f"bench.{BENCH_MODULES[args.target]}"
         module = importlib.import_module(name)
     except ModuleNotFoundError as exc:
         if exc.name not in ("bench", name):

@@ -187,7 +187,7 @@ def true_step_s(method: str, k: int, batch: float, curve: LoadCurve,
 
 
 # --- Departures from the policy's model (bench/sim/world.py) ---------------------------
-# Measured with `python -m bench.sim_calibration` (docs/POLICY.md "World calibration" has
+# Measured with `python -m bench.sim.calibrate` (docs/POLICY.md "World calibration" has
 # the run, its setup and its limits).
 # Between-prompt std of logit(a), split-half, pooled over the six (task, T) classes, 8
 # prompts each, k = 4. EAGLE-3 (not in the engine): the trained drafters' mean.

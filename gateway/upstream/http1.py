@@ -1,7 +1,7 @@
 """HTTP/1.1 to the workers on the request path: keep-alive connections, httptools parsing.
 
 Why not aiohttp here: on loopback its client spends ~250 µs of CPU on a request (a POST
-to `bench.upstream` and reading the answer, sequentially), this one ~45 µs, and the
+to `bench.gateway.upstream` and reading the answer, sequentially), this one ~45 µs, and the
 gateway makes one such call per generated request (docs/PERFORMANCE.md). aiohttp stays
 for the gateway's other calls to workers (prior probes, `/metrics` scrapes,
 `/server_info`), where speed does not matter.

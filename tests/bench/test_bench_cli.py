@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
-from specroute.cli import BENCHES, build_parser
+from specroute.cli import BENCH_MODULES, BENCHES, build_parser
 
 
 def help_of(*argv: str, capsys: pytest.CaptureFixture[str]) -> str:
@@ -35,3 +37,5 @@ def test_every_bench_parses_with_its_defaults(name: str) -> None:
     assert args.target == name and args.quick and not args.json
     for flag in BENCHES[name][1]:
         assert hasattr(args, flag.removeprefix("--").replace("-", "_"))
+    # the module `_bench` runs for it (bench/<purpose>/<module>.py) imports and has a main
+    assert callable(importlib.import_module(f"bench.{BENCH_MODULES[name]}").main)

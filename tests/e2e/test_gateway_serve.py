@@ -76,7 +76,7 @@ def test_workers_share_one_port(tmp_path: Path) -> None:
                          "workers": [f"http://127.0.0.1:{up_port}"]}]}
     path = tmp_path / "gateway.yaml"
     path.write_text(yaml.safe_dump(config))
-    upstream = start_process(["-m", "bench.upstream", "--port", str(up_port)],
+    upstream = start_process(["-m", "bench.gateway.upstream", "--port", str(up_port)],
                              tmp_path / "upstream.log")
     gateway = start_process(["-m", "specroute.cli", "gateway", "--config", str(path),
                              "--workers", "2", "--policy", "static"], tmp_path / "gateway.log")

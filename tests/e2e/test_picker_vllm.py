@@ -1,7 +1,7 @@
 """Real vLLM CPU pods behind a real Envoy and the picker, through the official `openai`
 client: one plain pod and one n-gram pod (k 4), each pinned to one core, float32 on a
 CPU without AVX-512 (`workers.fleet.vllm_cpu.cpu_dtype`), launched as `specroute bench
-engine --compare vllm` launches them (`bench.engine_compare.start`). The picker's static
+engine --compare vllm` launches them (`bench.engine.compare.start`). The picker's static
 rules send edits to n-gram and hot chat to plain; Envoy (GAIE's ORIGINAL_DST listener,
 full-duplex request body, the response read by the observer filter) carries the bytes.
 
@@ -37,7 +37,7 @@ def vllm_pods(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
         if os.environ.get("SPECROUTE_REQUIRE_VLLM"):
             pytest.fail("SPECROUTE_REQUIRE_VLLM is set but SPECROUTE_VLLM_VENV names no vLLM")
         pytest.skip("no vLLM environment (SPECROUTE_VLLM_VENV; scripts/test.sh builds one)")
-    from bench.engine_compare import start, stop
+    from bench.engine.compare import start, stop
     from specroute.stack import prepare_model
     from workers.fleet.vllm_cpu import cpu_dtype
     from workers.models import resolve_model

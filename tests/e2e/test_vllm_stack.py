@@ -242,7 +242,7 @@ def test_seeded_requests_under_load_leave_the_fleets_vllm_serving(tmp_path: Path
     (`CPU Generator does not use offset`) and serves only 500s from then on. The fleet
     launches it so that no prefill is chunked: concurrent seeded requests whose prompts
     exceed one step's token budget all answer, and the server keeps serving."""
-    from bench.engine_compare import vllm_command
+    from bench.engine.compare import vllm_command
     from specroute.stack import prepare_model
     from workers.fleet.vllm_cpu import SERVER_ENV, cpu_dtype
 

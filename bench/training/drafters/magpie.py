@@ -218,7 +218,7 @@ async def run(out: Path, model_dir: Path, url: str, model: str, n: int, max_new:
 
 
 def _start_vllm(model_dir: Path, work: Path):
-    from bench.engine_compare import vllm_command
+    from bench.engine.compare import vllm_command
     from workers.fleet.vllm_cpu import SERVER_ENV, cpu_dtype
     from workers.fleet.vllm_env import ensure_vllm
     from workers.processes import free_port, wait_http
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         proc, url = _start_vllm(args.model, args.out)
     try:
-        from bench.engine_compare import MODEL
+        from bench.engine.compare import MODEL
 
         asyncio.run(run(args.out, args.model, url.rstrip("/"), args.served_model or MODEL,
                         args.queries, args.max_new, args.concurrency, (index, count),

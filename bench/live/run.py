@@ -1,0 +1,264 @@
+"""`specroute bench live`: the adaptive gateway against equal homogeneous fleets and a
+held-out oracle, on the embedded engine or on real vLLM CPU pools.
+
+Per replicate, every fleet (bench/live/fleets.py; embedded: all up at once, blocks of
+prompts interleaved over every configuration; vLLM: one fleet at a time, in a random
+order): the adaptive gateway's (one server per method of `--methods`, the learned policy) and,
+for each method of `--homogeneous`, a fleet of as many servers of that method alone,
+measured at every (pool, k) configuration the policy may use there (embedded: k pinned per
+request; vLLM: the pool as launched). Each fleet serves, per concurrency, the same
+prompts at the same concurrency; prompts are fresh per replicate and concurrency and
+held out from every prior, drafter and classifier (bench/live/prompts.py).
+
+Before measuring, the adaptive fleet serves `--warmup` requests of other prompts (what it
+learns from), split evenly over the measured concurrencies in turn (warmed at the highest
+only, the policy had no traffic at the others to learn their costs from), and every
+homogeneous fleet serves a few of them marked benchmark (its workers warm, nothing
+learned). After a fleet's last request the bench reads its
+telemetry stream: the adaptive gateway must have learned from exactly its own requests
+and the homogeneous ones from none.
+
+bench/live/stats.py turns the records into ratios with bootstrap intervals per stated
+mix (bench/live/prompts.py `MIXES`) and concurrency; bench/live/report.py prints them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from bench.live.fleets import (
+    ADAPTIVE,
+    BLOCK_PER_THREAD,
+    Config,
+    Fleet,
+    Record,
+    Stack,
+    fleets,
+    schedule,
+)
+from bench.live.prompts import CLASSES, Plan, plan
+from bench.live.report import render, summarize
+from workers.processes import available_gib
+
+ENGINE_DEFAULTS = {  # --methods (the adaptive fleet), --homogeneous
+    "embedded": ("plain,ngram,eagle,eagle2", "plain,ngram,eagle,eagle2"),
+    "vllm": ("plain,ngram", "plain,ngram,eagle"),
+}
+READY_S = {"embedded": 300.0, "vllm": 900.0}
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    engine: str
+    methods: tuple[str, ...]
+    homogeneous: tuple[str, ...]
+    per_class: int
+    warmup: int
+    max_tokens: int
+    concurrency: tuple[int, ...]
+    replicates: int
+    seed: int
+    ks: tuple[str, ...] | None = None
+    model: str | None = None
+    classes: tuple[str, ...] = CLASSES
+    follow_fleet: bool = False  # the adaptive fleet's servers follow the fleet planner
+
+    def describe(self, model: str) -> str:
+        follows = " (servers follow the fleet planner)" if self.follow_fleet else ""
+        return (f"engine {self.engine}, model {model}; adaptive fleet {'+'.join(self.methods)}"
+                f"{follows} against {len(self.methods)} x each of {', '.join(self.homogeneous)}; "
+                f"{self.per_class} fresh prompts per class, replicate and concurrency; "
+                f"{self.replicates} replicate(s), seed {self.seed}; max_tokens "
+                f"{self.max_tokens}; concurrency {','.join(map(str, self.concurrency))}; "
+                f"warm-up {self.warmup}")
+
+
+def _say(started: float, message: str) -> None:
+    print(f"[bench live {time.monotonic() - started:6.0f}s] {message}", file=sys.stderr,
+          flush=True)
+
+
+def run_fleets(group: list[Fleet], settings: Settings, prompts: Plan, replicate: int,
+               workdir: Path, started: float,
+               progress: Callable[[list[Record]], None] | None = None,
+               ) -> tuple[list[Record], list[dict]]:
+    """Start the fleets' stacks (all up at once), warm them, measure every concurrency
+    with each block going to every configuration of every fleet in the group in a fresh
+    random order (so the machine's drift hits them alike), audit, stop."""
+    stacks = [Stack(f, settings.engine, settings.model, workdir / f"r{replicate}-{f.name}",
+                    follow_fleet=settings.follow_fleet and f.name == ADAPTIVE)
+              for f in group]
+    records: list[Record] = []
+    warm: dict[str, list[Record]] = {}
+    rng = random.Random(f"{settings.seed}-{replicate}-{'+'.join(f.name for f in group)}")
+    try:
+        for stack in stacks:
+            stack.start(READY_S[settings.engine])
+        top = max(settings.concurrency)
+        for stack in stacks:
+            fleet = stack.fleet
+            if fleet.name == ADAPTIVE:
+                warm[fleet.name] = []
+                share = -(-len(prompts.warmup) // len(settings.concurrency))
+                for i, conc in enumerate(settings.concurrency):
+                    warm[fleet.name] += stack.run(
+                        [(fleet.configs[0], prompts.warmup[i * share:(i + 1) * share])],
+                        conc, replicate)
+            else:  # warm the workers only: a few requests, marked benchmark
+                first = prompts.warmup[: 2 * len(fleet.methods)]
+                warm[fleet.name] = stack.run(
+                    [(Config("warm-up", fleet.configs[0].pool), first)], top, replicate)
+        _say(started, f"replicate {replicate}: {', '.join(f.name for f in group)} up and warm")
+        pairs = [(stack, config) for stack in stacks for config in stack.fleet.configs]
+        for conc in settings.concurrency:
+            items = prompts.measured[(replicate, conc)]
+            here = []
+            for (stack, config), block in schedule(items, pairs, BLOCK_PER_THREAD * conc, rng):
+                here += stack.run([(config, block)], conc, replicate)
+            records += here
+            errors = sum(1 for r in here if r.error)
+            _say(started, f"replicate {replicate}: c={conc}: {len(here)} requests"
+                 f"{f', {errors} failed' if errors else ''}")
+            if progress is not None:
+                progress(records)
+        audits = []
+        for stack in stacks:
+            name = stack.fleet.name
+            served = sum(1 for r in [*warm[name], *records] if not r.error and r.fleet == name)
+            own = served if name == ADAPTIVE else 0
+            audit = {"fleet": name, "replicate": replicate, "adaptive_requests": own,
+                     **stack.telemetry(served)}
+            audit["clean"] = audit["learned_from"] == own and (
+                name != ADAPTIVE or audit["pinned"] == 0)
+            audits.append(audit)
+        return records, audits
+    finally:
+        for stack in stacks:
+            stack.stop()
+
+
+WORKER_GIB = 0.6  # one embedded SmolLM2 worker's resident memory, with some room
+
+
+def groups(order: list[Fleet], engine: str) -> list[list[Fleet]]:
+    """Embedded: every fleet up at once when the memory allows (an idle worker costs no
+    CPU); vLLM (~5 GB a server): one fleet at a time."""
+    servers = sum(len(f.methods) for f in order)
+    if engine == "embedded" and servers * WORKER_GIB <= available_gib(0.0):
+        return [order]
+    return [[f] for f in order]
+
+
+def save(path: Path, settings: Settings, model: str, records: list[Record],
+         audits: list[dict]) -> None:
+    path.write_text(json.dumps({
+        "engine": settings.engine, "model": model, "settings": asdict(settings),
+        "records": [asdict(r) for r in records], "audits": audits}))
+
+
+def measure(settings: Settings, workdir: Path,
+            records_path: Path | None = None) -> tuple[list[Record], list[dict], str]:
+    """Every replicate's fleets; with `records_path`, the records so far are written after
+    each group of fleets (a run cut short keeps what it measured: `--merge` reports on it)."""
+    started = time.monotonic()
+    prompts = plan("", settings.per_class, settings.warmup,
+                   settings.concurrency, settings.replicates, settings.seed,
+                   settings.max_tokens, held_out=settings.model != "tiny",
+                   classes=settings.classes)
+    _say(started, f"prompts drawn: {sum(len(v) for v in prompts.measured.values())} "
+         f"measured, {len(prompts.warmup)} warm-up")
+    records: list[Record] = []
+    audits: list[dict] = []
+    model = ""
+    for r in range(settings.replicates):
+        order = fleets(settings.engine, list(settings.methods), list(settings.homogeneous),
+                       settings.ks)
+        random.Random(f"{settings.seed}-{r}").shuffle(order)
+        for group in groups(order, settings.engine):
+            def progress(got: list[Record], r: int = r, group: list[Fleet] = group,
+                         done: list[Record] = records, audited: list[dict] = audits) -> None:
+                if records_path is not None:  # a concurrency measured: keep it
+                    name = _model_name(workdir / f"r{r}-{group[0].name}")
+                    save(records_path, settings, name, [*done, *got], audited)
+
+            got, audit = run_fleets(group, settings, prompts, r, workdir, started, progress)
+            records += got
+            audits += audit
+            model = model or _model_name(workdir / f"r{r}-{group[0].name}")
+            if records_path is not None:
+                save(records_path, settings, model, records, audits)
+    return records, audits, model
+
+
+def _model_name(work: Path) -> str:
+    import yaml
+
+    return str(yaml.safe_load((work / "config.yaml").read_text())["pools"][0]["model"])
+
+
+def main(args: argparse.Namespace) -> int:
+    engine = args.engine or "embedded"
+    methods, homogeneous = ENGINE_DEFAULTS[engine]
+    settings = Settings(
+        engine=engine,
+        methods=tuple((args.methods or methods).split(",")),
+        homogeneous=tuple((args.homogeneous or homogeneous).split(",")),
+        per_class=args.per_class or (2 if args.quick else 4),
+        warmup=args.warmup if args.warmup is not None else (10 if args.quick else 60),
+        max_tokens=args.max_tokens,
+        concurrency=tuple(int(c) for c in (args.concurrency or "1,4").split(",")),
+        replicates=args.replicates or (1 if args.quick else 3),
+        seed=args.seed, model=args.model,
+        ks=tuple(args.ks.split(",")) if args.ks else None,
+        classes=tuple(args.classes.split(",")) if args.classes else CLASSES,
+        follow_fleet=args.follow_fleet)
+    if settings.follow_fleet and engine != "vllm":
+        print("bench live: --follow-fleet needs --engine vllm (embedded workers are not "
+              "supervised)", file=sys.stderr)
+        return 2
+    unknown = set(settings.classes) - set(CLASSES)
+    if unknown:
+        print(f"bench live: unknown classes {sorted(unknown)}; expected some of "
+              f"{', '.join(CLASSES)}", file=sys.stderr)
+        return 2
+    if settings.per_class < 2:
+        print("bench live: --per-class must be >= 2 (the oracle is chosen on one half of a "
+              "class's prompts and scored on the other)", file=sys.stderr)
+        return 2
+    if args.merge:
+        records, audits, model = [], [], ""
+        for n, path in enumerate(args.merge.split(",")):
+            saved = json.loads(Path(path).read_text())
+            # replicates of different files are different replicates (and prompts)
+            records += [Record(**{**r, "replicate": 100 * n + r["replicate"]})
+                        for r in saved["records"]]
+            audits += [{**a, "replicate": 100 * n + a["replicate"]} for a in saved["audits"]]
+            model = saved.get("model", model)
+        first = json.loads(Path(args.merge.split(",")[0]).read_text())["settings"]
+        engine = first["engine"]
+        description = (f"{len(args.merge.split(','))} record files merged, the first: "
+                       f"{Settings(**first).describe(model)}")
+    else:
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                records, audits, model = measure(settings, Path(args.workdir or tmp),
+                                                 Path(args.records) if args.records else None)
+        except (RuntimeError, TimeoutError) as exc:
+            print(f"bench live: a stack did not come up: {exc}", file=sys.stderr)
+            return 1
+        description = settings.describe(model)
+    summary = summarize(records, audits, engine)
+    print(render(summary, description))
+    if args.records and not args.merge:
+        save(Path(args.records), settings, model, records, audits)
+    if args.json:
+        print(json.dumps(summary["json"]))
+    return 0
