@@ -21,7 +21,7 @@ With `slo_aware`, lower-priority work gives way before a higher-priority tenant 
 Without `slo_aware` a full queue refuses the newcomer. Either way a request that waited
 `max_wait_s` is shed. A shed request gets 429 `overloaded` with `Retry-After` (the
 predicted time for the queue to drain); a client that leaves while queued gives its
-place up. The SLO hook (`gateway.routing.policy.SloHook`) reads `pool_state` to know which
+place up. The SLO-aware policy (`gateway.routing.slo_aware.SloAware`) reads `pool_state` to know which
 pools are busy and what a tenant would wait there.
 """
 
@@ -75,7 +75,7 @@ class PoolQueue:
 
 @dataclass(frozen=True, slots=True)
 class PoolState:
-    """What the SLO hook needs to know of a pool, for one tenant."""
+    """What the SLO-aware policy needs to know of a pool, for one tenant."""
 
     busy: bool
     wait_s: float  # predicted queue wait for a new request of this tenant
@@ -147,7 +147,7 @@ class Admission:
         self._dispatch(queue, ticket.pool)
         self._depth(ticket.pool, queue)
 
-    # -- what the SLO hook reads ----------------------------------------------------------
+    # -- what the SLO-aware policy reads ----------------------------------------------------------
     def pool_state(self, pool: str, tenant: TenantConfig) -> PoolState:
         queue = self.queues.get(pool) or PoolQueue()
         higher = sum(n for p, n in queue.running_by_priority.items() if p > tenant.priority)
@@ -167,7 +167,7 @@ class Admission:
         return PoolState(True, self._wait_s(queue, capacity, ahead), higher)
 
     def busy(self, pool: str) -> bool:
-        """`pool_state(...).busy`, cheaply: the SLO hook's idle fast path asks every pool."""
+        """`pool_state(...).busy`, cheaply: the SLO-aware policy's idle fast path asks every pool."""
         if self.config.max_inflight_per_worker <= 0:
             served = self.pools.get(pool)
             return served is not None and served.outstanding >= \

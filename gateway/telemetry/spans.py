@@ -6,7 +6,7 @@ Spans of one generation request::
     chat {model}                 SERVER; parent: the client's traceparent, if it sent one
     ├── authenticate             the key (and the rate limit, `specroute.limited`)
     ├── classify                 the request profile
-    ├── decide                   the policy and the SLO hook (`specroute.decision_reason`)
+    ├── decide                   the policy, SLO-aware (`specroute.decision_reason`)
     ├── queue wait               admission, when the pool was full
     └── upstream call            CLIENT, one per worker tried; its context goes to the
         └── (worker spans)       worker as `traceparent` (workers/embedded: prefill, decode)

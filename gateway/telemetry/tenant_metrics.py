@@ -1,9 +1,9 @@
 """Prometheus series per tenant: SLO attainment, TTFT and ITL, goodput, requests shed or
-limited; per pool: queue depth and wait; decisions by the SLO hook's verdict.
+limited; per pool: queue depth and wait; decisions by the SLO-aware policy's verdict.
 
 Also accept length per pool x request class (the dashboard's heat map). Fed by the
 recorder fan-out (finished requests), by admission (queues, shedding), by the
-limits (429s) and by the SLO hook (decisions). Attainment is both a counter by outcome
+limits (429s) and by the SLO-aware policy (decisions). Attainment is both a counter by outcome
 (`specroute_tenant_requests_total{tenant, outcome="met|missed|failed"}`: rate ratios over
 any window in PromQL) and a gauge over each tenant's last `ATTAINMENT_WINDOW` requests.
 """

@@ -68,7 +68,7 @@ class Authenticator:
         return tenant
 
     def named(self, name: str) -> TenantConfig:
-        """The tenant called `name` (the policy's SLO hook looks tenants up by name)."""
+        """The tenant called `name` (the SLO-aware policy looks tenants up by name)."""
         return self.by_name.get(name, DEFAULT_TENANT)
 
 
