@@ -129,6 +129,21 @@ def redis_url(redis_server: str) -> Iterator[str]:
     yield redis_server
 
 
+@pytest.fixture
+def bench_upstream(tmp_path: Path) -> Iterator[str]:
+    """The benchmark's upstream (`bench.gateway.upstream`), a real HTTP server in its own
+    process answering like a worker at once: its URL."""
+    port = free_port()
+    proc = start_process(["-m", "bench.gateway.upstream", "--port", str(port)],
+                         tmp_path / "up.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url + "/health", 30, proc)
+        yield url
+    finally:
+        stop_process(proc)
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """Engine tests run torch on one thread: their tensors are tiny, and intra-op threads

@@ -12,9 +12,6 @@ import ast
 import asyncio
 from pathlib import Path
 
-import pytest
-from conftest import free_port, start_process, stop_process, wait_http
-
 from bench.gateway.walk import measure
 from gateway.routing.slo_aware import SloAware
 from policies.decision import Policy
@@ -25,20 +22,7 @@ ROOT = Path(__file__).resolve().parents[3]
 MAX_CROSSINGS = 17
 
 
-@pytest.fixture
-def upstream(tmp_path: Path):
-    port = free_port()
-    proc = start_process(["-m", "bench.gateway.upstream", "--port", str(port)],
-                         tmp_path / "up.log")
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(url + "/health", 30, proc)
-        yield url
-    finally:
-        stop_process(proc)
-
-
-def test_a_chat_request_crosses_few_packages_and_decides_once(upstream: str,
+def test_a_chat_request_crosses_few_packages_and_decides_once(bench_upstream: str,
                                                               monkeypatch) -> None:  # noqa: ANN001
     calls: list[str] = []
     for cls, name in ((SloAware, "slo_aware"), (Policy, "learned")):
@@ -49,7 +33,7 @@ def test_a_chat_request_crosses_few_packages_and_decides_once(upstream: str,
             return _original(self, profile, pools)
 
         monkeypatch.setattr(cls, "decide", counted)
-    path = asyncio.run(measure(upstream))
+    path = asyncio.run(measure(bench_upstream))
     areas = [stay.area for stay in path]
     assert areas[0] == "gateway/http" and "gateway/core" in areas
     assert len(path) - 1 <= MAX_CROSSINGS, [f"{s.area} {s.first_call}" for s in path]

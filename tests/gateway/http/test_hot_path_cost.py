@@ -19,11 +19,8 @@ import asyncio
 import hashlib
 import statistics
 import time
-from pathlib import Path
 
 import orjson
-import pytest
-from conftest import free_port, start_process, stop_process, wait_http
 
 from bench.gateway.hot_path import post
 from gateway.config import parse_config
@@ -56,25 +53,13 @@ async def _lifespan(app, events: asyncio.Queue, done: asyncio.Queue) -> None:
     await app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, receive, send)
 
 
-@pytest.fixture
-def upstream(tmp_path: Path):
-    port = free_port()
-    proc = start_process(["-m", "bench.gateway.upstream", "--port", str(port)], tmp_path / "up.log")
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(url + "/health", 30, proc)
-        yield url
-    finally:
-        stop_process(proc)
-
-
-async def test_cpu_per_request_within_budget(upstream: str, redis_url: str) -> None:
+async def test_cpu_per_request_within_budget(bench_upstream: str, redis_url: str) -> None:
     config = parse_config({
         "redis_url": redis_url,
         "tenants": [{"name": "bench", "api_key_sha256": [hashlib.sha256(KEY.encode())
                                                          .hexdigest()]}],
         "pools": [{"name": "bench", "engine": "sglang", "model": "bench", "method": "eagle",
-                   "k": 3, "workers": [upstream]}]})
+                   "k": 3, "workers": [bench_upstream]}]})
     app = create_app(config)
     events: asyncio.Queue = asyncio.Queue()
     done: asyncio.Queue = asyncio.Queue()
