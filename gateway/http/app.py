@@ -36,6 +36,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.classifier.minimal import Classify
 from gateway.config import GatewayConfig
+from gateway.core.planning import fleet_planning
 from gateway.core.services import bounded_stop
 from gateway.errors import GatewayError, shutting_down
 from gateway.http.console import Console, console_asset, console_page, console_state_json
@@ -53,7 +54,6 @@ from gateway.http.routes import (
     routing_fleet,
 )
 from gateway.http.sglang_routes import GenerateEndpoint, health_generate, model_info, server_info
-from gateway.routing.fleet_plan import fleet_planning
 from gateway.telemetry.loop_lag import LoopLagProbe
 from gateway.telemetry.prometheus import HttpMetrics, Recorder
 from policies.protocol import DecideFn, RoutingPolicy, Rule

@@ -35,11 +35,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.config import hash_api_key
+from gateway.core.planning import FleetPlanning
 from gateway.errors import AuthenticationFailed, PermissionDenied, error_response
 from gateway.http.console_state import ConsoleSources, RegistryFacts, console_state
 from gateway.http.gateway import Gateway
 from gateway.periodic import Periodic
-from gateway.routing.fleet_plan import FleetPlanning
 from gateway.tenants.auth import is_admin
 from policies.keys import desired_k_key, fleet_move_key, pool_workers_key, worker_key
 from workers.fleet.registry import WorkerInfo

@@ -23,9 +23,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from gateway.core.planning import FleetPlanning
 from gateway.http.gateway import Gateway
 from gateway.pools import BreakerState, Pool, served
-from gateway.routing.fleet_plan import FleetPlanning
 from gateway.routing.policy import LearnedRoutingPolicy
 from gateway.telemetry.recent import RecentTraffic, Tally
 from gateway.telemetry.series import Counter

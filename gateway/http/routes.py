@@ -11,9 +11,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.core.planning import FleetPlanning
 from gateway.errors import AuthenticationFailed, ModelNotFound
 from gateway.http.gateway import Gateway
-from gateway.routing.fleet_plan import FleetPlanning
 from gateway.tenants.auth import is_admin
 
 

@@ -1,7 +1,7 @@
 """The routing policy a gateway process runs, chosen by name.
 
 - `learned` (the default): `policies.decision.Policy` over a telemetry store — the shared
-  Redis `TelemetryStore` (its flush coalesced: `gateway.routing.telemetry_store`) when
+  Redis `TelemetryStore` (its flush coalesced: `policies.telemetry_store`) when
   `redis_url` is set, so replicas learn from each other's traffic and agree, else an
   in-process `LocalTelemetry`. Every finished request is fed back (`observe`: an O(1)
   enqueue in either store; the store's thread folds and writes Redis, the policy's
@@ -16,12 +16,12 @@ then the store, which flushes what Redis will take within ~2 s).
 from __future__ import annotations
 
 from gateway.config import GatewayConfig
-from gateway.routing.telemetry_store import CoalescingTelemetryStore
 from policies.decision import Policy
 from policies.prior import WorkerPrior
 from policies.protocol import RoutingPolicy
 from policies.rules import POLICY_NAMES, RULES
 from policies.telemetry import LocalTelemetry, Telemetry, TelemetryConfig, TelemetryStore
+from policies.telemetry_store import CoalescingTelemetryStore
 from policies.types import Decision, PoolView, RequestProfile
 
 

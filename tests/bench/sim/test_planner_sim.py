@@ -98,8 +98,8 @@ def test_the_gateway_loop_plans_as_the_simulators_measured_planner(redis_url: st
     from bench.sim.planned import measured_scenario
     from bench.sim.scenarios import SGLANG_POOLS
     from gateway.config import parse_config
+    from gateway.core.planning import FleetPlanning
     from gateway.pools import build_pools
-    from gateway.routing.fleet_plan import FleetPlanning
     from gateway.upstream.worker_priors import WorkerPriors
     from policies.decision import Policy
     from policies.telemetry import LocalTelemetry

@@ -1,4 +1,4 @@
-"""The gateway's fleet planner loop (gateway/routing/fleet_plan.py) on a real Redis: with
+"""The gateway's fleet planner loop (gateway/core/planning.py) on a real Redis: with
 the workers' measurements published through their registry entries it plans as the
 simulator's measured planner does for the same inputs; without them, from the learned
 state, and says so once."""
@@ -14,8 +14,8 @@ import pytest
 import redis
 
 from gateway.config import parse_config
+from gateway.core.planning import FleetPlanning, current_fleet
 from gateway.pools import build_pools
-from gateway.routing.fleet_plan import FleetPlanning, current_fleet
 from gateway.upstream.worker_priors import WorkerPriors
 from policies.decision import Policy
 from policies.keys import desired_fleet_key

@@ -1,5 +1,5 @@
 """The gateway's coalescing Redis store leaves Redis as the one-by-one writes do, in
-far fewer commands (gateway/routing/telemetry_store.py)."""
+far fewer commands (policies/telemetry_store.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import orjson
 import pytest
 import redis
 
-from gateway.routing.telemetry_store import CoalescingTelemetryStore
 from policies.aggregates import DECAY_TAU_S, ERA_TAUS
 from policies.keys import AGG_INDEX, AGG_PREFIX, STREAM_KEY, desired_k_key
 from policies.telemetry import TelemetryStore
+from policies.telemetry_store import CoalescingTelemetryStore
 from policies.types import RequestRecord
 
 
