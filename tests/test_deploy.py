@@ -12,10 +12,15 @@ import dataclasses
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import httpx
 import pytest
 import yaml
+from conftest import free_port, start_process, stop_process
+from gateway_harness import healthy, start_stubs
 
 from gateway.config import PoolConfig, parse_config
 from policies.fleet import FleetPool, load_pool
@@ -156,11 +161,28 @@ def test_k8s_manifests() -> None:
         assert ("Service", deployment["metadata"]["name"]) in objects
 
 
+def k8s_objects() -> dict[tuple[str, str], dict]:
+    return {(d["kind"], d["metadata"]["name"]): d for name, items in k8s_docs().items()
+            if name != "kustomization.yaml" for d in items}
+
+
+def k8s_config() -> dict:
+    """The gateway config the kustomization ships in its ConfigMap."""
+    return yaml.safe_load(k8s_objects()[("ConfigMap", "specroute-config")]["data"]["config.yaml"])
+
+
 def test_k8s_configmaps_match_deploy_files() -> None:
-    objects = {d["metadata"]["name"]: d for items in k8s_docs().values() for d in items
-               if "metadata" in d}
-    assert objects["specroute-config"]["data"]["config.yaml"] == CONFIG.read_text()
-    assert objects["otel-collector-config"]["data"]["config.yaml"] == \
+    """The k8s config is the example config less the pools whose workers the
+    kustomization does not deploy (compose's embedded CPU workers), and every pool it
+    lists is served by a Service that the kustomization deploys."""
+    objects = k8s_objects()
+    shipped, example = k8s_config(), config()
+    services = {name for kind, name in objects if kind == "Service"}
+    deployed = [p for p in example["pools"]
+                if all(urlsplit(url).hostname in services for url in p["workers"])]
+    assert shipped == {**example, "pools": deployed}
+    assert {p["engine"] for p in shipped["pools"]} == {"sglang"}
+    assert objects[("ConfigMap", "otel-collector-config")]["data"]["config.yaml"] == \
         (ROOT / "deploy/otel-collector.yaml").read_text()
 
 
@@ -216,3 +238,42 @@ def test_grafana_dashboard_is_provisioned_and_queries_real_series() -> None:
                    "Accept length per pool x task (mean, 5 m)", "TTFT percentiles per tenant",
                    "ITL percentiles per tenant", "Shed (429 overloaded) per tenant"):
         assert needed in titles
+
+
+def test_k8s_gateway_becomes_ready(tmp_path: Path, redis_server: str) -> None:
+    """The shipped k8s gateway config, run as `specroute gateway`, against one stub SGLang
+    worker per Service the kustomization deploys (on 127.0.0.1 in its place) and a real
+    Redis: `/ready` (the readiness probe) answers 200. A pool whose workers no manifest
+    deploys keeps its URL, unreachable here as in the cluster, and keeps it unready."""
+    objects = k8s_objects()
+    raw = k8s_config()
+    stand_ins = {}
+    for pool in raw["pools"]:
+        for url in pool["workers"]:
+            host = urlsplit(url).hostname
+            if ("Service", host) in objects:
+                stand_ins[host] = ["--model", pool["model"], "--method", pool["method"],
+                                  "--k", str(pool.get("k", 0))]
+    procs, urls = start_stubs(tmp_path, stand_ins)
+    gateway = None
+    try:
+        for pool in raw["pools"]:
+            pool["workers"] = [urls.get(urlsplit(url).hostname, url) for url in pool["workers"]]
+        port = free_port()
+        raw["server"] = {**raw["server"], "host": "127.0.0.1", "port": port,
+                         "health_interval_s": 0.2, "healthy_after": 1}
+        raw["redis_url"] = redis_server  # the redis Service's stand-in
+        path = tmp_path / "k8s-config.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        gateway = start_process(["-m", "specroute.cli", "gateway", "--config", str(path),
+                                 "--policy", "first"], tmp_path / "gateway.log")
+        url = healthy(gateway, port, 60)
+        deadline = time.monotonic() + 20
+        while (ready := httpx.get(url + "/ready", timeout=2)).status_code != 200:
+            assert time.monotonic() < deadline, ready.text
+            time.sleep(0.2)
+    finally:
+        if gateway is not None:
+            stop_process(gateway)
+        for proc in procs.values():
+            stop_process(proc)
