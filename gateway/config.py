@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -367,6 +368,17 @@ def parse_config(raw: Any, base_dir: Path | None = None) -> GatewayConfig:
             raise ConfigError(f"pools[{i}].workers: needs at least one worker URL "
                               f"(or set redis_url to discover workers)")
     return config
+
+
+REDIS_URL_ENV = "REDIS_URL"
+
+
+def with_environment(config: GatewayConfig, environ: Mapping[str, str]) -> GatewayConfig:
+    """`REDIS_URL` from the environment replaces the file's `redis_url`, so that Redis's
+    password lives in a Secret rather than in the config (`specroute supervise` and
+    `fleet-controller` read it the same way)."""
+    url = environ.get(REDIS_URL_ENV)
+    return dataclasses.replace(config, redis_url=url) if url else config
 
 
 def load_config(path: str | Path) -> GatewayConfig:

@@ -29,7 +29,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.config import ConfigError, GatewayConfig, ServerConfig, load_config
+from gateway.config import ConfigError, GatewayConfig, ServerConfig, load_config, with_environment
 from gateway.http.app import GatewayApp, create_app
 from gateway.tenants.auth import check_exposure
 
@@ -139,7 +139,7 @@ def app_from_env() -> GatewayApp:
     spawns each process, which imports this by name (a spawned child cannot be handed a
     built app or a class made at run time)."""
     config_path = os.environ[CONFIG_ENV]
-    config = load_config(config_path)
+    config = with_environment(load_config(config_path), os.environ)
     _logging(config)
     HeadDeadlineProtocol.head_timeout_s = config.server.header_timeout_s  # this process's
     return create_app(config, policy=os.environ.get(POLICY_ENV, "learned"),
@@ -152,7 +152,7 @@ def serve(config_path: str, host: str | None = None, port: int | None = None,
     `policy` names the routing policy: learned, static or first (`gateway.routing.policy`);
     `workers` is the number of processes."""
     try:
-        config = load_config(config_path)
+        config = with_environment(load_config(config_path), os.environ)
     except ConfigError as exc:
         print(f"specroute gateway: {exc}", file=sys.stderr)
         return 2
