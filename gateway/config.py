@@ -43,6 +43,9 @@ class ServerConfig:
     read_timeout_s: float = 300.0  # longest silence between upstream bytes (inter-token)
     total_timeout_s: float = 1800.0  # a whole request, failover included, streamed or not
     default_max_tokens: int = 1024  # a chat request without max_tokens (bounded by context)
+    # n x max_tokens x (1 + top logprobs) of one request; beyond: 400 (docs/SECURITY.md)
+    max_request_work: int = 262_144
+    max_response_bytes: int = 64 * 1024 * 1024  # a worker's non-streamed answer; beyond: 502
     admin_api_key_sha256: str | None = None  # guards /metrics and /ready's detail
     health_interval_s: float = 2.0  # how often each worker's /health is polled
     unhealthy_after: int = 3  # consecutive failed probes that take a worker out
@@ -143,6 +146,7 @@ def hash_api_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+DEFAULT_SERVER = ServerConfig()  # for callers given no config (unit tests, tools)
 T = TypeVar("T")
 
 
@@ -209,7 +213,8 @@ def _server(raw: Any, path: str) -> ServerConfig:
                  "first_token_timeout_s", "read_timeout_s", "total_timeout_s",
                  "health_interval_s", "unhealthy_after", "healthy_after", "breaker_failures",
                  "breaker_cooldown_s", "discovery_interval_s", "max_attempts",
-                 "drain_timeout_s", "default_max_tokens"):
+                 "drain_timeout_s", "default_max_tokens", "max_request_work",
+                 "max_response_bytes"):
         _positive(getattr(server, name), f"{path}.{name}")
     if not 0 <= server.port < 65536:
         raise ConfigError(f"{path}.port: must be in 0..65535, got {server.port}")

@@ -19,6 +19,9 @@
         ├── UpstreamUnavailable       502 (5xx, bad answer) or 503 (connection refused)
         │   └── UpstreamProtocolError 502: a 200 the gateway cannot read (not JSON, or
         │                             JSON of the wrong shape); retried like a 5xx
+        ├── UpstreamTooLarge          502: an answer past server.max_response_bytes; the
+        │                             request asked for it, so it is neither retried nor
+        │                             held against the worker
         └── UpstreamTimeout           504
 
 Adapters map aiohttp's exceptions into this tree at the transport boundary
@@ -136,6 +139,10 @@ class UpstreamRejected(UpstreamError):
 
 
 class UpstreamUnavailable(UpstreamError):
+    pass
+
+
+class UpstreamTooLarge(UpstreamError):
     pass
 
 

@@ -22,9 +22,7 @@ import dataclasses
 import orjson
 
 from gateway.pools import Pool
-from gateway.schemas import BYTES_PER_TOKEN, GenerationRequest
-
-COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions (API reference)
+from gateway.schemas import BYTES_PER_TOKEN, COMPLETIONS_MAX_TOKENS, GenerationRequest
 
 
 def tools_tokens(request: GenerationRequest) -> int:

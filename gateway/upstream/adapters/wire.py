@@ -17,6 +17,7 @@ from gateway.errors import (
     UpstreamProtocolError,
     UpstreamRejected,
     UpstreamTimeout,
+    UpstreamTooLarge,
     UpstreamUnavailable,
 )
 from gateway.telemetry.spans import UPSTREAM_TRACE_HEADERS
@@ -27,6 +28,7 @@ from gateway.upstream.http1 import (
     HttpError,
     ReadTimeout,
     Response,
+    TooLarge,
 )
 
 MAX_SSE_LINE = 64 * 1024 * 1024  # SGLang's cumulative stream text can make long lines
@@ -68,6 +70,10 @@ def transport_error(worker: str, exc: HttpError) -> GatewayError:
                                code="upstream_connect_timeout")
     if isinstance(exc, ReadTimeout):
         return UpstreamTimeout(f"worker {worker} timed out ({exc})", code="upstream_timeout")
+    if isinstance(exc, TooLarge):
+        return UpstreamTooLarge(f"the worker's answer was too large: {exc}; ask for less "
+                                f"(n, max_tokens, logprobs) or stream it",
+                                code="upstream_response_too_large")
     if isinstance(exc, ConnectFailed):
         return UpstreamUnavailable(f"cannot connect to worker {worker}",
                                    code="upstream_connect_error")
