@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,8 @@ import yaml
 from policies.decision import PolicyConfig
 from policies.fleet import ENGINES, FleetPool
 from policies.prior import MeasuredError, read_measured
+from workers.fleet.launch import WORKER_API_KEY_ENV
+from workers.fleet.registry import REGISTRY_SECRET_ENV
 
 
 class ConfigError(ValueError):
@@ -47,12 +50,18 @@ class ServerConfig:
     max_request_work: int = 262_144
     max_response_bytes: int = 64 * 1024 * 1024  # a worker's non-streamed answer; beyond: 502
     admin_api_key_sha256: str | None = None  # guards /metrics and /ready's detail
+    # Host header names served (gateway/http/hosts.py): "*" any, "*.example.com" a suffix
+    allowed_hosts: tuple[str, ...] = ("localhost", "127.0.0.1", "::1")
+    loopback_admin: bool = False  # no admin key: a loopback caller is admin (`specroute up`)
     health_interval_s: float = 2.0  # how often each worker's /health is polled
     unhealthy_after: int = 3  # consecutive failed probes that take a worker out
     healthy_after: int = 2  # consecutive good probes that bring it back
     breaker_failures: int = 3  # consecutive failed requests that open a worker's breaker
     breaker_cooldown_s: float = 10.0  # open breaker: no requests; then one trial request
     discovery_interval_s: float = 2.0  # how often the Redis worker registry is read
+    # registry entries must be signed with it (SPECROUTE_REGISTRY_SECRET wins); None: unsigned
+    registry_secret: str | None = None
+    worker_api_key: str | None = None  # sent to workers (SPECROUTE_WORKER_API_KEY wins)
     max_attempts: int = 3  # workers tried per request before the first token is sent
     otel_exporter: str = "none"  # "none" | "console" | "otlp"; OTEL_TRACES_EXPORTER wins
     otel_capture_content: bool = False  # prompts on spans (gen_ai.input.messages): opt in
@@ -76,6 +85,9 @@ class PoolConfig(FleetPool):
     `specroute supervise` only) and what its workers can do."""
 
     capabilities: Capabilities = field(default_factory=Capabilities)
+    # where registered workers may be (CIDRs, host names, `*` patterns); empty: the hosts
+    # of `workers` and loopback (gateway/upstream/discovery.py)
+    registry_allow: tuple[str, ...] = ()
 
     def run_k(self, k: int) -> int:
         """The k a request decided at `k` runs with here: its own on a per-request-k pool,
@@ -207,7 +219,7 @@ def _positive(value: float, path: str) -> None:
 
 
 def _server(raw: Any, path: str) -> ServerConfig:
-    server = _build(ServerConfig, raw, path)
+    server = _build(ServerConfig, raw, path, nested={"allowed_hosts": _str_list})
     for name in ("max_body_bytes", "header_timeout_s", "body_timeout_s",
                  "keep_alive_timeout_s", "max_concurrency", "connect_timeout_s",
                  "first_token_timeout_s", "read_timeout_s", "total_timeout_s",
@@ -246,9 +258,19 @@ def _pool(raw: Any, path: str) -> PoolConfig:
         _positive(caps.max_context, f"{p}.max_context")
         return caps
 
+    def allow(value: Any, p: str) -> tuple[str, ...]:
+        entries = _str_list(value, p)
+        for i, entry in enumerate(entries):
+            if "/" in entry:
+                try:
+                    ipaddress.ip_network(entry, strict=False)
+                except ValueError as exc:
+                    raise ConfigError(f"{p}[{i}]: not a CIDR: {entry!r}") from exc
+        return entries
+
     pool = _build(PoolConfig, raw, path,
                   nested={"workers": workers, "capabilities": capabilities,
-                          "launch": launch})
+                          "launch": launch, "registry_allow": allow})
     if pool.engine not in ENGINES:
         raise ConfigError(f"{path}.engine: must be one of {', '.join(ENGINES)}, "
                           f"got {pool.engine!r}")
@@ -379,11 +401,20 @@ REDIS_URL_ENV = "REDIS_URL"
 
 
 def with_environment(config: GatewayConfig, environ: Mapping[str, str]) -> GatewayConfig:
-    """`REDIS_URL` from the environment replaces the file's `redis_url`, so that Redis's
-    password lives in a Secret rather than in the config (`specroute supervise` and
-    `fleet-controller` read it the same way)."""
+    """Secrets from the environment rather than the config file (a Secret, not a
+    ConfigMap): `REDIS_URL` (with Redis's password) replaces `redis_url`, as for
+    `specroute supervise` and `fleet-controller`; `SPECROUTE_REGISTRY_SECRET` is
+    `server.registry_secret` and `SPECROUTE_WORKER_API_KEY` `server.worker_api_key`."""
     url = environ.get(REDIS_URL_ENV)
-    return dataclasses.replace(config, redis_url=url) if url else config
+    if url:
+        config = dataclasses.replace(config, redis_url=url)
+    secrets = {name: environ.get(env) for name, env in (
+        ("registry_secret", REGISTRY_SECRET_ENV), ("worker_api_key", WORKER_API_KEY_ENV))}
+    secrets = {name: value for name, value in secrets.items() if value}
+    if secrets:
+        config = dataclasses.replace(
+            config, server=dataclasses.replace(config.server, **secrets))  # type: ignore[arg-type]
+    return config
 
 
 def load_config(path: str | Path) -> GatewayConfig:

@@ -10,6 +10,7 @@
     │   ├── ModelNotFound             404 not_found_error
     │   ├── RequestTimeout            408 invalid_request_error (body not sent in time)
     │   ├── PayloadTooLarge           413 invalid_request_error
+    │   ├── MisdirectedRequest        421 invalid_request_error (a Host not allowed)
     │   ├── UnsupportedMediaType      415 invalid_request_error
     │   └── RateLimited               429 rate_limit_error (with Retry-After)
     ├── NoHealthyWorker               503 service_unavailable
@@ -94,6 +95,10 @@ class ModelNotFound(ClientError):
 
 class PayloadTooLarge(ClientError):
     status = 413
+
+
+class MisdirectedRequest(ClientError):
+    status = 421
 
 
 class RequestTimeout(ClientError):

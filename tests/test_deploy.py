@@ -306,7 +306,9 @@ def test_k8s_gateway_becomes_ready(tmp_path: Path) -> None:
                          "discovery_interval_s": 0.2}
         path = tmp_path / "k8s-config.yaml"
         path.write_text(yaml.safe_dump(raw))
-        env = k8s_env("gateway", {"REDIS_PASSWORD": password})
+        env = k8s_env("gateway", {"REDIS_PASSWORD": password,
+                                  "SPECROUTE_REGISTRY_SECRET": "registry-secret",
+                                  "SPECROUTE_WORKER_API_KEY": "worker-key"})
         assert urlsplit(env["REDIS_URL"]).hostname == "redis"  # the redis Service ...
         env["REDIS_URL"] = env["REDIS_URL"].replace("@redis:6379", f"@127.0.0.1:{redis_port}")
         gateway = start_process(["-m", "specroute.cli", "gateway", "--config", str(path),
@@ -372,6 +374,10 @@ def test_k8s_workloads_are_locked_down() -> None:
             for entry in env.values():
                 if "valueFrom" in entry and "secretKeyRef" in entry["valueFrom"]:
                     assert entry["valueFrom"]["secretKeyRef"]["name"] == "specroute-secrets"
+            if doc["metadata"]["name"] in ("gateway", "specroute-epp") or \
+                    doc["metadata"]["name"].startswith("sglang-"):  # talk to the workers
+                for secret in ("SPECROUTE_REGISTRY_SECRET", "SPECROUTE_WORKER_API_KEY"):
+                    assert "secretKeyRef" in env[secret]["valueFrom"], (name, secret)
             if container["name"] == "redis":
                 args = container["args"]
                 assert args[args.index("--requirepass") + 1] == "$(REDIS_PASSWORD)"

@@ -30,7 +30,8 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.config import ConfigError, GatewayConfig, ServerConfig, load_config, with_environment
-from gateway.http.app import GatewayApp, create_app
+from gateway.http.app import create_app
+from gateway.http.hosts import HostAllowlist
 from gateway.tenants.auth import check_exposure
 
 
@@ -134,7 +135,7 @@ def _logging(config: GatewayConfig) -> None:
                         format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
 
 
-def app_from_env() -> GatewayApp:
+def app_from_env() -> HostAllowlist:
     """The app of one worker process when `serve` runs several: uvicorn's supervisor
     spawns each process, which imports this by name (a spawned child cannot be handed a
     built app or a class made at run time)."""
@@ -142,8 +143,9 @@ def app_from_env() -> GatewayApp:
     config = with_environment(load_config(config_path), os.environ)
     _logging(config)
     HeadDeadlineProtocol.head_timeout_s = config.server.header_timeout_s  # this process's
-    return create_app(config, policy=os.environ.get(POLICY_ENV, "learned"),
-                      config_path=config_path)
+    app = create_app(config, policy=os.environ.get(POLICY_ENV, "learned"),
+                     config_path=config_path)
+    return HostAllowlist(app, config.server.allowed_hosts)
 
 
 def serve(config_path: str, host: str | None = None, port: int | None = None,
@@ -173,7 +175,8 @@ def serve(config_path: str, host: str | None = None, port: int | None = None,
         # signal.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        uvicorn.run(app, **bind, **uvicorn_options(config.server))
+        uvicorn.run(HostAllowlist(app, config.server.allowed_hosts), **bind,
+                    **uvicorn_options(config.server))
         return 0
     if not config.redis_url and policy == "learned":
         logging.getLogger("specroute.gateway").warning(

@@ -35,9 +35,11 @@ SERVER_INFO_ENGINES = ("sglang", "embedded")
 
 class WorkerPriors:
     def __init__(self, pools: dict[str, Pool], session: aiohttp.ClientSession,
-                 set_prior: SetPrior, interval_s: float) -> None:
+                 set_prior: SetPrior, interval_s: float,
+                 headers: dict[str, str] | None = None) -> None:
         self.pools = pools
         self.session = session
+        self.headers = headers or {}  # the workers' API key (`http1.worker_auth`)
         self.set_prior = set_prior
         self.interval_s = interval_s
         self.timeout = aiohttp.ClientTimeout(total=max(1.0, interval_s))
@@ -54,7 +56,8 @@ class WorkerPriors:
 
     async def _server_info(self, url: str) -> dict | None:
         try:
-            async with self.session.get(url + "/server_info", timeout=self.timeout) as resp:
+            async with self.session.get(url + "/server_info", timeout=self.timeout,
+                                        headers=self.headers) as resp:
                 if resp.status != 200:
                     return None
                 body = await resp.json(content_type=None)
