@@ -61,7 +61,6 @@ class ServerConfig:
     discovery_interval_s: float = 2.0  # how often the Redis worker registry is read
     # registry entries must be signed with it (SPECROUTE_REGISTRY_SECRET wins); None: unsigned
     registry_secret: str | None = None
-    worker_api_key: str | None = None  # sent to workers (SPECROUTE_WORKER_API_KEY wins)
     max_attempts: int = 3  # workers tried per request before the first token is sent
     otel_exporter: str = "none"  # "none" | "console" | "otlp"; OTEL_TRACES_EXPORTER wins
     otel_capture_content: bool = False  # prompts on spans (gen_ai.input.messages): opt in
@@ -88,6 +87,7 @@ class PoolConfig(FleetPool):
     # where registered workers may be (CIDRs, host names, `*` patterns); empty: the hosts
     # of `workers` and loopback (gateway/upstream/discovery.py)
     registry_allow: tuple[str, ...] = ()
+    api_key: str | None = None  # sent to its workers (SPECROUTE_WORKER_API_KEY when unset)
 
     def run_k(self, k: int) -> int:
         """The k a request decided at `k` runs with here: its own on a per-request-k pool,
@@ -404,16 +404,20 @@ def with_environment(config: GatewayConfig, environ: Mapping[str, str]) -> Gatew
     """Secrets from the environment rather than the config file (a Secret, not a
     ConfigMap): `REDIS_URL` (with Redis's password) replaces `redis_url`, as for
     `specroute supervise` and `fleet-controller`; `SPECROUTE_REGISTRY_SECRET` is
-    `server.registry_secret` and `SPECROUTE_WORKER_API_KEY` `server.worker_api_key`."""
+    `server.registry_secret`, and `SPECROUTE_WORKER_API_KEY` the `api_key` of every pool
+    that sets none."""
     url = environ.get(REDIS_URL_ENV)
     if url:
         config = dataclasses.replace(config, redis_url=url)
-    secrets = {name: environ.get(env) for name, env in (
-        ("registry_secret", REGISTRY_SECRET_ENV), ("worker_api_key", WORKER_API_KEY_ENV))}
-    secrets = {name: value for name, value in secrets.items() if value}
-    if secrets:
+    secret = environ.get(REGISTRY_SECRET_ENV)
+    if secret:
         config = dataclasses.replace(
-            config, server=dataclasses.replace(config.server, **secrets))  # type: ignore[arg-type]
+            config, server=dataclasses.replace(config.server, registry_secret=secret))
+    key = environ.get(WORKER_API_KEY_ENV)
+    if key:
+        config = dataclasses.replace(config, pools=tuple(
+            pool if pool.api_key else dataclasses.replace(pool, api_key=key)
+            for pool in config.pools))
     return config
 
 

@@ -236,13 +236,12 @@ async def _native(send: Send, job: Admitted) -> Admitted | None:
     return None
 
 
-async def _worker_info(session: aiohttp.ClientSession, pool: Pool, url: str,
-                       headers: dict[str, str]) -> dict | None:
+async def _worker_info(session: aiohttp.ClientSession, pool: Pool, url: str) -> dict | None:
     """The worker's first `internal_states` entry, or None when it is down, answers
     something else than 200, or answers a body of the wrong shape (logged; the worker
     is left out of the aggregate, as a down one is)."""
     try:
-        async with session.get(url + "/server_info", headers=headers,
+        async with session.get(url + "/server_info", headers=worker_auth(pool.config.api_key),
                                timeout=aiohttp.ClientTimeout(total=5)) as resp:
             if resp.status != 200:
                 return None
@@ -271,8 +270,7 @@ async def server_info(request: Request) -> Response:
     targets = [(pool, worker.url) for pool in gateway.pools.values()
                for worker in pool.workers if worker.healthy
                and pool.config.engine in NATIVE_ENGINES]
-    headers = worker_auth(gateway.config.server.worker_api_key)
-    infos = await asyncio.gather(*(_worker_info(session, p, u, headers) for p, u in targets))
+    infos = await asyncio.gather(*(_worker_info(session, p, u) for p, u in targets))
     states = []
     admin = is_admin(request)  # worker addresses are operator detail, as on /ready
     for (pool, url), state in zip(targets, infos, strict=True):

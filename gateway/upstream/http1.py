@@ -336,15 +336,12 @@ class Http1Client:
     """Requests to workers over kept connections. Build it in the app's lifespan and
     `close()` it at shutdown; the deadlines are the server's (`server.connect_timeout_s`,
     `read_timeout_s`, `total_timeout_s`), and so is the most a body read whole may hold
-    (`max_response_bytes`), and the key every request carries (`worker_api_key`)."""
+    (`max_response_bytes`)."""
 
     def __init__(self, connect_s: float, read_s: float, total_s: float,
-                 max_response_bytes: int = DEFAULT_SERVER.max_response_bytes,
-                 api_key: str | None = None) -> None:
+                 max_response_bytes: int = DEFAULT_SERVER.max_response_bytes) -> None:
         self.connect_s, self.read_s, self.total_s = connect_s, read_s, total_s
         self.max_response_bytes = max_response_bytes
-        self.auth = "".join(f"{name}: {value}\r\n"
-                            for name, value in worker_auth(api_key).items())
         self.idle: dict[Target, deque[Connection]] = {}
         self._tls: ssl.SSLContext | None = None
 
@@ -361,7 +358,7 @@ class Http1Client:
             if headers else ""
         request = (f"{method} {key.prefix}{path} HTTP/1.1\r\nHost: {key.authority.decode()}"
                    f"\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
-                   f"\r\n{self.auth}{extra}\r\n").encode("latin-1") + body
+                   f"\r\n{extra}\r\n").encode("latin-1") + body
         for attempt in (0, 1):
             connection = await self._connection(key, deadline)
             response = Response(connection, deadline, self.read_s, self.max_response_bytes)

@@ -12,7 +12,6 @@ from gateway.config import ServerConfig
 from gateway.pools import Pool
 from gateway.upstream.engine_metrics import EngineMetrics
 from gateway.upstream.health import HealthMonitor
-from gateway.upstream.http1 import worker_auth
 from gateway.upstream.worker_priors import SetPrior, WorkerPriors
 
 
@@ -21,8 +20,7 @@ class UpstreamWatchers:
                  server: ServerConfig, redis_url: str | None, registry: CollectorRegistry,
                  set_worker_prior: SetPrior) -> None:
         self.monitor = HealthMonitor(pools, session, server)
-        self.priors = WorkerPriors(pools, session, set_worker_prior, server.health_interval_s,
-                                   worker_auth(server.worker_api_key))
+        self.priors = WorkerPriors(pools, session, set_worker_prior, server.health_interval_s)
         self.engines = EngineMetrics(pools, session, registry, server.health_interval_s)
         self.discovery = None
         if redis_url:

@@ -4,7 +4,8 @@ template.
 
 With `SPECROUTE_WORKER_API_KEY` in the supervisor's environment (a Secret), SGLang and
 vLLM start with `--api-key`: a pod that reaches the server around the gateway gets 401s
-on everything but health and metrics; the gateway sends the key (`server.worker_api_key`).
+on everything but health and metrics; the gateway sends the key (a pool's `api_key`,
+from the same variable).
 """
 
 from __future__ import annotations

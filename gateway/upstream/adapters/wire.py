@@ -29,6 +29,7 @@ from gateway.upstream.http1 import (
     ReadTimeout,
     Response,
     TooLarge,
+    worker_auth,
 )
 
 MAX_SSE_LINE = 64 * 1024 * 1024  # SGLang's cumulative stream text can make long lines
@@ -82,14 +83,16 @@ def transport_error(worker: str, exc: HttpError) -> GatewayError:
 
 
 @asynccontextmanager
-async def post(client: Http1Client, worker: str, path: str,
-               payload: dict) -> AsyncIterator[Response]:
-    """POST JSON; yield the response once it is known to be 200. Leaving the block
-    before the answer's end drops the connection: the worker sees the client leave."""
+async def post(client: Http1Client, worker: str, path: str, payload: dict,
+               api_key: str | None = None) -> AsyncIterator[Response]:
+    """POST JSON (with the pool's `api_key` as a Bearer key); yield the response once it
+    is known to be 200. Leaving the block before the answer's end drops the connection:
+    the worker sees the client leave."""
     trace = UPSTREAM_TRACE_HEADERS.get()  # W3C traceparent (gateway/telemetry/spans.py)
+    headers = {**(trace or {}), **worker_auth(api_key)} if api_key else trace
     try:
         resp = await client.request("POST", worker, path, orjson.dumps(payload),
-                                    trace or None)
+                                    headers or None)
     except HttpError as exc:
         raise transport_error(worker, exc) from exc
     try:
@@ -118,8 +121,9 @@ async def answers(client: Http1Client, worker: str, timeout_s: float) -> bool:
     return True
 
 
-async def post_json(client: Http1Client, worker: str, path: str, payload: dict) -> dict:
-    async with post(client, worker, path, payload) as resp:
+async def post_json(client: Http1Client, worker: str, path: str, payload: dict,
+                    api_key: str | None = None) -> dict:
+    async with post(client, worker, path, payload, api_key) as resp:
         raw = await resp.read()
     try:
         body = orjson.loads(raw)
