@@ -30,7 +30,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from gateway.config import ConfigError, GatewayConfig, ServerConfig, load_config, with_environment
-from gateway.http.app import create_app
+from gateway.http.app import GatewayApp, create_app
 from gateway.http.hosts import HostAllowlist
 from gateway.tenants.auth import check_exposure
 
@@ -119,6 +119,13 @@ def head_deadline_protocol(timeout_s: float) -> type[HeadDeadlineProtocol]:
 
 CONFIG_ENV = "SPECROUTE_GATEWAY_CONFIG"  # how `serve` tells its worker processes
 POLICY_ENV = "SPECROUTE_GATEWAY_POLICY"
+HOST_ENV = "SPECROUTE_GATEWAY_HOST"
+
+
+def host_allowlist(app: GatewayApp, config: GatewayConfig, host: str) -> HostAllowlist:
+    """The app behind `server.allowed_hosts`, plus the address it is bound to (a client
+    dialling `127.0.0.2` names it; no DNS name an attacker owns is an address)."""
+    return HostAllowlist(app, (*config.server.allowed_hosts, host))
 
 
 def uvicorn_options(server: ServerConfig) -> dict:
@@ -145,7 +152,7 @@ def app_from_env() -> HostAllowlist:
     HeadDeadlineProtocol.head_timeout_s = config.server.header_timeout_s  # this process's
     app = create_app(config, policy=os.environ.get(POLICY_ENV, "learned"),
                      config_path=config_path)
-    return HostAllowlist(app, config.server.allowed_hosts)
+    return host_allowlist(app, config, os.environ.get(HOST_ENV, config.server.host))
 
 
 def serve(config_path: str, host: str | None = None, port: int | None = None,
@@ -175,7 +182,7 @@ def serve(config_path: str, host: str | None = None, port: int | None = None,
         # signal.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        uvicorn.run(HostAllowlist(app, config.server.allowed_hosts), **bind,
+        uvicorn.run(host_allowlist(app, config, host), **bind,
                     **uvicorn_options(config.server))
         return 0
     if not config.redis_url and policy == "learned":
@@ -184,6 +191,7 @@ def serve(config_path: str, host: str | None = None, port: int | None = None,
             "traffic only", workers)
     os.environ[CONFIG_ENV] = str(Path(config_path).resolve())
     os.environ[POLICY_ENV] = policy
+    os.environ[HOST_ENV] = host
     options: dict[str, Any] = {**uvicorn_options(config.server), "workers": workers,
                                "http": f"{__name__}:HeadDeadlineProtocol", "factory": True}
     uvicorn.run(f"{__name__}:app_from_env", **bind, **options)

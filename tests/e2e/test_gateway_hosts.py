@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from conftest import free_port, start_process, stop_process
+from conftest import free_port, start_process, stop_process, wait_http
 from gateway_harness import healthy, start_stubs, stats
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
@@ -80,6 +80,23 @@ def test_loopback_is_no_admin_by_default(stack: dict) -> None:
     ready = httpx.get(stack["url"] + "/ready")
     assert ready.status_code == 200 and ready.json() == {"ready": True}  # no pool detail
     assert httpx.get(stack["url"] + "/v1/console/state").status_code == 403
+
+
+def test_the_bound_address_is_served(stack: dict, tmp_path: Path) -> None:
+    """Bound to another loopback address, the gateway answers a client that names it."""
+    port = free_port()
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump({"pools": [{"name": "p", "engine": "sglang", "k": 0,
+                                               "method": "plain", "model": "m",
+                                               "workers": [stack["worker"]]}]}))
+    gateway = start_process(["-m", "specroute.cli", "gateway", "--config", str(path), "--host",
+                             "127.0.0.2", "--port", str(port), "--policy", "first"],
+                            tmp_path / "gw2.log")
+    try:
+        wait_http(f"http://127.0.0.2:{port}/health", 60, gateway)
+        assert httpx.get(f"http://127.0.0.2:{port}/ready").status_code == 200
+    finally:
+        stop_process(gateway)
 
 
 def test_host_patterns() -> None:
