@@ -40,7 +40,9 @@ COPY gateway gateway
 COPY policies policies
 COPY workers workers
 COPY bench bench
-RUN pip install --no-deps . && pip install "redis>=5.0" "PyYAML>=6.0" "httpx>=0.27"
+RUN pip install --no-deps . && pip install "redis>=5.0" "PyYAML>=6.0" "httpx>=0.27" \
+ && useradd --create-home --uid 10001 specroute
+USER specroute
 EXPOSE 30000
 ENTRYPOINT ["specroute"]
 CMD ["supervise", "--config", "/etc/specroute/config.yaml", "--pool", "sglang-plain", "--port", "30000"]

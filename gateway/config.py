@@ -11,19 +11,20 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 
+from gateway.typed_config import ConfigError, build, list_of, positive, str_list
 from policies.decision import PolicyConfig
 from policies.fleet import ENGINES, FleetPool
 from policies.prior import MeasuredError, read_measured
-
-
-class ConfigError(ValueError):
-    """The config file is missing, unreadable or invalid; the message names the key."""
+from workers.fleet.launch import WORKER_API_KEY_ENV
+from workers.fleet.registry import REGISTRY_SECRET_ENV
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,13 +43,21 @@ class ServerConfig:
     read_timeout_s: float = 300.0  # longest silence between upstream bytes (inter-token)
     total_timeout_s: float = 1800.0  # a whole request, failover included, streamed or not
     default_max_tokens: int = 1024  # a chat request without max_tokens (bounded by context)
+    # n x max_tokens x (1 + top logprobs) of one request; beyond: 400 (docs/SECURITY.md)
+    max_request_work: int = 262_144
+    max_response_bytes: int = 64 * 1024 * 1024  # a worker's non-streamed answer; beyond: 502
     admin_api_key_sha256: str | None = None  # guards /metrics and /ready's detail
+    # Host header names served (gateway/http/hosts.py): "*" any, "*.example.com" a suffix
+    allowed_hosts: tuple[str, ...] = ("localhost", "127.0.0.1", "::1")
+    loopback_admin: bool = False  # no admin key: a loopback caller is admin (`specroute up`)
     health_interval_s: float = 2.0  # how often each worker's /health is polled
     unhealthy_after: int = 3  # consecutive failed probes that take a worker out
     healthy_after: int = 2  # consecutive good probes that bring it back
     breaker_failures: int = 3  # consecutive failed requests that open a worker's breaker
     breaker_cooldown_s: float = 10.0  # open breaker: no requests; then one trial request
     discovery_interval_s: float = 2.0  # how often the Redis worker registry is read
+    # registry entries must be signed with it (SPECROUTE_REGISTRY_SECRET wins); None: unsigned
+    registry_secret: str | None = None
     max_attempts: int = 3  # workers tried per request before the first token is sent
     otel_exporter: str = "none"  # "none" | "console" | "otlp"; OTEL_TRACES_EXPORTER wins
     otel_capture_content: bool = False  # prompts on spans (gen_ai.input.messages): opt in
@@ -72,6 +81,10 @@ class PoolConfig(FleetPool):
     `specroute supervise` only) and what its workers can do."""
 
     capabilities: Capabilities = field(default_factory=Capabilities)
+    # where registered workers may be (CIDRs, host names, `*` patterns); empty: the hosts
+    # of `workers` and loopback (gateway/upstream/discovery.py)
+    registry_allow: tuple[str, ...] = ()
+    api_key: str | None = None  # sent to its workers (SPECROUTE_WORKER_API_KEY when unset)
 
     def run_k(self, k: int) -> int:
         """The k a request decided at `k` runs with here: its own on a per-request-k pool,
@@ -142,74 +155,21 @@ def hash_api_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-T = TypeVar("T")
-
-
-def _check_type(value: Any, expected: type, path: str) -> Any:
-    if expected is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if expected is bool and not isinstance(value, bool):
-        raise ConfigError(f"{path}: expected true or false, got {value!r}")
-    if expected is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ConfigError(f"{path}: expected an integer, got {value!r}")
-    if not isinstance(value, expected):
-        raise ConfigError(f"{path}: expected {expected.__name__}, got {value!r}")
-    return value
-
-
-def _build(cls: type[T], raw: Any, path: str, nested: dict[str, Any] | None = None) -> T:
-    """Build dataclass `cls` from mapping `raw`, checking keys and scalar types."""
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path or 'config'}: expected a mapping, got {type(raw).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        raise ConfigError(f"{path + '.' if path else ''}{unknown[0]}: unknown key")
-    kwargs: dict[str, Any] = {}
-    for name, f in fields.items():
-        key_path = f"{path}.{name}" if path else name
-        if name not in raw:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ConfigError(f"{key_path}: required key is missing")
-            continue
-        value = raw[name]
-        if nested and name in nested:
-            kwargs[name] = nested[name](value, key_path)
-        elif value is None and f.default is None:
-            kwargs[name] = None
-        else:
-            expected = {"str": str, "int": int, "float": float, "bool": bool,
-                        "str | None": str}.get(str(f.type))
-            kwargs[name] = _check_type(value, expected, key_path) if expected else value
-    return cls(**kwargs)
-
-
-def _str_list(value: Any, path: str) -> tuple[str, ...]:
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"{path}: expected a list of strings")
-    return tuple(value)
-
-
+DEFAULT_SERVER = ServerConfig()  # for callers given no config (unit tests, tools)
 def _is_sha256(text: str) -> bool:
     return len(text) == 64 and all(c in "0123456789abcdef" for c in text.lower())
 
 
-def _positive(value: float, path: str) -> None:
-    if value <= 0:
-        raise ConfigError(f"{path}: must be > 0, got {value}")
-
-
 def _server(raw: Any, path: str) -> ServerConfig:
-    server = _build(ServerConfig, raw, path)
+    server = build(ServerConfig, raw, path, nested={"allowed_hosts": str_list})
     for name in ("max_body_bytes", "header_timeout_s", "body_timeout_s",
                  "keep_alive_timeout_s", "max_concurrency", "connect_timeout_s",
                  "first_token_timeout_s", "read_timeout_s", "total_timeout_s",
                  "health_interval_s", "unhealthy_after", "healthy_after", "breaker_failures",
                  "breaker_cooldown_s", "discovery_interval_s", "max_attempts",
-                 "drain_timeout_s", "default_max_tokens"):
-        _positive(getattr(server, name), f"{path}.{name}")
+                 "drain_timeout_s", "default_max_tokens", "max_request_work",
+                 "max_response_bytes"):
+        positive(getattr(server, name), f"{path}.{name}")
     if not 0 <= server.port < 65536:
         raise ConfigError(f"{path}.port: must be in 0..65535, got {server.port}")
     if server.admin_api_key_sha256 is not None and not _is_sha256(server.admin_api_key_sha256):
@@ -224,7 +184,7 @@ def _server(raw: Any, path: str) -> ServerConfig:
 
 def _pool(raw: Any, path: str) -> PoolConfig:
     def workers(value: Any, p: str) -> tuple[str, ...]:
-        urls = _str_list(value, p)
+        urls = str_list(value, p)
         for i, url in enumerate(urls):
             if not url.startswith(("http://", "https://")):
                 raise ConfigError(f"{p}[{i}]: not an http(s) URL: {url!r}")
@@ -236,13 +196,23 @@ def _pool(raw: Any, path: str) -> PoolConfig:
         return value
 
     def capabilities(value: Any, p: str) -> Capabilities:
-        caps = _build(Capabilities, value, p)
-        _positive(caps.max_context, f"{p}.max_context")
+        caps = build(Capabilities, value, p)
+        positive(caps.max_context, f"{p}.max_context")
         return caps
 
-    pool = _build(PoolConfig, raw, path,
+    def allow(value: Any, p: str) -> tuple[str, ...]:
+        entries = str_list(value, p)
+        for i, entry in enumerate(entries):
+            if "/" in entry:
+                try:
+                    ipaddress.ip_network(entry, strict=False)
+                except ValueError as exc:
+                    raise ConfigError(f"{p}[{i}]: not a CIDR: {entry!r}") from exc
+        return entries
+
+    pool = build(PoolConfig, raw, path,
                   nested={"workers": workers, "capabilities": capabilities,
-                          "launch": launch})
+                          "launch": launch, "registry_allow": allow})
     if pool.engine not in ENGINES:
         raise ConfigError(f"{path}.engine: must be one of {', '.join(ENGINES)}, "
                           f"got {pool.engine!r}")
@@ -258,19 +228,19 @@ def _pool(raw: Any, path: str) -> PoolConfig:
 
 def _tenant(raw: Any, path: str) -> TenantConfig:
     def hashes(value: Any, p: str) -> tuple[str, ...]:
-        out = _str_list(value, p)
+        out = str_list(value, p)
         for i, h in enumerate(out):
             if not _is_sha256(h):
                 raise ConfigError(f"{p}[{i}]: not a hex sha256 digest")
         return tuple(h.lower() for h in out)
 
-    tenant = _build(TenantConfig, raw, path, nested={"api_key_sha256": hashes,
-                                                     "models": _str_list})
+    tenant = build(TenantConfig, raw, path, nested={"api_key_sha256": hashes,
+                                                     "models": str_list})
     for name in ("rate_limit_rpm", "rate_limit_tpm", "max_tokens"):
         if getattr(tenant, name) < 0:
             raise ConfigError(f"{path}.{name}: must be >= 0")
     for name in ("slo_ttft_ms", "slo_tpot_ms"):
-        _positive(getattr(tenant, name), f"{path}.{name}")
+        positive(getattr(tenant, name), f"{path}.{name}")
     return tenant
 
 
@@ -278,17 +248,17 @@ def _policy(raw: Any, path: str) -> PolicyConfig:
     """The learned policy's top-level knobs; their defaults live in `PolicyConfig`."""
     if isinstance(raw, dict) and "learner" in raw:
         raise ConfigError(f"{path}.learner: not settable from the config file")
-    policy = _build(PolicyConfig, raw or {}, path)
+    policy = build(PolicyConfig, raw or {}, path)
     for name in ("explore_rate", "explore_cap"):
         if not 0.0 <= getattr(policy, name) <= 1.0:
             raise ConfigError(f"{path}.{name}: must be in 0..1, got {getattr(policy, name)}")
-    _positive(policy.refit_interval_s, f"{path}.refit_interval_s")
-    _positive(policy.decay_tau_s, f"{path}.decay_tau_s")
+    positive(policy.refit_interval_s, f"{path}.refit_interval_s")
+    positive(policy.decay_tau_s, f"{path}.decay_tau_s")
     return policy
 
 
 def _limits(raw: Any, path: str) -> LimitsConfig:
-    limits = _build(LimitsConfig, raw or {}, path)
+    limits = build(LimitsConfig, raw or {}, path)
     if limits.on_redis_error not in ("open", "closed"):
         raise ConfigError(f"{path}.on_redis_error: must be open or closed, "
                           f"got {limits.on_redis_error!r}")
@@ -296,19 +266,13 @@ def _limits(raw: Any, path: str) -> LimitsConfig:
 
 
 def _admission(raw: Any, path: str) -> AdmissionConfig:
-    admission = _build(AdmissionConfig, raw or {}, path)
+    admission = build(AdmissionConfig, raw or {}, path)
     for name in ("max_inflight_per_worker", "reserved_slots"):
         if getattr(admission, name) < 0:
             raise ConfigError(f"{path}.{name}: must be >= 0")
     for name in ("max_queue", "max_wait_s", "recent_s", "busy_per_worker"):
-        _positive(getattr(admission, name), f"{path}.{name}")
+        positive(getattr(admission, name), f"{path}.{name}")
     return admission
-
-
-def _list_of(item: Any, raw: Any, path: str) -> tuple:
-    if not isinstance(raw, list):
-        raise ConfigError(f"{path}: expected a list")
-    return tuple(item(entry, f"{path}[{i}]") for i, entry in enumerate(raw))
 
 
 def read_tenants_file(path: Path) -> list:
@@ -341,10 +305,10 @@ def parse_config(raw: Any, base_dir: Path | None = None) -> GatewayConfig:
             raise ConfigError(f"tenants_file: expected str, got {name!r}")
         listed = read_tenants_file((base_dir or Path.cwd()) / name)
         raw["tenants"] = [*(raw.get("tenants") or []), *listed]
-    config = _build(GatewayConfig, raw, "", nested={
+    config = build(GatewayConfig, raw, "", nested={
         "server": _server,
-        "pools": lambda v, p: _list_of(_pool, v, p),
-        "tenants": lambda v, p: _list_of(_tenant, v or [], p),
+        "pools": lambda v, p: list_of(_pool, v, p),
+        "tenants": lambda v, p: list_of(_tenant, v or [], p),
         "policy": _policy,
         "limits": _limits,
         "admission": _admission,
@@ -366,6 +330,30 @@ def parse_config(raw: Any, base_dir: Path | None = None) -> GatewayConfig:
         if not pool.workers and not config.redis_url:
             raise ConfigError(f"pools[{i}].workers: needs at least one worker URL "
                               f"(or set redis_url to discover workers)")
+    return config
+
+
+REDIS_URL_ENV = "REDIS_URL"
+
+
+def with_environment(config: GatewayConfig, environ: Mapping[str, str]) -> GatewayConfig:
+    """Secrets from the environment rather than the config file (a Secret, not a
+    ConfigMap): `REDIS_URL` (with Redis's password) replaces `redis_url`, as for
+    `specroute supervise` and `fleet-controller`; `SPECROUTE_REGISTRY_SECRET` is
+    `server.registry_secret`, and `SPECROUTE_WORKER_API_KEY` the `api_key` of every pool
+    that sets none."""
+    url = environ.get(REDIS_URL_ENV)
+    if url:
+        config = dataclasses.replace(config, redis_url=url)
+    secret = environ.get(REGISTRY_SECRET_ENV)
+    if secret:
+        config = dataclasses.replace(
+            config, server=dataclasses.replace(config.server, registry_secret=secret))
+    key = environ.get(WORKER_API_KEY_ENV)
+    if key:
+        config = dataclasses.replace(config, pools=tuple(
+            pool if pool.api_key else dataclasses.replace(pool, api_key=key)
+            for pool in config.pools))
     return config
 
 

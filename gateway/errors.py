@@ -10,6 +10,7 @@
     │   ├── ModelNotFound             404 not_found_error
     │   ├── RequestTimeout            408 invalid_request_error (body not sent in time)
     │   ├── PayloadTooLarge           413 invalid_request_error
+    │   ├── MisdirectedRequest        421 invalid_request_error (a Host not allowed)
     │   ├── UnsupportedMediaType      415 invalid_request_error
     │   └── RateLimited               429 rate_limit_error (with Retry-After)
     ├── NoHealthyWorker               503 service_unavailable
@@ -19,6 +20,9 @@
         ├── UpstreamUnavailable       502 (5xx, bad answer) or 503 (connection refused)
         │   └── UpstreamProtocolError 502: a 200 the gateway cannot read (not JSON, or
         │                             JSON of the wrong shape); retried like a 5xx
+        ├── UpstreamTooLarge          502: an answer past server.max_response_bytes; the
+        │                             request asked for it, so it is neither retried nor
+        │                             held against the worker
         └── UpstreamTimeout           504
 
 Adapters map aiohttp's exceptions into this tree at the transport boundary
@@ -93,6 +97,10 @@ class PayloadTooLarge(ClientError):
     status = 413
 
 
+class MisdirectedRequest(ClientError):
+    status = 421
+
+
 class RequestTimeout(ClientError):
     status = 408
 
@@ -136,6 +144,10 @@ class UpstreamRejected(UpstreamError):
 
 
 class UpstreamUnavailable(UpstreamError):
+    pass
+
+
+class UpstreamTooLarge(UpstreamError):
     pass
 
 

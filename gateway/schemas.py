@@ -11,8 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from gateway.config import DEFAULT_SERVER, ServerConfig
 from gateway.errors import InvalidRequest
-from policies.request_limits import GRAMMAR_FIELDS, MAX_N, RESPONSE_FORMATS
+from policies.request_limits import (
+    COMPLETIONS_DEFAULT_MAX_TOKENS,
+    GRAMMAR_FIELDS,
+    MAX_N,
+    RESPONSE_FORMATS,
+)
 
 Endpoint = Literal["chat", "completions"]
 BYTES_PER_TOKEN = 4  # the gateway has no tokenizer: prompt size is estimated from bytes
@@ -281,15 +287,18 @@ def _extensions(body: dict) -> None:
                        f"'tools[{i}].function.parameters' must be an object")
 
 
-def parse_request(body: Any, endpoint: Endpoint) -> GenerationRequest:
-    """Check an OpenAI chat/completions body; raise `InvalidRequest` naming the field."""
+def parse_request(body: Any, endpoint: Endpoint,
+                  server: ServerConfig = DEFAULT_SERVER) -> GenerationRequest:
+    """Check an OpenAI chat/completions body; raise `InvalidRequest` naming the field.
+    `server` gives the work limit (`check_work`) and the `max_tokens` of a request that
+    sets none."""
     if not isinstance(body, dict):
         raise _bad("body", "the request body must be a JSON object")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("model", "'model' is required and must be a non-empty string")
     n = _integer(body, "n", 1, MAX_N) or 1
-    logprobs = _logprobs(body, endpoint)
+    logprobs, top = _logprobs(body, endpoint)
     for name in ("presence_penalty", "frequency_penalty"):
         _number(body, name, -2.0, 2.0)
     check_logit_bias(body)
@@ -297,6 +306,12 @@ def parse_request(body: Any, endpoint: Endpoint) -> GenerationRequest:
     if max_tokens is None:
         max_tokens = _integer(body, "max_tokens", 1)
     seed = _integer(body, "seed", -(2**63))
+    tokens_field = "max_completion_tokens" if body.get("max_completion_tokens") is not None \
+        else "max_tokens"
+    check_work(server.max_request_work, n, max_tokens or (
+        COMPLETIONS_DEFAULT_MAX_TOKENS if endpoint == "completions"
+        else server.default_max_tokens),
+        top, ("n", tokens_field, "logprobs" if endpoint == "completions" else "top_logprobs"))
     _extensions(body)
     tools = body.get("tools")
     user = body.get("user")
@@ -325,18 +340,38 @@ def parse_request(body: Any, endpoint: Endpoint) -> GenerationRequest:
     )
 
 
-def _logprobs(body: dict, endpoint: Endpoint) -> bool:
-    """Chat: `logprobs` boolean, `top_logprobs` 0..20 (needs logprobs); completions:
-    `logprobs` 0..5."""
+def _logprobs(body: dict, endpoint: Endpoint) -> tuple[bool, int]:
+    """Whether logprobs are asked for, and how many alternatives per token. Chat:
+    `logprobs` boolean, `top_logprobs` 0..20 (needs logprobs); completions: `logprobs`
+    0..5."""
     if endpoint == "completions":
-        return _integer(body, "logprobs", 0, 5) is not None
+        count = _integer(body, "logprobs", 0, 5)
+        return count is not None, count or 0
     value = body.get("logprobs")
     if value is not None and not isinstance(value, bool):
         raise _bad("logprobs", "'logprobs' must be a boolean")
     top = _integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
     if top and not value:
         raise _bad("top_logprobs", "'top_logprobs' needs 'logprobs': true")
-    return bool(value)
+    return bool(value), top or 0
+
+
+def check_work(limit: int, n: int, max_tokens: int, logprobs: int,
+               names: tuple[str, str, str]) -> None:
+    """A request's work, `n × max_tokens × (1 + logprobs)` (`names` are its three fields
+    as the client wrote them), within `server.max_request_work`: the tokens and logprob
+    entries one request may have the worker produce and the gateway hold, parse and
+    re-render. Within OpenAI's own limits alone, n 16 × 8,000 tokens × 20 top logprobs
+    would be 2.7 M entries (~175 MB of JSON). The 400 names the field to lower: `n` when
+    above 1, else the logprobs, else the tokens."""
+    work = n * max_tokens * (1 + logprobs)
+    if work <= limit:
+        return
+    param = names[0] if n > 1 else names[2] if logprobs else names[1]
+    raise InvalidRequest(
+        f"{names[0]} ({n}) × {names[1]} ({max_tokens}) × (1 + {names[2]} ({logprobs})) = "
+        f"{work} is above this gateway's limit of {limit} per request; lower '{param}'",
+        param=param, code="request_too_large")
 
 
 def check_logit_bias(body: dict, param: str = "logit_bias") -> None:

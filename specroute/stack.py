@@ -78,7 +78,7 @@ def build_config(pools: list[tuple[str, int]], host: str, port: int, redis_url: 
     for method, worker_port in pools:
         ports.setdefault(method, []).append(worker_port)
     return {
-        "server": {"host": host, "port": port},
+        "server": {"host": host, "port": port, "loopback_admin": True},
         "redis_url": redis_url,
         "pools": [
             {"name": f"embedded-{method}", "engine": "embedded", "model": model_dir.name,
@@ -168,7 +168,8 @@ def start_vllm(children: list[Child], methods: list[str], python: Path | None, m
     measured_file, why = cached_measured(model) if measured else (None, "--no-measured: the pools name no measured.json")
     print(f"specroute up: {why}", flush=True)
     pools = vllm_pools(model, python, list(dict.fromkeys(methods)), drafters, measured_file)
-    config = {"server": {"host": host, "port": port}, "redis_url": url, "pools": pools}
+    config = {"server": {"host": host, "port": port, "loopback_admin": True}, "redis_url": url,
+              "pools": pools}
     config_path = work / "config.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     by_method = {pool["method"]: pool for pool in pools}

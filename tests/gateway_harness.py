@@ -67,7 +67,10 @@ def start_gateway(tmp: Path, config: dict, policy: str = "first",
                   name: str = "gateway", port: int | None = None, env: dict | None = None,
                   script: str = GATEWAY_MAIN) -> tuple[subprocess.Popen, str]:
     """`script` (run as `python -c script CONFIG PORT POLICY`) serving `config`, logging
-    to tmp/{name}.log; returns once /health answers (stopped if it never does)."""
+    to tmp/{name}.log; returns once /health answers (stopped if it never does). Unless
+    the config says otherwise, a loopback caller is admin (`server.loopback_admin`): the
+    tests read /ready's worker detail."""
+    config = {**config, "server": {"loopback_admin": True, **config.get("server", {})}}
     port = port or free_port()
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))

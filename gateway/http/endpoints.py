@@ -26,7 +26,7 @@ from functools import partial
 import orjson
 from starlette.types import Receive, Scope, Send
 
-from gateway.config import TenantConfig
+from gateway.config import ServerConfig, TenantConfig
 from gateway.core.admit import Admitted, admit
 from gateway.errors import (
     GatewayError,
@@ -116,7 +116,7 @@ class TokenEndpoint:
     def parser(self, gateway: Gateway) -> Callable[[object], GenerationRequest]:
         """What validates this route's body (a partial: no frame of this module's on the
         request path)."""
-        return partial(parse_request, endpoint=self.endpoint)
+        return partial(parse_request, endpoint=self.endpoint, server=gateway.config.server)
 
     def render(self, request: GenerationRequest, result: GenerationResult,
                decision: Decision) -> bytes:
@@ -252,17 +252,18 @@ class ExplainEndpoint:
     def endpoint(body: object) -> Endpoint:
         return "chat" if isinstance(body, dict) and "messages" in body else "completions"
 
-    def parse(self, body: object) -> GenerationRequest:
+    def parse(self, body: object, server: ServerConfig) -> GenerationRequest:
         if isinstance(body, dict) and "messages" not in body and "prompt" not in body:
             raise InvalidRequest("give 'messages' (chat) or 'prompt' (completions)",
                                  param="messages", code="invalid_value")
-        return parse_request(body, self.endpoint(body))
+        return parse_request(body, self.endpoint(body), server)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gateway: Gateway = scope["app"].state.gateway
         try:
             tenant, headers, raw = await read_request(gateway, scope, receive)
-            job = await admit(gateway, tenant, headers, raw, self.parse, explain=True)
+            job = await admit(gateway, tenant, headers, raw,
+                              partial(self.parse, server=gateway.config.server), explain=True)
         except GatewayError as exc:
             await send_error(send, exc)
             return

@@ -28,7 +28,8 @@ class Gateway(Core):
                          registry=registry)
         server = config.server
         self.upstream = upstream or Http1Client(server.connect_timeout_s,
-                                                server.read_timeout_s, server.total_timeout_s)
+                                                server.read_timeout_s, server.total_timeout_s,
+                                                server.max_response_bytes)
         self.dispatcher = Dispatcher(make_adapters(self.upstream), server)
 
     async def stop(self) -> None:

@@ -29,8 +29,9 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.config import ConfigError, GatewayConfig, ServerConfig, load_config
+from gateway.config import ConfigError, GatewayConfig, ServerConfig, load_config, with_environment
 from gateway.http.app import GatewayApp, create_app
+from gateway.http.hosts import HostAllowlist
 from gateway.tenants.auth import check_exposure
 
 
@@ -118,6 +119,13 @@ def head_deadline_protocol(timeout_s: float) -> type[HeadDeadlineProtocol]:
 
 CONFIG_ENV = "SPECROUTE_GATEWAY_CONFIG"  # how `serve` tells its worker processes
 POLICY_ENV = "SPECROUTE_GATEWAY_POLICY"
+HOST_ENV = "SPECROUTE_GATEWAY_HOST"
+
+
+def host_allowlist(app: GatewayApp, config: GatewayConfig, host: str) -> HostAllowlist:
+    """The app behind `server.allowed_hosts`, plus the address it is bound to (a client
+    dialling `127.0.0.2` names it; no DNS name an attacker owns is an address)."""
+    return HostAllowlist(app, (*config.server.allowed_hosts, host))
 
 
 def uvicorn_options(server: ServerConfig) -> dict:
@@ -134,16 +142,17 @@ def _logging(config: GatewayConfig) -> None:
                         format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
 
 
-def app_from_env() -> GatewayApp:
+def app_from_env() -> HostAllowlist:
     """The app of one worker process when `serve` runs several: uvicorn's supervisor
     spawns each process, which imports this by name (a spawned child cannot be handed a
     built app or a class made at run time)."""
     config_path = os.environ[CONFIG_ENV]
-    config = load_config(config_path)
+    config = with_environment(load_config(config_path), os.environ)
     _logging(config)
     HeadDeadlineProtocol.head_timeout_s = config.server.header_timeout_s  # this process's
-    return create_app(config, policy=os.environ.get(POLICY_ENV, "learned"),
-                      config_path=config_path)
+    app = create_app(config, policy=os.environ.get(POLICY_ENV, "learned"),
+                     config_path=config_path)
+    return host_allowlist(app, config, os.environ.get(HOST_ENV, config.server.host))
 
 
 def serve(config_path: str, host: str | None = None, port: int | None = None,
@@ -152,7 +161,7 @@ def serve(config_path: str, host: str | None = None, port: int | None = None,
     `policy` names the routing policy: learned, static or first (`gateway.routing.policy`);
     `workers` is the number of processes."""
     try:
-        config = load_config(config_path)
+        config = with_environment(load_config(config_path), os.environ)
     except ConfigError as exc:
         print(f"specroute gateway: {exc}", file=sys.stderr)
         return 2
@@ -173,7 +182,8 @@ def serve(config_path: str, host: str | None = None, port: int | None = None,
         # signal.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        uvicorn.run(app, **bind, **uvicorn_options(config.server))
+        uvicorn.run(host_allowlist(app, config, host), **bind,
+                    **uvicorn_options(config.server))
         return 0
     if not config.redis_url and policy == "learned":
         logging.getLogger("specroute.gateway").warning(
@@ -181,6 +191,7 @@ def serve(config_path: str, host: str | None = None, port: int | None = None,
             "traffic only", workers)
     os.environ[CONFIG_ENV] = str(Path(config_path).resolve())
     os.environ[POLICY_ENV] = policy
+    os.environ[HOST_ENV] = host
     options: dict[str, Any] = {**uvicorn_options(config.server), "workers": workers,
                                "http": f"{__name__}:HeadDeadlineProtocol", "factory": True}
     uvicorn.run(f"{__name__}:app_from_env", **bind, **options)

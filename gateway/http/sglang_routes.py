@@ -30,6 +30,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from gateway.config import DEFAULT_SERVER, ServerConfig
 from gateway.core.admit import NATIVE_ENGINES
 from gateway.errors import InvalidRequest, NoHealthyWorker
 from gateway.http.endpoints import TokenEndpoint
@@ -37,26 +38,31 @@ from gateway.http.gateway import Gateway
 from gateway.http.responses import DONE, ChunkWriter
 from gateway.pools import Pool
 from gateway.schemas import (
+    MAX_TOP_LOGPROBS,
     GenerationRequest,
     check_custom_params,
     check_grammar,
     check_logit_bias,
+    check_work,
 )
 from gateway.tenants.auth import is_admin
-from gateway.upstream.adapters.base import Delta, Final, GenerationResult
+from gateway.upstream.adapters.base import Delta, Final, GenerationResult, worker_auth
 from policies.request_limits import GRAMMAR_FIELDS
 from policies.types import Decision
 
 log = logging.getLogger("specroute.gateway")
 PARAMS = "sampling_params."
+SGLANG_MAX_NEW_TOKENS = 128  # the worker's default (sglang sampling_params.py)
 
 
 def _bad(param: str, message: str) -> InvalidRequest:
     return InvalidRequest(message, param=param, code="invalid_value")
 
 
-def parse_generate(body: object, models: list[str]) -> GenerationRequest:
-    """An SGLang `/generate` body as a completions request that keeps the native body."""
+def parse_generate(body: object, models: list[str],
+                   server: ServerConfig = DEFAULT_SERVER) -> GenerationRequest:
+    """An SGLang `/generate` body as a completions request that keeps the native body;
+    its work (`check_work`) within `server.max_request_work`."""
     if not isinstance(body, dict):
         raise _bad("body", "the request body must be a JSON object")
     model = body.get("model")
@@ -87,24 +93,57 @@ def parse_generate(body: object, models: list[str]) -> GenerationRequest:
         raise _bad("stream", "'stream' must be a boolean")
     if body.get("rid") is not None and not isinstance(body["rid"], str):
         raise _bad("rid", "'rid' must be a string (one prompt per request)")
+    max_tokens = _int(params, "max_new_tokens", 0)
     schema = params.get("json_schema")
     fmt = None
     if any(params.get(f) is not None for f in GRAMMAR_FIELDS):
         # the router's constrained_decoding requirement reads response_format
         fmt = {"type": "json_schema", "json_schema": {"schema": schema}}
-    return GenerationRequest(
+    request = GenerationRequest(
         endpoint="completions", model=model, body=body, prompt=text if text is not None
-        else ids, max_tokens=_int(params, "max_new_tokens", 0), temperature=_float(
+        else ids, max_tokens=max_tokens, temperature=_float(
             params, "temperature", 0.0, default=1.0), top_p=_top_p(params),
         stream=stream, seed=_int(params, "sampling_seed"), response_format=fmt, native=body)
+    _check_work(body, params, server, SGLANG_MAX_NEW_TOKENS if max_tokens is None
+                else max_tokens, request.prompt_tokens_estimate)
+    return request
 
 
-def _int(params: dict, name: str, low: int | None = None) -> int | None:
+def _check_work(body: dict, params: dict, server: ServerConfig, max_tokens: int,
+                prompt_tokens: int) -> None:
+    """One sample (`sampling_params.n` 1: SGLang answers several as a list, which is not
+    one completion), logprob fields checked as the OpenAI routes check theirs, and the
+    work within the limit: the alternatives per token are `top_logprobs_num` plus the
+    `token_ids_logprob` asked for, over the prompt too when `logprob_start_len` >= 0."""
+    if _int(params, "n", 1) not in (None, 1):
+        raise _bad(PARAMS + "n", f"'{PARAMS}n' must be 1 on /generate; send n requests "
+                   "(or use /v1/completions with 'n')")
+    wanted = body.get("return_logprob", False)
+    if not isinstance(wanted, bool):
+        raise _bad("return_logprob", "'return_logprob' must be a boolean")
+    top = _int(body, "top_logprobs_num", 0, "") or 0
+    if top > MAX_TOP_LOGPROBS:
+        raise _bad("top_logprobs_num", f"'top_logprobs_num' must be <= {MAX_TOP_LOGPROBS}")
+    ids = body.get("token_ids_logprob")
+    if ids is not None and not (isinstance(ids, list) and len(ids) <= MAX_TOP_LOGPROBS and all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in ids)):
+        raise _bad("token_ids_logprob", f"'token_ids_logprob' must be a list of at most "
+                   f"{MAX_TOP_LOGPROBS} token ids")
+    start = _int(body, "logprob_start_len", -1, "")
+    if wanted and start is not None and start >= 0:
+        max_tokens += max(prompt_tokens - start, 0)
+    logprobs = top + len(ids or []) if wanted else 0
+    check_work(server.max_request_work, 1, max_tokens, logprobs,
+               (PARAMS + "n", PARAMS + "max_new_tokens", "top_logprobs_num"))
+
+
+def _int(params: dict, name: str, low: int | None = None, prefix: str = PARAMS
+         ) -> int | None:
     value = params.get(name)
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-        raise _bad(PARAMS + name, f"'{PARAMS}{name}' must be an integer")
+        raise _bad(prefix + name, f"'{prefix}{name}' must be an integer")
     if value is not None and low is not None and value < low:
-        raise _bad(PARAMS + name, f"'{PARAMS}{name}' must be >= {low}, got {value}")
+        raise _bad(prefix + name, f"'{prefix}{name}' must be >= {low}, got {value}")
     return value
 
 
@@ -164,7 +203,8 @@ class GenerateEndpoint(TokenEndpoint):
 
     def parser(self, gateway: Gateway) -> Callable[[object], GenerationRequest]:
         return partial(parse_generate,
-                       models=sorted({p.config.model for p in gateway.pools.values()}))
+                       models=sorted({p.config.model for p in gateway.pools.values()}),
+                       server=gateway.config.server)
 
     def render(self, request: GenerationRequest, result: GenerationResult,
                decision: Decision) -> bytes:
@@ -179,7 +219,7 @@ async def _worker_info(session: aiohttp.ClientSession, pool: Pool, url: str) -> 
     something else than 200, or answers a body of the wrong shape (logged; the worker
     is left out of the aggregate, as a down one is)."""
     try:
-        async with session.get(url + "/server_info",
+        async with session.get(url + "/server_info", headers=worker_auth(pool.config.api_key),
                                timeout=aiohttp.ClientTimeout(total=5)) as resp:
             if resp.status != 200:
                 return None

@@ -73,9 +73,11 @@ def route_of(path: str) -> str | None:
 
 
 def parse(services: PickerServices, route: str, body: object) -> GenerationRequest:
+    server = services.config.server
     if route == "generate":
-        return parse_generate(body, sorted({p.config.model for p in services.pools.values()}))
-    return parse_request(body, route)  # type: ignore[arg-type]
+        return parse_generate(body, sorted({p.config.model for p in services.pools.values()}),
+                              server)
+    return parse_request(body, route, server)  # type: ignore[arg-type]
 
 
 def targets(pools: list[Pool], budget: int, subset: set[str] | None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -155,12 +156,12 @@ def run(config_path: str, host: str | None, port: int, policy: str = "learned",
     config or an exposure the gateway would refuse too. With `metrics_port`, the
     gateway's Prometheus metrics (requests, latency, accept length per pool, the engines'
     own acceptance) on that port's `/metrics`."""
-    from gateway.config import ConfigError, load_config
+    from gateway.config import ConfigError, load_config, with_environment
     from gateway.picker.runtime import build
     from gateway.tenants.auth import check_exposure
 
     try:
-        config = load_config(config_path)
+        config = with_environment(load_config(config_path), os.environ)
     except ConfigError as exc:
         print(f"specroute picker: {exc}", file=sys.stderr)
         return 2

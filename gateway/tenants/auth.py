@@ -202,10 +202,14 @@ def is_loopback(scope: Scope) -> bool:
 
 def is_admin(request: Request) -> bool:
     """The caller may see operator detail: it sent `server.admin_api_key_sha256`'s key as
-    a Bearer token, or, with no admin key configured, it called over loopback."""
-    digest = request.app.state.gateway.config.server.admin_api_key_sha256
+    a Bearer token, or, with no admin key configured and `server.loopback_admin` set (as
+    `specroute up` does: one user's machine), it called over loopback. Without either,
+    nobody is: any local process or user, or a page that reached the port, is not the
+    operator by its address alone."""
+    server = request.app.state.gateway.config.server
+    digest = server.admin_api_key_sha256
     if digest is None:
-        return is_loopback(request.scope)
+        return server.loopback_admin and is_loopback(request.scope)
     header = request.headers.get("authorization", "")
     if header[:7].lower() != "bearer ":
         return False

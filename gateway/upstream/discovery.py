@@ -10,13 +10,23 @@ the config stay), the drain flag is copied onto every worker of the pool, and ev
 entry goes to `on_entry` (the gateway reads the worker's measurement from it). Redis
 being slow or down never blocks a request: a read that fails or times out keeps the
 last known set.
+
+Write access to Redis is not trusted to name workers (docs/SECURITY.md): an entry is
+taken only when its URL is inside the pool's `registry_allow` (CIDRs, host names or `*`
+patterns; by default the hosts of the pool's configured `workers` and loopback), it
+names this pool, and, with `server.registry_secret` set, it carries the registering
+supervisor's valid HMAC (`workers.fleet.registry.signed_by`). Anything else is ignored,
+with one warning per URL: it never gets a probe, a prior or a request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fnmatch
+import ipaddress
 import logging
 from collections.abc import Awaitable, Callable
+from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -24,17 +34,49 @@ from redis.exceptions import RedisError
 from gateway.periodic import Periodic
 from gateway.pools import Pool, Worker
 from policies.keys import draining_key, pool_workers_key, worker_key
-from workers.fleet.registry import WorkerInfo
+from workers.fleet.registry import WorkerInfo, signed_by
 
 log = logging.getLogger("specroute.gateway")
 OnNewWorker = Callable[[Pool, Worker], Awaitable[None]]
 OnEntry = Callable[[Pool, WorkerInfo], None]
 
 
+LOOPBACK_NAMES = ("localhost",)
+
+
+def url_allowed(url: str, allow: tuple[str, ...]) -> bool:
+    """Whether `url`'s host is inside one of `allow`'s entries: a CIDR (an address host
+    only), an exact host, or a `fnmatch` pattern (`*.svc.cluster.local`)."""
+    host = (urlsplit(url).hostname or "").lower()
+    if not host:
+        return False
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        address = None
+    for entry in allow:
+        if "/" in entry:
+            if address is not None and address in ipaddress.ip_network(entry, strict=False):
+                return True
+        elif fnmatch.fnmatchcase(host, entry.lower()):
+            return True
+    return False
+
+
+def default_allow(pool: Pool) -> tuple[str, ...]:
+    """A pool without `registry_allow`: its configured workers' hosts and loopback."""
+    hosts = tuple(urlsplit(url).hostname or "" for url in pool.config.workers)
+    return (*hosts, *LOOPBACK_NAMES, "127.0.0.0/8", "::1/128")
+
+
 class RegistryDiscovery:
     def __init__(self, pools: dict[str, Pool], redis_url: str, interval_s: float,
-                 on_new: OnNewWorker | None = None, on_entry: OnEntry | None = None) -> None:
+                 on_new: OnNewWorker | None = None, on_entry: OnEntry | None = None,
+                 secret: str | None = None) -> None:
         self.pools = pools
+        self.secret = secret  # entries must be signed with it (None: unsigned taken)
+        self.allow = {name: pool.config.registry_allow or default_allow(pool)
+                      for name, pool in pools.items()}
         self.interval_s = interval_s
         self.on_new = on_new
         self.on_entry = on_entry  # every live entry of the pool's model (its measurement)
@@ -54,8 +96,26 @@ class RegistryDiscovery:
         flagged = sorted({*urls, *(w.url for w in current.workers)})
         infos = await self.client.mget([worker_key(pool, u) for u in urls]) if urls else []
         flags = await self.client.mget([draining_key(pool, u) for u in flagged])
-        live = [WorkerInfo.from_json(raw) for raw in infos if raw is not None]
+        live = [info for url, raw in zip(urls, infos, strict=True) if raw is not None
+                and (info := self._accepted(pool, url, raw)) is not None]
         return live, {u for u, flag in zip(flagged, flags, strict=True) if flag is not None}
+
+    def _accepted(self, pool: str, member: str, raw: bytes | str) -> WorkerInfo | None:
+        """The entry, when it is one this gateway may send requests to (module doc)."""
+        info = WorkerInfo.from_json(raw)
+        why = None
+        if self.secret is not None and not signed_by(raw, self.secret):
+            why = "is not signed with the registry secret"
+        elif info.pool != pool or info.url != member:
+            why = f"names pool {info.pool!r} and URL {info.url!r}"
+        elif not url_allowed(info.url, self.allow[pool]):
+            why = "is outside the pool's registry_allow"
+        if why is None:
+            return info
+        if member not in self._warned:
+            self._warned.add(member)
+            log.warning("registry entry %s in pool %s %s; ignored", member, pool, why)
+        return None
 
     def _merge(self, pool: Pool, live: list[WorkerInfo], draining: set[str]) -> list[Worker]:
         added = []

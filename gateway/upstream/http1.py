@@ -27,7 +27,8 @@ Errors, all `HttpError`:
     ├── ConnectFailed       refused, unreachable, TLS handshake failed
     ├── ReadTimeout         silence past the read deadline, or the total deadline passed
     ├── Disconnected        the worker closed the connection before the answer's end
-    └── BadResponse         not HTTP/1.x, or a line past the reader's limit
+    ├── BadResponse         not HTTP/1.x, or a line past the reader's limit
+    └── TooLarge            a body read whole past `server.max_response_bytes`
 
 `gateway.upstream.adapters.wire` maps them to the gateway's error tree.
 """
@@ -42,7 +43,17 @@ from collections import deque
 
 import httptools
 
+from gateway.config import DEFAULT_SERVER
 from gateway.upstream.targets import Target, target
+from gateway.upstream.transport_errors import (
+    BadResponse,
+    ConnectFailed,
+    ConnectTimeout,
+    Disconnected,
+    HttpError,
+    ReadTimeout,
+    TooLarge,
+)
 
 IDLE_PER_WORKER = 256  # idle keep-alive connections kept per worker; more are closed
 IDLE_EXPIRY_S = 30.0  # an idle connection older than this is closed, not reused
@@ -54,39 +65,16 @@ STALE_AFTER_S = 1.0
 HIGH_WATER = 1 << 20  # unread answer bytes at which the connection stops reading
 
 
-class HttpError(Exception):
-    """A worker call failed below HTTP semantics (no status to judge it by)."""
-
-
-class ConnectTimeout(HttpError):
-    pass
-
-
-class ConnectFailed(HttpError):
-    pass
-
-
-class ReadTimeout(HttpError):
-    pass
-
-
-class Disconnected(HttpError):
-    pass
-
-
-class BadResponse(HttpError):
-    pass
-
-
 class Response:
     """An answer being read: its status once the head arrived, then its body, whole
     (`read`) or line by line (`readline`). `close()` ends it: the connection goes back
     to the pool when the answer was read to its end and may be kept, else it closes."""
 
     __slots__ = ("status", "connection", "buffer", "complete", "error", "waiter",
-                 "deadline", "read_s", "head", "timer", "until")
+                 "deadline", "read_s", "head", "timer", "until", "max_body")
 
-    def __init__(self, connection: Connection, deadline: float, read_s: float) -> None:
+    def __init__(self, connection: Connection, deadline: float, read_s: float,
+                 max_body: int = DEFAULT_SERVER.max_response_bytes) -> None:
         self.status = 0
         self.connection = connection
         self.buffer = bytearray()
@@ -98,6 +86,7 @@ class Response:
         self.read_s = read_s
         self.timer: asyncio.TimerHandle | None = None
         self.until = 0.0  # time.monotonic() at which the armed deadline passes
+        self.max_body = max_body  # what `read` holds at most
 
     # -- fed by the connection ----------------------------------------------------------
     def wake(self) -> None:
@@ -155,12 +144,21 @@ class Response:
             await self.wait()
 
     async def read(self) -> bytes:
-        """The whole body."""
+        """The whole body; `TooLarge` past `max_body` bytes, checked as they arrive, so a
+        worker's runaway answer is never held whole (`close()` then drops the connection,
+        and the worker sees its client leave)."""
         while not self.complete:
+            self._check_size()
             await self.wait()
+        self._check_size()
         body = bytes(self.buffer)
         self.buffer.clear()
         return body
+
+    def _check_size(self) -> None:
+        if len(self.buffer) > self.max_body:
+            raise TooLarge(f"the answer is larger than {self.max_body} bytes "
+                           f"(server.max_response_bytes)")
 
     async def read_some(self) -> bytes:
         """What has arrived of the body, waiting for something; b"" at its end."""
@@ -313,10 +311,13 @@ class Connection(asyncio.Protocol):
 class Http1Client:
     """Requests to workers over kept connections. Build it in the app's lifespan and
     `close()` it at shutdown; the deadlines are the server's (`server.connect_timeout_s`,
-    `read_timeout_s`, `total_timeout_s`)."""
+    `read_timeout_s`, `total_timeout_s`), and so is the most a body read whole may hold
+    (`max_response_bytes`)."""
 
-    def __init__(self, connect_s: float, read_s: float, total_s: float) -> None:
+    def __init__(self, connect_s: float, read_s: float, total_s: float,
+                 max_response_bytes: int = DEFAULT_SERVER.max_response_bytes) -> None:
         self.connect_s, self.read_s, self.total_s = connect_s, read_s, total_s
+        self.max_response_bytes = max_response_bytes
         self.idle: dict[Target, deque[Connection]] = {}
         self._tls: ssl.SSLContext | None = None
 
@@ -336,7 +337,7 @@ class Http1Client:
                    f"\r\n{extra}\r\n").encode("latin-1") + body
         for attempt in (0, 1):
             connection = await self._connection(key, deadline)
-            response = Response(connection, deadline, self.read_s)
+            response = Response(connection, deadline, self.read_s, self.max_response_bytes)
             connection.begin(response, request)
             try:
                 await response.started()

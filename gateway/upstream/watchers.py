@@ -28,7 +28,8 @@ class UpstreamWatchers:
 
             self.discovery = RegistryDiscovery(pools, redis_url, server.discovery_interval_s,
                                                on_new=self.monitor.probe,
-                                               on_entry=self.priors.from_registry)
+                                               on_entry=self.priors.from_registry,
+                                               secret=server.registry_secret)
 
     async def start(self) -> None:
         await self.monitor.start()

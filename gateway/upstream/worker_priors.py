@@ -24,6 +24,7 @@ import aiohttp
 
 from gateway.periodic import Periodic
 from gateway.pools import Pool
+from gateway.upstream.adapters.base import worker_auth
 from gateway.upstream.adapters.sglang import prior_from_server_info
 from policies.prior import Measured, MeasuredError, WorkerPrior
 from workers.fleet.registry import WorkerInfo
@@ -52,9 +53,10 @@ class WorkerPriors:
         log.info("pool %s: prior from %s (%s)", pool.name, where, prior.source)
         return True
 
-    async def _server_info(self, url: str) -> dict | None:
+    async def _server_info(self, url: str, api_key: str | None) -> dict | None:
         try:
-            async with self.session.get(url + "/server_info", timeout=self.timeout) as resp:
+            async with self.session.get(url + "/server_info", timeout=self.timeout,
+                                        headers=worker_auth(api_key)) as resp:
                 if resp.status != 200:
                     return None
                 body = await resp.json(content_type=None)
@@ -67,7 +69,7 @@ class WorkerPriors:
         if pool.config.engine not in SERVER_INFO_ENGINES or pool.config.method == "plain":
             return False
         for worker in list(pool.workers):
-            body = await self._server_info(worker.url)
+            body = await self._server_info(worker.url, pool.config.api_key)
             if body is not None and self._give(pool, prior_from_server_info(pool.config, body),
                                                f"{worker.url}/server_info"):
                 return True

@@ -168,6 +168,8 @@ def pool(name: str, workers: list[str], method: str = "plain", k: int = 0) -> di
 
 
 def gateway(tmp: Path, config: dict, name: str = "gateway", policy: str = "first") -> tuple:
+    """A gateway serving `config`; its /ready detail is read over loopback."""
+    config = {**config, "server": {"loopback_admin": True, **config.get("server", {})}}
     port = free_port()
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))

@@ -45,7 +45,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
          "workers": [url["dead"]]},
     ]
     secured = {"server": {"max_body_bytes": 65536, "read_timeout_s": 1.0,
-                          "health_interval_s": 0.5},
+                          "health_interval_s": 0.5, "loopback_admin": True},
                "pools": pools,
                "tenants": [{"name": "acme", "api_key_sha256": [hash_api_key(KEY)]},
                            {"name": "limited", "api_key_sha256": [hash_api_key(LIMITED_KEY)],

@@ -253,7 +253,7 @@ def raw_exchange(url: str, head: bytes, body: bytes = b"") -> bytes:
 ])
 def test_raw_hostile_headers(gateway: dict, header: bytes, status: bytes) -> None:
     body = completions(max_tokens=2)
-    head = (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\n"
+    head = (b"POST /v1/completions HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n"
             b"authorization: Bearer " + KEY.encode() + b"\r\n" + header)
     if not header.startswith(b"content-length"):
         head += b"\r\ncontent-length: " + str(len(body)).encode()

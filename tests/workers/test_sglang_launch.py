@@ -29,6 +29,7 @@ SGLANG_0_5_23_FLAGS = {
     "--mem-fraction-static",  # fields/schedule.py:27
     "--max-running-requests",  # fields/schedule.py:31
     "--enable-metrics",  # fields/observability.py:70 (bool -> store_true)
+    "--api-key",  # arg_groups/fields/serving.py:160
     "--context-length",  # fields/model.py:110
     "--trust-remote-code",  # fields/model.py:106
     "--speculative-algorithm",  # fields/spec.py:31

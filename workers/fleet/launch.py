@@ -1,9 +1,16 @@
 """The argv that launches one pool's server: SGLang's or vLLM's, built from the pool's
 config (`workers.fleet.sglang_launch`, `workers.fleet.vllm_launch`), or an operator's
-template."""
+template.
+
+With `SPECROUTE_WORKER_API_KEY` in the supervisor's environment (a Secret), SGLang and
+vLLM start with `--api-key`: a pod that reaches the server around the gateway gets 401s
+on everything but health and metrics; the gateway sends the key (a pool's `api_key`,
+from the same variable).
+"""
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from collections.abc import Callable
@@ -17,7 +24,8 @@ from workers.fleet.vllm_launch import VLLMLaunch, build_vllm_args
 CommandBuilder = Callable[[int, int], list[str]]  # (port, k) -> argv
 
 _BUILDER_SET = {"model_path", "method", "k", "port", "served_model_name", "python", "vllm",
-                "extra_args"}  # filled in by the supervisor, not by `launch:`
+                "extra_args", "api_key"}  # filled in by the supervisor, not by `launch:`
+WORKER_API_KEY_ENV = "SPECROUTE_WORKER_API_KEY"
 
 
 def launch_options(pool: FleetPool, builder: type) -> dict[str, Any]:
@@ -43,16 +51,18 @@ def command_builder(pool: FleetPool, template: str | None) -> CommandBuilder:
                                                python=sys.executable))
         return from_template
 
+    api_key = os.environ.get(WORKER_API_KEY_ENV) or None
     if pool.engine == "vllm":
         def vllm(port: int, k: int) -> list[str]:
             return build_vllm_args(VLLMLaunch(
                 model_path=pool.model_path or pool.model, method=pool.method, k=k, port=port,
-                served_model_name=pool.model, **launch_options(pool, VLLMLaunch)))
+                served_model_name=pool.model, api_key=api_key,
+                **launch_options(pool, VLLMLaunch)))
         return vllm
 
     def sglang(port: int, k: int) -> list[str]:
         return build_sglang_args(SGLangLaunch(
             model_path=pool.model_path or pool.model, method=pool.method, k=k, port=port,
-            served_model_name=pool.model, python=sys.executable,
+            served_model_name=pool.model, python=sys.executable, api_key=api_key,
             **launch_options(pool, SGLangLaunch)))
     return sglang

@@ -11,12 +11,20 @@ A worker is alive exactly while its key exists: the heartbeat thread rewrites it
 ttl/3, so a dead worker vanishes within one ttl. The sets are only an index for
 discovery; `list_workers` prunes members whose key has expired. The draining flag tells
 gateways to stop sending new requests to a worker that is about to be relaunched.
+
+Entries are signed when the registering process has the fleet's shared secret
+(`SPECROUTE_REGISTRY_SECRET`): a `sig` field, HMAC-SHA256 over the rest of the JSON, so a
+gateway that has the secret too (`gateway.upstream.discovery`) takes no entry that anyone
+with mere write access to Redis made up (docs/SECURITY.md).
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
+import os
 import threading
 import time
 from dataclasses import asdict, dataclass, replace
@@ -28,6 +36,8 @@ from policies.keys import POOL_INDEX_KEY, draining_key, pool_workers_key, worker
 logger = logging.getLogger(__name__)
 
 DRAIN_FLAG_TTL_S = 3600  # a supervisor that dies mid-drain must not strand a worker forever
+REGISTRY_SECRET_ENV = "SPECROUTE_REGISTRY_SECRET"
+SIGNATURE_FIELD = "sig"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,10 +55,14 @@ class WorkerInfo:
     measured: dict | None = None  # what the worker measured about itself (measured.json)
     draining: bool = False
 
-    def to_json(self) -> str:
+    def to_json(self, secret: str | None = None) -> str:
+        """The stored form; signed (`SIGNATURE_FIELD`) when given the fleet's secret."""
         data = asdict(self)
         del data["draining"]
-        return json.dumps(data, sort_keys=True)
+        text = json.dumps(data, sort_keys=True)
+        if not secret:
+            return text
+        return json.dumps({**data, SIGNATURE_FIELD: _sign(secret, text)}, sort_keys=True)
 
     @classmethod
     def from_json(cls, raw: str | bytes, draining: bool = False) -> WorkerInfo:
@@ -57,6 +71,23 @@ class WorkerInfo:
                    method=data["method"], k=int(data["k"]), model=data["model"],
                    started_at=float(data["started_at"]), pid=int(data["pid"]),
                    measured=data.get("measured"), draining=draining)
+
+
+def _sign(secret: str, text: str) -> str:
+    return hmac.new(secret.encode(), text.encode(), hashlib.sha256).hexdigest()
+
+
+def signed_by(raw: str | bytes, secret: str) -> bool:
+    """Whether a stored entry carries a valid signature under `secret`."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return False
+    if not isinstance(data, dict):
+        return False
+    signature = data.pop(SIGNATURE_FIELD, None)
+    return isinstance(signature, str) and hmac.compare_digest(
+        signature, _sign(secret, json.dumps(data, sort_keys=True)))
 
 
 def _text(value: str | bytes) -> str:
@@ -102,15 +133,19 @@ class Registration:
 
     Redis outages are logged and retried at the next beat; the worker keeps serving.
     `update()` swaps the announced info (e.g. a new k after a relaunch) and beats at once.
+    Entries are signed with `secret`, by default the environment's
+    `SPECROUTE_REGISTRY_SECRET` (none: unsigned).
     """
 
-    def __init__(self, redis_url: str, info: WorkerInfo, ttl: float = 10.0) -> None:
+    def __init__(self, redis_url: str, info: WorkerInfo, ttl: float = 10.0,
+                 secret: str | None = None) -> None:
         if ttl <= 0:
             raise ValueError(f"ttl must be > 0, got {ttl}")
         self.ttl = ttl
         self._client = redis.Redis.from_url(redis_url, socket_timeout=max(ttl / 3, 0.5),
                                             socket_connect_timeout=max(ttl / 3, 0.5))
         self._info = info
+        self._secret = secret if secret is not None else os.environ.get(REGISTRY_SECRET_ENV)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -141,7 +176,8 @@ class Registration:
             info = self._info
         try:
             pipe = self._client.pipeline(transaction=False)
-            pipe.set(worker_key(info.pool, info.url), info.to_json(), px=int(self.ttl * 1000))
+            pipe.set(worker_key(info.pool, info.url), info.to_json(self._secret),
+                     px=int(self.ttl * 1000))
             pipe.sadd(pool_workers_key(info.pool), info.url)
             pipe.sadd(POOL_INDEX_KEY, info.pool)
             pipe.execute()

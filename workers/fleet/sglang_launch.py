@@ -74,6 +74,7 @@ class SGLangLaunch:
     topk: int | None = None
     num_draft_tokens: int | None = None
     enable_metrics: bool = True  # the supervisor's drain reads sglang:num_running_reqs
+    api_key: str | None = None  # --api-key: /generate, /v1/* and admin routes need it
     python: str = "python"
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
@@ -162,6 +163,8 @@ def build_sglang_args(launch: SGLangLaunch) -> list[str]:
         args += ["--max-running-requests", str(launch.max_running_requests)]
     if launch.enable_metrics:
         args.append("--enable-metrics")
+    if launch.api_key:
+        args += ["--api-key", launch.api_key]
     return args + speculative_args(launch) + list(launch.extra_args)
 
 

@@ -46,6 +46,7 @@ class VLLMLaunch:
     served_model_name: str | None = None
     draft_model_path: str | None = None
     prompt_lookup_max: int = 4
+    api_key: str | None = None  # --api-key: the OpenAI routes need it
     vllm: str = "vllm"
     # A vLLM environment's Python: the server starts as `python -m
     # vllm.entrypoints.openai.api_server --model PATH` (every vLLM build has that module;
@@ -91,6 +92,8 @@ def build_vllm_args(launch: VLLMLaunch) -> list[str]:
         args += ["--served-model-name", launch.served_model_name]
     if launch.gpu_memory_utilization is not None:
         args += ["--gpu-memory-utilization", str(launch.gpu_memory_utilization)]
+    if launch.api_key:
+        args += ["--api-key", launch.api_key]
     spec = speculative_config(launch)
     if spec is not None:
         args += ["--speculative-config", json.dumps(spec, sort_keys=True),

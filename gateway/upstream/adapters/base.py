@@ -87,3 +87,8 @@ def finish_reason_of(value: object) -> str:
     if value in ("stop", "length", "tool_calls", "content_filter", "function_call"):
         return str(value)
     return "stop"
+
+
+def worker_auth(api_key: str | None) -> dict[str, str]:
+    """The headers that carry the workers' API key (SGLang's and vLLM's `--api-key`)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}

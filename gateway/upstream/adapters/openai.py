@@ -152,7 +152,7 @@ class OpenAIAdapter:
     async def generate(self, worker: str, request: GenerationRequest, pool: PoolConfig,
                        k: int) -> GenerationResult:
         body = await post_json(self.client, worker, PATHS[request.endpoint],
-                               self.payload(request, pool, k, stream=False))
+                               self.payload(request, pool, k, stream=False), pool.api_key)
         return result_from_body(worker, body, request.endpoint == "chat")
 
     async def stream(self, worker: str, request: GenerationRequest, pool: PoolConfig,
@@ -160,7 +160,8 @@ class OpenAIAdapter:
         usage, spec, finish = Usage(), SpecStats(), None
         payload = self.payload(request, pool, k, stream=True)
         chat = request.endpoint == "chat"
-        async with (post(self.client, worker, PATHS[request.endpoint], payload) as resp,
+        async with (post(self.client, worker, PATHS[request.endpoint], payload,
+                         pool.api_key) as resp,
                     aclosing(sse_data(worker, resp)) as events):  # closed with this one
             async for raw in events:
                 chunk = Reply(worker, raw, "event")

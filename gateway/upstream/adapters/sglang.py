@@ -162,7 +162,7 @@ class SGLangAdapter:
         if self._openai_route(request):
             return await self.chat.generate(worker, request, pool, k)
         body = await post_json(self.client, worker, "/generate",
-                               self.payload(request, pool, k, stream=False))
+                               self.payload(request, pool, k, stream=False), pool.api_key)
         return result_from_generate(worker, body, request.native is not None)
 
     async def stream(self, worker: str, request: GenerationRequest, pool: PoolConfig,
@@ -175,7 +175,7 @@ class SGLangAdapter:
         sent = 0
         meta = Reply(worker, {}, "meta_info")
         payload = self.payload(request, pool, k, stream=True)
-        async with (post(self.client, worker, "/generate", payload) as resp,
+        async with (post(self.client, worker, "/generate", payload, pool.api_key) as resp,
                     aclosing(sse_data(worker, resp)) as events):
             async for raw in events:
                 chunk = Reply(worker, raw, "event")

@@ -17,16 +17,18 @@ from gateway.errors import (
     UpstreamProtocolError,
     UpstreamRejected,
     UpstreamTimeout,
+    UpstreamTooLarge,
     UpstreamUnavailable,
 )
 from gateway.telemetry.spans import UPSTREAM_TRACE_HEADERS
-from gateway.upstream.http1 import (
+from gateway.upstream.adapters.base import worker_auth
+from gateway.upstream.http1 import Http1Client, Response
+from gateway.upstream.transport_errors import (
     ConnectFailed,
     ConnectTimeout,
-    Http1Client,
     HttpError,
     ReadTimeout,
-    Response,
+    TooLarge,
 )
 
 MAX_SSE_LINE = 64 * 1024 * 1024  # SGLang's cumulative stream text can make long lines
@@ -68,6 +70,10 @@ def transport_error(worker: str, exc: HttpError) -> GatewayError:
                                code="upstream_connect_timeout")
     if isinstance(exc, ReadTimeout):
         return UpstreamTimeout(f"worker {worker} timed out ({exc})", code="upstream_timeout")
+    if isinstance(exc, TooLarge):
+        return UpstreamTooLarge(f"the worker's answer was too large: {exc}; ask for less "
+                                f"(n, max_tokens, logprobs) or stream it",
+                                code="upstream_response_too_large")
     if isinstance(exc, ConnectFailed):
         return UpstreamUnavailable(f"cannot connect to worker {worker}",
                                    code="upstream_connect_error")
@@ -76,14 +82,16 @@ def transport_error(worker: str, exc: HttpError) -> GatewayError:
 
 
 @asynccontextmanager
-async def post(client: Http1Client, worker: str, path: str,
-               payload: dict) -> AsyncIterator[Response]:
-    """POST JSON; yield the response once it is known to be 200. Leaving the block
-    before the answer's end drops the connection: the worker sees the client leave."""
+async def post(client: Http1Client, worker: str, path: str, payload: dict,
+               api_key: str | None = None) -> AsyncIterator[Response]:
+    """POST JSON (with the pool's `api_key` as a Bearer key); yield the response once it
+    is known to be 200. Leaving the block before the answer's end drops the connection:
+    the worker sees the client leave."""
     trace = UPSTREAM_TRACE_HEADERS.get()  # W3C traceparent (gateway/telemetry/spans.py)
+    headers = {**(trace or {}), **worker_auth(api_key)} if api_key else trace
     try:
         resp = await client.request("POST", worker, path, orjson.dumps(payload),
-                                    trace or None)
+                                    headers or None)
     except HttpError as exc:
         raise transport_error(worker, exc) from exc
     try:
@@ -112,8 +120,9 @@ async def answers(client: Http1Client, worker: str, timeout_s: float) -> bool:
     return True
 
 
-async def post_json(client: Http1Client, worker: str, path: str, payload: dict) -> dict:
-    async with post(client, worker, path, payload) as resp:
+async def post_json(client: Http1Client, worker: str, path: str, payload: dict,
+                    api_key: str | None = None) -> dict:
+    async with post(client, worker, path, payload, api_key) as resp:
         raw = await resp.read()
     try:
         body = orjson.loads(raw)

@@ -90,8 +90,8 @@ def test_tenant_percentiles_attainment_and_the_last_decisions() -> None:
     assert percentile([], 0.5) is None and percentile([3.0], 0.99) == 3.0
 
 
-def config(admin: bool = True):
-    server = {"health_interval_s": 3600}
+def config(admin: bool = True, loopback_admin: bool = False):
+    server = {"health_interval_s": 3600, "loopback_admin": loopback_admin}
     if admin:
         server["admin_api_key_sha256"] = hash_api_key(ADMIN)
     return parse_config({
@@ -202,15 +202,22 @@ def test_the_page_loads_only_its_own_assets(client: TestClient) -> None:
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
 
 
-def test_without_an_admin_key_the_console_is_for_loopback_only() -> None:
-    def app():
-        return create_app(config(admin=False), policy="learned", classify=minimal_profile)
+def test_without_an_admin_key_the_console_is_for_loopback_only_when_configured() -> None:
+    """No admin key: loopback callers are admin only with `server.loopback_admin` (what
+    `specroute up` sets); otherwise nobody is, on any address."""
+    def app(loopback_admin: bool):
+        return create_app(config(admin=False, loopback_admin=loopback_admin),
+                          policy="learned", classify=minimal_profile)
 
-    with TestClient(app()) as remote:  # served on "testserver", not a loopback address
+    with TestClient(app(True)) as remote:  # served on "testserver", not a loopback address
         refused = remote.get("/v1/console/state")
         assert refused.status_code == 403 and refused.json()["error"]["code"] == "admin_only"
-    with TestClient(app(), base_url="http://127.0.0.1:8000") as local:
+    with TestClient(app(True), base_url="http://127.0.0.1:8000") as local:
         assert local.get("/v1/console/state").status_code == 200
+    with TestClient(app(False), base_url="http://127.0.0.1:8000") as local:
+        refused = local.get("/v1/console/state")
+        assert refused.status_code == 403 and refused.json()["error"]["code"] == "admin_only"
+        assert "pools" not in local.get("/ready").json()
 
 
 def test_the_fleet_shows_what_redis_says_of_workers_relaunches_and_moves(redis_url: str) -> None:
@@ -219,7 +226,7 @@ def test_the_fleet_shows_what_redis_says_of_workers_relaunches_and_moves(redis_u
     from policies.keys import desired_k_key, fleet_move_key, pool_workers_key, worker_key
     from workers.fleet.registry import new_worker_info
 
-    raw = {"redis_url": redis_url, "server": {"health_interval_s": 3600},
+    raw = {"redis_url": redis_url, "server": {"health_interval_s": 3600, "loopback_admin": True},
            "pools": [{"name": "eagle", "engine": "sglang", "method": "eagle", "k": 3,
                       "model": "m", "workers": []},
                      {"name": "plain", "engine": "sglang", "method": "plain", "model": "m",

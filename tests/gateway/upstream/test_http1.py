@@ -12,14 +12,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 import uvloop
 
-from gateway.upstream.http1 import (
-    STALE_AFTER_S,
+from gateway.upstream.http1 import STALE_AFTER_S, Http1Client, target
+from gateway.upstream.transport_errors import (
     BadResponse,
     ConnectFailed,
     Disconnected,
-    Http1Client,
     ReadTimeout,
-    target,
+    TooLarge,
 )
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -331,6 +330,36 @@ async def test_a_large_answer_is_read_with_backpressure(worker, client: Http1Cli
                                        % len(body) + body))
     resp = await client.request("POST", scripted.url, "/x")
     assert await resp.read() == body
+    resp.close()
+
+
+async def test_a_runaway_answer_is_cut_at_the_size_limit(worker) -> None:
+    """A body read whole stops at `max_response_bytes` while it still arrives: the
+    gateway never holds the rest, and the worker sees the connection closed."""
+    closed = asyncio.Event()
+
+    async def runaway(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (1 << 30))
+        try:
+            while True:  # 1 GiB promised, sent until the gateway hangs up
+                writer.write(b"x" * 65536)
+                await writer.drain()
+        except ConnectionError:
+            closed.set()
+
+    scripted = await worker(runaway)
+    client = Http1Client(connect_s=2, read_s=2, total_s=5, max_response_bytes=4 << 20)
+    resp = await client.request("POST", scripted.url, "/generate")
+    with pytest.raises(TooLarge, match="4194304 bytes"):
+        await resp.read()
+    assert len(resp.buffer) < 8 << 20  # the check runs as it arrives, not at the end
+    resp.close()
+    await asyncio.wait_for(closed.wait(), 5)
+    assert not client.idle.get(target(scripted.url))
+    small = await worker(keep_alive(OK))
+    resp = await client.request("POST", small.url, "/generate")
+    assert await resp.read() == b"hello"  # under the limit: as before
     resp.close()
 
 
