@@ -49,7 +49,9 @@ METHODS: Mapping[Method, MethodFacts] = {
     Method.EAGLE3: MethodFacts(4, sglang_algorithm="EAGLE3", vllm_method="eagle3",
                                embedded=False),
     Method.DRAFT: MethodFacts(4, sglang_algorithm="STANDALONE", vllm_method="draft_model"),
-    Method.HYBRID: MethodFacts(5),  # embedded only: SGLang and vLLM run one method per server
+    # embedded only (SGLang and vLLM run one method per server); k 3 over 5 on SmolLM2:
+    # docs/results/2026-12-06-hybrid.md
+    Method.HYBRID: MethodFacts(3),
 }
 FALLBACK_K = 4  # a method name the registry does not know (a custom SGLang algorithm)
 
