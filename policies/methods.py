@@ -27,6 +27,7 @@ class Method(StrEnum):
     EAGLE2 = "eagle2"  # EAGLE with a dynamic tree (arXiv 2406.16858): SGLang topk > 1
     EAGLE3 = "eagle3"  # arXiv 2503.01840
     DRAFT = "draft"  # a small draft model (SGLang STANDALONE, vLLM draft_model)
+    HYBRID = "hybrid"  # per step: n-gram where the context matches, else the EAGLE chain
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,9 @@ METHODS: Mapping[Method, MethodFacts] = {
     Method.EAGLE3: MethodFacts(4, sglang_algorithm="EAGLE3", vllm_method="eagle3",
                                embedded=False),
     Method.DRAFT: MethodFacts(4, sglang_algorithm="STANDALONE", vllm_method="draft_model"),
+    # embedded only (SGLang and vLLM run one method per server); k 3 over 5 on SmolLM2:
+    # docs/results/2026-12-06-hybrid.md
+    Method.HYBRID: MethodFacts(3),
 }
 FALLBACK_K = 4  # a method name the registry does not know (a custom SGLang algorithm)
 

@@ -27,7 +27,7 @@ MODEL_ALIASES: Mapping[str, str] = {"tiny": BUNDLED_MODEL_NAME, "smollm2": SMOLL
 
 
 DRAFTER_FOLDERS: Mapping[str, tuple[str, ...]] = {
-    "medusa": ("medusa",), "eagle": ("eagle", "eagle2"), "draft": ("draft",)}
+    "medusa": ("medusa",), "eagle": ("eagle", "eagle2", "hybrid"), "draft": ("draft",)}
 
 
 def weights_dir(model_name: str) -> Path:

@@ -20,7 +20,7 @@ from gateway_harness import start_gateway, start_worker
 
 from workers.models import BUNDLED_MODEL_DIR
 
-METHODS = ("plain", "ngram", "lookahead", "medusa", "eagle", "eagle2", "draft")
+METHODS = ("plain", "ngram", "lookahead", "medusa", "eagle", "eagle2", "hybrid", "draft")
 SCHEMA = {"type": "object",
           "properties": {"event": {"type": "string", "maxLength": 16},
                          "user_id": {"type": "integer", "minimum": 0, "maximum": 99999},

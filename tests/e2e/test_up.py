@@ -27,7 +27,7 @@ MODEL = Path(os.environ.get("SPECROUTE_TEST_MODEL") or BUNDLED_MODEL_DIR)
 MODEL_ARG = "tiny" if MODEL == BUNDLED_MODEL_DIR else str(MODEL)
 needs_model = pytest.mark.skipif(not (MODEL / "config.json").exists(),
                                  reason=f"no model at {MODEL}")
-ALL_METHODS = ["plain", "ngram", "lookahead", "medusa", "eagle", "eagle2", "draft"]
+ALL_METHODS = ["plain", "ngram", "lookahead", "medusa", "eagle", "eagle2", "hybrid", "draft"]
 
 
 def test_up_serves_smollm2_unless_told_otherwise() -> None:

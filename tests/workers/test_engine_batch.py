@@ -25,9 +25,10 @@ from workers.embedded.speculative.verify import VerifyStep
 V = 300
 TRIALS = 1200
 # (method, k) run side by side: plain, a short ngram chain, lookahead's aux branch, trees
-# (medusa, eagle2), a sampled-q chain (eagle) and a draft model, with k from 1 to 16
+# (medusa, eagle2), a sampled-q chain (eagle), a draft model and the hybrid (n-gram or
+# the EAGLE chain, per step), with k from 1 to 16
 MIXED = [("plain", 0), ("ngram", 4), ("lookahead", None), ("medusa", 6), ("eagle", 3),
-         ("eagle2", 8), ("draft", 1), ("ngram", 16)]
+         ("eagle2", 8), ("draft", 1), ("ngram", 16), ("hybrid", 5)]
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -114,12 +115,15 @@ def _network(engine: Engine, method: str) -> tuple[object, str]:
     drafter = engine._methods[method].new_drafter()
     if method == "medusa":
         return drafter._heads, "forward"  # (N, 1, C): one row per sequence
+    if method == "hybrid":
+        drafter = drafter._chain  # its EAGLE branch
     return drafter._eagle.head, "forward_batch"  # a list of inputs, one per sequence
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 @pytest.mark.parametrize(("method", "plan"), [("eagle", [3, 1, 5, 2]),
                                               ("eagle2", [8, 4, 12, 6]),
+                                              ("hybrid", [3, 1, 5, 2]),
                                               ("medusa", [4, 2, 6, 3])])
 def test_drafters_draft_together_and_equal_each_request_alone(
         engine: Engine, sampled: bool, method: str, plan: list[int]) -> None:

@@ -1,4 +1,4 @@
-"""The weighted drafters (medusa, eagle, eagle2, draft): lossless greedy and sampled output,
+"""The weighted drafters (medusa, eagle, eagle2, hybrid, draft): lossless greedy and sampled output,
 EAGLE-2's tree visibility, drafter caches in step after rollback, near-full acceptance when
 the drafter is exact."""
 
@@ -27,7 +27,7 @@ from workers.embedded.speculative.medusa import best_paths
 from workers.embedded.speculative.methods import load_methods
 from workers.embedded.speculative.verify import accept
 
-METHODS = ("medusa", "eagle", "eagle2", "draft")
+METHODS = ("medusa", "eagle", "eagle2", "hybrid", "draft")
 V = 300
 TRIALS = 1200
 
@@ -70,7 +70,7 @@ def test_methods_appear_only_with_their_weights(model_dir: Path, tmp_path: Path)
     assert set(METHODS) <= set(load_methods(model_dir, model))
     shutil.copytree(model_dir / "draft", tmp_path / "draft")
     only_draft = load_methods(tmp_path, model)
-    assert "draft" in only_draft and not {"medusa", "eagle", "eagle2"} & set(only_draft)
+    assert "draft" in only_draft and not {"medusa", "eagle", "eagle2", "hybrid"} & set(only_draft)
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -1,8 +1,9 @@
 """SmolLM2's shipped drafters: found for the cached base, lossless with the real weights.
 
-EAGLE (chain), EAGLE-2 (dynamic tree) and Medusa draft over a reduced vocabulary of the
-8,192 most frequent tokens; greedy output must still equal plain greedy output token for
-token, because the target verifies every draft over the full vocabulary.
+EAGLE (chain), EAGLE-2 (dynamic tree), Medusa and the hybrid's EAGLE branch draft over a
+reduced vocabulary of the 8,192 most frequent tokens; greedy output must still equal plain
+greedy output token for token, because the target verifies every draft over the full
+vocabulary.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def plain(engine: Engine, prompts: list[list[int]]) -> list[list[int]]:
     return [_greedy(engine, p, "plain")[0] for p in prompts]
 
 
-@pytest.mark.parametrize("method", ("eagle", "eagle2", "medusa"))
+@pytest.mark.parametrize("method", ("eagle", "eagle2", "medusa", "hybrid"))
 def test_greedy_output_equals_plain_greedy(engine: Engine, prompts: list[list[int]],
                                            plain: list[list[int]], method: str) -> None:
     assert method in engine.methods

@@ -76,6 +76,31 @@ class DecodeRequest:
 
 
 @dataclass
+class SourceTally:
+    """The verify steps one drafter of a request drafted (`Draft.source`: a hybrid's n-gram
+    or EAGLE branch). Per draft depth d (index d - 1): `proposed_at` counts the steps whose
+    draft reached depth d, `accepted_at` those whose accepted path did; so the acceptance
+    at depth d given depth d - 1 is accepted_at[d - 1] / accepted_at[d - 2]."""
+
+    steps: int = 0
+    proposed_at: list[int] = field(default_factory=list)
+    accepted_at: list[int] = field(default_factory=list)
+
+    def add(self, depth: int, accepted: int) -> None:
+        """One step whose draft was `depth` deep and whose accepted path was `accepted` long."""
+        self.steps += 1
+        for counts, reach in ((self.proposed_at, depth), (self.accepted_at, accepted)):
+            counts.extend([0] * (reach - len(counts)))
+            for d in range(reach):
+                counts[d] += 1
+
+    @property
+    def accepted(self) -> int:
+        """Draft tokens accepted over these steps."""
+        return sum(self.accepted_at)
+
+
+@dataclass
 class GenerationStats:
     """Counters in SGLang's meta_info terms. verify_steps counts every target forward that
     committed tokens, the prefill included, so plain decoding has accept_length 1.0.
@@ -102,6 +127,8 @@ class GenerationStats:
     batch_requests: int = 0
     batch_draft_tokens: int = 0
     first_token_at: float | None = None  # time.perf_counter() when the first token came
+    # per drafter, where a method has several (hybrid); not on the wire
+    by_source: dict[str, SourceTally] = field(default_factory=dict)
 
     def add_batch_step(self, requests: int, draft_tokens: int) -> None:
         """Count one decode step that shared a forward with `requests` sequences (this one

@@ -28,6 +28,7 @@ from workers.embedded.api import (
     GenerationStats,
     RunningGeneration,
     SamplingParams,
+    SourceTally,
     StepOutput,
 )
 from workers.embedded.checkpoint import load_model
@@ -343,6 +344,9 @@ class Generation:
         self.stats.verify_steps += 1
         self.stats.num_proposed_drafts += result.num_proposed
         self.stats.num_correct_drafts += len(result.accepted)
+        if step.draft.source is not None:
+            self.stats.by_source.setdefault(step.draft.source, SourceTally()).add(
+                max(step.draft.depths, default=0), len(result.accepted))
         return result.tokens, result.logits
 
     def _fit(self, draft: Draft, state: DecodeState) -> Draft:

@@ -4,8 +4,9 @@ Modules: draft (Draft, DecodeState, the Drafter protocol, tree masks), chain (a 
 from an autoregressive drafter), sampling (target distribution, rejection rule), result
 (VerifyResult), verify (the shared step), ngram and lookahead (weightless drafters),
 medusa (Medusa heads), eagle (EAGLE chain and its head-cache sync), eagle2 (EAGLE-2
-dynamic tree), draft_model (a small draft model), methods (which drafters a model
-folder provides). Network weights for the drafters are in `drafter_models`.
+dynamic tree), hybrid (n-gram where the context matches, else the EAGLE chain),
+draft_model (a small draft model), methods (which drafters a model folder provides).
+Network weights for the drafters are in `drafter_models`.
 """
 
 from workers.embedded.speculative.draft import ROOT, AuxBranch, DecodeState, Draft, Drafter

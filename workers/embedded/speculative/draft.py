@@ -39,13 +39,16 @@ class Draft:
     q: (n, V) distribution node i was drawn from, conditional on its earlier siblings
     having been drawn (i.i.d. sampling: the same q for every sibling; sampling without
     replacement: q with earlier siblings removed). None = every node is a point mass
-    (deterministic drafters: n-gram, lookahead, greedy heads).
+    (deterministic drafters: n-gram, lookahead, greedy heads). source: which drafter
+    proposed it where a method has several (`hybrid`: "ngram" or "eagle"); the engine
+    tallies acceptance per source (`GenerationStats.by_source`).
     """
 
     tokens: list[int]
     parents: list[int]
     q: torch.Tensor | None = None
     aux: AuxBranch | None = None
+    source: str | None = None
     depths: list[int] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -94,7 +97,7 @@ class Draft:
         index = {old: new for new, old in enumerate(keep)}
         parents = [ROOT if self.parents[i] == ROOT else index[self.parents[i]] for i in keep]
         q = self.q[keep] if self.q is not None else None
-        return Draft([self.tokens[i] for i in keep], parents, q, self.aux)
+        return Draft([self.tokens[i] for i in keep], parents, q, self.aux, self.source)
 
 
 def attention_layout(

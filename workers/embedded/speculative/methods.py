@@ -25,6 +25,7 @@ from workers.embedded.speculative.draft import Drafter
 from workers.embedded.speculative.draft_model import DraftModelDrafter
 from workers.embedded.speculative.eagle import EagleChainDrafter
 from workers.embedded.speculative.eagle2 import EagleTreeDrafter
+from workers.embedded.speculative.hybrid import HybridConfig, HybridDrafter
 from workers.embedded.speculative.lookahead import LookaheadDrafter
 from workers.embedded.speculative.medusa import MedusaDrafter
 from workers.embedded.speculative.ngram import NgramDrafter, NoDraft
@@ -53,8 +54,8 @@ def builtin_methods() -> dict[str, EngineMethod]:
 
 def load_methods(model_dir: Path | None, model: LlamaForCausalLM) -> dict[str, EngineMethod]:
     """Built-in methods plus those whose drafter weights `drafter_dir_for(model_dir)` finds:
-    `medusa/` -> medusa; `eagle/` -> eagle (chain) and eagle2 (dynamic tree); `draft/` ->
-    draft. Weights load once, onto the model's device (and dtype, but see `dtype` below);
+    `medusa/` -> medusa; `eagle/` -> eagle (chain), eagle2 (dynamic tree) and hybrid
+    (n-gram where the context matches, else the chain); `draft/` -> draft. Weights load once, onto the model's device (and dtype, but see `dtype` below);
     drafters share them."""
     methods = builtin_methods()
     folder = drafter_dir_for(model_dir) if model_dir is not None else None
@@ -68,19 +69,22 @@ def load_methods(model_dir: Path | None, model: LlamaForCausalLM) -> dict[str, E
     if (folder / "medusa" / "config.json").exists():
         heads = _load(folder / "medusa", MedusaHeads, weight, dtype)
         methods["medusa"] = EngineMethod("medusa", lambda: MedusaDrafter(model, heads),
-                                   DEFAULT_K["medusa"])
+                                         DEFAULT_K["medusa"])
     if (folder / "eagle" / "config.json").exists():
         head = _load(folder / "eagle", EagleHead, weight, dtype)
         cutoff = chain_confidence(head)
         methods["eagle"] = EngineMethod("eagle", lambda: EagleChainDrafter(model, head, cutoff),
-                                  DEFAULT_K["eagle"])
+                                        DEFAULT_K["eagle"])
         methods["eagle2"] = EngineMethod("eagle2", lambda: EagleTreeDrafter(model, head),
-                                   DEFAULT_K["eagle2"])
+                                         DEFAULT_K["eagle2"])
+        hybrid = HybridConfig(min_confidence=cutoff)
+        methods["hybrid"] = EngineMethod("hybrid", lambda: HybridDrafter(model, head, hybrid),
+                                         DEFAULT_K["hybrid"])
     if (folder / "draft" / "config.json").exists():
         draft = load_model(folder / "draft", dtype=weight.dtype, device=weight.device)
         length = model.config.max_position_embeddings
         methods["draft"] = EngineMethod("draft", lambda: DraftModelDrafter(draft, length),
-                                  DEFAULT_K["draft"])
+                                        DEFAULT_K["draft"])
     return methods
 
 
