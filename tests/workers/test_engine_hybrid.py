@@ -20,7 +20,7 @@ from workers.embedded.model import LlamaForCausalLM
 from workers.embedded.speculative import DecodeState, Sampler
 from workers.embedded.speculative.eagle import EagleChainDrafter
 from workers.embedded.speculative.hybrid import HybridConfig, HybridDrafter
-from workers.embedded.speculative.methods import Method, builtin_methods
+from workers.embedded.speculative.methods import EngineMethod, builtin_methods
 from workers.embedded.speculative.verify import accept
 from workers.embedded.tokenizer import TextTokenizer
 
@@ -124,7 +124,7 @@ def test_a_repeating_request_drafts_by_ngram_and_counts_each_branch(
     under its branch."""
     looping = near_bigram_llama(V, residual_scale=0.02)
     methods = builtin_methods()
-    methods["hybrid"] = Method("hybrid", lambda: HybridDrafter(looping, head), 4)
+    methods["hybrid"] = EngineMethod("hybrid", lambda: HybridDrafter(looping, head), 4)
     engine = Engine.from_model(looping, TextTokenizer(model_dir / "tokenizer.json"),
                                methods=methods)
 
