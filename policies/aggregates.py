@@ -233,11 +233,11 @@ class LocalAggregates:
 class PendingAggregates:
     """`LocalAggregates` written from the event loop and read from a thread.
 
-    `add` only appends to a deque (atomic, no lock, well under a microsecond); records are
-    folded into the sums (~15 us each) in batches under the lock by `fold`, which the
-    store's own thread calls, and by `snapshot` (the learner's thread). Nothing is lost:
-    a snapshot first folds in everything added before it. Records must carry their
-    timestamp: they may be folded later."""
+    `add` only appends to a deque (atomic, no lock); records are folded into the sums
+    (the costly part: every field of the context, decayed) in batches under the lock by
+    `fold`, which the store's own thread calls, and by `snapshot` (the learner's thread).
+    Nothing is lost: a snapshot first folds in everything added before it. Records must
+    carry their timestamp: they may be folded later."""
 
     MAX_PENDING = 4096  # fold on the caller's thread only if nobody has folded for long
 

@@ -110,9 +110,10 @@ _TECH_HOWTO = re.compile(
     re.IGNORECASE)
 _HOWTO_CUES = ("how", "example", "explain")
 # Necessary substrings: an ASCII text (lowercased) holding none of a regex's cannot match
-# it, so the regex is not run (30-45 µs each on a 150-character chat prompt, which most
-# prompts are). Only on ASCII text, where ignoring case is lowercasing; elsewhere the
-# regexes run as they are (Unicode's case folding has "ſ" for "s", "K" for "k").
+# it, so the regex is not run (each would be a large share of a short chat prompt's
+# classification, and most prompts are short chat). Only on ASCII text, where ignoring
+# case is lowercasing; elsewhere the regexes run as they are (Unicode's case folding has
+# "ſ" for "s", "K" for "k").
 _FUNCTION_NEEDLES = ("fun", "fonction", "methode", "metodo", "script", "consulta", "abfrage")
 _TECH_NEEDLES = ("python", "java", "typescript", "c++", "c#", "sql", "bash", "powershell",
                  "css", "html", "react", "node", "git", "docker", "kubernetes", "kubectl",
@@ -314,7 +315,8 @@ def _code_evidence(text: str, lower: str) -> str | None:
 
 def _code_ask(text: str, lower: str) -> str | None:
     """A code ask or a pointer to pasted code near a code word: the regexes run only on
-    windows around those words (a scan of the whole prompt costs ~0.3 ms per 4 KB)."""
+    windows around those words (a whole-prompt scan pays for every character of a long
+    prompt whenever a common code word appears in it)."""
     asked = pasted = None
     for piece in code_word_windows(text, lower):
         plain = piece.isascii()

@@ -30,8 +30,8 @@ _EDIT = re.compile(
     r"\w+)\s+to\s+(?:f-strings|snake_case|camelcase|a\s+list\s+comprehension))\w*\b",
     re.IGNORECASE)
 # What every `_EDIT` alternative starts with: in ASCII text a match needs one of them in
-# the lowercased text, a few substring searches where the case-blind regex costs
-# ~1 us a character (~0.3 ms of a 4 KB prompt's classification). Non-ASCII text goes to
+# the lowercased text, a few substring searches where the case-blind regex pays for
+# every character of both windows. Non-ASCII text goes to
 # the regex directly: Unicode case folding matches more than `str.lower` shows.
 _EDIT_STEMS = ("fix", "correct", "proofread", "rewrite", "re-write", "rephrase", "reword",
                "edit", "revise", "refactor", "rename", "reformat", "re-indent", "reindent",

@@ -28,13 +28,14 @@ TAIL_CHARS = 192
 FORMAT_VERSION = 4
 
 # Words: the lowercased text with ASCII punctuation turned into spaces, split on
-# whitespace (`str.translate` + `str.split`: ~6x faster than a tokenizing regex, which
-# was half of a 4 KB prompt's classification). Punctuation that tells code from prose
-# becomes presence markers instead (substring tests), so the words stay clean.
+# whitespace (`str.translate` + `str.split`: two C passes over the text, where a
+# tokenizing regex was the largest part of a long prompt's classification). Punctuation
+# that tells code from prose becomes presence markers instead (substring tests), so the
+# words stay clean.
 _PUNCTUATION = "!\"#$%&'()*+,-./:;<=>?@[\\]^`{|}~"
 _PUNCT_TO_SPACE = str.maketrans(dict.fromkeys(_PUNCTUATION, " "))
 # ASCII text takes a bytes path: `bytes.translate` is a table lookup per byte in C,
-# `str.translate` a dict lookup per character (~4 us of a 700-character window).
+# `str.translate` a dict lookup per character.
 _PUNCT_TO_SPACE_BYTES = bytes.maketrans(_PUNCTUATION.encode(), b" " * len(_PUNCTUATION))
 # (name, needles): present when any needle occurs. Single characters are looked up in
 # the text's character set; longer needles are searched only when their first
@@ -91,7 +92,7 @@ def words(text: str) -> list[str]:
 def marks(text: str) -> list[str]:
     """Names of the punctuation and layout markers present in an already windowed text."""
     # ASCII: the set of the few marker characters left once the rest is deleted (a set
-    # of a 700-character text costs ~7 us, the deletion ~1)
+    # of the whole window costs several times the deletion)
     chars = set(text.encode().translate(None, _NOT_MARK_BYTES).decode()) \
         if text.isascii() else set(text)
     found = [name for char, name in _CHAR_NEEDLES if char in chars]

@@ -25,9 +25,9 @@ DONE = b"data: [DONE]\n\n"
 
 class _Ids:
     """Response ids: 32 hex digits, a random per-process half and a counter. `uuid4`
-    asks the kernel for 16 random bytes and builds a UUID object on every call (~7% of a
-    request's CPU samples at c = 32 on the 2-core box); an id only has to be unique. A
-    forked child draws its own half."""
+    asks the kernel for 16 random bytes and builds a UUID object on every call (a
+    syscall and an object per request, visible in the profile); an id only has to be
+    unique. A forked child draws its own half."""
 
     def __init__(self) -> None:
         self.reseed()
@@ -76,7 +76,7 @@ def _decision_headers(pool: str, method: str, k: int,
 
 def headers_for(decision: Decision) -> list[tuple[bytes, bytes]]:
     """The x-specroute-* response headers; cached per decision because sanitising the
-    free-text reason character by character costs ~8 us a request."""
+    free-text reason character by character would run on every request."""
     return list(_decision_headers(decision.pool, decision.method, decision.k,
                                   decision.reason))
 

@@ -54,7 +54,7 @@ class PoolSample:
     live: bool = False  # the interval still open
 
     def to_dict(self) -> dict:
-        """By hand: `dataclasses.asdict` deep-copies, ~10x slower over full rings."""
+        """By hand: `dataclasses.asdict` deep-copies every field, slow over full rings."""
         return {"at": self.at, "seconds": self.seconds, "requests": self.requests,
                 "failed": self.failed, "accept_length": self.accept_length,
                 "tokens_per_s": self.tokens_per_s,

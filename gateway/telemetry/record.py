@@ -151,8 +151,8 @@ class Reporter:
         Timed now; reported on the event loop's next turn when one is running (every
         request that ended in one turn by one callback, in order), after the
         response's bytes have been flushed (`gateway.http.serve.CoalescingTransport` flushes
-        on that turn too, first): the ~30 µs of Prometheus, policy feed, token accounting
-        and span never delay the answer. Without a running loop (tests), at once.
+        on that turn too, first): Prometheus, the policy feed, token accounting and the
+        span never delay the answer. Without a running loop (tests), at once.
 
         A non-streaming answer arrives whole: its TTFT is the end-to-end time less the decode
         time the worker reported (`SpecStats.decode_s`), else one verify step's share of the

@@ -1,8 +1,8 @@
 """Counters and histograms for the request path: plain numbers, read at scrape.
 
 `prometheus_client`'s Counter and Histogram take a lock on every update and check the
-metric's state on every call; a finished request updates 14 of them (8 histogram
-observations), ~50 µs of the gateway's CPU a request (docs/PERFORMANCE.md). These
+metric's state on every call, and a finished request updates 14 of them (8 histogram
+observations): a visible share of the gateway's CPU a request (docs/PERFORMANCE.md). These
 keep a list of counts per label set, bumped on the event loop that records every
 request, and turn them into metric families only when `/metrics` is scraped (also on
 the event loop: no lock is needed). The exposition is the library's, so the series,

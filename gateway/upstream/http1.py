@@ -1,8 +1,8 @@
 """HTTP/1.1 to the workers on the request path: keep-alive connections, httptools parsing.
 
-Why not aiohttp here: on loopback its client spends ~250 µs of CPU on a request (a POST
-to `bench.gateway.upstream` and reading the answer, sequentially), this one ~45 µs, and the
-gateway makes one such call per generated request (docs/PERFORMANCE.md). aiohttp stays
+Why not aiohttp here: on loopback its client spends several times this one's CPU on a
+request (a POST to `bench.gateway.upstream` and reading the answer), and the gateway
+makes one such call per generated request (figures: docs/PERFORMANCE.md). aiohttp stays
 for the gateway's other calls to workers (prior probes, `/metrics` scrapes,
 `/server_info`), where speed does not matter.
 
@@ -129,7 +129,7 @@ class Response:
             return
         now = time.monotonic()
         loop = asyncio.get_running_loop()
-        if now < self.until:  # uvloop keeps timers in whole milliseconds: up to ~1.5 ms early
+        if now < self.until:  # uvloop keeps timers in whole milliseconds: some fire early
             self.timer = loop.call_later(max(self.until - now, 0.001), self._expire, waiter)
             return
         total = now >= self.deadline

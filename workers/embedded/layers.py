@@ -117,14 +117,14 @@ def fuse_linears(*linears: nn.Linear) -> torch.Tensor:
 def pack(weight: torch.Tensor) -> PackedWeight | None:
     """A oneDNN-packed copy of a float32 CPU weight (N, C), or None where oneDNN is not
     there. Multiplying by it skips the per-call repacking of the weight that a plain
-    GEMM does, which on this CPU (AMD EPYC, AVX2, no AVX-512) makes a 4-row product of
-    SmolLM2's linears ~1.45x faster than `F.linear`; one row is ~1.25x slower, so one-row
-    products stay on the plain weight (measured: docs/WORKER.md, "The decode step").
+    GEMM does, which makes a multi-row product faster than `F.linear`; one row is
+    slower, so one-row products stay on the plain weight (measured: docs/PERFORMANCE.md,
+    docs/WORKER.md "The decode step").
     vLLM CPU packs every linear the same way: `dispatch_cpu_unquantized_gemm` in
     vllm/model_executor/layers/utils.py (0.32) builds `create_onednn_mm(weight.t(), 32)`.
     The copies are private memory (538 MB per float32 SmolLM2 worker; beside 4-bit layers
     only the LM head's, 113 MB); SPECROUTE_PACKED_WEIGHTS=0 turns them off (a stack of
-    many workers on little memory; a 4-row head product then takes ~1.6x as long)."""
+    many workers on little memory; multi-row head products are then slower)."""
     if (os.environ.get("SPECROUTE_PACKED_WEIGHTS", "1") == "0" or weight.device.type != "cpu" or weight.dtype != torch.float32
             or not torch.backends.mkldnn.is_available()
             or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
@@ -187,10 +187,10 @@ def int4_linear(x: torch.Tensor, weight: Int4Weight) -> torch.Tensor:
 
 class Int8Linear(nn.Module):
     """A drafter's `nn.Linear` run on int8 weight-only codes (one scale per output row,
-    symmetric): `aten._weight_int8pack_mm` in bf16. Drafter-sized products of one row
-    cost 0.8 ms for the EAGLE head's six (fc, q/k/v, o, gate/up, down, its 8,192-row draft
-    vocabulary) against 2.6 in bf16 and 2.5 in float32, four rows 1.9 against 10.0 and 5.7
-    (one thread, docs/WORKER.md). Only drafters get it: their precision moves which
+    symmetric): `aten._weight_int8pack_mm` in bf16. Drafter-sized products (the EAGLE
+    head's six: fc, q/k/v, o, gate/up, down, its 8,192-row draft vocabulary) run several
+    times faster than in bf16 or float32, at one row and at four (one thread; figures:
+    docs/WORKER.md, "The decode step"). Only drafters get it: their precision moves which
     tokens are drafted, never the output, which verification by the target decides.
     Inference only: the weight is dropped (its codes replace it; an empty `weight` of its
     dtype and device still answers what a drafter asks of it), 30 MB of bf16 weights a
@@ -237,9 +237,9 @@ class InferenceWeight:
     parameters. One kind of product for every row count keeps a 4-bit model's outputs the
     same whether a token is decoded alone, verified among drafts or batched with a prefill
     (bf16-rounded outputs would otherwise differ between kinds, and greedy speculative
-    output drift from plain). On SmolLM2's 210 layer linears, one thread: int4 6.7 ms a
-    row vs 30.8 ms packed float32, 11 vs 25 at 4 rows, even at ~24, 1.27x slower at 256
-    (prefill): docs/WORKER.md, "The decode step". `serves(rows)` says whether a product
+    output drift from plain). On SmolLM2's layer linears int4 is much faster than packed
+    float32 at the rows of decode and verify, and slower only at prefill's many rows
+    (figures: docs/WORKER.md, "The decode step"). `serves(rows)` says whether a product
     of that many rows has a copy."""
 
     __slots__ = ("int4", "packed")

@@ -277,8 +277,8 @@ class LlamaForCausalLM(nn.Module):
             DecoderLayer.fuse(layer)  # type: ignore[arg-type]  # a ModuleList of them
         if self.lm_inference is None:
             # Where the layers run 4-bit the head (8-bit in the GGUF: not 4-bit codes)
-            # stays float32: a bf16 head (8.4 ms a row against 11.2) rounds logits to
-            # ~0.1 at 25, and SmolLM2's top two often lie closer (0.08 apart, seen).
+            # stays float32: a bf16 head, though faster, rounds logits to ~0.1 at 25,
+            # and SmolLM2's top two often lie closer (0.08 apart, seen; docs/WORKER.md).
             self.lm_inference = InferenceWeight(self.lm_head.weight.detach())
         return self
 

@@ -19,9 +19,9 @@ from workers.fleet.supervisor import (
 )
 
 # how long a start may take before it counts as hung (then it is tried again): SGLang
-# loads weights and captures CUDA graphs (DEFAULT_START_TIMEOUT_S); vLLM CPU eager starts in
-# 30-40 s on a quiet 2-core machine, and a relaunch while the other server takes all the
-# traffic took 79-181 s here
+# loads weights and captures CUDA graphs (DEFAULT_START_TIMEOUT_S); vLLM CPU eager starts
+# in well under a minute on a quiet machine, and a relaunch while the other server takes
+# all the traffic takes several times as long (measured: docs/FLEET.md)
 START_TIMEOUT_S = {"vllm": 420.0}
 
 

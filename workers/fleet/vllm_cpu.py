@@ -2,10 +2,11 @@
 their `k`, the server flags and environment, the dtype by the CPU, and the project's
 drafters exported into vLLM's formats (once, beside the model folder).
 
-Server flags for the CPU (docs/FLEET.md): `--enforce-eager` (30-40 s to start instead
-of 130-150 s recompiling the graph at every start, for 21-25 instead of 30-33 tok/s),
-`--dtype` by the CPU (`cpu_dtype`), `--max-model-len 2048`, no chunked prefill (below); `VLLM_CPU_KVCACHE_SPACE=1` (GiB
-of KV cache) and `HF_HUB_OFFLINE=1` (no hub at run time).
+Server flags for the CPU (docs/FLEET.md, with the figures): `--enforce-eager` (starts
+in a fraction of the time that recompiling the graph at every start takes, and decodes
+somewhat slower), `--dtype` by the CPU (`cpu_dtype`), `--max-model-len 2048`, no chunked
+prefill (below); `VLLM_CPU_KVCACHE_SPACE=1` (GiB of KV cache) and `HF_HUB_OFFLINE=1` (no
+hub at run time).
 """
 
 from __future__ import annotations
@@ -37,9 +38,8 @@ class DrafterExportError(RuntimeError):
 
 
 def cpu_dtype(cpuinfo: str | None = None) -> str:
-    """bfloat16 on a CPU with AVX-512 (21-25 tok/s plain there), else float32: without it
-    bf16 is emulated (SmolLM2 greedy, one core, AMD EPYC without AVX-512: 5.7-6.5 tok/s
-    in bf16, 9.3-10.3 in float32)."""
+    """bfloat16 on a CPU with AVX-512, else float32: without it bf16 is emulated and
+    slower than float32 (measured: docs/FLEET.md, "vLLM CPU pools")."""
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()

@@ -1,8 +1,9 @@
 """HTTP to the workers on the request path, errors mapped at this boundary.
 
-The calls go through `gateway.upstream.http1.Http1Client` (kept connections, ~45 µs of
-CPU a call where aiohttp's client spent ~250). Everything it can raise is translated
-here into `gateway.errors`; nothing above this module sees a transport exception.
+The calls go through `gateway.upstream.http1.Http1Client` (kept connections, a fraction
+of the CPU aiohttp's client spent a call: docs/PERFORMANCE.md). Everything it can raise
+is translated here into `gateway.errors`; nothing above this module sees a transport
+exception.
 """
 
 from __future__ import annotations

@@ -60,9 +60,9 @@ def chain_steps(
     drawn and reads only the draft's distribution, never the token drawn, so whether
     position i gets a draft depends on the accepted prefix alone and verification stays
     exact (a position without a draft samples the target). Where it pays: an extra
-    verify row and head forward cost ~14% of a SmolLM2 step on this CPU, so a token
-    accepted less often than that costs more than it brings; the product tracks
-    acceptance there (docs/results/2026-12-05-engine-vllm.md).
+    verify row and head forward cost a fixed share of a step, so a token accepted less
+    often than that share costs more than it brings; the product tracks acceptance there
+    (figures: docs/WORKER.md, "The decode step"; docs/results/2026-12-05-engine-vllm.md).
     """
     tokens: list[torch.Tensor] = []  # (1,) each; greedy stays on the device, no sync
     qs: list[torch.Tensor] = []

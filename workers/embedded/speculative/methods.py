@@ -64,7 +64,7 @@ def load_methods(model_dir: Path | None, model: LlamaForCausalLM) -> dict[str, E
     weight = model.lm_head.weight
     # A drafter's precision moves its acceptance, never the output (verification decides):
     # where the model's products run bf16 (4-bit layers) its drafters' do too, on int8
-    # codes (`layers.Int8Linear`: 3-5x faster than bf16 products of their sizes).
+    # codes (`layers.Int8Linear`: several times faster than bf16 products of their sizes).
     dtype = torch.bfloat16 if model.four_bit else weight.dtype
     if (folder / "medusa" / "config.json").exists():
         heads = _load(folder / "medusa", MedusaHeads, weight, dtype)
