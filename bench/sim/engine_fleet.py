@@ -43,10 +43,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bench.sim.baselines import SimRequest
 from bench.sim.calibration import draft_cost
 from bench.sim.simulator import TRAINED_DRAFTERS, Outcome, SimConfig
 from bench.sim.steplaw import MODEL_FREE, StepLaw
+from bench.sim.types import SimRequest
 from bench.sim.world import A_CAP
 
 # sglang 0.5.23 DEFAULT_ADAPTIVE_CONFIG: tier -> (candidate steps, up, down hysteresis)

@@ -19,15 +19,17 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from bench.sim.baselines import Learned, Oracle, SimPool, SimRequest, SimRouter, StaticRules
+from bench.sim.baselines import Learned, Oracle, first_pool, static_rules
 from bench.sim.calibration import METHODS, PAPER_K, PAPER_TREE_DEPTH
 from bench.sim.engine_fleet import BatchSchedule, SGLangAdaptive, simulate_engine
 from bench.sim.launch import launched
 from bench.sim.measure import measured_priors
+from bench.sim.router import SimRouter
 from bench.sim.scenarios import FLEET_WORKERS, SCENARIOS, Scenario
 from bench.sim.sharding import Sharder
 from bench.sim.simulator import TRAINED_DRAFTERS, Outcome, SimConfig, simulate, workload
 from bench.sim.steplaw import law
+from bench.sim.types import SimPool, SimRequest
 from bench.sim.world import World
 from policies.decision import PolicyConfig
 from policies.prior import WorkerPrior
@@ -140,7 +142,7 @@ def routers(config: SimConfig, policy_config: PolicyConfig | None = None,
     """Factories (fresh state per run) for every router the report compares."""
     fleet, homogeneous = scenario.fleet, scenario.homogeneous
     factories: dict[str, Callable[[], SimRouter]] = {
-        "plain": lambda: SimRouter("plain", homogeneous("plain", 0)),
+        "plain": lambda: first_pool("plain", homogeneous("plain", 0)),
     }
     for method in METHODS:
         if method not in scenario.methods:
@@ -151,9 +153,9 @@ def routers(config: SimConfig, policy_config: PolicyConfig | None = None,
         for k in fixed_ks:
             if k <= top and (method not in PAPER_TREE_DEPTH or k <= PAPER_K[method]):
                 factories[f"fixed:{method}:k{k}"] = (
-                    lambda m=method, kk=k: SimRouter(  # type: ignore[misc]
+                    lambda m=method, kk=k: first_pool(  # type: ignore[misc]
                         f"fixed:{m}:k{kk}", homogeneous(m, kk)))
-    factories["rules"] = lambda: StaticRules("rules", fleet, scenario.rules)
+    factories["rules"] = lambda: static_rules("rules", fleet, scenario.rules)
     policy_config = policy_config or PolicyConfig(seed=config.seed)
     if scenario.fixed_k:  # the operator sets the real restart time (docs/POLICY.md)
         policy_config = replace(policy_config, relaunch_cost_s=scenario.relaunch_s)

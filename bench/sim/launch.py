@@ -18,10 +18,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from bench.sim.baselines import SimPool
 from bench.sim.calibration import PAPER_K, PAPER_TREE_DEPTH, TASKS
 from bench.sim.measure import BENCH_BATCHES, _accept_length, _step
 from bench.sim.scenarios import FLEET_WORKERS, Scenario
+from bench.sim.types import SimPool
 from bench.sim.world import World
 from policies.planner.launch import Benchmarked, LaunchPlan, plan_launch
 from policies.prior import Measured, MeasuredEntry, WorkerPrior

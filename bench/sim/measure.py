@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.sim.baselines import SimPool
 from bench.sim.calibration import TASKS, draft_cost
 from bench.sim.scenarios import Scenario
 from bench.sim.simulator import uniform_step_s
 from bench.sim.steplaw import law
+from bench.sim.types import SimPool
 from bench.sim.world import World, sample_steps
 from policies.prior import Measured, MeasuredCost, MeasuredEntry, WorkerPrior
 from policies.types import temperature_bucket

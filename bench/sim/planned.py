@@ -24,11 +24,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from bench.sim import relaunch
-from bench.sim.baselines import Learned, SimPool
+from bench.sim.baselines import Learned
 from bench.sim.launch import even_mix, launch_bench, pool_priors
 from bench.sim.measure import BENCH_BATCHES
+from bench.sim.router import Relaunches
 from bench.sim.scenarios import FLEET_WORKERS, SGLANG_POOLS, SGLANG_RELAUNCH_S, Scenario
 from bench.sim.simulator import Fleet, Worker
+from bench.sim.types import SimPool
 from bench.sim.world import World
 from policies.planner import (
     Benchmarked,
@@ -172,23 +174,21 @@ class Planned(Learned):
     _last: FleetPlan | None = None
     _next_plan: float = 0.0
 
-    def make_fleet(self, base_step_s: float, co_batching: bool,
-                   measured_steps: bool = False) -> MovableFleet:
+    def make_fleet(self, base_step_s: float, world: World) -> MovableFleet:
         """The configured split; with `launch_at_plan`, the split the planner wants before
         any traffic (the workers' priors, an even class mix), launched so: no relaunch."""
         specs = self.fleet
         if self.launch_at_plan:
-            assert self.policy is not None
             self.policy.refit()  # the workers' priors into the state
             cold = self.desired_fleet({s.name: s.workers for s in specs},
                                       replace(self.planner, relaunch_s=0.0))
             specs = tuple(replace(s, workers=cold.desired[s.name]) for s in specs)
             self.plans.append((0.0, cold))
-        self._fleet = MovableFleet(specs, base_step_s, co_batching,
-                                   measured_steps=measured_steps)
+        self._fleet = MovableFleet(specs, base_step_s, world.co_batching,
+                                   measured_steps=world.measured_steps)
         return self._fleet
 
-    def tick(self, now, pools):
+    def tick(self, now: float, pools: dict[str, PoolView]) -> Relaunches:
         super().tick(now, pools)  # refits; relaunch=False: pools keep their k
         fleet = self._fleet
         if fleet is None or now < self._next_plan:
@@ -211,7 +211,6 @@ class Planned(Learned):
 
     def desired_fleet(self, current: dict[str, int], config: PlannerConfig | None = None
                       ) -> FleetPlan:
-        assert self.policy is not None
         slots = {s.name: PoolSlot(s.name, s.method, 0 if s.method == "plain" else s.k)
                  for s in self.fleet}
         demand = demand_from_snapshot(self.store.snapshot(), self.model, self.tau_s)

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from bench.sim.baselines import SimPool
 from bench.sim.relaunch import relaunch_s
+from bench.sim.types import SimPool
 
 FLEET_WORKERS = 12
 # SGLang start-up before a relaunched server serves again (load weights, capture CUDA

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from bench.sim.baselines import SimRequest
+from bench.sim.types import SimRequest
 
 
 @dataclass

@@ -22,15 +22,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bench.sim.baselines import SimPool, SimRequest, SimRouter
 from bench.sim.calibration import LoadCurve, draft_cost, plain_step_s
 from bench.sim.steplaw import MODEL_FREE, StepLaw, law
+from bench.sim.types import SimPool, SimRequest
 from bench.sim.world import World
 from bench.sim.world import sample_steps as world_steps
 from policies.types import PoolView, RequestRecord, temperature_bucket
+
+if TYPE_CHECKING:
+    from bench.sim.router import SimRouter
 
 TRAINED_DRAFTERS = frozenset({"eagle", "eagle2", "eagle3", "medusa", "draft"})
 
@@ -355,17 +359,13 @@ class Fleet:
 
 def simulate(router: SimRouter, config: SimConfig, requests: list[SimRequest]
              ) -> list[Outcome]:
-    """Serve `requests` with `router`'s decisions; one Outcome per request, in order."""
+    """Serve `requests` with `router`'s decisions (bench/sim/router.py: its policy decides
+    each request's profile, observes each finished one); one Outcome per request, in order."""
     rng = np.random.default_rng(config.seed + 1)
     world = config.world
-    make_fleet = getattr(router, "make_fleet", None)  # a router that moves workers
-    fleet = (make_fleet(config.base_step_s, world.co_batching, world.measured_steps)
-             if make_fleet is not None
-             else Fleet(router.fleet, config.base_step_s, world.co_batching,
-                        measured_steps=world.measured_steps))
+    fleet = router.make_fleet(config.base_step_s, world)
     specs = {s.name: s for s in router.fleet}
-    if hasattr(router, "attach"):
-        router.attach(fleet, world)
+    policy = router.policy
     outcomes: list[Outcome] = []
 
     def finish_until(now: float) -> None:
@@ -381,7 +381,8 @@ def simulate(router: SimRouter, config: SimConfig, requests: list[SimRequest]
             rec.e2e_s, rec.timestamp = e2e, t
             rec.itl_s = (e2e - rec.ttft_s) / max(rec.output_tokens - 1, 1)
             rec.slo_met = e2e / rec.output_tokens <= config.slo_itl_s
-            router.observe(rec)
+            router.advance(t)
+            policy.observe(rec)
             outcomes[item.index] = Outcome(
                 item.index, requests[item.index].phase, item.arrival_s, rec.task,
                 rec.temperature_bucket, item.pool, rec.k, bool(rec.extra.get("explored")),
@@ -392,16 +393,17 @@ def simulate(router: SimRouter, config: SimConfig, requests: list[SimRequest]
         now = req.arrival_s
         finish_until(now)
         fleet.advance(now)
+        router.advance(now)
         for name, (new_k, out_of_service_s) in router.tick(
                 now, {v.name: v for v in fleet.views()}).items():
             fleet.relaunch(name, new_k, now, out_of_service_s)
-        pool, k, explored = router.route(req, fleet.views(), now)
+        router.reveal(req)
+        decision = policy.decide(req.profile(config.model), fleet.views())
+        pool, explored = decision.pool, decision.explored
         spec = specs[pool]
         index, worker = fleet.least_worker(pool)
         batch = worker.batch + 1
-        if k is None:
-            k = router.worker_k(index, batch)
-        k = 0 if spec.method == "plain" else k
+        k = 0 if spec.method == "plain" else decision.k
         a, depth, decay = 0.0, 0, 1.0
         if k > 0:
             scale = (config.phases[req.phase].drafter_scale

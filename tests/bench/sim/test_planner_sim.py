@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from bench.sim.baselines import SimPool
 from bench.sim.evaluation import worker_priors
 from bench.sim.planned import PLANNED, MovableFleet, planned_router
 from bench.sim.simulator import Running, SimConfig, default_phases, simulate, workload
+from bench.sim.types import SimPool
 from bench.sim.world import World
 from policies.decision import PolicyConfig
 from policies.types import RequestRecord
@@ -111,7 +111,7 @@ def test_the_gateway_loop_plans_as_the_simulators_measured_planner(redis_url: st
     router = planned_router("planner-measured", scenario, PolicyConfig(seed=0), priors,
                             config.slo_itl_s, relaunch_s=90.0, launch_at_plan=True,
                             bench=bench)
-    router.make_fleet(config.base_step_s, co_batching=True)
+    router.make_fleet(config.base_step_s, config.world)
     simulated = router.plans[0][1]
 
     plain = next(b for b in bench if b.method == "plain")

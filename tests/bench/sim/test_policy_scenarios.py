@@ -3,7 +3,7 @@ curves, and the relaunch rules of the policy's desired k."""
 
 from __future__ import annotations
 
-from bench.sim.baselines import Learned, SimRouter
+from bench.sim.baselines import Learned, first_pool
 from bench.sim.calibration import LoadCurve, true_step_s
 from bench.sim.evaluation import summarize
 from bench.sim.scenarios import EMBEDDED, SCENARIOS, VLLM
@@ -63,7 +63,7 @@ def test_vllm_fleet_at_saturation_sheds_speculation_and_keeps_up_with_plain() ->
     config = SimConfig(phases, seed=5)
     requests = workload(config)
     ours = simulate(Learned("adaptive", VLLM.fleet, PolicyConfig(seed=5)), config, requests)
-    plain = simulate(SimRouter("plain", VLLM.homogeneous("plain", 0)), config, requests)
+    plain = simulate(first_pool("plain", VLLM.homogeneous("plain", 0)), config, requests)
     ratio = (summarize("a", ours, 1).mean_tokens_per_s
              / summarize("p", plain, 1).mean_tokens_per_s)
     print(f"vLLM fleet, saturation: adaptive / plain fleet = {ratio:.3f}")

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from bench.sim.baselines import Learned, SimRequest, SimRouter
+from bench.sim.baselines import Learned, first_pool
 from bench.sim.calibration import PAPER_K, PAPER_TREE_DEPTH, PROMPT_LOGIT_STD, true_accept
 from bench.sim.engine_fleet import (
     SGLANG_ADAPTIVE,
@@ -32,6 +32,7 @@ from bench.sim.simulator import (
     workload,
 )
 from bench.sim.steplaw import LOAD_ROWS, law
+from bench.sim.types import SimRequest
 from bench.sim.world import World, positional_length
 from policies.acceptance import expected_accept_length
 from policies.decision import PolicyConfig
@@ -181,7 +182,7 @@ def test_step_level_and_fluid_simulators_agree_on_a_fixed_k_fleet() -> None:
     for k in (1, 4):
         step = summarize("s", simulate_engine(requests, config, "eagle3", lambda k=k: FixedK(k),
                                               law(VLLM.law)), 4)
-        fluid = summarize("f", simulate(SimRouter("f", VLLM.homogeneous("eagle3", k)),
+        fluid = summarize("f", simulate(first_pool("f", VLLM.homogeneous("eagle3", k)),
                                         config, requests), 4)
         assert step.mean_tokens_per_s == pytest.approx(fluid.mean_tokens_per_s, rel=0.05)
 
@@ -193,7 +194,7 @@ def test_simulated_tokens_per_step_match_the_world_law() -> None:
                                                     classifier_errors=False))
     requests = workload(config)
 
-    outcomes = simulate(SimRouter("x", EMBEDDED.homogeneous("eagle2", 12)), config, requests)
+    outcomes = simulate(first_pool("x", EMBEDDED.homogeneous("eagle2", 12)), config, requests)
     assert len(outcomes) == len(requests) and all(o.k == 12 for o in outcomes)
     expected = WORLD.expected_accept_length("eagle2", "code", "t0", 12)
     chain = expected_accept_length(true_accept("eagle2", "code", "t0"), 12)
