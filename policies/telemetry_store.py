@@ -3,10 +3,9 @@ flush coalesced per batch.
 
 The store's thread sends each finished request as one stream entry (`XADD`) and, for a
 request that teaches, one `HINCRBYFLOAT` per aggregate field (~15), an `HDEL` of the
-stale era's fields and an `SADD` of its context: ~18 commands a request. In the gateway
-that thread shares the interpreter (and so the GIL) with the event loop; at c = 32 on the
-2-core box, packing and parsing those commands was the largest single cost of a request
-(a quarter of the gateway process's CPU samples, docs/PERFORMANCE.md). A batch's
+stale era's fields and an `SADD` of its context. In the gateway that thread shares the
+interpreter (and so the GIL) with the event loop, and packing and parsing those commands
+was the largest single cost of a request under load (docs/PERFORMANCE.md). A batch's
 requests almost all share a few contexts, so here their increments are summed per
 (context, field) first and each context gets one increment per field, one `HDEL` and one
 `SADD` per batch; the stream still gets one entry per request.

@@ -2,9 +2,8 @@
 `/v1/routing/explain` as raw ASGI apps.
 
 These run on every generated request, so they skip FastAPI's dependency and response
-layers (measured on the 2-core dev box: raw ASGI + aiohttp added 0.20 ms p50, a FastAPI
-route 0.29 ms and ~45% less throughput under concurrency; docs/GATEWAY.md, "What the
-proxy stack costs"). One request, in order: authenticate → read the body (size-capped,
+layers, which cost latency and much throughput under concurrency (docs/GATEWAY.md, "What
+the proxy stack costs"). One request, in order: authenticate → read the body (size-capped,
 time-capped) → the routing core's admission (`gateway.core.admit`: rate limit, parse
 JSON, pins, validate, authorize, classify, route) → queue for the pool's slots →
 dispatch → respond → record.

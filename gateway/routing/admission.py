@@ -273,8 +273,8 @@ class Admission:
 
     def _depth(self, pool: str, queue: PoolQueue) -> None:
         depth = len(queue.waiting)
-        if self.metrics is not None and depth != queue.reported_depth:  # a gauge set is
-            queue.reported_depth = depth  # ~1.5 us; most requests leave the depth at 0
+        if self.metrics is not None and depth != queue.reported_depth:  # a gauge set costs;
+            queue.reported_depth = depth  # most requests leave the depth at 0
             self.metrics.queue_depth(pool, depth)
 
     def _overloaded(self, queue: PoolQueue, pool: str, reason: str) -> RateLimited:
