@@ -31,11 +31,15 @@ def first_healthy(profile: RequestProfile, pools: list[PoolView]) -> Decision:
 # code suits prompt-lookup/lookahead drafting; JSON's fixed keys and punctuation suit
 # lookahead's n-gram pool and tree drafts; free chat needs a learned drafter (EAGLE,
 # arXiv 2401.15077); at high temperature acceptance collapses, so plain decoding wins.
+# `hybrid` (n-gram where the context matches, else EAGLE: docs/WORKER.md) comes next
+# where a learned drafter or prompt lookup leads: on SmolLM2 its accept length matched or
+# beat EAGLE's on 8 of 10 classes (docs/results/2026-12-06-hybrid.md).
 STATIC_PREFERENCES: dict[str, tuple[str, ...]] = {
-    "code": ("ngram", "lookahead", "eagle2", "eagle3", "eagle", "medusa", "draft"),
-    "structured": ("lookahead", "ngram", "eagle2", "eagle3", "medusa", "eagle", "draft"),
-    "chat": ("eagle3", "eagle2", "eagle", "medusa", "draft", "lookahead", "ngram"),
-    "edit": ("ngram", "lookahead", "eagle3", "eagle2", "eagle", "medusa", "draft"),
+    "code": ("ngram", "hybrid", "lookahead", "eagle2", "eagle3", "eagle", "medusa", "draft"),
+    "structured": ("lookahead", "ngram", "eagle2", "eagle3", "hybrid", "medusa", "eagle",
+                   "draft"),
+    "chat": ("eagle3", "hybrid", "eagle2", "eagle", "medusa", "draft", "lookahead", "ngram"),
+    "edit": ("ngram", "hybrid", "lookahead", "eagle3", "eagle2", "eagle", "medusa", "draft"),
     "thigh": ("plain",),
 }
 

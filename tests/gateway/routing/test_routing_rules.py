@@ -47,6 +47,16 @@ def test_static_rules_prefer_the_less_loaded_pool_and_put_plain_last() -> None:
     assert (lonely.pool, lonely.reason) == ("e", "static rule: code -> eagle")
 
 
+def test_static_rules_take_hybrid_where_the_first_choice_is_missing() -> None:
+    """An embedded fleet (no EAGLE-3): chat goes to hybrid before plain EAGLE; an edit
+    still to n-gram while there is one."""
+    fleet = [view("p", "plain", 0), view("e", "eagle"), view("h", "hybrid"),
+             view("n", "ngram", 4)]
+    assert static_rules(profile("chat"), fleet).pool == "h"
+    assert static_rules(profile("edit"), fleet).pool == "n"
+    assert static_rules(profile("edit"), fleet[:3]).pool == "h"
+
+
 def test_failover_order_keeps_policy_fallbacks_and_adds_plain_last() -> None:
     pools = [{"name": n, "engine": "sglang", "model": "m", "method": m, "k": k,
               "workers": ["http://a:1"]}
