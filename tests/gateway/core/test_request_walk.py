@@ -17,7 +17,7 @@ from gateway.routing.slo_aware import SloAware
 from policies.decision import Policy
 
 ROOT = Path(__file__).resolve().parents[3]
-# 32 crossings before the routing core (the tree at bbb2bfa, same measure); issue 40's
+# 31 crossings before the routing core (main of 2026-12-05, same measure); issue 40's
 # target is 12: docs/results/2026-12-06-routing-core.md says what is left
 MAX_CROSSINGS = 17
 
