@@ -54,22 +54,26 @@ async def health(request: Request) -> Response:
 
 
 async def ready(request: Request) -> Response:
-    """200 only when every configured model has at least one healthy worker; models,
-    pools and worker URLs only for an admin (`is_admin`)."""
+    """200 while some configured model has a healthy worker: one model's open breakers
+    must not take the replica out of the Service for every other model (the readiness
+    probe). Which models can be served, by name; workers per model, pools and worker
+    URLs only for an admin (`is_admin`)."""
     gateway = _gateway(request)
     models: dict[str, int] = dict.fromkeys(gateway.config.models, 0)
     for pool in gateway.pools.values():  # a pool on its last resort is not ready
         models[pool.config.model] += pool.up_workers
-    is_ready = all(models.values())
+    servable = {model: up > 0 for model, up in models.items()}
+    is_ready = any(servable.values())
     status = 200 if is_ready else 503
     if not is_admin(request):
-        return json_response({"ready": is_ready}, status)
+        return json_response({"ready": is_ready, "models_ready": servable}, status)
     now = time.monotonic()
     pools = {p.name: {"healthy_workers": p.healthy_workers, "workers": len(p.workers),
                       "last_resort": p.in_panic(now), "outstanding": p.outstanding,
                       "worker_states": [w.state(now) for w in p.workers]}
              for p in gateway.pools.values()}
-    return json_response({"ready": is_ready, "models": models, "pools": pools}, status)
+    return json_response({"ready": is_ready, "models_ready": servable, "models": models,
+                          "pools": pools}, status)
 
 
 async def metrics(request: Request) -> Response:

@@ -60,9 +60,14 @@ class Lease:
         self.worker.served(time.monotonic())
 
     def failed(self, exc: GatewayError) -> None:
-        """Count a failure against the worker; connection refused opens its breaker."""
+        """Count a failure against the worker; connection refused opens its breaker. A
+        worker's own 503 says it is full, not broken: the request goes on to another
+        worker, the breaker is left alone (a burst of traffic would open every breaker
+        of a busy pool)."""
         log.info("worker %s of pool %s failed: %s", self.worker.url, self.pool.name,
                  exc.message)
+        if exc.status == 503 and exc.code == "upstream_error":
+            return
         hard = exc.code == "upstream_connect_error"
         self.worker.breaker.failure(time.monotonic(), hard=hard)
 

@@ -281,7 +281,7 @@ def test_admin_key_guards_metrics_and_ready_detail(gateway: dict) -> None:
                         401, "invalid_api_key")
     assert "specroute_requests_total" in httpx.get(url + "/metrics", headers=admin).text
     # with an admin key set, loopback alone no longer shows the detail
-    assert httpx.get(url + "/ready").json() == {"ready": True}
+    assert httpx.get(url + "/ready").json() == {"ready": True, "models_ready": {"m1": True}}
     detail = httpx.get(url + "/ready", headers=admin).json()
     assert detail["pools"]["eagle"]["worker_states"][0]["url"].startswith("http://127.0.0.1")
     # SGLang's /server_info shape: per-worker states, their addresses for an admin only

@@ -200,6 +200,35 @@ async def test_failing_worker_is_skipped_once_its_breaker_opens(client: Http1Cli
         await good.close()
 
 
+async def test_a_full_worker_503_is_retried_elsewhere_and_spares_its_breaker(
+        client: Http1Client) -> None:
+    """A worker's own 503 (its queue is full) is load, not a fault: the request goes on to
+    another worker, and a busy pool's breakers stay closed however often it happens."""
+    calls = []
+
+    async def full(request: web.Request) -> web.Response:
+        calls.append(request.path)
+        return web.json_response({"error": {"message": "queue full"}}, status=503)
+
+    app = web.Application()
+    app.router.add_post("/generate", full)
+    busy, busy_url = await serve(app)
+    good, good_url = await serve(StubServer(StubConfig(model="m")).app())
+    try:
+        gateway = make_gateway(client, [pool("p", [busy_url, good_url])])
+        request = parse_request({"model": "m", "prompt": "x y"}, "completions")
+        for _ in range(5):
+            decision, pools = gateway.router.route(request, gateway.classify(request, "t"))
+            lease, _ = await gateway.dispatcher.generate(request, decision, pools)
+            assert lease.worker.url == good_url
+        breaker = gateway.pools["p"].workers[0].breaker
+        assert len(calls) == 5  # tried every time: never taken out
+        assert breaker.state(time.monotonic()) is BreakerState.CLOSED and breaker.failures == 0
+    finally:
+        await busy.close()
+        await good.close()
+
+
 async def test_all_attempts_fail_with_the_last_error(client: Http1Client) -> None:
     bad, url = await serve(StubServer(StubConfig(model="m", fail_after=0)).app())
     try:
