@@ -28,7 +28,7 @@ paired.
   ratios of 0.79-1.26 at c = 4 under a prompt-only interval a third as wide, issue 42).
   With one replicate only the prompt stage is left (`RESAMPLED` names what was).
 - **Failures**: a request a configuration failed counts against that configuration as
-  zero tokens over the time a served request of that prompt took (report.py
+  zero tokens over at least the time a served request of that prompt took (report.py
   `prompt_rows`), so a configuration that fails is slow, not excused.
 """
 
