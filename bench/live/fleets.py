@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +39,8 @@ import yaml
 from bench.live.prompts import Item
 from policies.keys import STREAM_KEY
 from policies.methods import default_k
+from policies.options import candidate_ks
+from policies.types import PoolView
 from workers.processes import free_port, stop_group, wait_http
 
 ADAPTIVE = "adaptive"
@@ -69,14 +71,36 @@ class Fleet:
     configs: tuple[Config, ...]
 
 
+def adaptive_ks(method: str) -> list[int]:
+    """The k's the adaptive gateway may pick on its per-request-k pool of `method` (the
+    pool `specroute up` configures: the method's default k, per-request k, the policy's
+    `PoolView.max_k`). The k trust region (`k_trust_margin` above the largest k measured)
+    does not bound a run: one request at its top (`min_k_requests` 1) and exploration
+    (+-2) move it up, so every k from 1 to the pool's max_k is in reach."""
+    view = PoolView(f"embedded-{method}", "embedded", method, default_k(method), True, 1, 0)
+    return [k for k in candidate_ks(view) if k > 0]
+
+
 def k_grid(method: str, ks: tuple[str, ...] | None) -> list[int]:
-    """The k's measured on a per-request-k pool: those the policy may choose at its start
-    (1 .. the method's default k + its trust margin of 2; k = 0 is plain decoding, which
-    the plain fleet measures), or the subset `ks` of them: "2" (every method) or
-    "ngram:6" (that method only)."""
-    top = default_k(method) + 2
-    return [k for k in range(1, top + 1)
+    """The k's measured on a per-request-k pool: every k the adaptive gateway may pick
+    there (`adaptive_ks`; k = 0 is plain decoding, which the plain fleet measures), or the
+    subset `ks` of them: "2" (every method) or "ngram:6" (that method only)."""
+    return [k for k in adaptive_ks(method)
             if ks is None or str(k) in ks or f"{method}:{k}" in ks]
+
+
+def missing_ks(methods: list[str], homogeneous: list[str],
+               ks: tuple[str, ...] | None) -> dict[str, list[int]]:
+    """Per method of the adaptive fleet that a homogeneous fleet measures per k, the k's
+    the adaptive gateway may pick that `ks` leaves unmeasured (the oracle cannot choose
+    them)."""
+    out = {}
+    for m in methods:
+        if m != "plain" and m in homogeneous:
+            gap = sorted(set(adaptive_ks(m)) - set(k_grid(m, ks)))
+            if gap:
+                out[m] = gap
+    return out
 
 
 def fleets(engine: str, methods: list[str], homogeneous: list[str],
@@ -136,29 +160,87 @@ def read_reason(reason: str) -> tuple[str, bool]:
     return task, "(exploring)" in reason
 
 
-class Stack:
-    """One `specroute up` of a fleet."""
+Command = Callable[[int, Path], list[str]]  # (gateway port, workdir) -> argv
+BIND_RETRIES = 3  # fresh starts of a stack whose server lost its port to another process
+BIND_FAILED = ("address already in use", "errno 98")
 
-    def __init__(self, fleet: Fleet, engine: str, model: str | None, workdir: Path,
-                 follow_fleet: bool = False) -> None:
-        self.fleet = fleet
-        self.work = workdir
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        args = [sys.executable, "-m", "specroute.cli", "up", "--port", str(self.port),
+
+def up_command(fleet: Fleet, engine: str, model: str | None,
+               follow_fleet: bool = False) -> Command:
+    """`specroute up` for `fleet`, on the port it is given."""
+    def command(port: int, workdir: Path) -> list[str]:
+        args = [sys.executable, "-m", "specroute.cli", "up", "--port", str(port),
                 "--workdir", str(workdir), "--methods", ",".join(fleet.methods)]
         args += ["--engine", "vllm"] if engine == "vllm" else []
         args += ["--model", model] if model else []
-        args += ["--follow-fleet"] if follow_fleet else []
-        env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-        self.log = open(workdir / "up.log", "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
-        self.url = f"http://127.0.0.1:{self.port}"
+        return args + (["--follow-fleet"] if follow_fleet else [])
+    return command
+
+
+class Stack:
+    """One `specroute up` of a fleet.
+
+    Every server of a stack binds a port picked free a moment before (`free_port`: bound
+    to port 0, read back, released), the gateway's by the bench and the workers' and
+    Redis's by `specroute up`; another process may take it in between (an outgoing
+    connection's source port is drawn from the same range), and the server then fails
+    with `[Errno 98] address already in use` (a 12-minute run was lost to it, issue 42).
+    `launch` starts the stack again on fresh ports when that is why it stopped."""
+
+    def __init__(self, fleet: Fleet, engine: str, model: str | None, workdir: Path,
+                 follow_fleet: bool = False, command: Command | None = None) -> None:
+        self.fleet = fleet
+        self.work = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.command = command or up_command(fleet, engine, model, follow_fleet)
+        self.attempts = 0
         self.lock = threading.Lock()
+        self._spawn()
+
+    def _spawn(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+        self.spawned_at = time.time()
+        self.log = open(self.work / "up.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(self.command(self.port, self.work), stdout=self.log,
+                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.attempts += 1
+
+    def launch(self, timeout: float) -> None:
+        """Until the gateway answers /ready; a start that stopped because one of its servers
+        could not bind its port is retried on fresh ports (`BIND_RETRIES` times), its
+        `up.log` kept as `up-attempt<n>.log`."""
+        while True:
+            try:
+                wait_http(f"{self.url}/ready", timeout, self.proc, "specroute up",
+                          Path(self.log.name))
+                return
+            except RuntimeError:
+                if self.attempts > BIND_RETRIES or not self.bind_failed():
+                    raise
+            self.stop()
+            (self.work / "up.log").rename(self.work / f"up-attempt{self.attempts}.log")
+            print(f"bench live: fleet {self.fleet.name}: a server lost its port to another "
+                  f"process; starting the stack again on fresh ports", file=sys.stderr,
+                  flush=True)
+            self._spawn()
+
+    def bind_failed(self) -> bool:
+        """Whether a log this start wrote says a server could not bind its port."""
+        for path in self.work.glob("*.log"):
+            if path.stat().st_mtime >= self.spawned_at - 1.0 and not path.name.startswith(
+                    "up-attempt"):
+                text = path.read_text(errors="replace").lower()
+                if any(sign in text for sign in BIND_FAILED):
+                    return True
+        return False
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
 
     def start(self, timeout: float) -> None:
-        wait_http(f"{self.url}/ready", timeout, self.proc, "specroute up", Path(self.log.name))
+        self.launch(timeout)
         self.config = yaml.safe_load((self.work / "config.yaml").read_text())
         self.client = httpx.Client(base_url=self.url, timeout=REQUEST_TIMEOUT_S,
                                    limits=httpx.Limits(max_connections=64))
@@ -207,7 +289,8 @@ class Stack:
                           explored=explored)
         except (httpx.HTTPError, ValueError, KeyError) as exc:
             return Record(replicate, concurrency, self.fleet.name, config.name, item.cls,
-                          item.fold, item.index, 0, 0.0, error=str(exc)[:200])
+                          item.fold, item.index, 0, time.perf_counter() - started,
+                          error=str(exc)[:200])
 
     def run(self, jobs: list[tuple[Config, list[Item]]], concurrency: int,
             replicate: int) -> list[Record]:
@@ -219,7 +302,7 @@ class Stack:
                 queue = iter(block)
 
                 def worker(config: Config = config, queue=queue) -> list[Record]:
-                    out = []
+                    out: list[Record] = []
                     while True:
                         with self.lock:
                             item = next(queue, None)

@@ -1,87 +1,157 @@
 """What `specroute bench live` prints: per concurrency and stated mix, the adaptive fleet
 against the best homogeneous fleet of the same size and against the held-out oracle,
-with 95% bootstrap intervals over prompts (bench/live/stats.py), the targets, every
-configuration's tokens/s per class, what the adaptive gateway chose, and the audits.
+with 95% bootstrap intervals clustered by replicate (bench/live/stats.py), the targets,
+every configuration's tokens/s per class and failures, what the adaptive gateway chose (and
+which of its picks no pinned configuration measured), and the audits.
 
 Tokens/s of a configuration on a class = its completion tokens over its requests' wall
-time (at concurrency c, each request shares its fleet with up to c - 1 others).
+time (at concurrency c, each request shares its fleet with up to c - 1 others); a request
+it failed adds no tokens and a served request's time (`prompt_rows`).
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+import numpy as np
 
 from bench.live.fleets import ADAPTIVE, Record
 from bench.live.prompts import MIXES
-from bench.live.stats import bootstrap, estimate, from_rows
+from bench.live.stats import RESAMPLED, bootstrap, estimate, from_rows
 
 TARGET_BEST, TARGET_ORACLE, TARGET_NO_HARM = 1.10, 0.95, 0.97
 TARGET_MIXES = ("code assistant", "even")
 
 
-def prompt_rows(records: list[Record]) -> tuple[list[dict], int]:
-    """One row per (replicate, item) served without error by every configuration; and how
-    many prompts were dropped because some configuration failed on them."""
-    cells: dict[tuple[int, int], dict] = {}
-    configs = {r.config for r in records}
-    failed = set()
+@dataclass(frozen=True, slots=True)
+class Rows:
+    """The prompts every configuration was sent, one row each; per configuration how many
+    of them it failed (each kept in its row as a penalty, `prompt_rows`); prompts left out:
+    `unserved`, some configuration never got them (a run cut short), `failed_everywhere`,
+    every configuration failed them (nothing to charge a failure against)."""
+
+    rows: list[dict]
+    failures: dict[str, int]
+    unserved: int
+    failed_everywhere: int
+
+
+def prompt_rows(records: list[Record]) -> Rows:
+    """One row per (replicate, item) every configuration was sent. A configuration that
+    failed a prompt is charged zero tokens over the longer of its own time to the failure
+    and the median time the configurations that served the prompt took: the failure costs
+    it a request's time and yields nothing (zero tokens/s on that request)."""
+    sent: dict[tuple[int, int], list[Record]] = defaultdict(list)
     for r in records:
-        key = (r.replicate, r.item)
-        if r.error:
-            failed.add(key)
+        sent[(r.replicate, r.item)].append(r)
+    configs = {r.config for r in records}
+    rows, failures = [], Counter[str]()
+    unserved = failed_everywhere = 0
+    for (replicate, _), got in sent.items():
+        if {r.config for r in got} != configs:
+            unserved += 1
             continue
-        row = cells.setdefault(key, {"cls": r.cls, "fold": r.fold, "replicate": r.replicate,
-                                     "cells": {}})
-        row["cells"][r.config] = (r.tokens, r.seconds)
-    rows = [row for key, row in cells.items()
-            if key not in failed and set(row["cells"]) == configs]
-    return rows, len({(r.replicate, r.item) for r in records}) - len(rows)
+        served = [r.seconds for r in got if not r.error]
+        if not served:
+            failed_everywhere += 1
+            continue
+        typical = float(np.median(served))
+        cells = {r.config: (r.tokens, r.seconds) if not r.error else (0, max(r.seconds, typical))
+                 for r in got}
+        failed = sorted(r.config for r in got if r.error)
+        failures.update(failed)
+        rows.append({"cls": got[0].cls, "fold": got[0].fold, "replicate": replicate,
+                     "cells": cells, "failed": failed})
+    return Rows(rows, dict(sorted(failures.items())), unserved, failed_everywhere)
 
 
 def _round(values: tuple[float, ...]) -> list[float]:
     return [round(v, 3) for v in values]
 
 
-def summarize(records: list[Record], audits: list[dict], engine: str) -> dict:
+def summarize(records: list[Record], audits: list[dict], engine: str,
+              incomplete: str = "") -> dict:
+    """Per concurrency and stated mix: the ratios, their intervals clustered by replicate
+    (bench/live/stats.py), failures per configuration and the adaptive gateway's picks;
+    `incomplete`: why the run stopped early (the report is on what it measured)."""
     measured = [r for r in records if r.item >= 0]
     out: dict = {"engine": engine, "concurrency": {}, "audits": audits,
-                 "json": {engine: {}}}
+                 "incomplete": incomplete, "json": {engine: {}}}
+    if incomplete:
+        out["json"]["incomplete"] = incomplete
     for conc in sorted({r.concurrency for r in measured}):
         recs = [r for r in measured if r.concurrency == conc]
-        rows, dropped = prompt_rows(recs)
-        per_class = _per_class(rows)
-        mixes = {}
+        got = prompt_rows(recs)
+        mixes, skipped = {}, {}
         for mix, shares in MIXES.items():
-            mine = [r for r in rows if r["cls"] in shares]
+            mine = [r for r in got.rows if r["cls"] in shares]
             if not {r["cls"] for r in mine} >= set(shares) or not any(
                     ADAPTIVE in r["cells"] for r in mine):
                 continue
-            data = from_rows(mine, ADAPTIVE)
-            point = estimate(data, shares)
-            ci = bootstrap(data, shares, seed=conc)
-            by_replicate = {}
-            for rep in sorted({r["replicate"] for r in mine}):
-                e = estimate(from_rows([r for r in mine if r["replicate"] == rep], ADAPTIVE),
-                             shares)
-                by_replicate[rep] = (round(e.vs_best, 3), round(e.vs_oracle, 3))
-            counts = Counter(r["cls"] for r in mine)
-            mixes[mix] = {"shares": shares, "rates": point.rates, "adaptive": point.adaptive,
-                          "best": point.best, "best_name": point.best_name,
-                          "oracle": point.oracle, "oracle_picks": point.oracle_picks,
-                          "ci": ci, "by_replicate": by_replicate,
-                          "requests_per_cell": dict(counts)}
-            out["json"][engine].setdefault(mix, {})[str(conc)] = {
-                "vs_best_homogeneous": _round(ci["vs_best_homogeneous"]),
-                "vs_oracle": _round(ci["vs_oracle"]),
-                "oracle_vs_best_homogeneous": _round(ci["oracle_vs_best_homogeneous"]),
-                "best_homogeneous": point.best_name,
-                "requests_per_cell": min(counts.values()),
-                "shares": shares}
+            try:
+                mixes[mix] = _mix_summary(mine, shares, conc)
+            except ValueError as exc:  # a class without both folds (a run cut short)
+                skipped[mix] = str(exc)
+                continue
+            out["json"][engine].setdefault(mix, {})[str(conc)] = _mix_json(mixes[mix])
         out["concurrency"][conc] = {
-            "mixes": mixes, "per_class": per_class, "dropped": dropped,
+            "mixes": mixes, "skipped": skipped, "per_class": _per_class(got.rows),
+            "failures": got.failures,
+            "unserved": got.unserved, "failed_everywhere": got.failed_everywhere,
             "errors": sum(1 for r in recs if r.error),
-            "decisions": adaptive_picks([r for r in recs if r.config == ADAPTIVE])}
+            "decisions": adaptive_picks([r for r in recs if r.config == ADAPTIVE]),
+            "uncovered": uncovered({r.config for r in recs if r.config != ADAPTIVE},
+                                   [r for r in recs if r.config == ADAPTIVE])}
     return out
+
+
+def _mix_summary(mine: list[dict], shares: dict[str, float], conc: int) -> dict:
+    data = from_rows(mine, ADAPTIVE)
+    point = estimate(data, shares)
+    replicates = sorted({r["replicate"] for r in mine})
+    clustered = len(replicates) > 1
+    ci = bootstrap(data, shares, seed=conc, by_replicate=clustered)
+    by_replicate = {}
+    for rep in replicates:
+        try:
+            e = estimate(from_rows([r for r in mine if r["replicate"] == rep], ADAPTIVE),
+                         shares)
+        except ValueError:  # this replicate alone has a class without both folds
+            continue
+        by_replicate[rep] = (round(e.vs_best, 3), round(e.vs_oracle, 3))
+    failures = Counter(c for r in mine for c in r["failed"])
+    return {"shares": shares, "rates": point.rates, "adaptive": point.adaptive,
+            "best": point.best, "best_name": point.best_name, "oracle": point.oracle,
+            "oracle_picks": point.oracle_picks, "ci": ci, "by_replicate": by_replicate,
+            "resampled": RESAMPLED[clustered], "replicates": len(replicates),
+            "failures": {c: failures.get(c, 0) for c in data.configs},
+            "requests_per_cell": dict(Counter(r["cls"] for r in mine))}
+
+
+def _mix_json(m: dict) -> dict:
+    return {"vs_best_homogeneous": _round(m["ci"]["vs_best_homogeneous"]),
+            "vs_oracle": _round(m["ci"]["vs_oracle"]),
+            "oracle_vs_best_homogeneous": _round(m["ci"]["oracle_vs_best_homogeneous"]),
+            "interval": {"bootstrap": m["resampled"], "replicates": m["replicates"]},
+            "by_replicate": {str(k): list(v) for k, v in m["by_replicate"].items()},
+            "failures": m["failures"],
+            "best_homogeneous": m["best_name"],
+            "requests_per_cell": min(m["requests_per_cell"].values()),
+            "shares": m["shares"]}
+
+
+def uncovered(pinned: set[str], adaptive: list[Record]) -> dict[str, int]:
+    """The adaptive gateway's (method, k) picks that no pinned configuration measured
+    (named as the pinned ones are: "plain", "ngram k=6"), with their request counts: where
+    the oracle and the best homogeneous fleet could not have chosen what it chose."""
+    picks = Counter(_config_name(r) for r in adaptive if not r.error)
+    return {name: n for name, n in sorted(picks.items()) if name not in pinned}
+
+
+def _config_name(r: Record) -> str:
+    method = r.pool.split("-", 1)[-1]
+    return "plain" if method == "plain" or r.k == 0 else f"{method} k={r.k}"
 
 
 def _per_class(rows: list[dict]) -> dict[str, dict[str, float]]:
@@ -131,6 +201,9 @@ def targets(engine: str, mix: str, ci: dict) -> str:
 def render(summary: dict, settings: str) -> str:
     engine = summary["engine"]
     lines = [f"live benchmark: {settings}"]
+    if summary["incomplete"]:
+        lines.append(f"INCOMPLETE: {summary['incomplete']}; reported on what was measured "
+                     "before")
     for conc, s in summary["concurrency"].items():
         lines += ["", f"### concurrency {conc}", "",
                   "| mix (shares) | adaptive tok/s | best homogeneous | oracle tok/s (held out) "
@@ -159,15 +232,33 @@ def render(summary: dict, settings: str) -> str:
         if min(per_cell.values(), default=0) < 4:
             lines.append("(fewer than 2 prompts per class and fold: the intervals cannot "
                          "show the spread over prompts)")
-        if s["errors"] or s["dropped"]:
-            lines.append(f"errors: {s['errors']} requests failed; {s['dropped']} prompts left "
-                         f"out of every configuration")
+        resampled = sorted({m["resampled"] for m in s["mixes"].values()})
+        if resampled:
+            lines.append("intervals resample " + "; ".join(resampled))
+        lines += _failure_lines(s)
     lines += ["", "telemetry audits (what each fleet's policy learned from):"]
     for a in summary["audits"]:
         lines.append(f"- replicate {a['replicate']} {a['fleet']}: learned from "
                      f"{a['learned_from']} records, {a['pinned']} pinned; adaptive requests "
                      f"served {a['adaptive_requests']}: {'clean' if a['clean'] else 'LEAK'}")
     return "\n".join(lines)
+
+
+def _failure_lines(s: dict) -> list[str]:
+    lines = []
+    if s["failures"]:
+        lines.append("failures per configuration (each charged as zero tokens over a served "
+                     "request's time): " + ", ".join(f"{c} {n}" for c, n in
+                                                     s["failures"].items()))
+    if s["unserved"] or s["failed_everywhere"]:
+        lines.append(f"prompts left out: {s['unserved']} not sent to every configuration (a "
+                     f"run cut short), {s['failed_everywhere']} failed by every configuration")
+    if s["uncovered"]:
+        lines.append("adaptive picks no pinned configuration measured (the oracle and best "
+                     "homogeneous fleet could not choose them): " + ", ".join(
+                         f"{c} x{n}" for c, n in s["uncovered"].items()))
+    lines += [f"{mix}: not reported ({why})" for mix, why in s["skipped"].items()]
+    return lines
 
 
 def _class_table(s: dict) -> list[str]:

@@ -18,8 +18,11 @@ learned). After a fleet's last request the bench reads its
 telemetry stream: the adaptive gateway must have learned from exactly its own requests
 and the homogeneous ones from none.
 
-bench/live/stats.py turns the records into ratios with bootstrap intervals per stated
-mix (bench/live/prompts.py `MIXES`) and concurrency; bench/live/report.py prints them.
+bench/live/stats.py turns the records into ratios with bootstrap intervals (clustered by
+replicate) per stated mix (bench/live/prompts.py `MIXES`) and concurrency;
+bench/live/report.py prints them. A run that loses a stack (one that does not come up, or
+stops mid-replicate) stops there and reports on every concurrency measured in full before
+(`StackLost`), marked incomplete, rather than printing nothing.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from bench.live.fleets import (
     ADAPTIVE,
@@ -42,6 +46,7 @@ from bench.live.fleets import (
     Record,
     Stack,
     fleets,
+    missing_ks,
     schedule,
 )
 from bench.live.prompts import CLASSES, Plan, plan
@@ -71,6 +76,13 @@ class Settings:
     classes: tuple[str, ...] = CLASSES
     follow_fleet: bool = False  # the adaptive fleet's servers follow the fleet planner
 
+    @classmethod
+    def saved(cls, fields: dict[str, Any]) -> Settings:
+        """The settings `save` wrote (its JSON lists back to tuples)."""
+        values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
+                                  for k, v in fields.items()}
+        return cls(**values)
+
     def describe(self, model: str) -> str:
         follows = " (servers follow the fleet planner)" if self.follow_fleet else ""
         return (f"engine {self.engine}, model {model}; adaptive fleet {'+'.join(self.methods)}"
@@ -79,6 +91,16 @@ class Settings:
                 f"{self.replicates} replicate(s), seed {self.seed}; max_tokens "
                 f"{self.max_tokens}; concurrency {','.join(map(str, self.concurrency))}; "
                 f"warm-up {self.warmup}")
+
+
+class StackLost(RuntimeError):
+    """A stack of a group did not come up or stopped while measuring; `records`: the
+    group's concurrencies measured in full before (a concurrency it was in is dropped: its
+    requests to the lost stack failed for want of a server, not of its configuration)."""
+
+    def __init__(self, message: str, records: list[Record]) -> None:
+        super().__init__(message)
+        self.records = records
 
 
 def _say(started: float, message: str) -> None:
@@ -116,6 +138,7 @@ def run_fleets(group: list[Fleet], settings: Settings, prompts: Plan, replicate:
                 first = prompts.warmup[: 2 * len(fleet.methods)]
                 warm[fleet.name] = stack.run(
                     [(Config("warm-up", fleet.configs[0].pool), first)], top, replicate)
+        _check_alive(stacks, "warming up")
         _say(started, f"replicate {replicate}: {', '.join(f.name for f in group)} up and warm")
         pairs = [(stack, config) for stack in stacks for config in stack.fleet.configs]
         for conc in settings.concurrency:
@@ -123,6 +146,7 @@ def run_fleets(group: list[Fleet], settings: Settings, prompts: Plan, replicate:
             here = []
             for (stack, config), block in schedule(items, pairs, BLOCK_PER_THREAD * conc, rng):
                 here += stack.run([(config, block)], conc, replicate)
+            _check_alive(stacks, f"measuring c={conc}")
             records += here
             errors = sum(1 for r in here if r.error)
             _say(started, f"replicate {replicate}: c={conc}: {len(here)} requests"
@@ -140,9 +164,19 @@ def run_fleets(group: list[Fleet], settings: Settings, prompts: Plan, replicate:
                 name != ADAPTIVE or audit["pinned"] == 0)
             audits.append(audit)
         return records, audits
+    except (RuntimeError, TimeoutError) as exc:
+        raise StackLost(f"replicate {replicate}, fleets "
+                        f"{', '.join(f.name for f in group)}: {exc}", records) from exc
     finally:
         for stack in stacks:
             stack.stop()
+
+
+def _check_alive(stacks: list[Stack], during: str) -> None:
+    lost = [s for s in stacks if not s.alive()]
+    if lost:
+        raise RuntimeError(f"stack {lost[0].fleet.name} stopped while {during} (exit "
+                           f"{lost[0].proc.returncode}; see {lost[0].log.name})")
 
 
 WORKER_GIB = 0.6  # one embedded SmolLM2 worker's resident memory, with some room
@@ -164,10 +198,12 @@ def save(path: Path, settings: Settings, model: str, records: list[Record],
         "records": [asdict(r) for r in records], "audits": audits}))
 
 
-def measure(settings: Settings, workdir: Path,
-            records_path: Path | None = None) -> tuple[list[Record], list[dict], str]:
-    """Every replicate's fleets; with `records_path`, the records so far are written after
-    each group of fleets (a run cut short keeps what it measured: `--merge` reports on it)."""
+def measure(settings: Settings, workdir: Path, records_path: Path | None = None,
+            ) -> tuple[list[Record], list[dict], str, str]:
+    """Every replicate's fleets: (records, audits, model, why the run stopped early or "").
+    With `records_path`, the records so far are written after each concurrency (a run
+    killed keeps what it measured: `--merge` reports on it); a lost stack ends the run
+    with the concurrencies measured in full before it."""
     started = time.monotonic()
     prompts = plan("", settings.per_class, settings.warmup,
                    settings.concurrency, settings.replicates, settings.seed,
@@ -189,19 +225,31 @@ def measure(settings: Settings, workdir: Path,
                     name = _model_name(workdir / f"r{r}-{group[0].name}")
                     save(records_path, settings, name, [*done, *got], audited)
 
-            got, audit = run_fleets(group, settings, prompts, r, workdir, started, progress)
+            try:
+                got, audit = run_fleets(group, settings, prompts, r, workdir, started, progress)
+            except StackLost as exc:
+                records += exc.records
+                _say(started, f"stack lost: {exc}; reporting what was measured")
+                if records_path is not None:
+                    save(records_path, settings, model, records, audits)
+                model = model or _model_name(workdir / f"r{r}-{group[0].name}")
+                return records, audits, model, str(exc)
             records += got
             audits += audit
             model = model or _model_name(workdir / f"r{r}-{group[0].name}")
             if records_path is not None:
                 save(records_path, settings, model, records, audits)
-    return records, audits, model
+    return records, audits, model, ""
 
 
 def _model_name(work: Path) -> str:
+    """The model a stack served ("" if it wrote no config)."""
     import yaml
 
-    return str(yaml.safe_load((work / "config.yaml").read_text())["pools"][0]["model"])
+    try:
+        return str(yaml.safe_load((work / "config.yaml").read_text())["pools"][0]["model"])
+    except OSError:
+        return ""
 
 
 def main(args: argparse.Namespace) -> int:
@@ -233,6 +281,7 @@ def main(args: argparse.Namespace) -> int:
         print("bench live: --per-class must be >= 2 (the oracle is chosen on one half of a "
               "class's prompts and scored on the other)", file=sys.stderr)
         return 2
+    incomplete = ""
     if args.merge:
         records, audits, model = [], [], ""
         for n, path in enumerate(args.merge.split(",")):
@@ -244,21 +293,37 @@ def main(args: argparse.Namespace) -> int:
             model = saved.get("model", model)
         first = json.loads(Path(args.merge.split(",")[0]).read_text())["settings"]
         engine = first["engine"]
+        settings = Settings.saved(first)
         description = (f"{len(args.merge.split(','))} record files merged, the first: "
-                       f"{Settings(**first).describe(model)}")
+                       f"{settings.describe(model)}")
     else:
-        try:
-            with tempfile.TemporaryDirectory() as tmp:
-                records, audits, model = measure(settings, Path(args.workdir or tmp),
-                                                 Path(args.records) if args.records else None)
-        except (RuntimeError, TimeoutError) as exc:
-            print(f"bench live: a stack did not come up: {exc}", file=sys.stderr)
-            return 1
+        _warn_ks(settings)
+        with tempfile.TemporaryDirectory() as tmp:
+            records, audits, model, incomplete = measure(
+                settings, Path(args.workdir or tmp), Path(args.records) if args.records else None)
         description = settings.describe(model)
-    summary = summarize(records, audits, engine)
+    summary = summarize(records, audits, engine, incomplete)
+    summary["json"]["ks_missing"] = ks_missing(settings)
     print(render(summary, description))
     if args.records and not args.merge:
         save(Path(args.records), settings, model, records, audits)
     if args.json:
         print(json.dumps(summary["json"]))
-    return 0
+    return 1 if incomplete else 0
+
+
+def ks_missing(settings: Settings) -> dict[str, list[int]]:
+    """Embedded: the k's the adaptive gateway may pick that the pinned grid leaves out."""
+    if settings.engine != "embedded":
+        return {}
+    return missing_ks(list(settings.methods), list(settings.homogeneous), settings.ks)
+
+
+def _warn_ks(settings: Settings) -> None:
+    gaps = ks_missing(settings)
+    if gaps:
+        print("bench live: --ks leaves out k's the adaptive gateway may pick, which the "
+              "oracle and the best homogeneous fleet then cannot choose (reported as "
+              "uncovered picks): " + "; ".join(f"{m} {','.join(map(str, ks))}"
+                                              for m, ks in gaps.items()),
+              file=sys.stderr, flush=True)

@@ -17,12 +17,23 @@ from bench.live.fleets import (
     Record,
     fleets,
     k_grid,
+    missing_ks,
     read_reason,
     schedule,
 )
 from bench.live.prompts import MIXES, Item
-from bench.live.report import adaptive_picks, prompt_rows, render, summarize, targets
-from bench.live.stats import bootstrap, estimate, from_rows
+from bench.live.report import (
+    adaptive_picks,
+    prompt_rows,
+    render,
+    summarize,
+    targets,
+    uncovered,
+)
+from bench.live.stats import RESAMPLED, bootstrap, estimate, from_rows
+from policies.options import candidate_ks
+from policies.request_limits import MAX_K
+from policies.types import PoolView
 
 
 def _rows(table: dict[str, list[tuple[str, int, dict[str, float]]]]) -> list[dict]:
@@ -129,8 +140,11 @@ def test_equal_fleets_and_every_k_the_policy_may_choose() -> None:
     assert {len(f.methods) for f in embedded} == {3}  # as many servers in every fleet
     assert embedded[0].configs == (Config(ADAPTIVE),)
     ngram = embedded[2].configs
-    # ngram's default k is 6, the policy's trust margin 2: k 1..8 pinned per request
-    assert [c.k for c in ngram] == list(range(1, 9)) == k_grid("ngram", None)
+    # every k the adaptive gateway may pick on its per-request-k pool: the policy's
+    # candidates there (1 .. PoolView.max_k; its trust region creeps up within a run)
+    view = PoolView("embedded-ngram", "embedded", "ngram", 6, True, 1, 0)
+    assert [c.k for c in ngram] == [k for k in candidate_ks(view) if k] == k_grid("ngram", None)
+    assert [c.k for c in ngram] == list(range(1, MAX_K + 1))
     assert all(c.pool == "embedded-ngram" for c in ngram)
     assert embedded[1].configs == (Config("plain", "embedded-plain"),)
     subset = ("1", "3", "40", "ngram:6", "eagle:2")
@@ -179,23 +193,105 @@ def _record(config: str, cls: str, item: int, fold: int, rate: float, conc: int 
                   "embedded-ngram" if config == ADAPTIVE else "", 2, error)
 
 
-def test_a_prompt_any_configuration_failed_on_leaves_every_configuration() -> None:
-    records = [_record(c, "code/t0", i, i % 2, 10) for c in (ADAPTIVE, "A") for i in range(3)]
-    records[-1] = _record("A", "code/t0", 2, 0, 0, error="boom")
-    rows, dropped = prompt_rows(records)
-    assert dropped == 1 and sorted(len(r["cells"]) for r in rows) == [2, 2]
+def test_a_failed_prompt_counts_against_the_configuration_that_failed_it() -> None:
+    # A fails prompt 2 after 0.2 s; the others served it in 1 s: A is charged 0 tokens over
+    # 1 s there (a served request's time), the prompt stays for every configuration
+    records = [_record(c, "code/t0", i, i % 2, 10) for c in (ADAPTIVE, "A", "B") for i in range(4)]
+    records[6] = replace(_record("A", "code/t0", 2, 0, 0, error="boom"), seconds=0.2)
+    got = prompt_rows(records)
+    assert len(got.rows) == 4 and got.failures == {"A": 1} and got.unserved == 0
+    failed = next(r for r in got.rows if r["failed"])
+    assert failed["cells"]["A"] == (0, 1.0) and failed["cells"]["B"] == (10, 1.0)
+    e = estimate(from_rows(got.rows, ADAPTIVE), {"code/t0": 1.0})
+    assert e.rates["A"] == pytest.approx(30 / 4) and e.rates["B"] == pytest.approx(10.0)
+    assert e.best_name == "B"  # A's failure made it slower, not excused
+    # a slow failure keeps its own (longer) time
+    records[6] = replace(records[6], seconds=3.0)
+    assert next(r for r in prompt_rows(records).rows if r["failed"])["cells"]["A"] == (0, 3.0)
+    # a prompt every configuration failed, or one some configuration never got, is left out
+    everywhere = [replace(r, error="down") if r.item == 1 else r for r in records]
+    assert prompt_rows(everywhere).failed_everywhere == 1
+    assert prompt_rows([r for r in records if (r.item, r.config) != (3, "B")]).unserved == 1
+    # the summary names each configuration's failures per mix, in the table and the JSON
+    summary = summarize(_even_records(failing={"A": 3}), [], "embedded")
+    assert summary["concurrency"][1]["failures"] == {"A": 3}
+    cell = summary["json"]["embedded"]["even"]["1"]
+    assert cell["failures"] == {ADAPTIVE: 0, "A": 3, "B": 0}
+    assert "failures per configuration (each charged as zero tokens over a served " \
+        "request's time): A 3" in render(summary, "test")
 
 
-def test_summary_json_per_engine_mix_and_concurrency() -> None:
+def _even_records(failing: dict[str, int] | None = None, replicates: int = 2) -> list[Record]:
+    """Every class of the even mix, 4 prompts each per replicate: adaptive ~120 tok/s, A
+    ~100, B ~90; `failing`: how many of its first prompts each configuration failed."""
     rng = np.random.default_rng(0)
     records = []
-    for rep in range(2):
+    for rep in range(replicates):
         for n, cls in enumerate(MIXES["even"]):
             for i in range(4):
                 item = 10 * n + i
                 for config, base in ((ADAPTIVE, 120), ("A", 100), ("B", 90)):
+                    fail = rep == 0 and item < (failing or {}).get(config, 0)
                     records.append(_record(config, cls, item, i % 2,
-                                           base * rng.uniform(0.9, 1.1), replicate=rep))
+                                           0 if fail else base * rng.uniform(0.9, 1.1),
+                                           replicate=rep, error="boom" if fail else ""))
+    return records
+
+
+def _replicated(ratios: list[float], per_class: int = 8) -> list[dict]:
+    """Prompt rows over replicates whose adaptive / A ratio is `ratios[r]`, with +-2% noise
+    per prompt: the replicates differ systematically, the prompts within one hardly."""
+    rng = random.Random(5)
+    return [{"cls": cls, "fold": i % 2, "replicate": rep,
+             "cells": {ADAPTIVE: (100 * ratio * rng.uniform(0.98, 1.02), 1.0),
+                       "A": (100 * rng.uniform(0.98, 1.02), 1.0)}}
+            for rep, ratio in enumerate(ratios) for cls in ("x", "y") for i in range(per_class)]
+
+
+def test_intervals_are_clustered_by_replicate() -> None:
+    ratios = [0.8, 1.0, 1.25]  # per-replicate results spanned 0.79-1.26 at c = 4 (issue 42)
+    data = from_rows(_replicated(ratios), ADAPTIVE)
+    shares = {"x": 0.5, "y": 0.5}
+    mean, low, high = bootstrap(data, shares, seed=2, draws=1000)["vs_best_homogeneous"]
+    _, p_low, p_high = bootstrap(data, shares, seed=2, draws=1000,
+                                 by_replicate=False)["vs_best_homogeneous"]
+    # resampling prompts alone takes the replicates' difference as fixed: narrow, well
+    # inside the replicates' spread
+    assert p_low < mean < p_high and p_low > min(ratios) + 0.1 and p_high < max(ratios) - 0.1
+    # resampling whole replicates first shows it: the interval spans the replicates
+    assert high - low > 3 * (p_high - p_low)
+    assert low <= min(ratios) + 0.03 and high >= max(ratios) - 0.03
+    # replicates that agree: the clustered interval is as narrow as the prompt-only one
+    same = from_rows(_replicated([1.0, 1.0, 1.0]), ADAPTIVE)
+    _, s_low, s_high = bootstrap(same, shares, seed=2, draws=500)["vs_best_homogeneous"]
+    assert s_high - s_low < 0.03
+    # the summary resamples replicates and says so; with one replicate it cannot
+    cell = summarize(_even_records(), [], "embedded")["json"]["embedded"]["even"]["1"]
+    assert cell["interval"] == {"bootstrap": RESAMPLED[True], "replicates": 2}
+    assert set(cell["by_replicate"]) == {"0", "1"}
+    one = summarize(_even_records(replicates=1), [], "embedded")["json"]["embedded"]["even"]
+    assert one["1"]["interval"] == {"bootstrap": RESAMPLED[False], "replicates": 1}
+
+
+def test_pinned_ks_must_cover_the_adaptive_gateways_picks() -> None:
+    assert missing_ks(["plain", "ngram", "eagle"], ["plain", "ngram", "eagle"], None) == {}
+    gaps = missing_ks(["plain", "ngram", "eagle"], ["plain", "ngram"], ("1", "2", "ngram:6"))
+    assert gaps == {"ngram": [k for k in range(3, MAX_K + 1) if k != 6]}  # eagle: no fleet
+    # what the adaptive gateway picked that no pinned configuration measured
+    picks = [replace(_record(ADAPTIVE, "code/t0", i, 0, 10), pool=pool, k=k)
+             for i, (pool, k) in enumerate([("embedded-ngram", 6), ("embedded-ngram", 9),
+                                            ("embedded-ngram", 9), ("embedded-plain", 0),
+                                            ("embedded-eagle", 3)])]
+    assert uncovered({"plain", "ngram k=6", "eagle k=3"}, picks) == {"ngram k=9": 2}
+    summary = summarize([*picks, *(replace(p, config="ngram k=6") for p in picks)], [],
+                        "embedded")
+    assert summary["concurrency"][1]["uncovered"] == {"eagle k=3": 1, "ngram k=9": 2,
+                                                      "plain": 1}
+    assert "adaptive picks no pinned configuration measured" in render(summary, "test")
+
+
+def test_summary_json_per_engine_mix_and_concurrency() -> None:
+    records = _even_records()
     audits = [{"fleet": ADAPTIVE, "replicate": 0, "adaptive_requests": 40, "learned_from": 40,
                "pinned": 0, "clean": True}]
     summary = summarize(records, audits, "embedded")
@@ -203,7 +299,8 @@ def test_summary_json_per_engine_mix_and_concurrency() -> None:
     assert set(out) == set(MIXES)
     cell = out["code assistant"]["1"]
     assert set(cell) == {"vs_best_homogeneous", "vs_oracle", "oracle_vs_best_homogeneous",
-                         "best_homogeneous", "requests_per_cell", "shares"}
+                         "interval", "by_replicate", "failures", "best_homogeneous",
+                         "requests_per_cell", "shares"}
     mean, low, high = cell["vs_best_homogeneous"]
     assert low <= mean <= high and 1.1 < mean < 1.3 and cell["best_homogeneous"] == "A"
     assert cell["requests_per_cell"] == 8  # 4 prompts per class in each of 2 replicates
