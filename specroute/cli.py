@@ -214,7 +214,7 @@ BENCHES: dict[str, tuple[str, dict[str, str]]] = {
         "--homogeneous": "methods measured as fleets of as many servers of one method "
                          "(default embedded plain,ngram,eagle,eagle2; vllm plain,ngram,eagle)",
         "--ks": "embedded: the k's pinned, e.g. 1,2,4,ngram:6 (ngram:6: that method only; "
-                "default every k from 1 to the method's default k + 2)",
+                "default every k the adaptive fleet's pool may pick, 1..16)",
         "--concurrency": "comma-separated requests in flight, measured in turn (default 1,4)",
         "--per-class": "fresh prompts per class, replicate and concurrency (default 4; "
                        "--quick 2)",
