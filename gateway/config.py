@@ -42,6 +42,9 @@ class ServerConfig:
     first_token_timeout_s: float = 120.0  # a stream's first token (prefill included)
     read_timeout_s: float = 300.0  # longest silence between upstream bytes (inter-token)
     total_timeout_s: float = 1800.0  # a whole request, failover included, streamed or not
+    # one write to the client must be taken within this: a client that stops reading (its
+    # TCP window at zero) is cut, its slot and its upstream connection freed
+    send_timeout_s: float = 30.0
     default_max_tokens: int = 1024  # a chat request without max_tokens (bounded by context)
     # n x max_tokens x (1 + top logprobs) of one request; beyond: 400 (docs/SECURITY.md)
     max_request_work: int = 262_144
@@ -164,7 +167,7 @@ def _server(raw: Any, path: str) -> ServerConfig:
     server = build(ServerConfig, raw, path, nested={"allowed_hosts": str_list})
     for name in ("max_body_bytes", "header_timeout_s", "body_timeout_s",
                  "keep_alive_timeout_s", "max_concurrency", "connect_timeout_s",
-                 "first_token_timeout_s", "read_timeout_s", "total_timeout_s",
+                 "first_token_timeout_s", "read_timeout_s", "total_timeout_s", "send_timeout_s",
                  "health_interval_s", "unhealthy_after", "healthy_after", "breaker_failures",
                  "breaker_cooldown_s", "discovery_interval_s", "max_attempts",
                  "drain_timeout_s", "default_max_tokens", "max_request_work",

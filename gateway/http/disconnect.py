@@ -1,10 +1,11 @@
-"""Cancelling a request whose client left: the upstream request stops with it."""
+"""Cancelling a request whose client left (the upstream request stops with it), and cutting
+one that stopped reading."""
 
 from __future__ import annotations
 
 import asyncio
 
-from starlette.types import Receive
+from starlette.types import Message, Receive, Send
 
 WATCH_AFTER_S = 0.05  # most requests are over by then: no waiter for them at all
 
@@ -55,3 +56,31 @@ class DisconnectWatch:
             self.waiter.cancel()
         if self.fired:
             self.task.uncancel()
+
+
+class ClientStalled(Exception):
+    """The client stopped taking the response (its TCP window at zero): the request is
+    cut, what it held is freed."""
+
+
+class TimedSend:
+    """`send` with a deadline on each message: uvicorn waits on flow control while a
+    client reads nothing, and would hold the request's admission slot and its upstream
+    connection for as long. Past `timeout_s` one message raises `ClientStalled`; later
+    messages are dropped, so the cleanup in `finally` blocks runs to its end."""
+
+    __slots__ = ("send", "timeout_s", "stalled")
+
+    def __init__(self, send: Send, timeout_s: float) -> None:
+        self.send, self.timeout_s, self.stalled = send, timeout_s, False
+
+    async def __call__(self, message: Message) -> None:
+        if self.stalled:
+            return
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await self.send(message)
+        except TimeoutError as exc:
+            self.stalled = True
+            raise ClientStalled(f"the client took no data for {self.timeout_s:g} s "
+                                f"(server.send_timeout_s)") from exc

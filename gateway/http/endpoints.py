@@ -37,7 +37,7 @@ from gateway.errors import (
     shutting_down,
 )
 from gateway.http.bodies import check_media_type, content_length, read_body
-from gateway.http.disconnect import WATCH_AFTER_S, DisconnectWatch
+from gateway.http.disconnect import WATCH_AFTER_S, ClientStalled, DisconnectWatch, TimedSend
 from gateway.http.gateway import Gateway
 from gateway.http.responses import ChunkWriter, headers_for, response_body
 from gateway.schemas import Endpoint, GenerationRequest, parse_request
@@ -146,11 +146,14 @@ class TokenEndpoint:
                 await send_error(send, exc)
                 return
             serve = self.stream if job.request.stream else self.complete
-            await serve(gateway, send, timer, job)
+            await serve(gateway, TimedSend(send, gateway.config.server.send_timeout_s),
+                        timer, job)
         except asyncio.CancelledError:
             if not watch.fired:
                 raise  # cancelled from outside, not by the client leaving
             log.info("client disconnected; upstream request cancelled")
+        except ClientStalled as exc:  # the connection is left unfinished: uvicorn closes it
+            log.info("response cut: %s", exc)
         finally:
             watch.close()
             if job is not None and job.ticket is not None:
@@ -223,6 +226,8 @@ class TokenEndpoint:
             return None
         except StopAsyncIteration:
             return None
+        except ClientStalled:
+            raise  # nothing more can reach this client
         except asyncio.CancelledError:  # the drain at shutdown ended (or the client left)
             await send({"type": "http.response.body", "more_body": True,
                         "body": writer.error(shutting_down().body())})
