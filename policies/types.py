@@ -13,10 +13,11 @@ from typing import Literal
 
 from policies.request_limits import MAX_K
 
-# `edit`: rewrite material the request provides (proofread a paragraph, rename in a
-# function): the output copies the input, which prompt-lookup drafting (n-gram) accepts
-# best — what DESIGN.md calls input-grounded. The classifier's text model knows only the
-# first three; `edit` comes from a rule (gateway/classifier/grounded.py).
+# `edit`: copy-heavy — rewrite material the request provides (proofread a paragraph,
+# rename in a function) or answer from it (summarize, extract, answer from a passage):
+# the output reuses the input, which prompt-lookup drafting (n-gram) accepts best — what
+# DESIGN.md calls input-grounded. The classifier's text model knows only the first
+# three; `edit` comes from rules (gateway/classifier/grounded.py).
 Task = Literal["code", "structured", "chat", "edit"]
 TASKS: tuple[Task, ...] = ("code", "structured", "chat", "edit")
 

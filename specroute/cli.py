@@ -135,6 +135,7 @@ BENCH_OPTIONS: dict[str, dict] = {
     "--homogeneous": {"default": None},
     "--ks": {"default": None},
     "--merge": {"default": None, "metavar": "FILES"},
+    "--categories": {"default": None, "metavar": "FILE"},
     "--follow-fleet": {"action": "store_true"},
     "--body-mode": {"default": "BUFFERED",
                     "choices": ["BUFFERED", "FULL_DUPLEX_STREAMED", "STREAMED"]},
@@ -182,7 +183,9 @@ BENCHES: dict[str, tuple[str, dict[str, str]]] = {
         "--concurrency": "clients (default 64)",
         "--minutes": "how long the load runs (default 5; --quick 0.5)",
         "--faults": "faults to inject, comma-separated: worker, redis, or none"}),
-    "classifier": ("the request classifier on its held-out prompts", {}),
+    "classifier": ("the request classifier on its held-out prompts", {
+        "--categories": "also a JSONL of prompts with a `category` and `messages` (e.g. "
+                     "bench/traces/data/prompts.jsonl): the task given, per category"}),
     "memory": ("the `specroute up` stack's memory: PSS summed over its processes, ready and "
                "after a request to every pool", {"--model": MODEL_HELP}),
     "picker": ("specroute as Envoy's endpoint picker beside Envoy alone, the gateway and "

@@ -136,6 +136,28 @@ def main(args: argparse.Namespace) -> int:
         cpu, wall = figures[name]["cpu"], figures[name]["wall"]
         print(f"| {name} | {cpu['p50_us']} | {cpu['p99_us']} | {wall['p50_us']} | "
               f"{wall['p99_us']} |")
+    path = getattr(args, "categories", None)
+    by_category = categories(Path(path)) if path else {}
+    if by_category:
+        tasks = ("chat", "code", "structured", "edit")
+        print(f"\n{path}: the task given, per category")
+        print("| category | " + " | ".join(tasks) + " |")
+        print("|---" * (len(tasks) + 1) + "|")
+        for category, counts in sorted(by_category.items()):
+            print(f"| {category} | " + " | ".join(str(counts.get(t, 0)) for t in tasks) + " |")
     if args.json:
-        print(json.dumps({"heldout": qualities, "cost": figures}))
+        print(json.dumps({"heldout": qualities, "cost": figures, "categories": by_category}))
     return 0
+
+
+def categories(path: Path) -> dict[str, dict[str, int]]:
+    """The task `classify` gives each prompt of a JSONL of `{category, messages}`, counted
+    per category."""
+    out: dict[str, dict[str, int]] = {}
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        request = parse_request({"model": "m", "messages": row["messages"]}, "chat")
+        counts = out.setdefault(row["category"], {})
+        task = classify(request).task
+        counts[task] = counts.get(task, 0) + 1
+    return out

@@ -3,6 +3,7 @@ that cannot be installed is reported (never dropped), and the summary's ratios."
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -132,3 +133,15 @@ def test_loop_lag_past_the_last_bucket_is_no_number() -> None:
 
     assert lag_p99_ms({0.5: 10.0, float("inf"): 100.0}) is None  # JSON has no Infinity
     assert lag_p99_ms({0.001: 99.0, 0.5: 100.0, float("inf"): 100.0}) == 1.0
+
+
+def test_the_classifier_bench_counts_tasks_per_category(tmp_path) -> None:  # noqa: ANN001
+    from bench.gateway.classifier import categories
+
+    rows = [{"category": "translation", "messages": [{"role": "user", "content":
+             "Translate this French text into English.\n\nJe n'ai pas le temps."}]},
+            {"category": "code", "messages": [{"role": "user", "content":
+             "Write a Python function that reverses a list."}]}]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    assert categories(path) == {"translation": {"chat": 1}, "code": {"code": 1}}

@@ -39,6 +39,7 @@ def test_edits_of_provided_material_are_edit(text: str) -> None:
      "done it before and I am not sure which steps come first.", "chat"),
     # provided material whose answer does not copy it
     (f"Translate this paragraph to French:\n{PARAGRAPH}", "chat"),
+    # a passage too short to draft from
     (f"Summarize this paragraph in one sentence:\n{PARAGRAPH}", "chat"),
     # a requested output format still decides
     (f"Fix the typos and return the result as JSON with a field text:\n{PARAGRAPH}",
@@ -53,3 +54,40 @@ def test_benchmark_edit_prompts_classify_as_edit_and_no_other_class_does() -> No
         for prompt in prompts(task, 40, seed=3):
             got = classify(parse_request(prompt.chat_body("m", 32, 0.0), "chat")).task
             assert (got == "edit") == (task == "edit"), (task, got, prompt.messages)
+
+
+ARTICLE = ("The town council met on Tuesday to discuss the new library. Members agreed that "
+           "the old building on Mill Street was too small for the growing number of readers, "
+           "and that a site near the station would serve commuters best. The mayor said the "
+           "work could start next spring if the budget is approved in March. Several residents "
+           "asked for longer opening hours and a room for children's reading groups.")
+
+
+@pytest.mark.parametrize("text", [
+    f"Summarize the following article in two sentences.\n\n{ARTICLE}",
+    f"Extract the answer to the question from the following context.\nQuestion: When could "
+    f"the work start?\nContext: {ARTICLE}",
+    f"{ARTICLE}\n\nBased on the text above, answer: where will the new library be?",
+    f"Modify the following code so that it returns the median too.\n\n{FUNCTION}",
+])
+def test_answers_grounded_in_a_provided_passage_are_copy_heavy(text: str) -> None:
+    """A summary, an extraction or an answer from a passage the message provides reuses
+    its words: on public prompts prompt lookup beat EAGLE on most such requests
+    (docs/TRACES.md). So does a modify/update/replace of provided code."""
+    assert task_of(text) == "edit"
+
+
+@pytest.mark.parametrize("text", [
+    "Translate this French text into English.\n\nJe t'assure que ce n'est pas qu'une "
+    "question d'argent.",
+    "Give a grammar tip on how to end a German verb.",
+    "Extract the main idea: people like parks.",  # an ask, but no passage to draft from
+])
+def test_prose_is_not_code_or_edit(text: str) -> None:
+    """`code` means code: quotes, line breaks and "how to" are not code."""
+    assert task_of(text) == "chat"
+
+
+def test_a_verb_inside_provided_code_is_not_the_instruction() -> None:
+    text = f"Complete this Python function.\n\n```python\nFIX = 'later'\n{FUNCTION}```"
+    assert task_of(text) == "code"
