@@ -1,0 +1,1 @@
+"""Per-request, per-drafter acceptance traces on public prompts (issue 41, docs/TRACES.md)."""
