@@ -24,10 +24,9 @@ from bench.sim.calibration import METHODS, PAPER_K, PAPER_TREE_DEPTH
 from bench.sim.engine_fleet import BatchSchedule, SGLangAdaptive, simulate_engine
 from bench.sim.launch import launched
 from bench.sim.measure import measured_priors
-from bench.sim.router import SimRouter
 from bench.sim.scenarios import FLEET_WORKERS, SCENARIOS, Scenario
 from bench.sim.sharding import Sharder
-from bench.sim.simulator import TRAINED_DRAFTERS, Outcome, SimConfig, simulate, workload
+from bench.sim.simulator import TRAINED_DRAFTERS, Outcome, SimConfig, SimRouter, simulate, workload
 from bench.sim.steplaw import law
 from bench.sim.types import SimPool, SimRequest
 from bench.sim.world import World

@@ -27,9 +27,8 @@ from bench.sim import relaunch
 from bench.sim.baselines import Learned
 from bench.sim.launch import even_mix, launch_bench, pool_priors
 from bench.sim.measure import BENCH_BATCHES
-from bench.sim.router import Relaunches
 from bench.sim.scenarios import FLEET_WORKERS, SGLANG_POOLS, SGLANG_RELAUNCH_S, Scenario
-from bench.sim.simulator import Fleet, Worker
+from bench.sim.simulator import Fleet, Relaunches, Worker
 from bench.sim.types import SimPool
 from bench.sim.world import World
 from policies.planner import (

@@ -16,6 +16,7 @@ first-healthy rule) or a `RoutingPolicy` of bench/sim's (the operator's table, t
   learned policy's telemetry store decays by;
 - `tick(now, pools)`: between arrivals; the relaunches to start (pool -> (new k, seconds
   out of service)), as a worker supervisor's drain-stop-launch applies a published k.
+The protocols live with the simulator that drives them (`bench.sim.simulator`);
 `Baseline` gives the defaults: the configured fleet, nothing to see, no clock, no
 relaunch. (The engines' own per-batch k — SGLang's EMA, vLLM's batch-size table — runs
 in the step-level bench/sim/engine_fleet.py, not here: a decision always names its k.)
@@ -24,35 +25,12 @@ in the step-level bench/sim/engine_fleet.py, not here: a decision always names i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
-from bench.sim.simulator import Fleet
+from bench.sim.simulator import Fleet, Relaunches
 from bench.sim.types import SimPool, SimRequest
 from bench.sim.world import World
 from policies.protocol import RoutingPolicy
 from policies.types import PoolView
-
-Relaunches = dict[str, tuple[int, float]]  # pool -> (new k, seconds out of service)
-
-
-class SimHooks(Protocol):
-    def make_fleet(self, base_step_s: float, world: World) -> Fleet: ...
-
-    def reveal(self, req: SimRequest) -> None: ...
-
-    def advance(self, now: float) -> None: ...
-
-    def tick(self, now: float, pools: dict[str, PoolView]) -> Relaunches: ...
-
-
-class SimRouter(SimHooks, Protocol):
-    """A router the simulator runs: a name, the fleet it is given, its policy, its hooks."""
-
-    name: str
-    fleet: tuple[SimPool, ...]
-
-    @property
-    def policy(self) -> RoutingPolicy: ...
 
 
 @dataclass

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
@@ -31,10 +31,8 @@ from bench.sim.steplaw import MODEL_FREE, StepLaw, law
 from bench.sim.types import SimPool, SimRequest
 from bench.sim.world import World
 from bench.sim.world import sample_steps as world_steps
+from policies.protocol import RoutingPolicy
 from policies.types import PoolView, RequestRecord, temperature_bucket
-
-if TYPE_CHECKING:
-    from bench.sim.router import SimRouter
 
 TRAINED_DRAFTERS = frozenset({"eagle", "eagle2", "eagle3", "medusa", "draft"})
 
@@ -355,6 +353,30 @@ class Fleet:
             if t < best[0]:
                 best = (t, w)
         return best
+
+
+Relaunches = dict[str, tuple[int, float]]  # pool -> (new k, seconds out of service)
+
+
+class SimHooks(Protocol):
+    def make_fleet(self, base_step_s: float, world: World) -> Fleet: ...
+
+    def reveal(self, req: SimRequest) -> None: ...
+
+    def advance(self, now: float) -> None: ...
+
+    def tick(self, now: float, pools: dict[str, PoolView]) -> Relaunches: ...
+
+
+class SimRouter(SimHooks, Protocol):
+    """A router the simulator runs: a name, the fleet it is given, its policy, its hooks."""
+
+    name: str
+    fleet: tuple[SimPool, ...]
+
+    @property
+    def policy(self) -> RoutingPolicy: ...
+
 
 
 def simulate(router: SimRouter, config: SimConfig, requests: list[SimRequest]

@@ -40,8 +40,9 @@ from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
 
+from gateway.classifier.code_signs import code_signs
 from gateway.classifier.grounded import edit_evidence
-from gateway.classifier.scorer import LinearTextModel, marks, window, words
+from gateway.classifier.scorer import LinearTextModel
 from gateway.schemas import GenerationRequest, content_text
 from policies.request_limits import COMPLETIONS_DEFAULT_MAX_TOKENS
 from policies.types import RequestProfile, Task
@@ -163,23 +164,6 @@ _ASK_BEFORE, _ASK_AFTER = 110, 40  # chars around a format word where an output 
 _CODE_BEFORE, _CODE_AFTER = 64, 96
 MAX_WORD_HITS = 4  # occurrences of one trigger word inspected
 
-_CODE_MARKS = frozenset({"<indent>", "<semi_eol>", "<brace_eol>", "<assign>", "<call>",
-                         "<arrow>", "<compare>", "<scope>", "<tag>", "<brace>", "<backtick>",
-                         "<underscore>"})
-_CODE_WORDS = frozenset({
-    "code", "coding", "function", "functions", "program", "programming", "script", "scripts",
-    "algorithm", "compile", "compiler", "variable", "variables", "array", "arrays", "loop",
-    "loops", "recursion", "recursive", "regex", "debug", "bug", "syntax", "api", "sql",
-    "query", "database", "python", "javascript", "typescript", "java", "c++", "rust",
-    "golang", "html", "css", "json", "xml", "yaml", "latex", "bash", "shell", "linux", "git",
-    "docker", "kubernetes", "react", "node", "npm", "pip", "class", "method", "methods",
-    "struct", "pointer", "integer", "boolean", "string", "strings", "library", "module",
-    "import", "implement", "implementation", "snippet", "terminal", "command", "excel",
-    "formula", "spreadsheet", "test", "tests", "unittest", "makefile", "dockerfile",
-    "workflow", "systemd", "cmake", "cmakelists", "config", "cron", "crontab", "nginx",
-    "webpack", "eslint", "endpoint", "backend", "frontend", "server", "repo", "repository",
-    "commit", "deploy", "deployment", "pipeline", "build", "framework", "package", "sdk"})
-
 _MODEL: LinearTextModel | None = None
 
 
@@ -259,7 +243,7 @@ def _decide(request: GenerationRequest, system: str, user: str,
         label = "code" if odds.get("code", 0.0) > odds.get("chat", 0.0) else "chat"
         probability = odds.get(label, 0.0)
         why = "; no output format named"
-    if label == "code" and not _code_signs(user):
+    if label == "code" and not code_signs(user):
         # `code` means code: prose the model leans to code on (quotes, line breaks,
         # "how to") with no sign of code in it is chat
         label, why = "chat", f"{why}; model said code (p={probability:.2f}), no sign of code"
@@ -267,17 +251,6 @@ def _decide(request: GenerationRequest, system: str, user: str,
             "chat", 0.0)
     explained = f" ({', '.join(prediction.top_features)})" if prediction.top_features else ""
     return label, [f"model: {label} p={probability:.2f}{explained}{why}"], False, False  # type: ignore[return-value]
-
-
-def _code_signs(user: str) -> bool:
-    """Any sign of code in the model's window of the message: a code-only layout mark
-    (`gateway.classifier.scorer.marks`: indentation, `;`/`{` at a line's end, ` = `,
-    `()`, `=>`, `==`, `::`, tags, braces, backticks, `_`) or a word only programming
-    uses. Prose punctuation (quotes, colons, parentheses, `?`) is not one."""
-    text = window(user)
-    if not _CODE_MARKS.isdisjoint(marks(text)):
-        return True
-    return not _CODE_WORDS.isdisjoint(words(text))
 
 
 def _code_ask_intl(text: str) -> str | None:
