@@ -107,6 +107,9 @@ class TenantConfig:
     max_tokens: int = 0  # cap on a request's max_tokens (and its default); 0 = no cap
     models: tuple[str, ...] = ()  # models this tenant may call; empty = every model
     may_pin: bool = False  # may force a pool or k (x-specroute-pool / x-specroute-k)
+    # requests of this tenant admitted at once on one gateway process, queued ones
+    # included; one more is a 429 (gateway/routing/admission.py); 0 = no cap
+    max_concurrency: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,7 +242,7 @@ def _tenant(raw: Any, path: str) -> TenantConfig:
 
     tenant = build(TenantConfig, raw, path, nested={"api_key_sha256": hashes,
                                                      "models": str_list})
-    for name in ("rate_limit_rpm", "rate_limit_tpm", "max_tokens"):
+    for name in ("rate_limit_rpm", "rate_limit_tpm", "max_tokens", "max_concurrency"):
         if getattr(tenant, name) < 0:
             raise ConfigError(f"{path}.{name}: must be >= 0")
     for name in ("slo_ttft_ms", "slo_tpot_ms"):

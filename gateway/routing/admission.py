@@ -92,12 +92,30 @@ class Admission:
         self.clock = clock
         self.queues = {name: PoolQueue() for name in pools}
         self.seen: dict[int, float] = {}  # priority -> last arrival
+        self.tenant_in_flight: Counter = Counter()  # tenant name -> requests admitted or waiting
         self.seq = 0
 
     # -- the request path -------------------------------------------------------------
     async def enter(self, pool: str, tenant: TenantConfig, arrived: float) -> Ticket:
         """A slot in `pool` for this request, waiting for one if needed; raises
-        `RateLimited` (429 overloaded) when the request is shed."""
+        `RateLimited` (429 overloaded) when the request is shed, and (429
+        concurrency_limit) when its tenant already has `max_concurrency` requests here,
+        waiting or running, so one tenant cannot take every slot of a replica."""
+        cap = tenant.max_concurrency
+        if cap and self.tenant_in_flight[tenant.name] >= cap:
+            if self.metrics is not None:
+                self.metrics.shed(tenant.name, "concurrency limit")
+            raise RateLimited(f"Tenant '{tenant.name}' has {cap} requests in flight, its "
+                              f"max_concurrency; retry when one ends", retry_after_s=1.0,
+                              code="concurrency_limit")
+        self.tenant_in_flight[tenant.name] += 1
+        try:
+            return await self._enter(pool, tenant, arrived)
+        except BaseException:
+            self.tenant_in_flight[tenant.name] -= 1
+            raise
+
+    async def _enter(self, pool: str, tenant: TenantConfig, arrived: float) -> Ticket:
         now = self.clock()
         self.seq += 1
         self.seen[tenant.priority] = now
@@ -130,7 +148,7 @@ class Admission:
                                    f"{self.config.max_wait_s:g} s") from None
         except BaseException:
             if ticket.granted:
-                self.leave(ticket)  # granted as the waiter was cancelled: give it back
+                self._release(ticket)  # granted as the waiter was cancelled: give it back
             else:
                 self._remove(queue, pool, ticket)
             raise
@@ -138,6 +156,10 @@ class Admission:
 
     def leave(self, ticket: Ticket) -> None:
         """The request is done with its slot."""
+        self.tenant_in_flight[ticket.tenant.name] -= 1
+        self._release(ticket)
+
+    def _release(self, ticket: Ticket) -> None:
         queue = self.queues[ticket.pool]
         queue.running -= 1
         queue.running_by_priority[ticket.tenant.priority] -= 1

@@ -145,6 +145,30 @@ async def test_a_client_that_leaves_gives_its_place_up() -> None:
     assert gate.queues["p"].running == 0
 
 
+async def test_a_tenant_over_its_concurrency_cap_gets_429_others_do_not() -> None:
+    """`max_concurrency` counts a tenant's requests admitted or waiting on this process:
+    one tenant cannot hold every slot and queue place of a replica."""
+    gate, clock = admission(workers=2, max_inflight_per_worker=1)
+    capped = TenantConfig("capped", max_concurrency=3)
+    first = await gate.enter("p", capped, clock())
+    await gate.enter("p", capped, clock())  # both slots taken
+    queued = asyncio.ensure_future(gate.enter("p", capped, clock()))  # waits: the 3rd
+    await settle()
+    with pytest.raises(RateLimited) as refused:
+        await gate.enter("p", capped, clock())
+    assert refused.value.code == "concurrency_limit" and refused.value.status == 429
+    assert refused.value.retry_after_s > 0
+    other = asyncio.ensure_future(gate.enter("p", STANDARD, clock()))  # others still queue
+    await settle()
+    assert not other.done() and gate.tenant_in_flight["capped"] == 3
+    queued.cancel()  # the waiting one gives up: its count comes back
+    await settle()
+    assert gate.tenant_in_flight["capped"] == 2
+    gate.leave(first)  # a slot frees: the other tenant's request starts
+    await settle()
+    assert other.done() and gate.tenant_in_flight["capped"] == 1
+
+
 def test_slo_choice() -> None:
     eagle = SloOption("eagle", "eagle", 3, tokens_per_s=40, accept_length=2.5)
     plain = SloOption("plain", "plain", 0, tokens_per_s=20, accept_length=1.0)
