@@ -65,6 +65,43 @@ def static_rules(name: str, fleet: tuple[SimPool, ...], rules: Rules) -> Routed:
     return Routed(name, fleet, StaticRules(rules, name))
 
 
+class EditRule(Rule):
+    """The two-line rule an operator writes from the homogeneous benchmark alone: a request
+    the classifier labels an edit goes to n-gram (`edit`: method, k), every other to the
+    best homogeneous fleet's method (`best`: method, k). Among the pools of the method, the
+    fewest requests per healthy worker; k is a fixed-k pool's own, else the rule's (at
+    most the pool's max_k). A method the fleet lacks falls back to `best`, then to any
+    pool up."""
+
+    def __init__(self, best: tuple[str, int], edit: tuple[str, int],
+                 name: str = "static-rule") -> None:
+        super().__init__(self._decide, name)
+        self.best, self.edit = best, edit
+
+    def describe(self) -> str:
+        return (f"edit -> {self.edit[0]} k{self.edit[1]}; else -> {self.best[0]} "
+                f"k{self.best[1]} (a fixed-k pool at its own k)")
+
+    def _decide(self, profile: RequestProfile, pools: list[PoolView]) -> Decision:
+        up = [p for p in pools if p.healthy_workers > 0]
+        if not up:
+            raise ValueError("no pool with a healthy worker")
+        method, k = self.edit if profile.task == "edit" else self.best
+        mine = [p for p in up if p.method == method]
+        if not mine:
+            method, k = self.best
+            mine = [p for p in up if p.method == method] or up
+        view = min(mine, key=lambda p: p.outstanding / p.healthy_workers)
+        return Decision(view.name, view.method,
+                        min(k, view.max_k) if view.per_request_k else view.k,
+                        f"static rule: {profile.task} -> {view.method}")
+
+
+def edit_rule(fleet: tuple[SimPool, ...], best: tuple[str, int], edit: tuple[str, int],
+              name: str = "static-rule") -> Routed:
+    return Routed(name, fleet, EditRule(best, edit, name))
+
+
 @dataclass
 class Oracle(Baseline):
     """Per-class oracle: knows the true task, the world's acceptance law for the class
