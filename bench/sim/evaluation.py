@@ -245,13 +245,14 @@ def mean_tokens_per_s(outcomes: list[Outcome], phases: set[int] | None = None) -
 def static_rule(outcomes: dict[str, list[Outcome]], fleet: tuple[SimPool, ...]) -> Routed:
     """The two-line rule (`baselines.EditRule`) on `fleet`, read from the homogeneous
     fleets just run: the best one's method and k for every request but edits, and the
-    n-gram k best on the requests labelled edits (the best n-gram k over all traffic is
-    small: most of it copies nothing)."""
+    n-gram k best on the requests labelled greedy edits (the best n-gram k over all
+    traffic is small: most of it copies nothing)."""
     best = best_fixed_name(outcomes).split(":")
     ngram = [n for n in outcomes if n.startswith("fixed:ngram:")]
 
     def on_edits(name: str) -> float:
-        edits = [o.tokens_per_s for o in outcomes[name] if o.task == "edit"]
+        edits = [o.tokens_per_s for o in outcomes[name]
+                 if o.task == "edit" and o.bucket == "t0"]
         return float(np.mean(edits)) if edits else mean_tokens_per_s(outcomes[name])
 
     edit = max(ngram, key=on_edits).split(":") if ngram else best

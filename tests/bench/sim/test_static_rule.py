@@ -1,5 +1,5 @@
-"""The two-line static rule (bench/sim/baselines.py `EditRule`): edits to n-gram, every
-other request to the best homogeneous fleet's method; and the launch from the observed
+"""The two-line static rule (bench/sim/baselines.py `EditRule`): greedy edits to n-gram,
+every other request to the best homogeneous fleet's method; and the launch from the observed
 class mix (bench/sim/launch.py), which at edit share 0 launches no n-gram pool."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ POOLS = [PoolView("eagle3-k12", "sglang", "eagle3", 12, False, 8, 4),
 RULE = EditRule(("eagle3", 12), ("ngram", 4))
 
 
-def profile(task: str) -> RequestProfile:
-    return RequestProfile(task=task, temperature=0.0, top_p=1.0, prompt_tokens=10,  # type: ignore[arg-type]
-                          max_tokens=64, stream=False, model="base")
+def profile(task: str, temperature: float = 0.0) -> RequestProfile:
+    return RequestProfile(task=task, temperature=temperature, top_p=1.0,  # type: ignore[arg-type]
+                          prompt_tokens=10, max_tokens=64, stream=False, model="base")
 
 
 def test_edits_go_to_ngram_and_the_rest_to_the_best_method() -> None:
@@ -30,6 +30,12 @@ def test_edits_go_to_ngram_and_the_rest_to_the_best_method() -> None:
         decision = RULE.decide(profile(task), POOLS)
         assert decision.method == "eagle3" and decision.pool == "eagle3-k8"  # less loaded
     assert "plain" not in {RULE.decide(profile(t), POOLS).pool for t in ("edit", "chat")}
+
+
+def test_sampled_edits_stay_on_the_best_method_unless_the_rule_names_their_bucket() -> None:
+    assert RULE.decide(profile("edit", 1.0), POOLS).method == "eagle3"
+    every = EditRule(("eagle3", 12), ("ngram", 4), buckets=("t0", "tlow", "thigh"))
+    assert every.decide(profile("edit", 1.0), POOLS).pool == "ngram-k12"
 
 
 def test_a_fleet_without_ngram_sends_edits_to_the_best_method_at_its_k() -> None:
