@@ -162,7 +162,7 @@ def routers(config: SimConfig, policy_config: PolicyConfig | None = None,
             mix: Mix | None = None, lean: bool = False) -> dict[str, Callable[[], SimRouter]]:
     """Factories (fresh state per run) for every router the report compares; `mix`: the
     observed class mix `adaptive-observed-mix` launches from; `lean`: only plain, the
-    fixed fleets, the operator's table and the shipped strategy."""
+    fixed fleets, the operator's table, the shipped strategy and its observed-mix twin."""
     fleet, homogeneous = scenario.fleet, scenario.homogeneous
     factories: dict[str, Callable[[], SimRouter]] = {
         "plain": lambda: first_pool("plain", homogeneous("plain", 0)),
@@ -196,13 +196,14 @@ def routers(config: SimConfig, policy_config: PolicyConfig | None = None,
     # routed by the same policy `adaptive-split`
     ours = served(scenario, config, None)
     factories["adaptive"] = learned("adaptive", ours)
+    if scenario.fixed_k:
+        factories["adaptive-observed-mix"] = learned("adaptive-observed-mix",
+                                                     served(scenario, config, mix))
     if lean:
         return factories
     if scenario.fixed_k:
         factories["adaptive-split"] = learned("adaptive-split", Served(
             scenario, worker_priors(scenario, config.world, config.model, config.seed), None))
-        factories["adaptive-observed-mix"] = learned("adaptive-observed-mix",
-                                                     served(scenario, config, mix))
         factories["adaptive-no-relaunch"] = learned("adaptive-no-relaunch", ours, False)
     scales = tuple(p.drafter_scale for p in config.phases)
 

@@ -7,7 +7,8 @@ The edit share is an assumption of the workload (bench/sim/simulator.py
 `default_phases`), and most of the routed fleet's gain over EAGLE-3 alone is on edits, so
 a headline read at one share says little; each point here is a run of its own arrivals
 at that share (plain, every fixed (method, k), the operator's table, the shipped
-strategy and the static rule: `run_routers(lean=True)`). "Without the fine-tune phase"
+strategy, the same launched from the observed class mix where the fleet launches, and
+the static rule: `run_routers(lean=True)`). "Without the fine-tune phase"
 drops the requests of the phases whose `drafter_scale` weakens trained drafters (not
 n-gram) from the same run, the best homogeneous fleet chosen again over what is left:
 phases run in order, so the earlier phases' requests are the ones a run without it
@@ -35,10 +36,13 @@ def share_point(outcomes: dict[str, list[Outcome]], config: SimConfig, share: fl
         best = best_fixed_name(outcomes, phases)
         tps = {name: mean_tokens_per_s(outcomes[name], phases)
                for name in ("adaptive", "static-rule", "rules", best)}
+        observed = ("adaptive-observed-mix" in outcomes
+                    and mean_tokens_per_s(outcomes["adaptive-observed-mix"], phases) / tps[best])
         return {"vs_best_homogeneous": tps["adaptive"] / tps[best],
                 "vs_static_rule": tps["adaptive"] / tps["static-rule"],
                 "static_rule_vs_best_homogeneous": tps["static-rule"] / tps[best],
                 "vs_static_split": tps["adaptive"] / tps["rules"],
+                "observed_mix_vs_best_homogeneous": observed or None,
                 "best_homogeneous": best}
 
     without = ratios(steady) if steady and len(steady) < len(config.phases) else None
@@ -65,14 +69,23 @@ def copy_share_curve(config_at: Callable[[float], SimConfig],
 
 
 def curve_table(curve: list[dict]) -> str:
-    head = (f"{'edit share':>10}{'vs best homog.':>16}{'vs static rule':>16}"
-            f"{'rule vs best':>14}{'  (no fine-tune phase: same three)':<36}  best homogeneous")
-    lines = [head, "-" * len(head)]
+    names = ("vs_best_homogeneous", "vs_static_rule", "static_rule_vs_best_homogeneous",
+             "observed_mix_vs_best_homogeneous")
+
+    def cells(part: dict | None) -> str:
+        if part is None:
+            return "".join(f"{'-':>8}" for _ in names)
+        return "".join(f"{part[n]:>8.3f}" if part[n] is not None else f"{'-':>8}"
+                       for n in names)
+
+    group = f"{'vs best':>8}{'vs rule':>8}{'rule':>8}{'obs.mix':>8}"
+    head = (f"{'edit':>6}{'all phases':>32}  {'without the fine-tune phase':>32}\n"
+            f"{'share':>6}{group}  {group}  best homogeneous")
+    lines = [head, "-" * 82]
     for p in curve:
-        w = p["without_fine_tune"]
-        rest = (f"{w['vs_best_homogeneous']:>8.3f}{w['vs_static_rule']:>8.3f}"
-                f"{w['static_rule_vs_best_homogeneous']:>8.3f}" if w else f"{'-':>24}")
-        lines.append(f"{p['edit_share']:>10.2f}{p['vs_best_homogeneous']:>16.3f}"
-                     f"{p['vs_static_rule']:>16.3f}{p['static_rule_vs_best_homogeneous']:>14.3f}"
-                     f"{rest:<36}  {p['best_homogeneous']}")
+        lines.append(f"{p['edit_share']:>6.2f}{cells(p)}  {cells(p['without_fine_tune'])}"
+                     f"  {p['best_homogeneous']}")
+    lines.append("(vs best / vs rule: adaptive over the best homogeneous fleet / the static "
+                 "rule; rule: the static rule over the best homogeneous; obs.mix: adaptive "
+                 "launched from the observed mix over the best homogeneous)")
     return "\n".join(lines)

@@ -78,8 +78,11 @@ def test_quick_json_has_the_keys_per_fleet_and_seed(run: tuple[list[str], dict])
 def test_the_copy_share_curve_runs_from_no_edits_up(run: tuple[list[str], dict]) -> None:
     lines, out = run
     assert sum(line.startswith("-- the headline by edit share") for line in lines) == 6
-    for _, _, figures in figures_of(out):
+    for fleet, _, figures in figures_of(out):
         curve = figures["copy_share_curve"]
+        launches = fleet in FIXED_K_FLEETS  # the observed-mix launch, beside the even one
+        assert all((p["observed_mix_vs_best_homogeneous"] is not None) == launches
+                   for p in curve)
         assert [p["edit_share"] for p in curve] == list(CURVE_SHARES)
         assert curve[0]["edit_share"] == 0.0  # the world without edits is a point
         for point in curve:
