@@ -22,7 +22,7 @@ import numpy as np
 from bench.sim.baselines import EditRule, Learned, Oracle, edit_rule, first_pool, static_rules
 from bench.sim.calibration import METHODS, PAPER_K, PAPER_TREE_DEPTH
 from bench.sim.engine_fleet import BatchSchedule, SGLangAdaptive, simulate_engine
-from bench.sim.launch import Mix, launched, observed_mix
+from bench.sim.launch import Mix, benchmark, launched, observed_mix, tuned_tiers
 from bench.sim.measure import measured_priors
 from bench.sim.router import Routed, SimRouter
 from bench.sim.scenarios import FLEET_WORKERS, SCENARIOS, Scenario
@@ -107,8 +107,10 @@ SGLANG_INITIAL_STEPS = 3  # --speculative-num-steps of the adaptive fleet's serv
 def engine_baselines(config: SimConfig, scenario: Scenario) -> dict[str, EngineRun]:
     """Homogeneous fleets whose engines choose k per verify batch (step-level simulation,
     bench/sim/engine_fleet.py), with the scenario's chain drafter (EAGLE topk 1: what
-    SGLang's adaptive mode supports): SGLang's adaptive speculation, vLLM's batch-size
-    schedule, and strategy (a), the same SGLang fleet behind speculation-aware sharding."""
+    SGLang's adaptive mode supports): SGLang's adaptive speculation at its default tiers
+    and with candidates tuned from the launch benchmark (bench/sim/launch.py
+    `tuned_tiers`), vLLM's batch-size schedule, and strategy (a), the same SGLang fleet
+    behind speculation-aware sharding."""
     chain, step_law = scenario.chain_method, law(scenario.law)
 
     def sglang(requests: list[SimRequest]) -> list[Outcome]:
@@ -118,13 +120,20 @@ def engine_baselines(config: SimConfig, scenario: Scenario) -> dict[str, EngineR
     def vllm(requests: list[SimRequest]) -> list[Outcome]:
         return simulate_engine(requests, config, chain, BatchSchedule, step_law)
 
+    def tuned(requests: list[SimRequest]) -> list[Outcome]:
+        tiers = tuned_tiers(benchmark(scenario, config.world, config.seed,
+                                      config.base_step_s), chain)
+        return simulate_engine(requests, config, chain,
+                               lambda: SGLangAdaptive(SGLANG_INITIAL_STEPS, tiers), step_law)
+
     def sharded(requests: list[SimRequest]) -> list[Outcome]:
         sharder = Sharder(FLEET_WORKERS)
         return simulate_engine(requests, config, chain,
                                lambda: SGLangAdaptive(SGLANG_INITIAL_STEPS), step_law,
                                dispatch=sharder.dispatch, finished=sharder.finished)
 
-    return {"sglang-adaptive": sglang, "vllm-table": vllm, "shard-adaptive": sharded}
+    return {"sglang-adaptive": sglang, "sglang-adaptive-tuned": tuned, "vllm-table": vllm,
+            "shard-adaptive": sharded}
 
 
 def ceiling_fleet(scenario: Scenario) -> tuple[SimPool, ...]:
@@ -327,6 +336,13 @@ def evaluate(config: SimConfig, policy_config: PolicyConfig | None = None,
             "vs_sglang_adaptive_homogeneous": ratios(results["static-rule"],
                                                      results["sglang-adaptive"])},
         "oracle_launched": oracle_launched(results, best_fixed),
+        "sglang_adaptive_tuned": {
+            "tiers": {str(key): list(candidates) for key, (candidates, _, _) in tuned_tiers(
+                benchmark(scenario, config.world, config.seed, config.base_step_s),
+                scenario.chain_method).items()},
+            "vs_best_homogeneous": ratios(results["sglang-adaptive-tuned"], best_fixed),
+            "default_vs_best_homogeneous": ratios(results["sglang-adaptive"], best_fixed),
+            "adaptive_vs_tuned": ratios(ours, results["sglang-adaptive-tuned"])},
         "launch_mix": launch_mix(scenario, config, run.mix, results, best_fixed),
         "recovery_requests": None if never else max(recover, default=0),
         "best_homogeneous": [r.name for r in top],

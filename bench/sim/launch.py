@@ -25,6 +25,7 @@ from dataclasses import replace
 import numpy as np
 
 from bench.sim.calibration import PAPER_K, PAPER_TREE_DEPTH, TASKS
+from bench.sim.engine_fleet import SGLANG_ADAPTIVE
 from bench.sim.measure import BENCH_BATCHES, _accept_length, _step
 from bench.sim.scenarios import FLEET_WORKERS, Scenario
 from bench.sim.types import SimPool, SimRequest
@@ -81,6 +82,33 @@ def launch_bench(scenario: Scenario, world: World, seed: int,
 Mix = Mapping[tuple[str, str], float]  # (task, temperature bucket) -> share of requests
 
 
+def benchmark(scenario: Scenario, world: World, seed: int, base_step_s: float = 0.015
+              ) -> list[Benchmarked]:
+    """`launch_bench`, once per (scenario, world, seed, base step)."""
+    key = (scenario.name, world, seed, base_step_s)
+    if key not in _BENCH:
+        _BENCH[key] = launch_bench(scenario, world, seed, base_step_s)
+    return _BENCH[key]
+
+
+def tuned_tiers(bench: list[Benchmarked], method: str, mix: Mix | None = None,
+                tiers: dict = SGLANG_ADAPTIVE) -> dict:
+    """SGLang's adaptive tiers (batch keys and hysteresis kept) with the candidate steps
+    an operator reads off the same benchmark the launch plan gets: per tier, the k of
+    `method` (or 0, plain) of the most tokens/s over `mix` (None: even) at the tier's
+    batch, and its neighbours among the benchmarked k, so the EMA still moves."""
+    demand = dict(mix) if mix is not None else even_mix()
+    configs = [b for b in bench if b.method == method or b.k == 0]
+    ks = sorted({b.k for b in configs})
+    out = {}
+    for key, (_, up, down) in tiers.items():
+        best = max(configs, key=lambda b: (sum(share * b.tokens_per_s(cls, key)
+                                               for cls, share in demand.items()), -b.k))
+        i = ks.index(best.k)
+        out[key] = (tuple(ks[max(i - 1, 0):i + 2]), up, down)
+    return out
+
+
 def even_mix() -> dict[tuple[str, str], float]:
     return {(task, temperature_bucket(t)): 1.0 for task in TASKS for t in TEMPERATURES}
 
@@ -102,10 +130,7 @@ def launched(scenario: Scenario, world: World, seed: int, batch: float = BATCH,
     key = (scenario.name, world, seed, batch, base_step_s, model, tuple(sorted(demand.items())))
     if key in _LAUNCHED:
         return _LAUNCHED[key]
-    bench = _BENCH.get((scenario.name, world, seed, base_step_s))
-    if bench is None:
-        bench = launch_bench(scenario, world, seed, base_step_s)
-        _BENCH[(scenario.name, world, seed, base_step_s)] = bench
+    bench = benchmark(scenario, world, seed, base_step_s)
     plan = plan_launch(bench, demand, FLEET_WORKERS, batch)
     specs = {s.method: s for s in scenario.fleet}
     fleet = []

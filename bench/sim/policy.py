@@ -115,7 +115,8 @@ def _shown(evaluation: Evaluation) -> list[PolicyResult]:
                                  "adaptive-split", "static-rule", "oracle", "oracle-launch-k",
                                  "oracle-configured", "ceiling-launched", "ceiling")
             if n in results]
-    tail = [results[n] for n in ("sglang-adaptive", "shard-adaptive", "vllm-table", "rules", "plain") if n in results]
+    tail = [results[n] for n in ("sglang-adaptive", "sglang-adaptive-tuned", "shard-adaptive",
+                                 "vllm-table", "rules", "plain") if n in results]
     return head + fixed[:5] + tail
 
 
@@ -153,6 +154,9 @@ def _headline(summary: dict, elapsed: float) -> str:
             f">= 1.0 per phase; best {', '.join(summary['best_homogeneous'])})\n"
             f"adaptive / SGLang adaptive     {show('vs_sglang_adaptive_homogeneous')}  "
             f"(target >= 1.10)\n"
+            f"adaptive / SGLang tuned tiers  "
+            f"{_show(summary['sglang_adaptive_tuned']['adaptive_vs_tuned'])}  (candidates "
+            f"{summary['sglang_adaptive_tuned']['tiers']})\n"
             f"adaptive / oracle              {show('vs_oracle')}  (target >= 0.95)\n"
             f"adaptive / static split        {show('vs_static_split')}\n"
             f"adaptive / static rule         "

@@ -63,10 +63,16 @@ def test_quick_json_has_the_keys_per_fleet_and_seed(run: tuple[list[str], dict])
         assert all(name.startswith("fixed:") for name in figures["best_homogeneous"])
         assert "adaptive" in set(figures["strategies"])
         rows = {row["policy"] for row in figures["table"]}
-        assert {"adaptive", "oracle", "sglang-adaptive", "vllm-table", "rules", "plain",
-                "static-rule"} <= rows
+        assert {"adaptive", "oracle", "sglang-adaptive", "sglang-adaptive-tuned",
+                "vllm-table", "rules", "plain", "static-rule"} <= rows
         assert figures["adaptive_explored_fraction"] <= 0.05
         assert len(figures["vs_ceiling"]) == 1 + 4
+        tuned = figures["sglang_adaptive_tuned"]  # tiers read off the launch benchmark
+        assert set(tuned["tiers"]) == {"1", "8", "32", "64"}
+        assert all(tuned["tiers"][key] for key in tuned["tiers"])
+        assert tuned["adaptive_vs_tuned"][0] * tuned["vs_best_homogeneous"][0] == (
+            pytest.approx(figures["vs_best_homogeneous"][0]))
+        assert len(tuned["default_vs_best_homogeneous"]) == 1 + 4
     assert out["vs_oracle"] == out["fleets"]["sglang"]["0"]["vs_oracle"]
     assert out["fleets"]["sglang"]["0"]["launched_fleet"].startswith("eagle3-k12")
     assert {"adaptive-no-relaunch", "adaptive-split", "adaptive-observed-mix",

@@ -1,11 +1,13 @@
 """The two-line static rule (bench/sim/baselines.py `EditRule`): greedy edits to n-gram,
 every other request to the best homogeneous fleet's method; and the launch from the observed
-class mix (bench/sim/launch.py), which at edit share 0 launches no n-gram pool."""
+class mix (bench/sim/launch.py), which at edit share 0 launches no n-gram pool; SGLang's
+adaptive tiers tuned from the same launch benchmark."""
 
 from __future__ import annotations
 
 from bench.sim.baselines import EditRule
-from bench.sim.launch import launched, observed_mix
+from bench.sim.engine_fleet import SGLANG_ADAPTIVE
+from bench.sim.launch import benchmark, launched, observed_mix, tuned_tiers
 from bench.sim.scenarios import SCENARIOS
 from bench.sim.simulator import SimConfig, default_phases, workload
 from bench.sim.world import World
@@ -55,3 +57,12 @@ def test_the_observed_mix_at_share_0_launches_no_ngram_pool() -> None:
     assert "ngram" not in {s.method for s in observed}
     assert "ngram" in {s.method for s in even}  # the even mix's idle n-gram workers
     assert sum(s.workers for s in observed) == sum(s.workers for s in even) == 12
+
+
+def test_sglangs_tiers_tuned_from_the_benchmark_hold_its_best_k() -> None:
+    bench = benchmark(SCENARIOS["sglang-pools"], World(), 0)
+    tiers = tuned_tiers(bench, "eagle3")
+    assert sorted(tiers) == sorted(SGLANG_ADAPTIVE)  # the same batch tiers, hysteresis
+    assert all(tiers[key][1:] == SGLANG_ADAPTIVE[key][1:] for key in tiers)
+    # at batch 1 the benchmark's best is deep (the default tier stops at 7)
+    assert max(tiers[1][0]) > max(SGLANG_ADAPTIVE[1][0])
