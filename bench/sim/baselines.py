@@ -65,6 +65,47 @@ def static_rules(name: str, fleet: tuple[SimPool, ...], rules: Rules) -> Routed:
     return Routed(name, fleet, StaticRules(rules, name))
 
 
+class EditRule(Rule):
+    """The two-line rule an operator writes from the homogeneous benchmark alone: a request
+    the classifier labels an edit, in a temperature bucket of `buckets`, goes to n-gram
+    (`edit`: method, k), every other to the best homogeneous fleet's method (`best`:
+    method, k). Greedy edits only by default: sampled edits copy little (n-gram's accept
+    length 1.2 at T 1, bench/sim/calibration.py), and sending them too overloads an
+    n-gram pool sized for the greedy ones (docs/POLICY.md). Among the pools of the
+    method, the fewest requests per healthy worker; k is a fixed-k pool's own, else the
+    rule's (at most the pool's max_k). A method the fleet lacks falls back to `best`,
+    then to any pool up."""
+
+    def __init__(self, best: tuple[str, int], edit: tuple[str, int],
+                 name: str = "static-rule", buckets: tuple[str, ...] = ("t0",)) -> None:
+        super().__init__(self._decide, name)
+        self.best, self.edit, self.buckets = best, edit, buckets
+
+    def describe(self) -> str:
+        return (f"edit ({'/'.join(self.buckets)}) -> {self.edit[0]} k{self.edit[1]}; else -> "
+                f"{self.best[0]} k{self.best[1]} (a fixed-k pool at its own k)")
+
+    def _decide(self, profile: RequestProfile, pools: list[PoolView]) -> Decision:
+        up = [p for p in pools if p.healthy_workers > 0]
+        if not up:
+            raise ValueError("no pool with a healthy worker")
+        copies = profile.task == "edit" and profile.temperature_bucket in self.buckets
+        method, k = self.edit if copies else self.best
+        mine = [p for p in up if p.method == method]
+        if not mine:
+            method, k = self.best
+            mine = [p for p in up if p.method == method] or up
+        view = min(mine, key=lambda p: p.outstanding / p.healthy_workers)
+        return Decision(view.name, view.method,
+                        min(k, view.max_k) if view.per_request_k else view.k,
+                        f"static rule: {profile.task} -> {view.method}")
+
+
+def edit_rule(fleet: tuple[SimPool, ...], best: tuple[str, int], edit: tuple[str, int],
+              name: str = "static-rule", buckets: tuple[str, ...] = ("t0",)) -> Routed:
+    return Routed(name, fleet, EditRule(best, edit, name, buckets))
+
+
 @dataclass
 class Oracle(Baseline):
     """Per-class oracle: knows the true task, the world's acceptance law for the class

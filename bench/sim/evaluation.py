@@ -19,11 +19,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from bench.sim.baselines import Learned, Oracle, first_pool, static_rules
+from bench.sim.baselines import EditRule, Learned, Oracle, edit_rule, first_pool, static_rules
 from bench.sim.calibration import METHODS, PAPER_K, PAPER_TREE_DEPTH
 from bench.sim.engine_fleet import BatchSchedule, SGLangAdaptive, simulate_engine
-from bench.sim.launch import launched
+from bench.sim.launch import Mix, benchmark, launched, observed_mix, tuned_tiers
 from bench.sim.measure import measured_priors
+from bench.sim.router import Routed
 from bench.sim.scenarios import FLEET_WORKERS, SCENARIOS, Scenario
 from bench.sim.sharding import Sharder
 from bench.sim.simulator import TRAINED_DRAFTERS, Outcome, SimConfig, SimRouter, simulate, workload
@@ -88,7 +89,8 @@ def ratios(ours: PolicyResult, other: PolicyResult) -> list[float]:
 
 
 # every strategy for fixed-k fleets the report measures (docs/POLICY.md); `adaptive` ships
-STRATEGIES = ("adaptive", "adaptive-no-relaunch", "adaptive-split", "shard-adaptive")
+STRATEGIES = ("adaptive", "adaptive-no-relaunch", "adaptive-observed-mix", "adaptive-split",
+              "shard-adaptive")
 
 
 def worker_priors(scenario: Scenario, world: World, model: str, seed: int = 0
@@ -105,8 +107,10 @@ SGLANG_INITIAL_STEPS = 3  # --speculative-num-steps of the adaptive fleet's serv
 def engine_baselines(config: SimConfig, scenario: Scenario) -> dict[str, EngineRun]:
     """Homogeneous fleets whose engines choose k per verify batch (step-level simulation,
     bench/sim/engine_fleet.py), with the scenario's chain drafter (EAGLE topk 1: what
-    SGLang's adaptive mode supports): SGLang's adaptive speculation, vLLM's batch-size
-    schedule, and strategy (a), the same SGLang fleet behind speculation-aware sharding."""
+    SGLang's adaptive mode supports): SGLang's adaptive speculation at its default tiers
+    and with candidates tuned from the launch benchmark (bench/sim/launch.py
+    `tuned_tiers`), vLLM's batch-size schedule, and strategy (a), the same SGLang fleet
+    behind speculation-aware sharding."""
     chain, step_law = scenario.chain_method, law(scenario.law)
 
     def sglang(requests: list[SimRequest]) -> list[Outcome]:
@@ -116,13 +120,20 @@ def engine_baselines(config: SimConfig, scenario: Scenario) -> dict[str, EngineR
     def vllm(requests: list[SimRequest]) -> list[Outcome]:
         return simulate_engine(requests, config, chain, BatchSchedule, step_law)
 
+    def tuned(requests: list[SimRequest]) -> list[Outcome]:
+        tiers = tuned_tiers(benchmark(scenario, config.world, config.seed,
+                                      config.base_step_s), chain)
+        return simulate_engine(requests, config, chain,
+                               lambda: SGLangAdaptive(SGLANG_INITIAL_STEPS, tiers), step_law)
+
     def sharded(requests: list[SimRequest]) -> list[Outcome]:
         sharder = Sharder(FLEET_WORKERS)
         return simulate_engine(requests, config, chain,
                                lambda: SGLangAdaptive(SGLANG_INITIAL_STEPS), step_law,
                                dispatch=sharder.dispatch, finished=sharder.finished)
 
-    return {"sglang-adaptive": sglang, "vllm-table": vllm, "shard-adaptive": sharded}
+    return {"sglang-adaptive": sglang, "sglang-adaptive-tuned": tuned, "vllm-table": vllm,
+            "shard-adaptive": sharded}
 
 
 def ceiling_fleet(scenario: Scenario) -> tuple[SimPool, ...]:
@@ -135,10 +146,32 @@ def ceiling_fleet(scenario: Scenario) -> tuple[SimPool, ...]:
     return tuple(out)
 
 
+@dataclass(frozen=True)
+class Served:
+    """The fleet a strategy serves on and its workers' prior: on a fixed-k scenario the
+    pools launched from the benchmark for a class mix (bench/sim/launch.py), else the
+    scenario's own fleet."""
+
+    scenario: Scenario
+    priors: dict[str, WorkerPrior]
+    describe: str | None  # the launch plan; None: not launched (per-request k)
+
+
+def served(scenario: Scenario, config: SimConfig, mix: Mix | None) -> Served:
+    if not scenario.fixed_k:
+        return Served(scenario, worker_priors(scenario, config.world, config.model,
+                                              config.seed), None)
+    launch, plan, priors = launched(scenario, config.world, config.seed,
+                                    base_step_s=config.base_step_s, model=config.model, mix=mix)
+    return Served(launch, priors, plan.describe())
+
+
 def routers(config: SimConfig, policy_config: PolicyConfig | None = None,
-            fixed_ks: tuple[int, ...] = FIXED_KS, scenario: Scenario = SCENARIOS["sglang-pools"]
-            ) -> dict[str, Callable[[], SimRouter]]:
-    """Factories (fresh state per run) for every router the report compares."""
+            fixed_ks: tuple[int, ...] = FIXED_KS, scenario: Scenario = SCENARIOS["sglang-pools"],
+            mix: Mix | None = None, lean: bool = False) -> dict[str, Callable[[], SimRouter]]:
+    """Factories (fresh state per run) for every router the report compares; `mix`: the
+    observed class mix `adaptive-observed-mix` launches from; `lean`: only plain, the
+    fixed fleets, the operator's table, the shipped strategy and its observed-mix twin."""
     fleet, homogeneous = scenario.fleet, scenario.homogeneous
     factories: dict[str, Callable[[], SimRouter]] = {
         "plain": lambda: first_pool("plain", homogeneous("plain", 0)),
@@ -158,62 +191,124 @@ def routers(config: SimConfig, policy_config: PolicyConfig | None = None,
     policy_config = policy_config or PolicyConfig(seed=config.seed)
     if scenario.fixed_k:  # the operator sets the real restart time (docs/POLICY.md)
         policy_config = replace(policy_config, relaunch_cost_s=scenario.relaunch_s)
-    priors = worker_priors(scenario, config.world, config.model, config.seed)
+
+    def learned(name: str, on: Served, relaunch: bool = True) -> Callable[[], SimRouter]:
+        return lambda: Learned(name, on.scenario.fleet, policy_config,
+                               relaunch_s=scenario.relaunch_s,
+                               relaunch_interval_s=scenario.relaunch_interval_s,
+                               relaunch=relaunch, worker_priors=on.priors)
+
     # the shipped strategy: on a fixed-k fleet, launch the pools the benchmark of every
-    # (method, k) says (bench/sim/launch.py), then route and relaunch as learned; the
-    # configured split routed by the same policy is `adaptive-split`
-    served, served_priors = fleet, priors
+    # (method, k) says for an even class mix (nothing is known of the traffic before it
+    # arrives; bench/sim/launch.py), then route and relaunch as learned; the same
+    # launched from the observed mix is `adaptive-observed-mix`, the configured split
+    # routed by the same policy `adaptive-split`
+    ours = served(scenario, config, None)
+    factories["adaptive"] = learned("adaptive", ours)
     if scenario.fixed_k:
-        launch, _, served_priors = launched(scenario, config.world, config.seed,
-                                            base_step_s=config.base_step_s,
-                                            model=config.model)
-        served = launch.fleet
-        factories["adaptive-split"] = lambda: Learned(
-            "adaptive-split", fleet, policy_config, relaunch_s=scenario.relaunch_s,
-            relaunch_interval_s=scenario.relaunch_interval_s, worker_priors=priors)
-    factories["adaptive"] = lambda: Learned(
-        "adaptive", served, policy_config, relaunch_s=scenario.relaunch_s,
-        relaunch_interval_s=scenario.relaunch_interval_s, worker_priors=served_priors)
+        factories["adaptive-observed-mix"] = learned("adaptive-observed-mix",
+                                                     served(scenario, config, mix))
+    if lean:
+        return factories
     if scenario.fixed_k:
-        factories["adaptive-no-relaunch"] = lambda: Learned(
-            "adaptive-no-relaunch", served, policy_config, relaunch=False,
-            worker_priors=served_priors)
+        factories["adaptive-split"] = learned("adaptive-split", Served(
+            scenario, worker_priors(scenario, config.world, config.model, config.seed), None))
+        factories["adaptive-no-relaunch"] = learned("adaptive-no-relaunch", ours, False)
     scales = tuple(p.drafter_scale for p in config.phases)
-    # the per-class oracle over every pool x k the policy may choose (a fixed-k pool at any
-    # k up to its max_k, as if relaunched for free: an upper bound), and the same oracle
-    # held to the pools' launch k
-    factories["oracle"] = lambda: Oracle("oracle", fleet, None, config.base_step_s, scales,
-                                         TRAINED_DRAFTERS, any_k=True)
+
+    def oracle(name: str, pools: tuple[SimPool, ...], any_k: bool = True
+               ) -> Callable[[], SimRouter]:
+        return lambda: Oracle(name, pools, None, config.base_step_s, scales,
+                              TRAINED_DRAFTERS, any_k=any_k)
+
+    # the per-class oracle over the fleet the strategy serves on, every pool x k the
+    # policy may choose (a fixed-k pool at any k up to its max_k, as if relaunched for
+    # free), and the same oracle held to the launched k; `oracle-configured` routes the
+    # scenario's configured split (not what the strategy runs on)
+    factories["oracle"] = oracle("oracle", ours.scenario.fleet)
     if scenario.fixed_k:
-        factories["oracle-launch-k"] = lambda: Oracle(
-            "oracle-launch-k", fleet, None, config.base_step_s, scales, TRAINED_DRAFTERS)
-    # the ceiling of any routing, sharding or planning on this engine: the same oracle on
-    # all 12 workers each able to run every method of the fleet at any k per request
-    # (no engine can: not deployable)
-    if scenario.fixed_k:  # (a per-request-k fleet's oracle is its ceiling already)
-        factories["ceiling"] = lambda: Oracle("ceiling", ceiling_fleet(scenario), None,
-                                              config.base_step_s, scales, TRAINED_DRAFTERS)
+        factories["oracle-launch-k"] = oracle("oracle-launch-k", ours.scenario.fleet, False)
+        factories["oracle-configured"] = oracle("oracle-configured", fleet)
+        # the oracle on all 12 workers each able to run every method of the scenario at
+        # any k per request (no engine can: not deployable): the ceiling of any routing,
+        # sharding or planning on this engine; `ceiling-launched`: the launched methods
+        # only (a per-request-k fleet's oracle is its ceiling already)
+        factories["ceiling"] = oracle("ceiling", ceiling_fleet(scenario))
+        factories["ceiling-launched"] = oracle("ceiling-launched",
+                                               ceiling_fleet(ours.scenario))
     return factories
+
+
+def best_fixed_name(outcomes: dict[str, list[Outcome]], phases: set[int] | None = None
+                    ) -> str:
+    """The best homogeneous fleet: the fixed (method, k) of the highest mean tokens/s
+    (over the requests of `phases`; None: all)."""
+    return max((n for n in outcomes if n.startswith("fixed:")),
+               key=lambda n: mean_tokens_per_s(outcomes[n], phases))
+
+
+def mean_tokens_per_s(outcomes: list[Outcome], phases: set[int] | None = None) -> float:
+    return float(np.mean([o.tokens_per_s for o in outcomes
+                          if phases is None or o.phase in phases]))
+
+
+def static_rule(outcomes: dict[str, list[Outcome]], fleet: tuple[SimPool, ...]) -> Routed:
+    """The two-line rule (`baselines.EditRule`) on `fleet`, read from the homogeneous
+    fleets just run: the best one's method and k for every request but edits, and the
+    n-gram k best on the requests labelled greedy edits (the best n-gram k over all
+    traffic is small: most of it copies nothing)."""
+    best = best_fixed_name(outcomes).split(":")
+    ngram = [n for n in outcomes if n.startswith("fixed:ngram:")]
+
+    def on_edits(name: str) -> float:
+        edits = [o.tokens_per_s for o in outcomes[name]
+                 if o.task == "edit" and o.bucket == "t0"]
+        return float(np.mean(edits)) if edits else mean_tokens_per_s(outcomes[name])
+
+    edit = max(ngram, key=on_edits).split(":") if ngram else best
+    return edit_rule(fleet, (best[1], int(best[2][1:])), (edit[1], int(edit[2][1:])))
+
+
+@dataclass
+class Run:
+    outcomes: dict[str, list[Outcome]]
+    routers: dict[str, SimRouter]  # as they ended
+    mix: dict[tuple[str, str], float]  # the observed class mix
+
+
+def run_routers(config: SimConfig, policy_config: PolicyConfig | None = None,
+                fixed_ks: tuple[int, ...] = FIXED_KS,
+                scenario: Scenario = SCENARIOS["sglang-pools"], lean: bool = False) -> Run:
+    """Every router on the same arrivals (`lean`: `routers`'), then the static rule on
+    the shipped strategy's fleet, then (not `lean`) the engines' own adaptive k."""
+    requests = workload(config)
+    outcomes: dict[str, list[Outcome]] = {}
+    ended: dict[str, SimRouter] = {}
+    mix = observed_mix(requests)
+    for name, make in routers(config, policy_config, fixed_ks, scenario, mix, lean).items():
+        ended[name] = router = make()
+        outcomes[name] = simulate(router, config, requests)
+    rule = static_rule(outcomes, ended["adaptive"].fleet)
+    ended[rule.name] = rule
+    outcomes[rule.name] = simulate(rule, config, requests)
+    if not lean:
+        for name, run in engine_baselines(config, scenario).items():
+            if name == "shard-adaptive" and not scenario.fixed_k:
+                continue  # a strategy for fixed-k fleets
+            outcomes[name] = run(requests)
+    return Run(outcomes, ended, mix)
 
 
 def evaluate(config: SimConfig, policy_config: PolicyConfig | None = None,
              fixed_ks: tuple[int, ...] = FIXED_KS,
              scenario: Scenario = SCENARIOS["sglang-pools"]) -> Evaluation:
-    requests = workload(config)
-    n_phases = len(config.phases)
-    outcomes, relaunches = {}, 0
-    for name, make in routers(config, policy_config, fixed_ks, scenario).items():
-        router = make()
-        outcomes[name] = simulate(router, config, requests)
-        if name == "adaptive" and isinstance(router, Learned):
-            relaunches = len(router.relaunches)
-    for name, run in engine_baselines(config, scenario).items():
-        if name == "shard-adaptive" and not scenario.fixed_k:
-            continue  # a strategy for fixed-k fleets
-        outcomes[name] = run(requests)
+    run = run_routers(config, policy_config, fixed_ks, scenario)
+    outcomes, n_phases = run.outcomes, len(config.phases)
+    adaptive = run.routers["adaptive"]
+    relaunches = len(adaptive.relaunches) if isinstance(adaptive, Learned) else 0
     results = {name: summarize(name, out, n_phases) for name, out in outcomes.items()}
     fixed = {n: r for n, r in results.items() if n.startswith("fixed:")}
-    best_fixed = max(fixed.values(), key=lambda r: r.mean_tokens_per_s)
+    best_fixed = results[best_fixed_name(outcomes)]
     ours, oracle, plain = results["adaptive"], results["oracle"], results["plain"]
     saturation = next(i for i, p in enumerate(config.phases) if p.name == "saturation")
     bounds = np.cumsum([0] + [p.requests for p in config.phases])
@@ -221,6 +316,8 @@ def evaluate(config: SimConfig, policy_config: PolicyConfig | None = None,
                                    int(bounds[i + 1])) for i in range(1, n_phases)]
     top = sorted(fixed.values(), key=lambda r: -r.mean_tokens_per_s)[:3]
     never = any(r is None for r in recover)
+    ceiling = results.get("ceiling", oracle)
+    rule = run.routers["static-rule"]
     summary = {
         "vs_best_homogeneous": ratios(ours, best_fixed),
         "vs_sglang_adaptive_homogeneous": ratios(ours, results["sglang-adaptive"]),
@@ -229,12 +326,24 @@ def evaluate(config: SimConfig, policy_config: PolicyConfig | None = None,
         "vs_oracle_launch_k": (ratios(ours, results["oracle-launch-k"])
                                if "oracle-launch-k" in results else None),
         "oracle_vs_best_homogeneous": ratios(oracle, best_fixed),
-        "ceiling_vs_best_homogeneous": ratios(results.get("ceiling", oracle), best_fixed),
-        "vs_ceiling": ratios(ours, results.get("ceiling", oracle)),
-        "launched_fleet": (launched(scenario, config.world, config.seed,
-                                    base_step_s=config.base_step_s,
-                                    model=config.model)[1].describe()
-                           if scenario.fixed_k else None),
+        "ceiling_vs_best_homogeneous": ratios(ceiling, best_fixed),
+        "vs_ceiling": ratios(ours, ceiling),
+        "launched_fleet": served(scenario, config, None).describe,
+        "static_rule": {
+            "rule": rule.policy.describe() if isinstance(rule.policy, EditRule) else rule.name,
+            "vs_best_homogeneous": ratios(results["static-rule"], best_fixed),
+            "adaptive_vs_static_rule": ratios(ours, results["static-rule"]),
+            "vs_sglang_adaptive_homogeneous": ratios(results["static-rule"],
+                                                     results["sglang-adaptive"])},
+        "oracle_launched": oracle_launched(results, best_fixed),
+        "sglang_adaptive_tuned": {
+            "tiers": {str(key): list(candidates) for key, (candidates, _, _) in tuned_tiers(
+                benchmark(scenario, config.world, config.seed, config.base_step_s),
+                scenario.chain_method).items()},
+            "vs_best_homogeneous": ratios(results["sglang-adaptive-tuned"], best_fixed),
+            "default_vs_best_homogeneous": ratios(results["sglang-adaptive"], best_fixed),
+            "adaptive_vs_tuned": ratios(ours, results["sglang-adaptive-tuned"])},
+        "launch_mix": launch_mix(scenario, config, run.mix, results, best_fixed),
         "recovery_requests": None if never else max(recover, default=0),
         "best_homogeneous": [r.name for r in top],
         "strategies": {name: {"vs_best_homogeneous": ratios(results[name], best_fixed),
@@ -261,8 +370,46 @@ def evaluate(config: SimConfig, policy_config: PolicyConfig | None = None,
         "scenario": scenario.name,
         "deployable": scenario.deployable,
     }
-    if "adaptive-no-relaunch" in results:
+    if "adaptive-no-relaunch" in results:  # (Run.routers: the ended routers)
         summary["adaptive_no_relaunch_vs_best_fixed"] = (
             results["adaptive-no-relaunch"].mean_tokens_per_s / best_fixed.mean_tokens_per_s)
     return Evaluation(results, summary, scenario, outcomes)
 
+
+
+# the routers that serve on the shipped strategy's fleet (the launched pools)
+ON_SERVED = ("adaptive", "adaptive-no-relaunch", "static-rule", "oracle-launch-k")
+
+
+def oracle_launched(results: dict[str, PolicyResult], best_fixed: PolicyResult) -> dict:
+    """The oracle and the ceiling over the fleet the shipped strategy serves on, and
+    every router on that fleet against the oracle (an upper bound should be >= 1 of each;
+    the per-class oracle maximises each request's marginal output, not the run's, so it
+    is a bound only empirically); the old oracle over the configured split, named so."""
+    oracle = results["oracle"]
+    ceiling = results.get("ceiling-launched", oracle)
+    out = {"oracle_vs_best_homogeneous": ratios(oracle, best_fixed),
+           "ceiling_vs_best_homogeneous": ratios(ceiling, best_fixed),
+           "adaptive_vs_oracle": ratios(results["adaptive"], oracle),
+           "routers_vs_oracle": {name: results[name].mean_tokens_per_s
+                                 / oracle.mean_tokens_per_s
+                                 for name in ON_SERVED if name in results}}
+    if "oracle-configured" in results:
+        out["configured_split_oracle_vs_best_homogeneous"] = ratios(
+            results["oracle-configured"], best_fixed)
+    return out
+
+
+def launch_mix(scenario: Scenario, config: SimConfig, mix: dict[tuple[str, str], float],
+               results: dict[str, PolicyResult], best_fixed: PolicyResult) -> dict | None:
+    """The shipped strategy launched from an even class mix against the same launched
+    from the observed mix (None: a per-request-k fleet launches nothing)."""
+    if "adaptive-observed-mix" not in results:
+        return None
+    observed = results["adaptive-observed-mix"]
+    return {"observed_mix": {f"{task}/{bucket}": round(share, 4)
+                             for (task, bucket), share in mix.items()},
+            "observed_fleet": served(scenario, config, mix).describe,
+            "even_fleet": served(scenario, config, None).describe,
+            "observed_vs_best_homogeneous": ratios(observed, best_fixed),
+            "observed_vs_even": ratios(observed, results["adaptive"])}

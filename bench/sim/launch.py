@@ -6,22 +6,29 @@ one would with `specroute bench engine` and `specroute bench batching` on one se
 configuration: accept length per class (task x greedy / T 1) on `PROMPTS` held-out
 prompts of `TOKENS` tokens each (their own per-prompt draws, sampled verify steps), and
 step time at batches 1-64 all at that k with `TIMING_NOISE` of timing error
-(bench/sim/measure.py's benchmark). Never the world's expected values. The plan assumes
-an even class mix (nothing is known of the traffic before it arrives) and `BATCH`
-requests per worker; the learned policy then routes over the launched pools and
+(bench/sim/measure.py's benchmark). Never the world's expected values. The plan weighs
+the classes by a mix: the observed one (`observed_mix`: the classifier's labels over the
+traffic, what the gateway's logs give an operator who relaunches), or an even mix where
+nothing is known of the traffic yet (`even_mix`, what the shipped strategy launches
+from: at edit share 0 it still gives n-gram two workers that sit idle; the observed mix
+gives two to plain instead, for sampled chat, and measures no better: docs/POLICY.md);
+`BATCH` requests per worker. The learned policy then routes over the launched pools and
 relaunches a pool at its desired k as on any fixed-k fleet.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import replace
 
 import numpy as np
 
 from bench.sim.calibration import PAPER_K, PAPER_TREE_DEPTH, TASKS
+from bench.sim.engine_fleet import SGLANG_ADAPTIVE
 from bench.sim.measure import BENCH_BATCHES, _accept_length, _step
 from bench.sim.scenarios import FLEET_WORKERS, Scenario
-from bench.sim.types import SimPool
+from bench.sim.types import SimPool, SimRequest
 from bench.sim.world import World
 from policies.planner.launch import Benchmarked, LaunchPlan, plan_launch
 from policies.prior import Measured, MeasuredEntry, WorkerPrior
@@ -72,21 +79,59 @@ def launch_bench(scenario: Scenario, world: World, seed: int,
     return out
 
 
+Mix = Mapping[tuple[str, str], float]  # (task, temperature bucket) -> share of requests
+
+
+def benchmark(scenario: Scenario, world: World, seed: int, base_step_s: float = 0.015
+              ) -> list[Benchmarked]:
+    """`launch_bench`, once per (scenario, world, seed, base step)."""
+    key = (scenario.name, world, seed, base_step_s)
+    if key not in _BENCH:
+        _BENCH[key] = launch_bench(scenario, world, seed, base_step_s)
+    return _BENCH[key]
+
+
+def tuned_tiers(bench: list[Benchmarked], method: str, mix: Mix | None = None,
+                tiers: dict = SGLANG_ADAPTIVE) -> dict:
+    """SGLang's adaptive tiers (batch keys and hysteresis kept) with the candidate steps
+    an operator reads off the same benchmark the launch plan gets: per tier, the k of
+    `method` (or 0, plain) of the most tokens/s over `mix` (None: even) at the tier's
+    batch, and its neighbours among the benchmarked k, so the EMA still moves."""
+    demand = dict(mix) if mix is not None else even_mix()
+    configs = [b for b in bench if b.method == method or b.k == 0]
+    ks = sorted({b.k for b in configs})
+    out = {}
+    for key, (_, up, down) in tiers.items():
+        best = max(configs, key=lambda b: (sum(share * b.tokens_per_s(cls, key)
+                                               for cls, share in demand.items()), -b.k))
+        i = ks.index(best.k)
+        out[key] = (tuple(ks[max(i - 1, 0):i + 2]), up, down)
+    return out
+
+
 def even_mix() -> dict[tuple[str, str], float]:
     return {(task, temperature_bucket(t)): 1.0 for task in TASKS for t in TEMPERATURES}
 
 
+def observed_mix(requests: list[SimRequest]) -> dict[tuple[str, str], float]:
+    """Each (label, bucket)'s share of `requests`: what the classifier logged."""
+    counts = Counter((r.seen_task, r.bucket) for r in requests)
+    return {cls: n / len(requests) for cls, n in sorted(counts.items())}
+
+
 def launched(scenario: Scenario, world: World, seed: int, batch: float = BATCH,
-             base_step_s: float = 0.015, model: str = "base"
+             base_step_s: float = 0.015, model: str = "base", mix: Mix | None = None
              ) -> tuple[Scenario, LaunchPlan, dict[str, WorkerPrior]]:
-    """The scenario with its fleet replaced by the launch plan's pools, and the pools'
-    prior: the benchmark's accept length per class at the pool's k (what the operator
-    measured and planned from; a server's own average is one figure for every class)."""
-    key = (scenario.name, world, seed, batch, base_step_s, model)
+    """The scenario with its fleet replaced by the launch plan's pools for `mix` (None:
+    even), and the pools' prior: the benchmark's accept length per class at the pool's k
+    (what the operator measured and planned from; a server's own average is one figure
+    for every class)."""
+    demand = dict(mix) if mix is not None else even_mix()
+    key = (scenario.name, world, seed, batch, base_step_s, model, tuple(sorted(demand.items())))
     if key in _LAUNCHED:
         return _LAUNCHED[key]
-    bench = launch_bench(scenario, world, seed, base_step_s)
-    plan = plan_launch(bench, even_mix(), FLEET_WORKERS, batch)
+    bench = benchmark(scenario, world, seed, base_step_s)
+    plan = plan_launch(bench, demand, FLEET_WORKERS, batch)
     specs = {s.method: s for s in scenario.fleet}
     fleet = []
     for pool in plan.pools:
@@ -107,6 +152,7 @@ def launched(scenario: Scenario, world: World, seed: int, batch: float = BATCH,
 
 
 _LAUNCHED: dict[tuple, tuple[Scenario, LaunchPlan, dict[str, WorkerPrior]]] = {}
+_BENCH: dict[tuple, list[Benchmarked]] = {}
 
 
 def pool_priors(bench: list[Benchmarked], pools: list[tuple[str, str, int]], model: str,

@@ -7,12 +7,17 @@ per fleet and seed a table (mean tokens/s, p50/p99 latency, SLO attainment, toke
 phase) and the headline ratios. With --json, one JSON object last: `fleets` ->
 fleet -> seed -> `vs_best_homogeneous`, `vs_sglang_adaptive_homogeneous`, `vs_oracle`,
 `vs_static_split` (each [overall, phase 1, ...]), `recovery_requests` (null: never), the
-best homogeneous configurations' names, every strategy's ratios and the table; the
+best homogeneous configurations' names, every strategy's ratios and the table, and:
+`copy_share_curve` (the headline at edit share 0, 0.05, 0.1, 0.2, with and without the
+fine-tune phase: bench/sim/sharecurve.py), `static_rule` (edit -> n-gram, else the best
+homogeneous fleet's method, on the launched fleet), `oracle_launched` (the oracle and the
+ceiling over the fleet the strategy was launched on, every router on it against the
+oracle), `launch_mix` (the launch from the observed class mix against the even one the
+strategy ships with); the
 primary fleet's first seed's figures also at the top level. The default run is
-`SCALE` of the full workload (3,150 requests per seed; 10,500 with `--full`) so that both
-seeds finish within 10 minutes on this shared 2-core machine (half the workload took 15.5
-minutes at a load average of 6-7); --quick runs a tenth on a smaller grid of fixed k.
---plot FILE.png draws the primary fleet's first seed.
+`SCALE` of the full workload (3,150 requests per seed; 10,500 with `--full`; `scale` on
+the arguments, when set, overrides both); --quick runs a tenth on a smaller grid of
+fixed k. --plot FILE.png draws the primary fleet's first seed.
 """
 
 from __future__ import annotations
@@ -20,11 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from functools import partial
 
 import numpy as np
 
 from bench.sim.evaluation import FIXED_KS, Evaluation, PolicyResult, evaluate
 from bench.sim.scenarios import SCENARIOS
+from bench.sim.sharecurve import copy_share_curve, curve_table
 from bench.sim.simulator import EDIT_SHARE, Outcome, SimConfig, default_phases
 from bench.sim.world import World
 from policies.decision import PolicyConfig
@@ -44,7 +51,8 @@ def main(args: argparse.Namespace) -> int:
         return fleet_main(args)
     started = time.perf_counter()
     seeds = _seeds(getattr(args, "seeds", None))
-    scale = QUICK_SCALE if args.quick else (1.0 if getattr(args, "full", False) else SCALE)
+    scale = getattr(args, "scale", None) or (
+        QUICK_SCALE if args.quick else (1.0 if getattr(args, "full", False) else SCALE))
     fixed_ks = QUICK_FIXED_KS if args.quick else FIXED_KS
     share = getattr(args, "edit_share", None)
     share = EDIT_SHARE if share is None else share
@@ -62,8 +70,14 @@ def main(args: argparse.Namespace) -> int:
             print(f"== fleet {fleet}{tag}, seed {seed}: {SCENARIOS[scenario].notes}")
             print(_table(evaluation, config))
             print(_headline(evaluation.summary, time.perf_counter() - fleet_started))
+            curve = copy_share_curve(partial(_config, scale, seed), PolicyConfig(seed=seed),
+                                     fixed_ks, SCENARIOS[scenario],
+                                     done=(share, evaluation.outcomes))
+            print(f"-- the headline by edit share (fleet {fleet}, seed {seed}, scale {scale})")
+            print(curve_table(curve))
             print()
             out["fleets"][fleet][str(seed)] = _scenario_dict(evaluation)
+            out["fleets"][fleet][str(seed)]["copy_share_curve"] = curve
     elapsed = time.perf_counter() - started
     print(f"wall {elapsed:.1f}s for {len(FLEETS)} fleets x {len(seeds)} seeds")
     if args.plot and first is not None:
@@ -75,6 +89,10 @@ def main(args: argparse.Namespace) -> int:
         top.update(out, primary_fleet=PRIMARY, wall_s=round(elapsed, 2))
         print(json.dumps(top, default=float))
     return 0
+
+
+def _config(scale: float, seed: int, share: float) -> SimConfig:
+    return SimConfig(default_phases(scale, share), seed=seed, world=World())
 
 
 def _seeds(text: str | None) -> tuple[int, ...]:
@@ -93,9 +111,12 @@ def _shown(evaluation: Evaluation) -> list[PolicyResult]:
     results = evaluation.results
     fixed = sorted((r for n, r in results.items() if n.startswith("fixed:")),
                    key=lambda r: -r.mean_tokens_per_s)
-    head = [results[n] for n in ("adaptive", "adaptive-no-relaunch", "adaptive-split",
-                                 "oracle", "oracle-launch-k", "ceiling") if n in results]
-    tail = [results[n] for n in ("sglang-adaptive", "shard-adaptive", "vllm-table", "rules", "plain") if n in results]
+    head = [results[n] for n in ("adaptive", "adaptive-no-relaunch", "adaptive-observed-mix",
+                                 "adaptive-split", "static-rule", "oracle", "oracle-launch-k",
+                                 "oracle-configured", "ceiling-launched", "ceiling")
+            if n in results]
+    tail = [results[n] for n in ("sglang-adaptive", "sglang-adaptive-tuned", "shard-adaptive",
+                                 "vllm-table", "rules", "plain") if n in results]
     return head + fixed[:5] + tail
 
 
@@ -123,8 +144,7 @@ def _table(evaluation: Evaluation, config: SimConfig) -> str:
 
 def _headline(summary: dict, elapsed: float) -> str:
     def show(key: str) -> str:
-        overall, *phases = summary[key]
-        return f"{overall:.3f} (phases " + " ".join(f"{x:.3f}" for x in phases) + ")"
+        return _show(summary[key])
 
     recover = ", ".join(f"{k}: {v if v is not None else 'never'}"
                         for k, v in summary["recovery_per_drift"].items())
@@ -134,8 +154,14 @@ def _headline(summary: dict, elapsed: float) -> str:
             f">= 1.0 per phase; best {', '.join(summary['best_homogeneous'])})\n"
             f"adaptive / SGLang adaptive     {show('vs_sglang_adaptive_homogeneous')}  "
             f"(target >= 1.10)\n"
+            f"adaptive / SGLang tuned tiers  "
+            f"{_show(summary['sglang_adaptive_tuned']['adaptive_vs_tuned'])}  (candidates "
+            f"{summary['sglang_adaptive_tuned']['tiers']})\n"
             f"adaptive / oracle              {show('vs_oracle')}  (target >= 0.95)\n"
             f"adaptive / static split        {show('vs_static_split')}\n"
+            f"adaptive / static rule         "
+            f"{_show(summary['static_rule']['adaptive_vs_static_rule'])}  "
+            f"({summary['static_rule']['rule']})\n"
             f"adaptive / ceiling             {show('vs_ceiling')}\n"
             f"ceiling / best homogeneous     {show('ceiling_vs_best_homogeneous')}  (every "
             f"method at any k per request on every worker: what no routing can exceed)\n"
@@ -145,6 +171,11 @@ def _headline(summary: dict, elapsed: float) -> str:
             f"explored {summary['adaptive_explored_fraction']:.1%} (cap 5%)   relaunches "
             f"{summary['adaptive_relaunches']}   launched {summary['launched_fleet']}   "
             f"wall {elapsed:.1f}s")
+
+
+def _show(figures: list[float]) -> str:
+    overall, *phases = figures
+    return f"{overall:.3f} (phases " + " ".join(f"{x:.3f}" for x in phases) + ")"
 
 
 def _binned(outcomes: list[Outcome], edges: np.ndarray, value) -> np.ndarray:
