@@ -78,7 +78,7 @@ def test_a_request_without_host_is_refused(stack: dict) -> None:
 
 def test_loopback_is_no_admin_by_default(stack: dict) -> None:
     ready = httpx.get(stack["url"] + "/ready")
-    assert ready.status_code == 200 and ready.json() == {"ready": True}  # no pool detail
+    assert ready.status_code == 200 and ready.json() == {"ready": True, "models_ready": {"m": True}}  # no pool detail
     assert httpx.get(stack["url"] + "/v1/console/state").status_code == 403
 
 

@@ -67,13 +67,16 @@ def test_registered_worker_joins_its_pool_and_leaves_when_gone(fleet: dict) -> N
     assert httpx.post(gateway + "/v1/completions",
                       json={"model": "mq", "prompt": "x"}).status_code == 503
     registration = register(fleet["redis"], "q", fleet["urls"]["discovered"], "mq")
-    wait_for(lambda: httpx.get(gateway + "/ready").status_code == 200)
+    def mq_ready() -> bool:
+        return httpx.get(gateway + "/ready").json()["models_ready"]["mq"]
+
+    wait_for(mq_ready)
     (state,) = worker_states(gateway, "q")
     assert state["discovered"] and state["url"] == fleet["urls"]["discovered"]
     assert served_by(fleet, "mq", 2)["discovered"] == 2
     registration.stop()  # deregisters at once
     wait_for(lambda: worker_states(gateway, "q") == [])
-    assert httpx.get(gateway + "/ready").status_code == 503
+    assert not mq_ready()  # the replica stays ready for model m, not for mq
 
 
 def test_draining_worker_gets_no_new_requests(fleet: dict) -> None:
