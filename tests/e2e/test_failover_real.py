@@ -46,7 +46,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
                   "pools": [pool("before", "stalled", "spare"), pool("after", "dripping"),
                             pool("slow", "slow"), pool("flappy", "flappy")]}
         procs["gateway"], gateway = start_gateway(tmp, config)
-        wait_for(lambda: httpx.get(gateway + "/ready").status_code == 200, 10)
+        wait_for(lambda: all(httpx.get(gateway + "/ready").json()["models_ready"].values()),
+                 10)  # every model: /ready alone is 200 once any one can be served
         yield {"gateway": gateway, "urls": urls, "procs": procs, "tmp": tmp}
     finally:
         for proc in procs.values():
