@@ -7,11 +7,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+
+from gateway.upstream.http1 import Http1Client
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -127,6 +129,14 @@ def redis_url(redis_server: str) -> Iterator[str]:
     client.flushall()
     client.close()
     yield redis_server
+
+
+@pytest.fixture
+async def http1_client() -> AsyncIterator[Http1Client]:
+    """The gateway's own upstream client, 5 s deadlines, closed after the test."""
+    upstream = Http1Client(connect_s=5, read_s=5, total_s=5)
+    yield upstream
+    upstream.close()
 
 
 @pytest.fixture

@@ -96,13 +96,6 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
         yield s
 
 
-@pytest.fixture
-async def client() -> AsyncIterator[Http1Client]:
-    upstream = Http1Client(connect_s=5, read_s=5, total_s=5)
-    yield upstream
-    upstream.close()
-
-
 async def serve(app: web.Application) -> tuple[TestServer, str]:
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
@@ -126,14 +119,14 @@ async def test_openai_pools_fall_back_to_v1_models(session: aiohttp.ClientSessio
 
 
 async def test_a_busy_worker_that_serves_stays_in_while_a_silent_one_goes(
-        client: Http1Client, session: aiohttp.ClientSession) -> None:
+        http1_client: Http1Client, session: aiohttp.ClientSession) -> None:
     """/health stalls past the probe timeout on both workers (a server starved of CPU):
     the one that keeps answering requests through the gateway stays available."""
     busy_cfg, silent_cfg = StubConfig(model="m"), StubConfig(model="m")
     busy, busy_url = await serve(StubServer(busy_cfg).app())
     silent, silent_url = await serve(StubServer(silent_cfg).app())
     try:
-        gateway = make_gateway(client, [pool("busy", [busy_url]), pool("silent", [silent_url])])
+        gateway = make_gateway(http1_client, [pool("busy", [busy_url]), pool("silent", [silent_url])])
         server = ServerConfig(health_interval_s=0.2, unhealthy_after=2)  # probe timeout 2 s
         monitor = HealthMonitor(gateway.pools, session, server)
         await monitor.probe_all()
@@ -155,12 +148,12 @@ async def test_a_busy_worker_that_serves_stays_in_while_a_silent_one_goes(
 
 
 async def test_a_worker_slow_to_probe_still_serves_when_it_is_the_only_one(
-        client: Http1Client, session: aiohttp.ClientSession) -> None:
+        http1_client: Http1Client, session: aiohttp.ClientSession) -> None:
     """Its /health stalls past the probe timeout and nothing else serves the model: the
     request is answered, not refused with a 503; once its server is gone, it is."""
     cfg = StubConfig(model="m")
     stub, url = await serve(StubServer(cfg).app())
-    gateway = make_gateway(client, [pool("only", [url])])
+    gateway = make_gateway(http1_client, [pool("only", [url])])
     monitor = HealthMonitor(gateway.pools, session, ServerConfig(unhealthy_after=1))
     await monitor.probe_all()
     cfg.health_stall_s = 3.0
@@ -179,12 +172,12 @@ async def test_a_worker_slow_to_probe_still_serves_when_it_is_the_only_one(
         gateway.router.route(request, gateway.classify(request, "t"))
 
 
-async def test_failing_worker_is_skipped_once_its_breaker_opens(client: Http1Client) -> None:
+async def test_failing_worker_is_skipped_once_its_breaker_opens(http1_client: Http1Client) -> None:
     failing_cfg, good_cfg = StubConfig(model="m", fail_after=0), StubConfig(model="m")
     bad, bad_url = await serve(StubServer(failing_cfg).app())
     good, good_url = await serve(StubServer(good_cfg).app())
     try:
-        gateway = make_gateway(client, [pool("p", [bad_url, good_url])])
+        gateway = make_gateway(http1_client, [pool("p", [bad_url, good_url])])
         request = parse_request({"model": "m", "prompt": "x y"}, "completions")
         for _ in range(4):
             decision, pools = gateway.router.route(request, gateway.classify(
@@ -201,7 +194,7 @@ async def test_failing_worker_is_skipped_once_its_breaker_opens(client: Http1Cli
 
 
 async def test_a_full_worker_503_is_retried_elsewhere_and_spares_its_breaker(
-        client: Http1Client) -> None:
+        http1_client: Http1Client) -> None:
     """A worker's own 503 (its queue is full) is load, not a fault: the request goes on to
     another worker, and a busy pool's breakers stay closed however often it happens."""
     calls = []
@@ -215,7 +208,7 @@ async def test_a_full_worker_503_is_retried_elsewhere_and_spares_its_breaker(
     busy, busy_url = await serve(app)
     good, good_url = await serve(StubServer(StubConfig(model="m")).app())
     try:
-        gateway = make_gateway(client, [pool("p", [busy_url, good_url])])
+        gateway = make_gateway(http1_client, [pool("p", [busy_url, good_url])])
         request = parse_request({"model": "m", "prompt": "x y"}, "completions")
         for _ in range(5):
             decision, pools = gateway.router.route(request, gateway.classify(request, "t"))
@@ -229,10 +222,10 @@ async def test_a_full_worker_503_is_retried_elsewhere_and_spares_its_breaker(
         await good.close()
 
 
-async def test_all_attempts_fail_with_the_last_error(client: Http1Client) -> None:
+async def test_all_attempts_fail_with_the_last_error(http1_client: Http1Client) -> None:
     bad, url = await serve(StubServer(StubConfig(model="m", fail_after=0)).app())
     try:
-        gateway = make_gateway(client, [pool("p", [url])])
+        gateway = make_gateway(http1_client, [pool("p", [url])])
         request = parse_request({"model": "m", "prompt": "x"}, "completions")
         decision, pools = gateway.router.route(request, gateway.classify(
             request, "t"))

@@ -44,13 +44,6 @@ async def serve(app: web.Application) -> TestServer:
 
 
 @pytest.fixture
-async def client() -> AsyncIterator[Http1Client]:
-    upstream = Http1Client(connect_s=5, read_s=5, total_s=5)
-    yield upstream
-    upstream.close()
-
-
-@pytest.fixture
 async def stubs() -> AsyncIterator[dict[str, str]]:
     servers = {
         "cumulative": await serve(StubServer(StubConfig(model="m")).app()),
@@ -62,10 +55,10 @@ async def stubs() -> AsyncIterator[dict[str, str]]:
         await server.close()
 
 
-def make_gateway(client: Http1Client, pools: list[dict],
+def make_gateway(http1_client: Http1Client, pools: list[dict],
                  max_attempts: int = 2) -> Gateway:
     config = parse_config({"pools": pools, "server": {"max_attempts": max_attempts}})
-    gateway = Gateway(config, policy="first", classify=minimal_profile, upstream=client)
+    gateway = Gateway(config, policy="first", classify=minimal_profile, upstream=http1_client)
     for pool in gateway.pools.values():
         for worker in pool.workers:
             worker.healthy = True  # as if the last health probe had answered
@@ -88,8 +81,8 @@ async def collect(gateway: Gateway, body: dict, endpoint: str = "completions"):
 
 @pytest.mark.parametrize("mode", ["cumulative", "incremental"])
 async def test_generate_stream_yields_deltas_in_both_sglang_modes(
-        client: Http1Client, stubs: dict[str, str], mode: str) -> None:
-    gateway = make_gateway(client, [pool("p", [stubs[mode]])])
+        http1_client: Http1Client, stubs: dict[str, str], mode: str) -> None:
+    gateway = make_gateway(http1_client, [pool("p", [stubs[mode]])])
     _, items = await collect(gateway, {"model": "m", "prompt": "one two three four",
                                        "stream": True})
     assert "".join(i.text for i in items if isinstance(i, Delta)) == "one two three four"
@@ -100,8 +93,8 @@ async def test_generate_stream_yields_deltas_in_both_sglang_modes(
 
 
 async def test_vllm_stream_reads_metrics_from_usage_chunk(
-        client: Http1Client, stubs: dict[str, str]) -> None:
-    gateway = make_gateway(client, [pool("p", [stubs["vllm"]], engine="vllm")])
+        http1_client: Http1Client, stubs: dict[str, str]) -> None:
+    gateway = make_gateway(http1_client, [pool("p", [stubs["vllm"]], engine="vllm")])
     _, items = await collect(gateway, {"model": "m", "prompt": "a b c d e f", "stream": True})
     final = items[-1]
     assert isinstance(final, Final) and final.spec.verify_steps == 2
@@ -109,9 +102,9 @@ async def test_vllm_stream_reads_metrics_from_usage_chunk(
 
 
 async def test_failover_to_next_worker_before_first_token(
-        client: Http1Client, stubs: dict[str, str]) -> None:
+        http1_client: Http1Client, stubs: dict[str, str]) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
-    gateway = make_gateway(client, [pool("p", [dead, stubs["cumulative"]])])
+    gateway = make_gateway(http1_client, [pool("p", [dead, stubs["cumulative"]])])
     lease, items = await collect(gateway, {"model": "m", "prompt": "x y", "stream": True})
     assert lease.worker.url == stubs["cumulative"]
     refused = gateway.pools["p"].workers[0]
@@ -125,9 +118,9 @@ async def test_failover_to_next_worker_before_first_token(
 
 
 async def test_failover_to_fallback_pool_updates_decision(
-        client: Http1Client, stubs: dict[str, str]) -> None:
+        http1_client: Http1Client, stubs: dict[str, str]) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
-    gateway = make_gateway(client, [pool("a", [dead]), pool("b", [stubs["vllm"]], "vllm")])
+    gateway = make_gateway(http1_client, [pool("a", [dead]), pool("b", [stubs["vllm"]], "vllm")])
     body = {"model": "m", "prompt": "x y"}
     request = parse_request(body, "completions")
     decision, pools = gateway.router.route(request, minimal_profile(request, "t"))
@@ -138,11 +131,11 @@ async def test_failover_to_fallback_pool_updates_decision(
 
 
 async def test_all_workers_failing_gives_upstream_error(
-        client: Http1Client) -> None:
+        http1_client: Http1Client) -> None:
     failing = await serve(StubServer(StubConfig(model="m", fail_after=0)).app())
     try:
         url = str(failing.make_url("")).rstrip("/")
-        gateway = make_gateway(client, [pool("p", [url])])
+        gateway = make_gateway(http1_client, [pool("p", [url])])
         request = parse_request({"model": "m", "prompt": "x"}, "completions")
         decision, pools = gateway.router.route(request, minimal_profile(request, "t"))
         with pytest.raises(UpstreamUnavailable, match="500") as info:
@@ -307,7 +300,7 @@ def test_record_feeds_recorder_and_one_span() -> None:
     ("cumulative", "sglang", "chat", {"messages": [{"role": "user", "content": "a b c"}]}),
     ("vllm", "vllm", "chat", {"messages": [{"role": "user", "content": "a b c"}]})])
 async def test_a_stream_closed_at_its_end_or_midway_leaves_nothing_to_the_gc(
-        client: Http1Client, stubs: dict[str, str], stub: str, engine: str, endpoint: str,
+        http1_client: Http1Client, stubs: dict[str, str], stub: str, engine: str, endpoint: str,
         body: dict) -> None:
     """The relay closes an adapter's stream at its Final item, or after its first item
     (a client that left): the generators inside it (SGLang's OpenAI route, the SSE reader)
@@ -316,7 +309,7 @@ async def test_a_stream_closed_at_its_end_or_midway_leaves_nothing_to_the_gc(
     import gc
     import sys
 
-    gateway = make_gateway(client, [pool("p", [stubs[stub]], engine=engine)])
+    gateway = make_gateway(http1_client, [pool("p", [stubs[stub]], engine=engine)])
     request = parse_request({"model": "m", "stream": True, "max_tokens": 3, **body},
                             endpoint)  # type: ignore[arg-type]
     finalized: list[str] = []
