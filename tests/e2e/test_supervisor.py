@@ -166,6 +166,28 @@ def test_desired_k_change_drains_then_relaunches(make_supervisor, redis_url: str
     assert sup.poll_once() == "idle"
 
 
+def test_one_server_of_a_model_relaunches_at_a_time(make_supervisor, redis_url: str) -> None:
+    """Two servers of one pool and a new desired k: the second keeps serving (held) while
+    the first relaunches, then relaunches itself; a relaunch never takes both down."""
+    import redis
+
+    from policies.keys import desired_k_key, fleet_move_key
+
+    first, second = make_supervisor(k=2), make_supervisor(k=2)
+    first.start()
+    second.start()
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client.set(desired_k_key("eagle"), "5")
+    client.set(fleet_move_key("tiny"), '{"url": "elsewhere"}', ex=60)  # another is restarting
+    assert (first.poll_once(), second.poll_once()) == ("held", "held")
+    assert reported_k(first.settings.url) == reported_k(second.settings.url) == 2
+    client.delete(fleet_move_key("tiny"))
+    assert first.poll_once() == "relaunched"
+    assert client.get(fleet_move_key("tiny")) is None  # given back
+    assert second.poll_once() == "relaunched"
+    assert reported_k(first.settings.url) == reported_k(second.settings.url) == 5
+
+
 def test_relaunch_held_by_min_interval(make_supervisor, redis_url: str) -> None:
     import redis
 

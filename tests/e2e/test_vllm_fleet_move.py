@@ -31,11 +31,15 @@ from workers.models import resolve_model
 MODEL = "smollm2-135m-instruct"
 
 
-def worker_events(log: Path, failures: list[str]) -> str:
-    """What the gateway logged about its workers, to say why requests failed."""
-    lines = [line for line in log.read_text(errors="replace").splitlines()
+def worker_events(logs: Path, failures: list[str]) -> str:
+    """What the gateway logged about its workers and the supervisors about their
+    servers (launches, relaunches, moves, exits), to say why requests failed."""
+    lines = [line for line in (logs / "gateway.log").read_text(errors="replace").splitlines()
              if "worker" in line or "breaker" in line or "registry" in line]
-    return f"{len(failures)} failed, first {failures[0]!r}; gateway: " + "\n".join(lines[-40:])
+    for log in sorted(logs.glob("supervisor-*.log")):
+        lines += [f"{log.stem}: {line[:300]}" for line in log.read_text(errors="replace")
+                  .splitlines() if " pool " in line or "Traceback" in line or "Killed" in line]
+    return f"{len(failures)} failed, first {failures[0]!r}; " + "\n".join(lines[-80:])
 
 
 @pytest.mark.timeout(1200)
@@ -99,7 +103,7 @@ def test_a_vllm_server_moves_to_the_pool_the_fleet_wants(redis_url: str, tmp_pat
         finally:
             stop.set()
             thread.join(180)
-        assert failures == [], worker_events(tmp_path / "gateway.log", failures)
+        assert failures == [], worker_events(tmp_path, failures)
         assert "vllm-plain" not in registered(client, MODEL)
         assert set(served[moved_at:]) == {"vllm-ngram"}
         for url in registered(client, MODEL)["vllm-ngram"]:

@@ -6,7 +6,8 @@ that model compares it with the live registry (`workers.fleet.registry.list_work
 its own pool has more workers than desired and the planner's next move
 (`policies.planner.next_move`) takes a worker from its pool:
 
-    take the move lock (`fleet_move_key`, SET NX with a TTL: one move per model at a time)
+    take the model's restart lock (`workers.fleet.restart_lock`: one move or k relaunch
+    per model at a time)
     -> fewer than `min_workers` would still serve? give the lock back, hold
     -> drain (no new requests, finish those in flight) -> stop -> deregister
     -> launch with the new pool's method and k -> /health -> register in the new pool
@@ -19,9 +20,7 @@ desired fleet before any relaunch.
 
 from __future__ import annotations
 
-import json
 import logging
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,10 +29,11 @@ import redis
 import yaml
 
 from policies.fleet import FleetConfigError, FleetPool, load_pool
-from policies.keys import desired_fleet_key, fleet_move_key
+from policies.keys import desired_fleet_key
 from policies.planner import FleetPlan, next_move
 from workers.fleet.launch import CommandBuilder
 from workers.fleet.registry import list_workers
+from workers.fleet.restart_lock import LOCK_TTL_S, restart_lock
 from workers.fleet.supervisor import Supervisor
 
 logger = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ def model_pools(config_path: str, model: str) -> dict[str, FleetPool]:
 @dataclass(frozen=True, slots=True)
 class MemberSettings:
     min_workers: int = 1  # serving (registered, not draining) workers of the model, at least
-    lock_ttl_s: float = 1200.0  # a supervisor that dies mid-move frees the lock by then
+    lock_ttl_s: float = LOCK_TTL_S
 
 
 class FleetMember:
@@ -140,28 +140,21 @@ class FleetMember:
         return self._move(move[1])
 
     def _move(self, dst: str) -> str:
-        token = json.dumps({"url": self.supervisor.settings.url, "src": self.supervisor.pool.name,
-                            "dst": dst, "since": time.time()})
-        key = fleet_move_key(self.model)
-        try:
-            if not self._redis.set(key, token, nx=True, ex=int(self.settings.lock_ttl_s)):
-                return "held"  # another worker of the model is moving
-        except redis.RedisError as exc:
-            logger.warning("cannot take the move lock: %s", exc)
-            return "held"
-        try:
-            _, serving = self.current()  # re-check under the lock
+        holder = {"url": self.supervisor.settings.url, "src": self.supervisor.pool.name,
+                  "dst": dst}
+        with restart_lock(self._redis, self.model, holder, self.settings.lock_ttl_s) as held:
+            if not held:
+                return "held"  # another server of the model is moving or relaunching
+            try:
+                _, serving = self.current()  # re-check under the lock
+            except redis.RedisError as exc:
+                logger.warning("cannot read the registry: %s", exc)
+                return "held"
             if serving - 1 < self.settings.min_workers:
                 return "held"
             outcome = self.supervisor.move_to(self.pools[dst], self.builder(self.pools[dst]))
             self.moves += outcome == "moved"
             return outcome
-        finally:
-            try:
-                if self._redis.get(key) == token:
-                    self._redis.delete(key)
-            except redis.RedisError as exc:  # the TTL frees it
-                logger.warning("cannot release the move lock: %s", exc)
 
     def stop(self, drain: bool = False) -> None:
         self.supervisor.stop(drain)

@@ -5,16 +5,15 @@ restart. The policy publishes the pool's wish in Redis (`policies.keys.desired_k
 a decimal string); the supervisor applies it when it is worth it:
 
     desired k read -> equal to current k, or last launch < min interval ago? keep
+                   -> the model's restart lock (`workers.fleet.restart_lock`) or keep
                    -> raise drain flag -> wait for in-flight requests (or a grace time)
                    -> stop the server -> launch with the new k -> wait for /health
                    -> re-register with the new k -> clear drain flag
 
 A server that exits on its own is restarted with exponential backoff. A start that
 neither serves nor exits within `health_timeout_s` is killed and tried again at the same
-k (`start_attempts`) before that k is given up: a vLLM CPU server relaunched after a
-drain once logged nothing for over 6 minutes before its engine core started (in CI),
-while a start after a crash in the same run served. `Supervisor` does
-one unit of work per `poll_once()` call, so tests drive it without sleeping loops;
+k (`start_attempts`) before that k is given up (a vLLM CPU relaunch once logged
+nothing for 6 minutes in CI). `Supervisor` does one unit of work per `poll_once()` call;
 `workers.fleet.service.supervise()` is the blocking loop behind `specroute supervise`.
 """
 
@@ -39,6 +38,7 @@ from policies.fleet import FleetPool
 from policies.keys import desired_k_key
 from workers.fleet.launch import CommandBuilder
 from workers.fleet.registry import Registration, new_worker_info
+from workers.fleet.restart_lock import restart_lock
 
 logger = logging.getLogger(__name__)
 
@@ -113,8 +113,7 @@ def in_flight_requests(base_url: str, client: httpx.Client) -> int | None:
 
 
 def group_snapshot(pgid: int) -> str:
-    """The processes of group `pgid` as `pid state wchan command` (from /proc), for the
-    log of a start that hung: which process waits, and on what."""
+    """Group `pgid`'s processes as `pid state wchan command`: what a hung start waits on."""
     rows = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -282,10 +281,11 @@ class Supervisor:
         desired = self.desired_k()
         if desired is None or desired == self.k or desired == self._rejected_k:
             return "idle"
-        since = time.monotonic() - self._launched_at
-        if since < self.settings.min_relaunch_interval_s:
+        if time.monotonic() - self._launched_at < self.settings.min_relaunch_interval_s:
             return "held"
-        return self.relaunch(desired)
+        with restart_lock(self._redis, self.pool.model,
+                          {"url": self.settings.url, "pool": self.pool.name, "k": desired}) as held:
+            return self.relaunch(desired) if held else "held"
 
     def relaunch(self, k: int) -> str:
         """Drain, stop, start with `k`; on failure go back to the previous k."""
@@ -329,7 +329,7 @@ class Supervisor:
             self.registration = None
         self.pool, self._build_command = pool, build_command
         try:
-            self._launch(pool.k)
+            self._launch(self.desired_k() or pool.k)  # the new pool's k when one is wished
             return "moved"
         except SupervisorError as exc:
             logger.error("pool %s did not come up (%s); back to pool %s", pool.name, exc,
