@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 import redis
@@ -25,7 +25,7 @@ LOCK_TTL_S = 1200.0  # a supervisor that dies mid-restart frees the lock by then
 
 
 @contextmanager
-def restart_lock(client: redis.Redis, model: str, holder: dict[str, object],
+def restart_lock(client: redis.Redis, model: str, holder: Mapping[str, object],
                  ttl_s: float = LOCK_TTL_S) -> Iterator[bool]:
     """Yields True while this supervisor holds the model's restart lock, False when
     another server of the model is restarting (or Redis cannot say: then hold too)."""
