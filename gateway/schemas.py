@@ -2,8 +2,8 @@
 
 Hand-written checks rather than pydantic models: the token path validates every
 request, and a handful of isinstance checks cost microseconds while naming the bad
-field exactly as the OpenAI API does (`param`). Unknown fields are kept in `body` and
-passed through to OpenAI-compatible workers untouched.
+field exactly as the OpenAI API does (`param`). A field the gateway does not check is a
+400 naming it (`gateway.forwarding`, the allowlist per route and engine).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from gateway.config import DEFAULT_SERVER, ServerConfig
 from gateway.errors import InvalidRequest
+from gateway.forwarding import check_openai_body
 from policies.request_limits import (
     COMPLETIONS_DEFAULT_MAX_TOKENS,
     GRAMMAR_FIELDS,
@@ -34,7 +35,7 @@ STEERING_KEYS = ("method", "num_speculative_tokens")
 class GenerationRequest:
     endpoint: Endpoint
     model: str
-    body: dict  # the client's body as sent, for pass-through adapters
+    body: dict  # the client's body (known fields only), for the OpenAI adapters
     messages: list[dict] | None = None
     prompt: str | list[int] | None = None  # text, or token ids
     max_tokens: int | None = None
@@ -294,6 +295,7 @@ def parse_request(body: Any, endpoint: Endpoint,
     sets none."""
     if not isinstance(body, dict):
         raise _bad("body", "the request body must be a JSON object")
+    check_openai_body(body, endpoint)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("model", "'model' is required and must be a non-empty string")

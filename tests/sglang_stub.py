@@ -9,9 +9,9 @@ and the `spec_*` counters; streamed `text`/`output_ids` CUMULATIVE unless
 token. Prompt words trigger failures: TRIGGER_400 (a 4xx), TRIGGER_SLOW (sleeps 3 s),
 TRIGGER_MIDSTREAM_ERROR (an in-band error after two chunks). `--stall S` waits S seconds
 before answering `/generate`, `--drip S` between streamed chunks (both routes); a client that leaves
-meanwhile is counted in `GET /stats` (`generate_calls`, `in_flight`, `cancelled`, and the
+meanwhile is counted in `GET /stats` (`generate_calls`, `in_flight`, `cancelled`, the
 `last_k` / `last_method` / `last_max_tokens` the last request ran with, read from `custom_params` as the
-embedded worker reads them).
+embedded worker reads them, and that request's whole `last_body`).
 `--fault MODE` makes every generation answer broken on the wire (health stays 200):
 `garbage` (a 200 that is not JSON), `truncated` (a 200 whose JSON is cut in half),
 `status500`, `close-mid-chunk` (a stream: one token, then half an event and the
@@ -56,6 +56,7 @@ class StubConfig:
     last_k: int | None = None
     last_method: str | None = None  # the method the last request ran with (custom_params)
     last_max_tokens: int | None = None  # the token budget the last request was sent with
+    last_body: dict | None = None  # the last generation request's body, as it arrived
     accept_length: float = 3.0  # tokens per verify step reported (capped at k + 1)
     step_s: float = 0.0  # simulated time per verify step (per token when not speculating)
     no_constrained: bool = False  # 400 on response_format / json_schema, as the embedded engine
@@ -240,7 +241,8 @@ class StubServer:
         return web.json_response({"generate_calls": c.generate_calls, "in_flight": c.in_flight,
                                   "cancelled": c.cancelled, "served": c.served,
                                   "last_k": c.last_k, "last_method": c.last_method,
-                                  "last_max_tokens": c.last_max_tokens})
+                                  "last_max_tokens": c.last_max_tokens,
+                                  "last_body": c.last_body})
 
     async def admit(self, prompt: str) -> web.Response | None:
         if self.cfg.failing():
@@ -271,7 +273,7 @@ class StubServer:
             self.cfg.in_flight -= 1
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json(loads=orjson.loads)
+        body = self.cfg.last_body = await request.json(loads=orjson.loads)
         if self.cfg.fault is not None:
             return await broken_answer(request, self.cfg.fault, bool(body.get("stream")),
                                        chat=None)
@@ -354,7 +356,7 @@ class StubServer:
     async def openai(self, request: web.Request) -> web.StreamResponse:
         self.cfg.generate_calls += 1
         chat = request.path.endswith("/chat/completions")
-        body = await request.json(loads=orjson.loads)
+        body = self.cfg.last_body = await request.json(loads=orjson.loads)
         if self.cfg.fault is not None:
             return await broken_answer(request, self.cfg.fault, bool(body.get("stream")),
                                        chat=chat)

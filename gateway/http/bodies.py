@@ -20,10 +20,14 @@ def content_length(value: bytes | None) -> int | None:
 
 
 def check_media_type(value: bytes | None) -> None:
-    """JSON or nothing (curl without -H, httpx `content=`); anything else is a 415
-    rather than a confusing JSON error."""
+    """`application/json` (parameters such as a charset allowed, `+json` types too), on
+    every POST; anything else, or none, is a 415. A browser sends a cross-site POST
+    without asking first (no CORS preflight) only when its type is a form type,
+    `text/plain`, or absent (a Blob with no type): requiring JSON keeps a web page's
+    script from driving a gateway it can reach (a local one, issue 43)."""
     if value is None:
-        return
+        raise UnsupportedMediaType("Content-Type must be application/json, got none",
+                                   param="content-type", code="unsupported_media_type")
     media = value.split(b";", 1)[0].strip().lower()
     if media != b"application/json" and not media.endswith(b"+json"):
         raise UnsupportedMediaType(

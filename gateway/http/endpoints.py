@@ -36,6 +36,7 @@ from gateway.errors import (
     retry_after,
     shutting_down,
 )
+from gateway.forwarding import check_content_parts
 from gateway.http.bodies import check_media_type, content_length, read_body
 from gateway.http.disconnect import WATCH_AFTER_S, ClientStalled, DisconnectWatch, TimedSend
 from gateway.http.gateway import Gateway
@@ -105,6 +106,13 @@ def outcome(job: Admitted, timer: Timer, lease: Lease | None,
                    lease.workers, done.usage, done.spec, True, done.finish_reason)
 
 
+def parse_forwardable(body: object, endpoint: Endpoint,
+                      server: ServerConfig) -> GenerationRequest:
+    request = parse_request(body, endpoint, server)
+    check_content_parts(request.messages)
+    return request
+
+
 class TokenEndpoint:
     """ASGI app for one OpenAI generation route; the `Gateway` lives on app.state."""
 
@@ -113,9 +121,9 @@ class TokenEndpoint:
         self.route = route or endpoint  # the span's name (gateway.http.sglang_routes: "generate")
 
     def parser(self, gateway: Gateway) -> Callable[[object], GenerationRequest]:
-        """What validates this route's body (a partial: no frame of this module's on the
-        request path)."""
-        return partial(parse_request, endpoint=self.endpoint, server=gateway.config.server)
+        """What validates this route's body: `parse_request`, then text content parts
+        only (`check_content_parts`)."""
+        return partial(parse_forwardable, endpoint=self.endpoint, server=gateway.config.server)
 
     def render(self, request: GenerationRequest, result: GenerationResult,
                decision: Decision) -> bytes:

@@ -3,9 +3,10 @@
 Static and hand-written, like the validation it describes (`gateway.schemas`): every
 route the app has (tests/e2e/test_gateway_fuzz.py checks the two lists are the same),
 each request field the gateway reads with the bounds it enforces, and every error in
-the one OpenAI shape (`gateway.errors`). Unknown body fields are allowed: they go to
-OpenAI-compatible workers untouched. Generated answers are described loosely (the
-workers' own fields pass through).
+the one OpenAI shape (`gateway.errors`). No other body field is allowed
+(`additionalProperties: false`): the gateway answers one with a 400 naming it
+(`gateway.forwarding`). Generated answers are described loosely (the workers' own
+fields pass through).
 """
 
 from __future__ import annotations
@@ -69,6 +70,10 @@ COMMON_FIELDS: dict[str, Any] = {
     "json_schema": {"oneOf": [{"type": "string"}, {"type": "object"}]},
     "regex": {"type": "string"},
     "ebnf": {"type": "string"},
+    # vLLM's guided decoding (sent to vLLM pools only)
+    "guided_json": {"oneOf": [{"type": "string"}, {"type": "object"}]},
+    "guided_regex": {"type": "string"},
+    "guided_grammar": {"type": "string"},
     "response_format": {
         "type": "object", "required": ["type"],
         "properties": {"type": {"type": "string",
@@ -93,7 +98,7 @@ CONTENT = {"oneOf": [
                                                "text": {"type": "string"}}}}]}
 
 CHAT_REQUEST: dict[str, Any] = {
-    "type": "object", "required": ["model", "messages"],
+    "type": "object", "required": ["model", "messages"], "additionalProperties": False,
     "properties": {
         **COMMON_FIELDS,
         "logprobs": {"type": "boolean"},
@@ -111,7 +116,7 @@ CHAT_REQUEST: dict[str, Any] = {
 }
 
 COMPLETIONS_REQUEST: dict[str, Any] = {
-    "type": "object", "required": ["model", "prompt"],
+    "type": "object", "required": ["model", "prompt"], "additionalProperties": False,
     "properties": {
         **COMMON_FIELDS,
         "logprobs": {"type": "integer", "minimum": 0, "maximum": 5},
@@ -124,7 +129,7 @@ COMPLETIONS_REQUEST: dict[str, Any] = {
 }
 
 NATIVE_REQUEST: dict[str, Any] = {  # SGLang's GenerateReqInput, as gateway/http/sglang_routes.py reads it
-    "type": "object",
+    "type": "object", "additionalProperties": False,
     "oneOf": [{"required": ["text"], "not": {"required": ["input_ids"]}},
               {"required": ["input_ids"], "not": {"required": ["text"]}}],
     "properties": {
@@ -133,8 +138,15 @@ NATIVE_REQUEST: dict[str, Any] = {  # SGLang's GenerateReqInput, as gateway/http
                       "items": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1}},
         "model": {"type": "string"},
         "stream": {"type": "boolean"},
-        "rid": {"type": "string"},
-        "sampling_params": {"type": "object", "properties": {
+        "rid": {"type": "string"},  # checked, then replaced by the gateway's own
+        "return_logprob": {"type": "boolean"},
+        "top_logprobs_num": {"type": "integer", "minimum": 0, "maximum": MAX_TOP_LOGPROBS},
+        "token_ids_logprob": {"type": "array", "maxItems": MAX_TOP_LOGPROBS,
+                              "items": {"type": "integer", "minimum": 0,
+                                        "maximum": 2**31 - 1}},
+        "logprob_start_len": {"type": "integer", "minimum": -1},
+        "return_text_in_logprobs": {"type": "boolean"},
+        "sampling_params": {"type": "object", "additionalProperties": False, "properties": {
             "max_new_tokens": {"type": "integer", "minimum": 0},
             "temperature": {"type": "number", "minimum": 0},
             "top_p": COMMON_FIELDS["top_p"],
@@ -145,7 +157,12 @@ NATIVE_REQUEST: dict[str, Any] = {  # SGLang's GenerateReqInput, as gateway/http
             "logit_bias": COMMON_FIELDS["logit_bias"],
             "custom_params": COMMON_FIELDS["custom_params"],
             "json_schema": {"type": "string"}, "regex": {"type": "string"},
-            "ebnf": {"type": "string"}}},
+            "ebnf": {"type": "string"}, "n": {"type": "integer", "minimum": 1, "maximum": 1},
+            "presence_penalty": COMMON_FIELDS["presence_penalty"],
+            "frequency_penalty": COMMON_FIELDS["frequency_penalty"],
+            "ignore_eos": {"type": "boolean"},
+            "stop_token_ids": {"type": "array", "items": {
+                "type": "integer", "minimum": 0, "maximum": 2**31 - 1}}}},
     },
 }
 

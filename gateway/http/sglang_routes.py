@@ -33,6 +33,7 @@ from starlette.responses import JSONResponse, Response
 from gateway.config import DEFAULT_SERVER, ServerConfig
 from gateway.core.admit import NATIVE_ENGINES
 from gateway.errors import InvalidRequest, NoHealthyWorker
+from gateway.forwarding import check_native_body
 from gateway.http.endpoints import TokenEndpoint
 from gateway.http.gateway import Gateway
 from gateway.http.responses import DONE, ChunkWriter
@@ -65,6 +66,7 @@ def parse_generate(body: object, models: list[str],
     its work (`check_work`) within `server.max_request_work`."""
     if not isinstance(body, dict):
         raise _bad("body", "the request body must be a JSON object")
+    check_native_body(body)
     model = body.get("model")
     if model is None:
         if len(models) != 1:
@@ -88,6 +90,17 @@ def parse_generate(body: object, models: list[str],
     check_grammar(params, PARAMS)
     _stop(params)
     _int(params, "top_k", -1)
+    for name in ("presence_penalty", "frequency_penalty"):
+        _float(params, name, -2.0, 2.0)
+    for where, name, prefix in ((params, "ignore_eos", PARAMS),
+                                (body, "return_text_in_logprobs", "")):
+        if not isinstance(where.get(name, False), bool):
+            raise _bad(prefix + name, f"'{prefix}{name}' must be a boolean")
+    stop_ids = params.get("stop_token_ids")
+    if stop_ids is not None and not (isinstance(stop_ids, list) and all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in stop_ids)):
+        raise _bad(PARAMS + "stop_token_ids", f"'{PARAMS}stop_token_ids' must be a list of "
+                   "token ids")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise _bad("stream", "'stream' must be a boolean")

@@ -93,7 +93,8 @@ def check_exposure(config: GatewayConfig, host: str) -> str | None:
 
 def authorize(tenant: TenantConfig, request: GenerationRequest, pin: Pin) -> None:
     """The tenant's own limits on what it asks for; a request without `max_tokens` gets
-    the tenant's cap as its `max_tokens` (a worker would otherwise run to its context)."""
+    the tenant's cap as its `max_tokens` (a worker would otherwise run to its context),
+    which the adapters write into the body they send (native `/generate` included)."""
     if tenant.models and request.model not in tenant.models:
         # OpenAI's wording: a model one may not use reads as one that does not exist
         raise ModelNotFound(f"The model '{request.model}' does not exist or you do not "
@@ -109,8 +110,9 @@ def authorize(tenant: TenantConfig, request: GenerationRequest, pin: Pin) -> Non
         request.max_tokens = cap
         request.body = {**request.body, "max_tokens": cap}
     elif request.max_tokens > cap:
-        raise InvalidRequest(f"max_tokens {request.max_tokens} is above this key's cap of "
-                             f"{cap}", param="max_tokens", code="max_tokens_exceeded")
+        field = "max_tokens" if request.native is None else "sampling_params.max_new_tokens"
+        raise InvalidRequest(f"{field} {request.max_tokens} is above this key's cap of "
+                             f"{cap}", param=field, code="max_tokens_exceeded")
 
 
 class TenantReloader:

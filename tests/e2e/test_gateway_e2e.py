@@ -223,7 +223,8 @@ def test_rate_limit_is_429(stack: dict) -> None:
 
 def test_malformed_json_is_400(stack: dict) -> None:
     response = httpx.post(stack["url"] + "/v1/chat/completions", content=b"{nope",
-                          headers={"Authorization": f"Bearer {KEY}"})
+                          headers={"Authorization": f"Bearer {KEY}",
+                                   "Content-Type": "application/json"})
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "invalid_json"
 

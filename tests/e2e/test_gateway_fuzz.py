@@ -29,6 +29,7 @@ from hypothesis import HealthCheck, settings
 from starlette.routing import Route
 
 from gateway.config import hash_api_key, parse_config
+from gateway.forwarding import ANY_ENGINE_EXTRAS, NATIVE_FIELDS, ROUTE_FIELDS, SAMPLING_FIELDS
 from gateway.http.app import create_app
 from gateway.http.openapi import openapi_document
 
@@ -144,3 +145,16 @@ def test_logit_bias_keys_are_ascii_digits(gateway: str, key: str) -> None:
                         json={"text": "hi", "sampling_params": {"logit_bias": {key: 1}}})
     assert native.status_code == 400
     assert native.json()["error"]["param"] == "sampling_params.logit_bias"
+
+
+def test_the_document_lists_exactly_the_forwarded_fields() -> None:
+    """The request schemas' properties are the fields `gateway.forwarding` lets through
+    (any other is a 400), so the fuzzer's generated bodies cover exactly those."""
+    schemas = openapi_document()["components"]["schemas"]
+    assert set(schemas["ChatRequest"]["properties"]) == ROUTE_FIELDS["chat"] | ANY_ENGINE_EXTRAS
+    assert set(schemas["CompletionsRequest"]["properties"]) == (
+        ROUTE_FIELDS["completions"] | ANY_ENGINE_EXTRAS)
+    native = openapi_document()["paths"]["/generate"]["post"]["requestBody"]["content"][
+        "application/json"]["schema"]["properties"]
+    assert set(native) == NATIVE_FIELDS
+    assert set(native["sampling_params"]["properties"]) == SAMPLING_FIELDS

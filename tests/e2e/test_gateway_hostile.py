@@ -193,12 +193,16 @@ def test_hostile_chat_bodies(gateway: dict) -> None:
 
 
 def test_legitimate_oddities_are_served(gateway: dict) -> None:
-    """Unknown fields are forwarded; a duplicate key means its last value (orjson, like
-    Python's json), and the worker gets the body the gateway validated, so the two can
-    never read different values; nesting below the parser's limit is data."""
+    """A duplicate key means its last value (orjson, like Python's json), and the worker
+    gets the body the gateway validated, so the two can never read different values;
+    nesting below the parser's limit is data. An unknown field is a 400 naming it
+    (tests/e2e/test_gateway_forwarding.py)."""
     deep = {"model": "m1", "messages": [{"role": "user", "content": "alpha beta"}],
-            "frobnicate": {"x": [[[[[[[[[[1]]]]]]]]]]}, "metadata": {"a": "b"}}
+            "custom_params": {"x": [[[[[[[[[[1]]]]]]]]]]}}
     assert post(gateway, orjson.dumps(deep), "/v1/chat/completions").status_code == 200
+    unknown = {**deep, "frobnicate": {"x": 1}}
+    assert_openai_error(post(gateway, orjson.dumps(unknown), "/v1/chat/completions"), 400,
+                        "unknown_parameter", "frobnicate")
     duplicate = b'{"model": "m1", "prompt": "alpha", "max_tokens": 0, "max_tokens": 2}'
     response = post(gateway, duplicate)
     assert response.status_code == 200, response.text
@@ -225,6 +229,7 @@ def test_legitimate_oddities_are_served(gateway: dict) -> None:
 ])
 def test_hostile_headers(gateway: dict, headers: dict, status: int, code: str | None) -> None:
     encoded = {name: value.encode("latin-1") for name, value in headers.items()}
+    encoded.setdefault("content-type", b"application/json")
     response = gateway["client"].post("/v1/completions", content=completions(max_tokens=2),
                                       headers=encoded)
     if status == 200:
@@ -257,6 +262,8 @@ def test_raw_hostile_headers(gateway: dict, header: bytes, status: bytes) -> Non
             b"authorization: Bearer " + KEY.encode() + b"\r\n" + header)
     if not header.startswith(b"content-length"):
         head += b"\r\ncontent-length: " + str(len(body)).encode()
+    if not header.startswith(b"content-type"):
+        head += b"\r\ncontent-type: application/json"
     if header.startswith(b"authorization"):
         head = head.replace(b"authorization: Bearer " + KEY.encode() + b"\r\n", b"")
     answer = raw_exchange(gateway["url"], head, body)

@@ -1,8 +1,9 @@
 """Pass-through adapter for OpenAI-compatible workers (vLLM, TensorRT-LLM, SGLang's
 OpenAI routes, anything else that speaks `/v1/chat/completions` and `/v1/completions`).
 
-The client's body is forwarded with `model` rewritten to the pool's served name, so
-fields the gateway does not model (tools, logprobs, ...) still reach the worker.
+The client's body is forwarded with `model` rewritten to the pool's served name and
+`max_tokens` the one decided (a tenant's cap, the budget); only the fields the gateway
+checks for the route and the pool's engine (`gateway.forwarding.forwarded`).
 Streams always ask for usage (`stream_options.include_usage`) because vLLM only sends
 its per-request speculation metrics on that final usage chunk.
 
@@ -19,6 +20,7 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 
 from gateway.config import PoolConfig
+from gateway.forwarding import forwarded
 from gateway.schemas import GenerationRequest
 from gateway.telemetry.worker_stats import SpecStats, Usage, merge_spec, read_batch
 from gateway.upstream.adapters.base import (
@@ -136,7 +138,12 @@ class OpenAIAdapter:
 
     def payload(self, request: GenerationRequest, pool: PoolConfig, k: int,
                 stream: bool) -> dict:
-        body = {**request.body, **self.extra, "model": pool.model, "stream": stream}
+        body = {**forwarded(request.body, request.endpoint, pool.engine), **self.extra,
+                "model": pool.model, "stream": stream}
+        if request.max_tokens is not None:  # the tenant's cap or the budget, as decided
+            body["max_tokens"] = request.max_tokens
+            if "max_completion_tokens" in body:
+                body["max_completion_tokens"] = request.max_tokens
         if stream:
             body["stream_options"] = {"include_usage": True}
         else:

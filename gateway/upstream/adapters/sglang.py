@@ -25,6 +25,7 @@ from contextlib import aclosing
 import orjson
 
 from gateway.config import PoolConfig
+from gateway.forwarding import forwarded_native
 from gateway.schemas import GenerationRequest
 from gateway.telemetry.worker_stats import SpecStats, non_negative, read_batch
 from gateway.upstream.adapters.base import (
@@ -136,13 +137,16 @@ class SGLangAdapter:
 
     def payload(self, request: GenerationRequest, pool: PoolConfig, k: int,
                 stream: bool) -> dict:
-        if request.native is not None:  # SGLang's own body: only k and stream are ours
-            body = {key: v for key, v in request.native.items() if key != "model"}
+        if request.native is not None:  # SGLang's own body: k, stream, rid and the cap ours
+            body = forwarded_native(request.native)
             params = dict(body.get("sampling_params") or {})
             custom = worker_params(params.pop("custom_params", None), pool, k)
             if custom is not None:
                 params["custom_params"] = custom
-            return {**body, "sampling_params": params, "stream": stream}
+            if request.max_tokens is not None:  # the tenant's cap (`authorize`)
+                params["max_new_tokens"] = request.max_tokens
+            return {**body, "sampling_params": params, "stream": stream,
+                    "rid": uuid.uuid4().hex}
         prompt_key = "input_ids" if isinstance(request.prompt, list) else "text"
         return {prompt_key: request.prompt, "stream": stream, "rid": uuid.uuid4().hex,
                 "sampling_params": sampling_params(request, pool, k)}
