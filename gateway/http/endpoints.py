@@ -41,6 +41,7 @@ from gateway.http.bodies import check_media_type, content_length, read_body
 from gateway.http.disconnect import WATCH_AFTER_S, ClientStalled, DisconnectWatch, TimedSend
 from gateway.http.gateway import Gateway
 from gateway.http.responses import ChunkWriter, headers_for, response_body
+from gateway.http.tally import StreamTally
 from gateway.schemas import Endpoint, GenerationRequest, parse_request
 from gateway.telemetry.record import Outcome, Timer
 from gateway.telemetry.spans import NO_TRACE, Trace, start_request
@@ -195,10 +196,13 @@ class TokenEndpoint:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*SSE, *headers_for(lease.decision), *lease.warnings]})
         final: Final | None = None
+        tally = StreamTally(job.request)
         try:
             final = await self.relay(send, self.writer(job.request, lease.decision), first,
-                                     items, timer, lease)
+                                     items, timer, lease, tally)
         finally:
+            if final is None:  # abandoned or cut: no worker usage comes, charge the tally
+                gateway.limits.spend(job.tenant, tally.tokens)
             lease.release()
             await items.aclose()  # type: ignore[attr-defined]  # closes the upstream
             await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -206,15 +210,18 @@ class TokenEndpoint:
 
     async def relay(self, send: Send, writer: ChunkWriter, item: StreamItem,
                     items: AsyncIterator[StreamItem], timer: Timer,
-                    lease: Lease) -> Final | None:
-        """Forward items as SSE until the `Final` one; None if the stream broke off or
-        reached `lease.deadline` (server.total_timeout_s): then it ends the way a
-        max_tokens cut does, `finish_reason: "length"` (`ChunkWriter.cut`), and the
-        caller closes the upstream, which frees the worker's slot."""
+                    lease: Lease, tally: StreamTally | None = None) -> Final | None:
+        """Forward items as SSE until the `Final` one (each counted in `tally`); None if
+        the stream broke off or reached `lease.deadline` (server.total_timeout_s): then
+        it ends the way a max_tokens cut does, `finish_reason: "length"`
+        (`ChunkWriter.cut`), and the caller closes the upstream, which frees the
+        worker's slot."""
         left = lease.deadline - time.monotonic()
         try:
             async with asyncio.timeout(left if left < math.inf else None):
                 while not isinstance(item, Final):
+                    if tally is not None:
+                        tally.add(item)
                     if body := writer.delta(item):
                         timer.token()
                         await send({"type": "http.response.body", "body": body,

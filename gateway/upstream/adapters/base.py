@@ -39,6 +39,7 @@ class Delta:
     index: int = 0  # the choice (n > 1)
     logprobs: dict | None = None  # this chunk's OpenAI logprobs object, when asked for
     native: dict | None = None  # the worker's /generate chunk, for a native request
+    usage: Usage | None = None  # the worker's running count, where its chunks carry one
 
 
 @dataclass(slots=True)

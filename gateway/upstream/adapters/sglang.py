@@ -193,9 +193,9 @@ class SGLangAdapter:
                 if cumulative:
                     text, sent = text[sent:], len(text)
                 if request.native is not None:
-                    yield Delta(text=text, native=raw)
+                    yield Delta(text=text, native=raw, usage=usage)
                 elif text:
-                    yield Delta(text=text)
+                    yield Delta(text=text, usage=usage)
         finish = meta.finish_reason()
         if finish is None:
             raise no_finish(worker)
