@@ -56,6 +56,7 @@ from gateway.http.routes import (
 from gateway.http.sglang_routes import GenerateEndpoint, health_generate, model_info, server_info
 from gateway.telemetry.loop_lag import LoopLagProbe
 from gateway.telemetry.prometheus import HttpMetrics, Recorder
+from gateway.tenants.limits import LimitsCollector
 from policies.protocol import DecideFn, RoutingPolicy, Rule
 
 GIL_SWITCH_S = 0.001  # see the lifespan
@@ -127,6 +128,7 @@ def create_app(config: GatewayConfig, *, policy: str | RoutingPolicy = "learned"
     server = config.server
     gateway = Gateway(config, policy=Rule(decide, "custom") if decide else policy,
                       classify=classify, recorder=recorder, registry=registry)
+    registry.register(LimitsCollector(gateway.limits))  # Redis failures, counts kept
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -16,6 +16,13 @@ instead, so each replica enforces the limit on its own traffic (service goes on,
 limit loosens by the number of replicas); `closed` refuses limited tenants' requests with
 a 503 and `Retry-After`. Either way Redis is not asked again for `retry_s`, so a dead
 Redis costs one timeout, not one per request. Tenants without limits never touch Redis.
+
+No count is lost without a word (issue 43): what this process counted while Redis was
+out (requests admitted, tokens spent) is kept per window and added to Redis when it
+answers again, for the windows not yet over; what could not be (its window over) is
+dropped. Each failed Redis call, each count kept here and each dropped one is a
+Prometheus counter (`LimitsCollector`), and the outage's start and end are warnings,
+the end with what was replayed and what was dropped.
 """
 
 from __future__ import annotations
@@ -23,7 +30,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Iterator
+
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from gateway.config import TenantConfig
 from gateway.errors import LimiterUnavailable, RateLimited
@@ -92,6 +102,11 @@ class Limits:
         self.redis = None
         self.down_until = 0.0  # monotonic time before which Redis is not asked
         self.pending: set[asyncio.Task] = set()
+        self.outage = False  # a Redis call failed and none has succeeded since
+        self.errors = {"admit": 0, "spend": 0}  # failed Redis calls, by operation
+        self.kept = {"requests": 0, "tokens": 0}  # counted here only, while Redis was out
+        self.dropped = {"requests": 0, "tokens": 0}  # never reached Redis: window over
+        self.backlog: dict[tuple[str, int, str], int] = {}  # (tenant, window, kind) -> n
         if redis_url:
             import redis.asyncio as aioredis
 
@@ -115,6 +130,8 @@ class Limits:
                 raise self._unavailable(tenant)
         if verdict is None:
             verdict = self.local.admit(tenant, window)
+            if self.redis is not None and not verdict:
+                self._keep(tenant.name, window, "requests", 1)
         if verdict:
             retry = (window + 1) * WINDOW_S - now
             what = (f"{tenant.rate_limit_rpm} requests" if verdict == 1
@@ -133,10 +150,22 @@ class Limits:
         window = int(self.clock() // WINDOW_S)
         self.local.spend(tenant, window, tokens)  # the fallback stays current either way
         if self._use_redis():
-            task = asyncio.get_running_loop().create_task(
-                self._redis_spend(tenant, window, tokens))
-            self.pending.add(task)
-            task.add_done_callback(self.pending.discard)
+            self._spawn(self._redis_spend(tenant, window, tokens))
+        elif self.redis is not None:
+            self._keep(tenant.name, window, "tokens", tokens)
+
+    def _spawn(self, work: Coroutine[object, object, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self.pending.add(task)
+        task.add_done_callback(self.pending.discard)
+
+    def _keep(self, tenant: str, window: int, kind: str, n: int) -> None:
+        """A count made here while Redis was out, for `_replay`."""
+        self.kept[kind] += n
+        self._requeue((tenant, window, kind), n)
+
+    def _requeue(self, key: tuple[str, int, str], n: int) -> None:
+        self.backlog[key] = self.backlog.get(key, 0) + n
 
     def _use_redis(self) -> bool:
         return self.redis is not None and time.monotonic() >= self.down_until
@@ -148,9 +177,10 @@ class Limits:
             verdict, _ = await self.admit_script(
                 keys=[requests, tokens],
                 args=[tenant.rate_limit_rpm, tenant.rate_limit_tpm, 2 * WINDOW_S])
+            self._redis_answered()
             return int(verdict)
         except Exception as exc:  # noqa: BLE001 - any Redis failure: degrade, never crash
-            self._redis_failed(exc)
+            self._redis_failed(exc, "admit")
             if self.on_redis_error == "closed":
                 raise self._unavailable(tenant) from exc
             return None
@@ -163,17 +193,79 @@ class Limits:
         try:
             await self.spend_script(keys=[limit_window_keys(tenant.name, window)[1]],
                                     args=[tokens, 2 * WINDOW_S])
-        except Exception as exc:  # noqa: BLE001 - telemetry of limits: degrade quietly
-            self._redis_failed(exc)
+            self._redis_answered()
+        except Exception as exc:  # noqa: BLE001 - telemetry of limits: degrade, kept here
+            self._redis_failed(exc, "spend")
+            self._keep(tenant.name, window, "tokens", tokens)
 
-    def _redis_failed(self, exc: BaseException) -> None:
+    def _redis_failed(self, exc: BaseException, operation: str) -> None:
+        self.errors[operation] += 1
         if time.monotonic() >= self.down_until:
-            log.warning("rate-limit Redis unavailable (%s); limits fail %s for %.0f s",
-                        type(exc).__name__, self.on_redis_error, self.retry_s)
+            log.warning("rate-limit Redis unavailable (%s on %s); limits fail %s for "
+                        "%.0f s, counts kept in this process until it answers",
+                        type(exc).__name__, operation, self.on_redis_error, self.retry_s)
+        self.outage = True
         self.down_until = time.monotonic() + self.retry_s
+
+    def _redis_answered(self) -> None:
+        if self.outage:
+            self.outage = False
+            backlog, self.backlog = self.backlog, {}
+            self._spawn(self._replay(backlog))
+
+    async def _replay(self, backlog: dict[tuple[str, int, str], int]) -> None:
+        """Add to Redis what this process counted while it was out: the windows not
+        over yet; the others are dropped (counted, and said in the log line). Out again
+        midway: the rest waits for the next time it answers."""
+        current = int(self.clock() // WINDOW_S)
+        replayed = {"requests": 0, "tokens": 0}
+        for (tenant, window, kind), n in backlog.items():
+            if window < current - 1:  # its keys have expired in Redis
+                self.dropped[kind] += n
+                continue
+            if self.outage:
+                self._requeue((tenant, window, kind), n)
+                continue
+            requests, tokens = limit_window_keys(tenant, window)
+            try:
+                await self.spend_script(keys=[tokens if kind == "tokens" else requests],
+                                        args=[n, 2 * WINDOW_S])
+                replayed[kind] += n
+            except Exception as exc:  # noqa: BLE001 - out again
+                self._redis_failed(exc, "spend")
+                self._requeue((tenant, window, kind), n)
+        log.warning("rate-limit Redis answers again: replayed %d requests and %d tokens "
+                    "counted in this process meanwhile; dropped (window over) %d requests "
+                    "and %d tokens in all", replayed["requests"], replayed["tokens"],
+                    self.dropped["requests"], self.dropped["tokens"])
 
     async def close(self) -> None:
         if self.pending:
             await asyncio.gather(*self.pending, return_exceptions=True)
         if self.redis is not None:
             await self.redis.aclose()
+
+
+class LimitsCollector(Collector):
+    """`Limits`' Redis failures and the counts they touched, for `/metrics`."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        errors = CounterMetricFamily(
+            "specroute_rate_limit_redis_errors", "Rate-limit Redis calls that failed",
+            labels=["operation"])
+        for operation, n in self.limits.errors.items():
+            errors.add_metric([operation], n)
+        yield errors
+        for name, counts, what in (
+                ("kept_local", self.limits.kept, "counted in this process while Redis was "
+                 "out (added to Redis when it answers)"),
+                ("dropped", self.limits.dropped, "counted while Redis was out, their window "
+                 "over before it answered: never in the shared count")):
+            family = CounterMetricFamily(f"specroute_rate_limit_{name}",
+                                         f"Rate-limit counts {what}", labels=["kind"])
+            for kind, n in counts.items():
+                family.add_metric([kind], n)
+            yield family
