@@ -42,17 +42,13 @@ SAMPLING_FIELDS = frozenset({
 CONTENT_PART_TYPES = frozenset({"text"})  # the served models read text only
 
 
-def unknown(param: str, known: str) -> InvalidRequest:
-    return InvalidRequest(f"Unknown parameter: '{param}'. This gateway forwards only the "
-                          f"fields it checks ({known})", param=param, code="unknown_parameter")
-
-
-def check_fields(body: dict, allowed: frozenset[str], prefix: str = "",
-                 known: str = "docs/GATEWAY.md, 'Forwarded fields'") -> None:
+def check_fields(body: dict, allowed: frozenset[str], prefix: str = "") -> None:
     """A 400 naming the first field of `body` outside `allowed`."""
     for name in body:
         if name not in allowed:
-            raise unknown(prefix + str(name), known)
+            raise InvalidRequest(f"Unknown parameter: '{prefix}{name}'. The gateway forwards "
+                                 f"only the fields it checks (GET /openapi.json lists them)",
+                                 param=prefix + str(name), code="unknown_parameter")
 
 
 def check_openai_body(body: dict, endpoint: str) -> None:
