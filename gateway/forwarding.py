@@ -23,11 +23,16 @@ ROUTE_FIELDS = {"chat": OPENAI_FIELDS | {"messages", "top_logprobs"},
                 "completions": OPENAI_FIELDS | {"prompt"}}
 # The engines' own extensions the gateway validates and routes on: SGLang's sampling
 # extensions and grammars (the embedded worker speaks SGLang's surface), vLLM's guided
-# decoding. `custom_params` carries the gateway's k (its steering keys are refused).
-SGLANG_EXTRAS = frozenset({"top_k", "json_schema", "regex", "ebnf", "custom_params"})
+# decoding, both engines' `ignore_eos` (benchmarks). `custom_params` carries the
+# gateway's k (its steering keys are refused); `return_spec_tokens_details` asks SGLang
+# for the speculation counters (the gateway sets it itself).
+SGLANG_EXTRAS = frozenset({"top_k", "ignore_eos", "json_schema", "regex", "ebnf",
+                           "custom_params", "return_spec_tokens_details"})
 ENGINE_EXTRAS = {"sglang": SGLANG_EXTRAS, "embedded": SGLANG_EXTRAS,
-                 "vllm": frozenset({"top_k", "guided_json", "guided_regex", "guided_grammar"}),
+                 "vllm": frozenset({"top_k", "ignore_eos", "guided_json", "guided_regex",
+                                    "guided_grammar"}),
                  "openai": frozenset()}
+BOOLEAN_EXTRAS = ("ignore_eos", "return_spec_tokens_details")
 ANY_ENGINE_EXTRAS = frozenset().union(*ENGINE_EXTRAS.values())
 # SGLang's native `/generate` (GenerateReqInput and SamplingParams, sglang 0.5.23), as
 # gateway/http/sglang_routes.py validates it; `rid` is checked and then replaced by the
@@ -57,6 +62,10 @@ def check_openai_body(body: dict, endpoint: str) -> None:
     for name in ("guided_regex", "guided_grammar"):
         if body.get(name) is not None and not isinstance(body[name], str):
             raise InvalidRequest(f"'{name}' must be a string", param=name,
+                                 code="invalid_value")
+    for name in BOOLEAN_EXTRAS:
+        if body.get(name) is not None and not isinstance(body[name], bool):
+            raise InvalidRequest(f"'{name}' must be a boolean", param=name,
                                  code="invalid_value")
     if body.get("guided_json") is not None and not isinstance(body["guided_json"], str | dict):
         raise InvalidRequest("'guided_json' must be a string or an object",

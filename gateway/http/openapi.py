@@ -67,6 +67,8 @@ COMMON_FIELDS: dict[str, Any] = {
     "custom_params": {"type": "object", "not": {"anyOf": [
         {"required": [key]} for key in STEERING_KEYS]}},
     "top_k": {"type": "integer", "minimum": -1},
+    "ignore_eos": {"type": "boolean"},
+    "return_spec_tokens_details": {"type": "boolean"},
     "json_schema": {"oneOf": [{"type": "string"}, {"type": "object"}]},
     "regex": {"type": "string"},
     "ebnf": {"type": "string"},

@@ -82,12 +82,16 @@ def test_the_worker_gets_known_fields_and_the_tenants_cap(stack: dict) -> None:
     assert response.status_code == 200, response.text
     sent = stats(stack["workers"]["s"])["last_body"]
     assert sent["max_tokens"] == CAP and sent["top_k"] == 5 and sent["seed"] == 3
-    # vLLM's pool gets neither SGLang's grammar extras nor its custom_params
+    # vLLM's pool gets none of SGLang's own extras
     response = post(stack, "/v1/chat/completions",
-                    {**CHAT, "model": "v", "custom_params": {"x": 1}, "top_k": 2})
+                    {**CHAT, "model": "v", "custom_params": {"x": 1}, "top_k": 2,
+                     "ignore_eos": True, "return_spec_tokens_details": True})
     assert response.status_code == 200, response.text
     sent = stats(stack["workers"]["v"])["last_body"]
-    assert "custom_params" not in sent and sent["top_k"] == 2 and sent["max_tokens"] == CAP
+    assert "custom_params" not in sent and "return_spec_tokens_details" not in sent
+    assert sent["top_k"] == 2 and sent["ignore_eos"] is True and sent["max_tokens"] == CAP
+    wrong = post(stack, "/v1/chat/completions", {**CHAT, "ignore_eos": "yes"})
+    assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "ignore_eos"
 
 
 def test_native_generate_gets_the_cap_and_the_gateways_rid(stack: dict) -> None:
