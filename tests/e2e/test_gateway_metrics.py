@@ -88,8 +88,9 @@ def test_every_answer_is_counted_by_route_and_status(stack: dict) -> None:
     with httpx.Client(base_url=url, timeout=10) as client:
         assert client.post(chat, json=body, headers=auth).status_code == 200
         assert client.post(chat, json=body).status_code == 401
-        assert client.post(chat, content=b"{not json", headers=auth).status_code == 400
-        assert client.post(chat, content=b"x" * 4096, headers=auth).status_code == 413
+        typed = {**auth, "Content-Type": "application/json"}
+        assert client.post(chat, content=b"{not json", headers=typed).status_code == 400
+        assert client.post(chat, content=b"x" * 4096, headers=typed).status_code == 413
         broken = {**body, "max_tokens": 7}
         assert client.post(chat, json=broken, headers=auth).status_code == 500
         assert client.get("/v1/models/nope", headers=auth).status_code == 404
