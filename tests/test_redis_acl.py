@@ -12,6 +12,7 @@ import pytest
 import redis
 from conftest import stop_process
 from redis_roles import PASSWORDS, require_redis7, role_url, start_shipped_redis, wait_ready
+from tls_certs import self_signed
 
 from gateway.config import TenantConfig, parse_config
 from gateway.errors import RateLimited
@@ -182,21 +183,12 @@ def test_redis_6_cannot_load_the_users(tmp_path: Path) -> None:
     assert done.returncode != 0 and "%R~" in done.stdout + done.stderr
 
 
-def self_signed(tmp: Path, name: str = "127.0.0.1") -> tuple[Path, Path]:
-    """A self-signed certificate for `name` (an IP address) and its key, by openssl."""
-    cert, key = tmp / f"{name}.crt", tmp / f"{name}.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", f"/CN={name}", "-addext", f"subjectAltName=IP:{name}",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
-    return cert, key
-
-
 async def test_every_role_over_tls(tmp_path: Path) -> None:
     """Redis serving TLS only (`--port 0 --tls-port`): the supervisor registers, the
     gateway finds the worker and flushes telemetry, the controller reads, all through
     `rediss://` URLs naming the CA (`ssl_ca_certs`); plain text and an unknown CA fail."""
     require_redis7()
-    cert, key = self_signed(tmp_path)
+    cert, key = self_signed(tmp_path, "redis")
     proc, port = start_shipped_redis(tmp_path, tls=(
         "--tls-cert-file", str(cert), "--tls-key-file", str(key),
         "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no"))
@@ -226,8 +218,7 @@ async def test_every_role_over_tls(tmp_path: Path) -> None:
             store._client.close()
         with pytest.raises(redis.ConnectionError):
             redis.Redis.from_url(role_url("controller", port), socket_timeout=2).ping()
-        (tmp_path / "other").mkdir()
-        other, _ = self_signed(tmp_path / "other")  # a CA that did not sign Redis's
+        other, _ = self_signed(tmp_path, "other")  # a CA that did not sign Redis's
         with pytest.raises(redis.ConnectionError, match="certificate verify failed"):
             redis.Redis.from_url(role_url("controller", port, "rediss",
                                           f"ssl_ca_certs={other}")).ping()

@@ -5,7 +5,6 @@ client certificates, from the PEM files the config's `picker:` names."""
 from __future__ import annotations
 
 import socket
-import subprocess
 from pathlib import Path
 
 import grpc
@@ -13,6 +12,7 @@ import pytest
 import yaml
 from conftest import free_port, start_process, stop_process
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tls_certs import self_signed
 
 from gateway.config import ConfigError, hash_api_key, parse_config
 from gateway.picker.runtime import PickerServices, build
@@ -26,15 +26,6 @@ RAW = {"server": {"host": "0.0.0.0"},  # the gateway's bind, as the shipped conf
 
 def services(picker: dict | None = None) -> PickerServices:
     return build(parse_config({**RAW, "picker": picker or {}}), policy="static")
-
-
-def self_signed(tmp: Path, name: str) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 (and `name`) and its key, by openssl."""
-    cert, key = tmp / f"{name}.crt", tmp / f"{name}.key"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", f"/CN={name}", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
-    return cert, key
 
 
 async def liveness(channel: grpc.aio.Channel) -> int:
