@@ -136,6 +136,17 @@ class AdmissionConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class PickerConfig:
+    """`specroute picker`'s gRPC listener (gateway/picker/server.py, docs/SECURITY.md)."""
+
+    host: str = "127.0.0.1"  # loopback unless told (or `--host`)
+    unix_socket: str | None = None  # a path: listen there instead of host:port
+    tls_cert_file: str | None = None  # PEM; with tls_key_file, the picker serves TLS
+    tls_key_file: str | None = None
+    tls_client_ca_file: str | None = None  # PEM: clients must show a certificate it signed
+
+
+@dataclass(frozen=True, slots=True)
 class GatewayConfig:
     pools: tuple[PoolConfig, ...]
     server: ServerConfig = field(default_factory=ServerConfig)
@@ -149,6 +160,7 @@ class GatewayConfig:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     admission: AdmissionConfig = field(default_factory=AdmissionConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)  # the learned policy's knobs
+    picker: PickerConfig = field(default_factory=PickerConfig)
 
     @property
     def models(self) -> tuple[str, ...]:
@@ -271,6 +283,15 @@ def _limits(raw: Any, path: str) -> LimitsConfig:
     return limits
 
 
+def _picker(raw: Any, path: str) -> PickerConfig:
+    picker = build(PickerConfig, raw or {}, path)
+    if (picker.tls_cert_file is None) != (picker.tls_key_file is None) or (
+            picker.tls_client_ca_file and not picker.tls_cert_file):
+        raise ConfigError(f"{path}: tls_cert_file and tls_key_file go together "
+                          f"(and tls_client_ca_file needs them)")
+    return picker
+
+
 def _admission(raw: Any, path: str) -> AdmissionConfig:
     admission = build(AdmissionConfig, raw or {}, path)
     for name in ("max_inflight_per_worker", "reserved_slots"):
@@ -318,6 +339,7 @@ def parse_config(raw: Any, base_dir: Path | None = None) -> GatewayConfig:
         "policy": _policy,
         "limits": _limits,
         "admission": _admission,
+        "picker": _picker,
     })
     if not config.pools:
         raise ConfigError("pools: at least one pool is required")

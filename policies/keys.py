@@ -6,6 +6,7 @@ All keys start with `specroute:`; a per-pool key is spelled `specroute:pool:{poo
 aggregate's context string (policies/aggregates.py).
 
     specroute:telemetry                      stream, one entry per finished request
+    specroute:telemetry:batch:{id}           string, a telemetry batch was applied (TTL)
     specroute:agg:{context}                  hash, the context's forward-decayed sums
     specroute:agg:index                      set, every {context}, so readers need no SCAN
     specroute:pool:{pool}:desired_k          string, the k the policy wants on a fixed-k pool
@@ -30,6 +31,7 @@ PREFIX = "specroute:"
 STREAM_KEY = PREFIX + "telemetry"
 AGG_PREFIX = PREFIX + "agg:"
 AGG_INDEX = AGG_PREFIX + "index"
+TELEMETRY_BATCH_PREFIX = STREAM_KEY + ":batch:"
 
 # The worker registry (workers/fleet/registry.py): the set of pool names.
 POOL_INDEX_KEY = PREFIX + "pool:index"
@@ -38,6 +40,12 @@ POOL_INDEX_KEY = PREFIX + "pool:index"
 def agg_key(context: str) -> str:
     """Redis hash: the forward-decayed sums of one context (policies/aggregates.py)."""
     return AGG_PREFIX + context
+
+
+def telemetry_batch_key(batch_id: str) -> str:
+    """Redis string "1", with a TTL: the telemetry batch `batch_id` was applied, so the
+    same batch sent again (its reply lost to a timeout) is not counted twice."""
+    return TELEMETRY_BATCH_PREFIX + batch_id
 
 
 def desired_k_key(pool: str) -> str:

@@ -8,6 +8,7 @@ Redis layout (the keys are policies/keys.py's; see docs/POLICY.md):
 - `AGG_INDEX` — set of the context strings, so readers need no SCAN.
 - `desired_k_key(pool)` — string, the k the policy wants on a fixed-k pool (read by the
   worker supervisor).
+- `telemetry_batch_key(id)` — string with a TTL: the batch `id` was applied.
 
 Design: one daemon thread per store owns the Redis client. `record()` only appends, to
 the in-process aggregates' pending deque and to a bounded send deque: O(1), no lock, no
@@ -18,6 +19,13 @@ second. A thread, not an asyncio task, so the same store serves async gateway co
 sync code (simulator, tests, supervisor) alike. While Redis is down the thread keeps the
 batch (bounded, oldest dropped first) and retries with backoff; readers fall back to the
 local aggregates, which hold everything this process recorded.
+
+Each batch is applied once. A batch gets an id when it is formed and keeps it until Redis
+has answered for it; it is applied by one script (`APPLY_ONCE_LUA`) that first sets the
+batch's mark (`SET NX` with a TTL) and does nothing when the mark exists. A batch whose
+reply was lost (a timeout after Redis applied it) is sent again with the same id, and is
+then not counted twice. A batch Redis refuses part of (an error reply) is not retried
+past its mark either: at most once, never twice.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,10 +58,29 @@ from policies.keys import (
     STREAM_KEY,
     agg_key,
     desired_k_key,
+    telemetry_batch_key,
 )
 from policies.types import RequestRecord
 
 log = logging.getLogger(__name__)
+
+# KEYS[1]: the batch's mark; ARGV[1]: the mark's TTL in seconds; then every command of
+# the batch as its argument count followed by its arguments. 1: applied; 0: applied before.
+APPLY_ONCE_LUA = """
+if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then
+    return 0
+end
+local i = 2
+while i <= #ARGV do
+    local n = tonumber(ARGV[i])
+    redis.call(unpack(ARGV, i + 1, i + n))
+    i = i + n + 1
+end
+return 1
+"""
+
+Arg = str | bytes | int | float
+Command = tuple[Arg, ...]
 
 
 class Telemetry(Protocol):
@@ -80,6 +108,30 @@ class TelemetryConfig:
     buffer_max: int = 50_000  # records held while Redis is unreachable
     stale_after_s: float = 5.0  # remote view older than this -> use local aggregates
     socket_timeout_s: float = 0.5
+    batch_mark_ttl_s: int = 3600  # how long a sent batch is remembered (deduplicated)
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Records and desired k sent to Redis together, under one id (module docstring)."""
+
+    id: str
+    records: list[RequestRecord]
+    desired: dict[str, int]
+
+    @classmethod
+    def of(cls, records: list[RequestRecord], desired: dict[str, int]) -> Batch:
+        return cls(uuid.uuid4().hex, records, desired)
+
+
+def apply_once_args(batch: Batch, ttl_s: int, commands: list[Command]) -> list[Arg]:
+    """The key and arguments of `APPLY_ONCE_LUA`: the batch's mark, its TTL, then each
+    command prefixed by its length."""
+    args: list[Arg] = [telemetry_batch_key(batch.id), ttl_s]
+    for cmd in commands:
+        args.append(len(cmd))
+        args.extend(cmd)
+    return args
 
 
 class LocalTelemetry:
@@ -121,6 +173,7 @@ class TelemetryStore:
             socket_connect_timeout=self.config.socket_timeout_s)
         self._local = PendingAggregates(self.config.tau_s)
         self._queue: deque[RequestRecord] = deque(maxlen=self.config.buffer_max)
+        self._unsent: Batch | None = None  # sent without an answer: sent again, same id
         self._desired: dict[str, int] = {}
         self._desired_dirty: set[str] = set()
         self._remote: dict[str, dict[str, float]] = {}
@@ -131,6 +184,7 @@ class TelemetryStore:
         self.flushed = 0
         self.dropped = 0
         self.redis_errors = 0
+        self.replayed = 0  # batches Redis had applied already (their reply was lost)
 
     # -- request path -------------------------------------------------------------------
     def record(self, rec: RequestRecord) -> None:
@@ -163,7 +217,7 @@ class TelemetryStore:
 
     @property
     def pending(self) -> int:
-        return len(self._queue)
+        return len(self._queue) + (len(self._unsent.records) if self._unsent else 0)
 
     @property
     def remote_fresh(self) -> bool:
@@ -183,7 +237,7 @@ class TelemetryStore:
         if self._thread is None:
             return
         deadline = time.monotonic() + flush_timeout_s
-        while self._queue and time.monotonic() < deadline and self._thread.is_alive():
+        while self.pending and time.monotonic() < deadline and self._thread.is_alive():
             self._wake.set()
             time.sleep(0.02)
         self._stopping.set()
@@ -212,35 +266,41 @@ class TelemetryStore:
                 log.debug("telemetry: redis unavailable (%s); retrying in %.1fs", exc, backoff)
 
     def _flush(self) -> None:
-        while self._queue or self._desired_dirty:
-            batch = [self._queue.popleft()
-                     for _ in range(min(len(self._queue), self.config.batch_size))]
-            desired = {pool: self._desired[pool] for pool in list(self._desired_dirty)}
-            try:
-                self._write(batch, desired)
-            except redis.RedisError:
-                self._queue.extendleft(reversed(batch))  # keep order; deque bound drops newest
-                raise
-            self._desired_dirty.difference_update(desired)
-            self.flushed += len(batch)
+        while self._unsent is not None or self._queue or self._desired_dirty:
+            if self._unsent is None:
+                records = [self._queue.popleft()
+                           for _ in range(min(len(self._queue), self.config.batch_size))]
+                desired = {pool: self._desired[pool] for pool in list(self._desired_dirty)}
+                self._desired_dirty.difference_update(desired)
+                self._unsent = Batch.of(records, desired)
+            batch = self._unsent
+            self._write(batch)  # on an error the batch stays unsent: sent again, same id
+            self._unsent = None
+            self.flushed += len(batch.records)
 
-    def _write(self, batch: list[RequestRecord], desired: dict[str, int]) -> None:
+    def _write(self, batch: Batch) -> None:
+        """Apply the batch in Redis once (`APPLY_ONCE_LUA`)."""
+        args = apply_once_args(batch, self.config.batch_mark_ttl_s, self._commands(batch))
+        if not self._client.eval(APPLY_ONCE_LUA, 1, *args):
+            self.replayed += 1
+
+    def _commands(self, batch: Batch) -> list[Command]:
+        """The batch's writes, one request at a time."""
         tau = self.config.tau_s
-        pipe = self._client.pipeline(transaction=False)
-        for rec in batch:
-            pipe.xadd(STREAM_KEY, {"r": orjson.dumps(rec.to_dict())},
-                      maxlen=self.config.stream_maxlen, approximate=True)
+        out: list[Command] = []
+        for rec in batch.records:
+            out.append(("XADD", STREAM_KEY, "MAXLEN", "~", self.config.stream_maxlen, "*",
+                        "r", orjson.dumps(rec.to_dict())))
             if not teaches(rec):
                 continue
             context = ContextKey.of(rec).encode()
             key = agg_key(context)
             for name, inc in forward_increments(record_values(rec), rec.timestamp, tau).items():
-                pipe.hincrbyfloat(key, name, inc)
-            pipe.hdel(key, *stale_fields(rec.timestamp, tau))
-            pipe.sadd(AGG_INDEX, context)
-        for pool, k in desired.items():
-            pipe.set(desired_k_key(pool), k)
-        pipe.execute()
+                out.append(("HINCRBYFLOAT", key, name, inc))
+            out.append(("HDEL", key, *stale_fields(rec.timestamp, tau)))
+            out.append(("SADD", AGG_INDEX, context))
+        out.extend(("SET", desired_k_key(pool), k) for pool, k in batch.desired.items())
+        return out
 
     def _refresh(self) -> None:
         contexts = sorted(c.decode() for c in self._client.smembers(AGG_INDEX))  # type: ignore[union-attr]

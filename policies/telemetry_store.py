@@ -16,6 +16,8 @@ timestamps in order (they are: records are stamped when they finish) deleting af
 batch's increments removes exactly what the one-by-one writes would have. Floating-point
 sums may differ in the last bits. A stream entry is `orjson.dumps(record)`, the same
 bytes as `orjson.dumps(record.to_dict())` (`dataclasses.asdict`) without the copy.
+The batch goes to Redis as the arguments of one `APPLY_ONCE_LUA` call, as in the base
+store, so it is applied once however often it is sent.
 """
 
 from __future__ import annotations
@@ -30,8 +32,7 @@ from policies.aggregates import (
     teaches,
 )
 from policies.keys import AGG_INDEX, AGG_PREFIX, STREAM_KEY, desired_k_key
-from policies.telemetry import TelemetryStore
-from policies.types import RequestRecord
+from policies.telemetry import APPLY_ONCE_LUA, Batch, Command, TelemetryStore, apply_once_args
 
 
 def command(*args: bytes) -> bytes:
@@ -42,16 +43,24 @@ def command(*args: bytes) -> bytes:
 class CoalescingTelemetryStore(TelemetryStore):
     """`TelemetryStore` whose batch write sends one increment per (context, field)."""
 
-    def _write(self, batch: list[RequestRecord], desired: dict[str, int]) -> None:
+    def _write(self, batch: Batch) -> None:
+        args = apply_once_args(batch, self.config.batch_mark_ttl_s, self._commands(batch))
+        script = (b"EVAL", APPLY_ONCE_LUA.encode(), b"1")
+        if not self._send(command(*script, *(a if isinstance(a, bytes) else str(a).encode()
+                                             for a in args))):
+            self.replayed += 1
+
+    def _commands(self, batch: Batch) -> list[Command]:
+        """The batch's writes, increments summed per (context, field)."""
         tau = self.config.tau_s
         xadd = (b"XADD", STREAM_KEY.encode(), b"MAXLEN", b"~",
                 str(self.config.stream_maxlen).encode(), b"*", b"r")
-        commands: list[bytes] = []
+        commands: list[Command] = []
         sums: dict[str, dict[str, float]] = {}
         stale: dict[str, dict[str, None]] = {}  # per context, ordered and unique
-        for rec in batch:
+        for rec in batch.records:
             # orjson writes the dataclass itself as `asdict` would, without the deep copy
-            commands.append(command(*xadd, orjson.dumps(rec)))
+            commands.append((*xadd, orjson.dumps(rec)))
             if not teaches(rec):
                 continue
             context = ContextKey.of(rec).encode()
@@ -65,23 +74,23 @@ class CoalescingTelemetryStore(TelemetryStore):
             stale[context].update(dict.fromkeys(stale_fields(rec.timestamp, tau)))
         for context, fields in sums.items():
             key = (AGG_PREFIX + context).encode()
-            commands.extend(command(b"HINCRBYFLOAT", key, name.encode(), repr(inc).encode())
+            commands.extend((b"HINCRBYFLOAT", key, name.encode(), repr(inc).encode())
                             for name, inc in fields.items())
-            commands.append(command(b"HDEL", key, *(name.encode() for name in stale[context])))
-            commands.append(command(b"SADD", AGG_INDEX.encode(), context.encode()))
-        for pool, k in desired.items():
-            commands.append(command(b"SET", desired_k_key(pool).encode(), str(k).encode()))
-        self._send(commands)
+            commands.append((b"HDEL", key, *(name.encode() for name in stale[context])))
+            commands.append((b"SADD", AGG_INDEX.encode(), context.encode()))
+        for pool, k in batch.desired.items():
+            commands.append((b"SET", desired_k_key(pool).encode(), str(k).encode()))
+        return commands
 
-    def _send(self, commands: list[bytes]) -> None:
+    def _send(self, packed: bytes) -> object:
+        """One packed command on a connection of the client's pool; its reply."""
         pool = self._client.connection_pool
         connection = pool.get_connection()
         try:
-            connection.send_packed_command([b"".join(commands)])
-            for _ in commands:
-                connection.read_response()
+            connection.send_packed_command([packed])
+            return connection.read_response()
         except BaseException:
-            connection.disconnect()  # replies may be left unread: never reuse it
+            connection.disconnect()  # its reply may still come: never reuse it
             raise
         finally:
             pool.release(connection)

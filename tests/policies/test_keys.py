@@ -54,6 +54,7 @@ def documented_forms() -> set[str]:
     """Every key as the docs write it: placeholders in braces."""
     return {
         keys.STREAM_KEY, keys.AGG_INDEX, keys.POOL_INDEX_KEY, keys.agg_key("{context}"),
+        keys.telemetry_batch_key("{id}"),
         keys.desired_k_key("{pool}"), keys.pool_workers_key("{pool}"),
         keys.worker_key("{pool}", "{url}"), keys.draining_key("{pool}", "{url}"),
         keys.desired_fleet_key("{model}"), keys.fleet_move_key("{model}"),

@@ -12,7 +12,7 @@ import redis
 
 from policies.aggregates import DECAY_TAU_S, ERA_TAUS
 from policies.keys import AGG_INDEX, AGG_PREFIX, STREAM_KEY, desired_k_key
-from policies.telemetry import TelemetryStore
+from policies.telemetry import Batch, TelemetryStore
 from policies.telemetry_store import CoalescingTelemetryStore
 from policies.types import RequestRecord
 
@@ -49,7 +49,7 @@ def test_same_aggregates_as_one_by_one(redis_url: str, batch: int) -> None:
         client.flushdb()
         store = store_type(redis_url)
         for i in range(0, len(records), batch):
-            store._write([replace(r) for r in records[i:i + batch]], {"eagle": 3})
+            store._write(Batch.of([replace(r) for r in records[i:i + batch]], {"eagle": 3}))
         states.append(_state(client))
         assert client.get(desired_k_key("eagle")) == b"3"
         store._client.close()
@@ -66,27 +66,20 @@ def test_same_aggregates_as_one_by_one(redis_url: str, batch: int) -> None:
 
 def test_one_increment_per_context_and_field(redis_url: str) -> None:
     store = CoalescingTelemetryStore(redis_url)
-    sent: list[int] = []
-    send = store._send
-
-    def counting(commands: list[bytes]) -> None:
-        sent.append(len(commands))
-        send(commands)
-
-    store._send = counting  # type: ignore[method-assign]
     now = time.time()
     records = [replace(r, timestamp=now, task="chat", load=0) for r in _records(now)[:30]]
-    store._write(records, {})
+    batch = Batch.of(records, {})
+    commands = store._commands(batch)
+    store._write(batch)
     fields = len(store._client.hgetall(AGG_PREFIX + store._client.smembers(AGG_INDEX).pop()
                                        .decode()))
-    assert sent == [30 + fields + 2]  # an entry each, then per field, one HDEL, one SADD
+    assert len(commands) == 30 + fields + 2  # an entry each, then per field, one HDEL, one SADD
     store._client.close()
 
 
 def test_an_error_reply_fails_the_batch_and_drops_the_connection(redis_url: str) -> None:
-    """A key of the wrong type makes Redis answer one command with an error: the write
-    raises (the store retries the batch whole) and the next write, on a fresh
-    connection, reads its own replies, not the failed batch's leftovers."""
+    """A key of the wrong type makes one command of the batch fail: the write raises,
+    and the next write, on a fresh connection, reads its own reply."""
     client = redis.Redis.from_url(redis_url)
     client.flushdb()
     store = CoalescingTelemetryStore(redis_url)
@@ -94,9 +87,9 @@ def test_an_error_reply_fails_the_batch_and_drops_the_connection(redis_url: str)
     records = [replace(r, timestamp=now, task="chat", load=0) for r in _records(now)[:5]]
     client.set(STREAM_KEY, "not a stream")  # every XADD answers WRONGTYPE, the first raises
     with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
-        store._write(records, {})
+        store._write(Batch.of(records, {}))
     client.delete(STREAM_KEY)
-    store._write(records, {"eagle": 4})
+    store._write(Batch.of(records, {"eagle": 4}))
     assert client.get(desired_k_key("eagle")) == b"4"
     assert client.scard(AGG_INDEX) == 1 and client.xlen(STREAM_KEY) == 5
     store._client.close()
