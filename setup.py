@@ -15,7 +15,7 @@ import runpy
 import sys
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
@@ -48,8 +48,13 @@ def hot_extensions() -> list:
 
 
 class BuildHot(build_ext):
-    """setuptools' build_ext, then the manifest of what was compiled from which source
-    (`gateway.compiled.stale` reads it)."""
+    """setuptools' build_ext on the extensions mypyc makes, asked for only when building
+    (not each time pip reads the metadata), then the manifest of what was compiled from
+    which source (`gateway.compiled.stale` reads it)."""
+
+    def finalize_options(self) -> None:
+        self.distribution.ext_modules = hot_extensions()
+        super().finalize_options()
 
     def run(self) -> None:
         super().run()
@@ -62,4 +67,6 @@ class BuildHot(build_ext):
         say(f"{len(built)} of {len(HOT['COMPILED'])} hot modules compiled")
 
 
-setup(ext_modules=hot_extensions(), cmdclass={"build_ext": BuildHot})
+# a stand-in that makes setuptools run build_ext (and tag the wheel for this platform)
+setup(ext_modules=[Extension("specroute_hot__mypyc", sources=[])],
+      cmdclass={"build_ext": BuildHot})
