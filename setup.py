@@ -38,7 +38,7 @@ def hot_extensions() -> list:
     os.chdir(ROOT)  # mypyc names modules by their paths from the project root
     try:
         extensions = mypycify(list(HOT["COMPILED"]), opt_level="3",
-                              group_name="specroute_hot", target_dir="build/mypyc")
+                              group_name="hotpath", target_dir="build/mypyc")
     except (Exception, SystemExit) as exc:  # mypyc exits on a module it cannot compile
         say(f"mypyc failed ({exc!r}): the hot path stays pure Python")
         return []
@@ -68,5 +68,5 @@ class BuildHot(build_ext):
 
 
 # a stand-in that makes setuptools run build_ext (and tag the wheel for this platform)
-setup(ext_modules=[Extension("specroute_hot__mypyc", sources=[])],
+setup(ext_modules=[Extension("hotpath__mypyc", sources=[])],
       cmdclass={"build_ext": BuildHot})
