@@ -6,6 +6,7 @@ imports every listed module from its `.py` (a path finder ahead of the extension
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -13,7 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from gateway.compiled import COMPILED, ROOT, extension_path, module_name, stale, summary
+from gateway.compiled import (
+    COMPILED,
+    ROOT,
+    extension_path,
+    log_start,
+    module_name,
+    stale,
+    summary,
+)
 
 BODIES = [
     {"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.3,
@@ -118,3 +127,11 @@ def test_every_listed_module_exists_and_the_summary_names_the_build() -> None:
     compiled = [p for p in COMPILED if extension_path(module_name(p)) is not None]
     assert ("compiled with mypyc" in line) == bool(compiled)
     assert Path(ROOT / "setup.py").read_text().count("gateway/compiled.py") >= 1
+
+
+def test_the_start_line_says_which_build_runs(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="specroute.gateway"):
+        log_start(logging.getLogger("specroute.gateway"))
+    [record] = caplog.records
+    assert record.getMessage() == summary()[1]
+    assert record.getMessage().startswith("hot path: ")
