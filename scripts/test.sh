@@ -8,6 +8,15 @@ cd "$(dirname "$0")/.."
 # CUDA) build from the index: CI gets the CPU wheel of 2.13.0 from the machine's wheel
 # folder; an environment that already has a torch keeps it.
 python -c 'import torch' 2>/dev/null || python -m pip install --quiet 'torch==2.13.0'
+# The editable install also compiles the hot path in place (setup.py: the modules of
+# gateway/compiled.py, with mypyc), so the suite runs the compiled build, and
+# tests/test_compiled.py checks it is there and answers as the pure Python does.
+# SPECROUTE_NO_COMPILE=1 runs the suite on the pure-Python modules instead.
+if [ "${SPECROUTE_NO_COMPILE:-0}" = 1 ]; then
+    find gateway policies -name '*.cpython-*.so' -delete && rm -f ./*__mypyc.*.so
+else
+    export SPECROUTE_REQUIRE_COMPILED=1
+fi
 python -m pip install --quiet -e '.[embedded,test]'
 # the offline distribution (benchmarks, simulator, training) that the tests also cover
 python -m pip install --quiet --no-deps -e ./bench

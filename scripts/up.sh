@@ -9,5 +9,7 @@ cd "$(dirname "$0")/.."
 # from PyPI, its default build). Without a GPU, a CPU build is enough and much smaller:
 #   pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 python -c 'import torch' 2>/dev/null || python -m pip install --quiet 'torch==2.13.0'
+# compiles the hot path in place too (setup.py; SPECROUTE_NO_COMPILE=1 keeps pure Python);
+# the gateway says at start which build runs
 python -m pip install --quiet -e '.[embedded]'
 exec specroute up "$@"

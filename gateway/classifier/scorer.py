@@ -4,8 +4,9 @@ Training (`bench.training.classifier.train`, scikit-learn) calls `features()`; i
 (here) computes the same set of known features without building their strings, so the
 two cannot drift apart (a test compares the scores with sklearn's). The shipped model is
 a vocabulary plus a weight matrix in a `.npz` file (no pickle); at load the weights
-become one Python list per class, so scoring a prompt is a dict lookup per feature and a
-C-speed sum per class: no array per request (docs/CLASSIFIER.md, "Latency").
+become one number per row, so scoring a prompt is a dict lookup per feature and one
+C-speed sum: one sparse dot product, no array and no Python loop per token
+(docs/CLASSIFIER.md, "Latency"; docs/PERFORMANCE.md).
 
 Features are binary: lowercased words (ASCII punctuation turned into spaces, then split
 on whitespace), their bigrams, and punctuation/layout markers found by substring tests
@@ -18,6 +19,7 @@ of the text is read: the first `HEAD_CHARS` and the last `TAIL_CHARS` characters
 from __future__ import annotations
 
 import math
+import string
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,7 +38,11 @@ _PUNCTUATION = "!\"#$%&'()*+,-./:;<=>?@[\\]^`{|}~"
 _PUNCT_TO_SPACE = str.maketrans(dict.fromkeys(_PUNCTUATION, " "))
 # ASCII text takes a bytes path: `bytes.translate` is a table lookup per byte in C,
 # `str.translate` a dict lookup per character.
-_PUNCT_TO_SPACE_BYTES = bytes.maketrans(_PUNCTUATION.encode(), b" " * len(_PUNCTUATION))
+# One table lowercases and blanks punctuation; it also blanks the separators \x1c-\x1f,
+# which `str.split` splits on and `bytes.split` does not.
+_WORD_BYTES = bytes.maketrans(
+    string.ascii_uppercase.encode() + _PUNCTUATION.encode() + bytes(range(0x1C, 0x20)),
+    string.ascii_lowercase.encode() + b" " * (len(_PUNCTUATION) + 4))
 # (name, needles): present when any needle occurs. Single characters are looked up in
 # the text's character set; longer needles are searched only when their first
 # character occurs at all, so prose pays a set build and a few lookups.
@@ -83,10 +89,9 @@ def window(text: str) -> str:
 
 def words(text: str) -> list[str]:
     """Lowercased words of an already windowed text."""
-    lower = text.lower()
-    if lower.isascii():  # decoded before the split: `str.split` knows more whitespace
-        return lower.encode().translate(_PUNCT_TO_SPACE_BYTES).decode().split()
-    return lower.translate(_PUNCT_TO_SPACE).split()
+    if text.isascii():
+        return text.encode().translate(_WORD_BYTES).decode().split()
+    return text.lower().translate(_PUNCT_TO_SPACE).split()
 
 
 def marks(text: str) -> list[str]:
@@ -127,10 +132,13 @@ class LinearTextModel:
     bias: np.ndarray  # (C,) float32
     vocabulary: dict[str, int] = field(init=False, repr=False)  # name -> row, for lookup
     # The scorer's precomputed form (plain Python, so scoring a prompt allocates no
-    # arrays): unigram and shape name -> row, (token, token) -> row for bigrams (no
-    # joined string per pair), and one list of floats per class (column of `weights`).
+    # arrays): word -> row, (word, word) -> row for bigrams (no joined string per pair),
+    # the marker needles with their rows, and each row's weights as one number (`_rows`).
     _unigrams: dict[str, int] = field(init=False, repr=False)
     _bigrams: dict[tuple[str, str], int] = field(init=False, repr=False)
+    _char_rows: tuple[tuple[str, int], ...] = field(init=False, repr=False)
+    _long_rows: tuple[tuple[str, int], ...] = field(init=False, repr=False)
+    _rows: list[complex] = field(init=False, repr=False)
     _columns: tuple[list[float], ...] = field(init=False, repr=False)
     _bias: tuple[float, ...] = field(init=False, repr=False)
 
@@ -142,35 +150,60 @@ class LinearTextModel:
         vocabulary = {n: i for i, n in enumerate(self.names)}
         unigrams = {n: i for n, i in vocabulary.items() if " " not in n}
         bigrams = {tuple(n.split(" ")): i for n, i in vocabulary.items() if " " in n}
-        object.__setattr__(self, "vocabulary", vocabulary)
-        object.__setattr__(self, "_unigrams", unigrams)
-        object.__setattr__(self, "_bigrams", bigrams)
-        object.__setattr__(self, "_columns", tuple(self.weights.T.astype(float).tolist()))
-        object.__setattr__(self, "_bias", tuple(self.bias.astype(float).tolist()))
+        weights = self.weights.astype(float)
+        # Softmax reads only differences of logits, so with up to three classes a row's
+        # weights are one complex number, (w1 - w0) + (w2 - w0)j: one `sum` over the
+        # known rows scores every class (more classes: one sum per class, `_columns`).
+        rows: list[complex] = []
+        if len(self.classes) <= 3:
+            spread = np.zeros((len(self.names), 3))
+            spread[:, 1:len(self.classes)] = weights[:, 1:] - weights[:, :1]
+            rows = (spread[:, 1] + 1j * spread[:, 2]).tolist()
+        set_ = object.__setattr__
+        set_(self, "vocabulary", vocabulary)
+        set_(self, "_unigrams", unigrams)
+        set_(self, "_bigrams", bigrams)
+        set_(self, "_char_rows", tuple((c, vocabulary[name]) for c, name in _CHAR_NEEDLES
+                                       if name in vocabulary))
+        set_(self, "_long_rows", tuple((n, vocabulary[name]) for n, name in _LONG_NEEDLES
+                                       if name in vocabulary))
+        set_(self, "_rows", rows)
+        set_(self, "_columns", tuple(weights.T.tolist()))
+        set_(self, "_bias", tuple(self.bias.astype(float).tolist()))
 
     def known_rows(self, text: str) -> set[int]:
         """Rows of the distinct known features of `text`: the same set as looking up
-        every `features(text)` string in `vocabulary`, without building bigram strings."""
+        every `features(text)` string in `vocabulary`, without building bigram strings
+        or marker names."""
         text = window(text)
         tokens = words(text)
         rows = set(map(self._unigrams.get, tokens))
         rows.update(map(self._bigrams.get, zip(tokens, tokens[1:], strict=False)))
-        rows.update(map(self._unigrams.get, marks(text)))
         rows.discard(None)  # type: ignore[arg-type]
+        chars = set(text.encode().translate(None, _NOT_MARK_BYTES).decode()) \
+            if text.isascii() else set(text)  # as in `marks`
+        rows.update([row for char, row in self._char_rows if char in chars])
+        rows.update([row for needle, row in self._long_rows
+                     if needle[0] in chars and needle in text])
         return rows  # type: ignore[return-value]
 
-    def predict(self, text: str, explain: int = 3) -> Prediction:
-        """Most likely class, its probability and the features that argued for it.
+    def logits(self, rows: set[int]) -> list[float]:
+        """Class scores of a row set, up to a constant shared by every class (what
+        softmax ignores): bias + the rows' weights summed, times 1/sqrt(len(rows))."""
+        if not rows:
+            return list(self._bias)
+        scale = 1.0 / math.sqrt(len(rows))
+        if self._rows:
+            total = sum(map(self._rows.__getitem__, rows))
+            diff = (0.0, total.real * scale, total.imag * scale)
+            return [b - self._bias[0] + d for b, d in zip(self._bias, diff, strict=False)]
+        return [sum(map(col.__getitem__, rows)) * scale + b
+                for col, b in zip(self._columns, self._bias, strict=True)]
 
-        Sums each class's weights over the known rows (`map` over a list: C-speed, no
-        array per request), scales by 1/sqrt(n), adds the bias, softmax."""
+    def predict(self, text: str, explain: int = 3) -> Prediction:
+        """Most likely class, its probability and the features that argued for it."""
         rows = self.known_rows(text)
-        if rows:
-            scale = 1.0 / math.sqrt(len(rows))
-            logits = [sum(map(col.__getitem__, rows)) * scale + b
-                      for col, b in zip(self._columns, self._bias, strict=True)]
-        else:
-            logits = list(self._bias)
+        logits = self.logits(rows)
         top_logit = max(logits)
         scores = [math.exp(x - top_logit) for x in logits]
         best = scores.index(1.0) if 1.0 in scores else scores.index(max(scores))

@@ -29,6 +29,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from gateway.compiled import log_start
 from gateway.config import ConfigError, GatewayConfig, ServerConfig, load_config, with_environment
 from gateway.http.app import GatewayApp, create_app
 from gateway.http.hosts import HostAllowlist
@@ -174,6 +175,7 @@ def serve(config_path: str, host: str | None = None, port: int | None = None,
         print(f"specroute gateway: {refusal}", file=sys.stderr)
         return 2
     _logging(config)
+    log_start(logging.getLogger("specroute.gateway"))  # compiled hot path, or pure Python
     bind: dict[str, Any] = {"host": host, "port": config.server.port if port is None else port}
     if workers == 1:
         app = create_app(config, policy=policy, config_path=config_path)
