@@ -113,10 +113,12 @@ def _shown(evaluation: Evaluation) -> list[PolicyResult]:
                    key=lambda r: -r.mean_tokens_per_s)
     head = [results[n] for n in ("adaptive", "adaptive-no-relaunch", "adaptive-observed-mix",
                                  "adaptive-split", "static-rule", "oracle", "oracle-launch-k",
-                                 "oracle-configured", "ceiling-launched", "ceiling")
+                                 "oracle-configured", "oracle-request", "ceiling-launched",
+                                 "ceiling")
             if n in results]
     tail = [results[n] for n in ("sglang-adaptive", "sglang-adaptive-tuned", "shard-adaptive",
-                                 "vllm-table", "rules", "plain") if n in results]
+                                 "vllm-table", "vllm-table-tuned", "vllm-adaptive-verification",
+                                 "rules", "plain") if n in results]
     return head + fixed[:5] + tail
 
 
