@@ -1,5 +1,5 @@
 """One core per worker for `bench live` (bench/live/fleets.py's docstring says why): how
-many a fleet needs, and pinning a stack's processes (every thread) by their session."""
+many a fleet needs, and pinning a stack's processes (every thread) found by parent."""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ def available_cores() -> list[int]:
     return sorted(os.sched_getaffinity(0))
 
 
-def session_pids(session: int) -> list[int]:
-    """Processes of a session (a stack started with `start_new_session`: its pid)."""
-    out = []
+def descendant_pids(root: int) -> list[int]:
+    """`root` and every process below it (a stack: `specroute up` and what it spawned,
+    each child in a session of its own, so found by parent, not by session)."""
+    children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -27,9 +28,13 @@ def session_pids(session: int) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        fields = stat.rsplit(")", 1)[1].split()  # state ppid pgrp session ...
-        if int(fields[3]) == session:
-            out.append(int(entry.name))
+        parent = int(stat.rsplit(")", 1)[1].split()[1])  # state ppid ...
+        children.setdefault(parent, []).append(int(entry.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
     return sorted(out)
 
 

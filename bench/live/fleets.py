@@ -47,7 +47,7 @@ import httpx
 import redis
 import yaml
 
-from bench.live.cores import is_worker, pin, session_pids
+from bench.live.cores import descendant_pids, is_worker, pin
 from bench.live.prompts import Item
 from policies.keys import STREAM_KEY
 from policies.methods import default_k
@@ -255,7 +255,7 @@ class Stack:
         """Each embedded worker on a core of its own (`cores` in order), the stack's other
         processes on the cores left; {worker pid: core}. Needs `len(cores)` above the
         workers' count."""
-        pids = session_pids(self.proc.pid)
+        pids = descendant_pids(self.proc.pid)
         workers = [pid for pid in pids if is_worker(pid)]
         if len(workers) != len(self.fleet.methods) or len(cores) <= len(workers):
             raise RuntimeError(f"fleet {self.fleet.name}: {len(workers)} workers found for "
