@@ -32,6 +32,7 @@ from bench.sim.launch import (
     benchmark,
     launched,
     observed_mix,
+    table_method,
     tuned_schedule,
     tuned_tiers,
     verification_k,
@@ -123,7 +124,8 @@ def engine_baselines(config: SimConfig, scenario: Scenario) -> dict[str, EngineR
     SGLang's adaptive mode supports): SGLang's adaptive speculation at its default tiers
     and with candidates tuned from the launch benchmark (bench/sim/launch.py
     `tuned_tiers`), vLLM's batch-size schedule (an operator's and one read off the same
-    benchmark, `tuned_schedule`), vLLM's adaptive verification at the k the benchmark
+    benchmark, `tuned_schedule`, for the method the benchmark favours, `table_method`),
+    vLLM's adaptive verification at the k the benchmark
     favours (`verification_k`), and strategy (a), the same SGLang fleet behind
     speculation-aware sharding. Each runs under the scenario's engine law: vLLM's
     designs on the SGLang fleet are those designs in SGLang's world, not SGLang's."""
@@ -145,8 +147,9 @@ def engine_baselines(config: SimConfig, scenario: Scenario) -> dict[str, EngineR
                                lambda: SGLangAdaptive(SGLANG_INITIAL_STEPS, tiers), step_law)
 
     def table_tuned(requests: list[SimRequest]) -> list[Outcome]:
-        schedule = tuned_schedule(bench(), chain)
-        return simulate_engine(requests, config, chain, lambda: BatchSchedule(schedule),
+        method = table_method(bench())
+        schedule = tuned_schedule(bench(), method)
+        return simulate_engine(requests, config, method, lambda: BatchSchedule(schedule),
                                step_law)
 
     def verification(requests: list[SimRequest]) -> list[Outcome]:
@@ -442,7 +445,8 @@ def oracle_launched(results: dict[str, PolicyResult], best_fixed: PolicyResult) 
 def vllm_baselines(scenario: Scenario, config: SimConfig, results: dict[str, PolicyResult],
                    best_fixed: PolicyResult) -> dict:
     """vLLM's adaptive verification at the k the launch benchmark favours, and vLLM's
-    batch table read off the same benchmark (the operator's table beside it), against
+    batch table read off the same benchmark for the method it favours (the operator's
+    EAGLE table beside it), against
     the best homogeneous fleet, the per-request oracle and `adaptive`."""
     bench = benchmark(scenario, config.world, config.seed, config.base_step_s)
     chain = scenario.chain_method
@@ -454,7 +458,8 @@ def vllm_baselines(scenario: Scenario, config: SimConfig, results: dict[str, Pol
             "adaptive_vs_verification": ratios(results["adaptive"], av),
             "request_oracle_vs_best_homogeneous": ratios(request_oracle, best_fixed),
             "table_tuned": {
-                "schedule": [list(r) for r in tuned_schedule(bench, chain)],
+                "method": table_method(bench),
+                "schedule": [list(r) for r in tuned_schedule(bench, table_method(bench))],
                 "vs_best_homogeneous": ratios(tuned, best_fixed),
                 "operator_vs_best_homogeneous": ratios(results["vllm-table"], best_fixed),
                 "adaptive_vs_tuned": ratios(results["adaptive"], tuned)}}

@@ -137,6 +137,18 @@ def tuned_schedule(bench: list[Benchmarked], method: str, mix: Mix | None = None
     return tuple(ranges)
 
 
+def table_method(bench: list[Benchmarked], mix: Mix | None = None, batch: float = BATCH
+                 ) -> str:
+    """The method a vLLM operator tuning a batch table from the benchmark would run: the
+    one whose best k gives the most tokens/s over `mix` at `batch` (a table sets k, the
+    method is the server's; vLLM's table takes any method)."""
+    demand = dict(mix) if mix is not None else even_mix()
+    best = max((b for b in bench if b.k > 0),
+               key=lambda b: sum(share * b.tokens_per_s(cls, batch)
+                                 for cls, share in demand.items()))
+    return best.method
+
+
 def verification_k(bench: list[Benchmarked], method: str, mix: Mix | None = None,
                    batch: float = BATCH) -> int:
     """`num_speculative_tokens` for vLLM's adaptive verification, read off the benchmark:

@@ -11,7 +11,13 @@ import pytest
 from bench.sim.baselines import EditRule, Oracle
 from bench.sim.engine_fleet import AdaptiveVerification, BatchSchedule, FixedK, simulate_engine
 from bench.sim.evaluation import ceiling_fleet, summarize
-from bench.sim.launch import benchmark, favoured_k, tuned_schedule, verification_k
+from bench.sim.launch import (
+    benchmark,
+    favoured_k,
+    table_method,
+    tuned_schedule,
+    verification_k,
+)
 from bench.sim.scenarios import SCENARIOS
 from bench.sim.simulator import TRAINED_DRAFTERS, SimConfig, default_phases, simulate, workload
 from bench.sim.steplaw import LOAD_ROWS, STEPPED, law, rms_log_residual, speedup
@@ -78,6 +84,11 @@ def test_the_tuned_batch_table_picks_the_k_the_benchmark_favours() -> None:
                   for c in configs}
         assert scores[want] == pytest.approx(max(scores.values()), rel=0.02)
     assert verification_k(bench, "eagle3") == favoured_k(bench, "eagle3", 8, plain=False) > 0
+    # the table's method: the benchmark's best configuration at the plan's batch of 8
+    method = table_method(bench)
+    best = max((c for c in bench if c.k > 0),
+               key=lambda c: np.mean([c.tokens_per_s(cls, 8) for cls in c.accept_length]))
+    assert method == best.method
 
 
 def test_the_refitted_step_law_keeps_small_k_above_plain_at_small_batch() -> None:
