@@ -14,6 +14,17 @@ in blocks of 2c consecutive prompts, each block to every configuration of every 
 an order drawn afresh per block, one block at a time, so the machine's drift hits every
 configuration alike. vLLM fleets (~5 GB a server) run one after another in a random
 order per replicate, blocks shuffled within the fleet.
+
+One core per worker (issue 42): at concurrency above 1 the adaptive fleet's requests
+share a worker and batch there, while a homogeneous fleet's least-loaded dispatch puts
+them on separate one-thread workers; on fewer cores than workers those contend, and the
+comparison measures the machine, not the routing (the 2026-12-04 c = 4 figures were at
+or above the held-out oracle for that reason). So every embedded worker of a stack is
+pinned to a core of its own (`Stack.pin`, every thread of the process), the stack's
+gateway and Redis and the bench's client to the cores left, and a concurrency above 1
+runs only where the machine has `cores_needed` (bench/live/run.py drops it otherwise and
+says so). vLLM servers are bound one per core by `specroute up --engine vllm` itself
+(`VLLM_CPU_OMP_THREADS_BIND`).
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ import httpx
 import redis
 import yaml
 
+from bench.live.cores import descendant_pids, is_worker, pin
 from bench.live.prompts import Item
 from policies.keys import STREAM_KEY
 from policies.methods import default_k
@@ -238,6 +250,21 @@ class Stack:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def pin(self, cores: list[int]) -> dict[int, int]:
+        """Each embedded worker on a core of its own (`cores` in order), the stack's other
+        processes on the cores left; {worker pid: core}. Needs `len(cores)` above the
+        workers' count."""
+        pids = descendant_pids(self.proc.pid)
+        workers = [pid for pid in pids if is_worker(pid)]
+        if len(workers) != len(self.fleet.methods) or len(cores) <= len(workers):
+            raise RuntimeError(f"fleet {self.fleet.name}: {len(workers)} workers found for "
+                               f"{len(self.fleet.methods)} servers, {len(cores)} cores")
+        placed = dict(zip(workers, cores, strict=False))
+        rest = set(cores[len(workers):])
+        for pid in pids:
+            pin(pid, {placed[pid]} if pid in placed else rest)
+        return placed
 
     def start(self, timeout: float) -> None:
         self.launch(timeout)

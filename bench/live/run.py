@@ -20,7 +20,11 @@ and the homogeneous ones from none.
 
 bench/live/stats.py turns the records into ratios with bootstrap intervals (clustered by
 replicate) per stated mix (bench/live/prompts.py `MIXES`) and concurrency;
-bench/live/report.py prints them. A run that loses a stack (one that does not come up, or
+bench/live/report.py prints them. Concurrency above 1 runs only with a core per worker
+(bench/live/fleets.py: each embedded worker pinned to its own core, the gateway, Redis
+and the client on the rest); on a machine with fewer (`cores_needed`) those
+concurrencies are dropped, said on stderr and in the JSON (`concurrency_dropped`). A run
+that loses a stack (one that does not come up, or
 stops mid-replicate) stops there and reports on every concurrency measured in full before
 (`StackLost`), marked incomplete, rather than printing nothing.
 """
@@ -29,15 +33,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from bench.live.cores import available_cores, cores_needed
 from bench.live.fleets import (
     ADAPTIVE,
     BLOCK_PER_THREAD,
@@ -124,6 +130,7 @@ def run_fleets(group: list[Fleet], settings: Settings, prompts: Plan, replicate:
     try:
         for stack in stacks:
             stack.start(READY_S[settings.engine])
+        pin_cores(stacks, settings.engine)
         top = max(settings.concurrency)
         for stack in stacks:
             fleet = stack.fleet
@@ -170,6 +177,39 @@ def run_fleets(group: list[Fleet], settings: Settings, prompts: Plan, replicate:
     finally:
         for stack in stacks:
             stack.stop()
+
+
+def pin_cores(stacks: list[Stack], engine: str) -> bool:
+    """Embedded stacks whose workers all fit a core each (one left over): pin them (one
+    stack measures at a time, so every stack uses the same cores), and the bench's own
+    client threads to the cores left. False: not pinned (too few cores; only
+    concurrency 1 is then measured)."""
+    cores = available_cores()
+    if engine != "embedded" or not stacks or len(cores) < max(
+            cores_needed(len(s.fleet.methods), engine) for s in stacks):
+        return False
+    for stack in stacks:
+        stack.pin(cores)
+    os.sched_setaffinity(0, set(cores[max(len(s.fleet.methods) for s in stacks):]))
+    return True
+
+
+def fair_concurrency(settings: Settings) -> tuple[Settings, dict[str, str]]:
+    """`settings` without the concurrencies above 1 the machine cannot give a core per
+    worker (see the module docstring), and why each was dropped."""
+    order = fleets(settings.engine, list(settings.methods), list(settings.homogeneous),
+                   settings.ks)
+    needed = max(cores_needed(len(f.methods), settings.engine) for f in order)
+    have = len(available_cores())
+    if have >= needed:
+        return settings, {}
+    why = (f"{needed} cores needed (one per worker, one for the gateway, Redis and the "
+           f"client), {have} available: the fleets' workers would contend"
+           if settings.engine == "embedded" else
+           f"{needed} cores needed (one per server), {have} available")
+    dropped = {str(c): why for c in settings.concurrency if c > 1}
+    kept = tuple(c for c in settings.concurrency if c <= 1)
+    return replace(settings, concurrency=kept or (1,)), dropped
 
 
 def _check_alive(stacks: list[Stack], during: str) -> None:
@@ -282,6 +322,7 @@ def main(args: argparse.Namespace) -> int:
               "class's prompts and scored on the other)", file=sys.stderr)
         return 2
     incomplete = ""
+    dropped: dict[str, str] = {}
     if args.merge:
         records, audits, model = [], [], ""
         for n, path in enumerate(args.merge.split(",")):
@@ -298,12 +339,17 @@ def main(args: argparse.Namespace) -> int:
                        f"{settings.describe(model)}")
     else:
         _warn_ks(settings)
+        settings, dropped = fair_concurrency(settings)
+        for conc, why in dropped.items():
+            print(f"bench live: concurrency {conc} not measured: {why}", file=sys.stderr,
+                  flush=True)
         with tempfile.TemporaryDirectory() as tmp:
             records, audits, model, incomplete = measure(
                 settings, Path(args.workdir or tmp), Path(args.records) if args.records else None)
         description = settings.describe(model)
     summary = summarize(records, audits, engine, incomplete)
     summary["json"]["ks_missing"] = ks_missing(settings)
+    summary["json"]["concurrency_dropped"] = dropped
     print(render(summary, description))
     if args.records and not args.merge:
         save(Path(args.records), settings, model, records, audits)

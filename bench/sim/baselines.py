@@ -17,13 +17,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from bench.sim.calibration import draft_cost
 from bench.sim.router import Baseline, Relaunches, Routed
 from bench.sim.scenarios import Rules
 from bench.sim.simulator import Fleet
-from bench.sim.steplaw import MODEL_FREE
+from bench.sim.steplaw import MODEL_FREE, drafting_cost
 from bench.sim.types import SimPool, SimRequest
-from bench.sim.world import World
+from bench.sim.world import World, positional_length
 from policies.acceptance import expected_accept_length
 from policies.decision import Policy, PolicyConfig
 from policies.prior import WorkerPrior
@@ -74,7 +73,10 @@ class EditRule(Rule):
     n-gram pool sized for the greedy ones (docs/POLICY.md). Among the pools of the
     method, the fewest requests per healthy worker; k is a fixed-k pool's own, else the
     rule's (at most the pool's max_k). A method the fleet lacks falls back to `best`,
-    then to any pool up."""
+    then to any pool up; where `best`'s pools hold under half the workers of the pools
+    not of the edit method (a launch that gave them one worker), the other requests go
+    to the least loaded of all those pools instead (the rule does not overload a pool
+    the launch sized small)."""
 
     def __init__(self, best: tuple[str, int], edit: tuple[str, int],
                  name: str = "static-rule", buckets: tuple[str, ...] = ("t0",)) -> None:
@@ -95,6 +97,10 @@ class EditRule(Rule):
         if not mine:
             method, k = self.best
             mine = [p for p in up if p.method == method] or up
+        rest = [p for p in up if p.method != self.edit[0]]
+        if not copies and (sum(p.healthy_workers for p in mine)
+                           < sum(p.healthy_workers for p in rest) / 2):
+            mine = rest
         view = min(mine, key=lambda p: p.outstanding / p.healthy_workers)
         return Decision(view.name, view.method,
                         min(k, view.max_k) if view.per_request_k else view.k,
@@ -127,6 +133,7 @@ class Oracle(Baseline):
     phase_scale: tuple[float, ...] = ()
     trained: frozenset[str] = frozenset()
     any_k: bool = False  # fixed-k pools at any k up to max_k too (an upper bound)
+    per_request: bool = False  # the prompt's own acceptance draw, not its class's
     _fleet: Fleet | None = None
     _world: World | None = None
     _request: SimRequest | None = None
@@ -156,7 +163,7 @@ class Oracle(Baseline):
             for k in ks if spec.method != "plain" else (0,):
                 length = self._length(spec.method, req, k)
                 depth = world.depth(spec.method, k) if self.truth is None else k
-                draft = draft_cost(spec.method) * depth if k > 0 else 0.0
+                draft = drafting_cost(worker.law, spec.method, depth if k > 0 else 0)
                 step_s = worker.batch_step_s((spec.curve, k, draft,
                                               k > 0 and spec.method not in MODEL_FREE))
                 if world.co_batching:
@@ -193,7 +200,12 @@ class Oracle(Baseline):
             return expected_accept_length(self.truth(method, req.task, req.bucket, req.phase), k)
         assert self._world is not None
         scale = self.phase_scale[req.phase] if method in self.trained else 1.0
-        return self._world.expected_accept_length(method, req.task, req.bucket, k, scale)
+        world = self._world
+        if self.per_request:
+            a = world.prompt_accept(method, req.task, req.bucket, req.z_model, req.z_text,
+                                    scale)
+            return positional_length(a, world.decay(method), world.depth(method, k))
+        return world.expected_accept_length(method, req.task, req.bucket, k, scale)
 
 
 @dataclass

@@ -32,7 +32,25 @@ topk 1 (`adaptive_unsupported_reason`, l. 56-100). CUDA-graph padding of the bat
 vLLM 0.32 (`vllm/config/speculative.py` l. 491, `v1/spec_decode/dynamic/utils.py`
 `build_dynamic_sd_schedule_lookup`, `v1/core/sched/scheduler.py` l. 1487): a list of
 inclusive (first batch, last batch, k) ranges, expanded into a dense lookup by the number
-of scheduled requests; vLLM ships no default table, so the one here is an operator's.
+of scheduled requests; vLLM ships no default table, so the one here is an operator's
+(`VLLM_SCHEDULE`), and one read off the launch benchmark (bench/sim/launch.py
+`tuned_schedule`).
+
+vLLM 0.32 adaptive verification (`enable_adaptive_verification`, `config/speculative.py`
+l. 551-553: "Currently only supported for method=\"dspark\""; the V2 GPU model runner
+only, `config/vllm.py` l. 2975-2980), `v1/worker/gpu/spec_decode/adaptive_verification.py`:
+every request drafts its `num_speculative_tokens`; each (request, position) slot is
+scored by its survival probability, the running product of the drafter's per-position
+confidences (`acceptance_estimator.py`: an online logistic fit of the draft logits'
+log-odds to the target's verdicts; a trained confidence head on DSpark); the slots are
+sorted and the engine verifies the best `B`, `B` maximising (requests sampling + the
+top-B scores' sum) / (draft cost at the batch's requests + verify cost at its non-draft
+tokens + B) over cost tables profiled at start-up (`get_num_tokens`, l. 282-350;
+`_assign_draft_token_budget`, l. 46-72, admits the global top B); confidences are one
+step stale and a new request's are 1.0 (`add_request`, `record_confidences`, l. 183-280).
+`AdaptiveVerification` below does that with the strongest estimator this world allows:
+each request's true per-position acceptance (bench/sim/world.py `position_accept`; the
+world has no per-token signal beyond it), and the world's own step law as the cost table.
 """
 
 from __future__ import annotations
@@ -43,7 +61,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bench.sim.calibration import draft_cost
 from bench.sim.simulator import TRAINED_DRAFTERS, Outcome, SimConfig
 from bench.sim.steplaw import MODEL_FREE, StepLaw
 from bench.sim.types import SimRequest
@@ -113,6 +130,33 @@ class Controller:
     def verified(self, accepted: np.ndarray, batch: int) -> None:
         return None
 
+    def admit(self, survival: np.ndarray, drafting: float, law: StepLaw) -> np.ndarray | None:
+        """Drafts verified per request, given each one's survival per position (b, k):
+        None verifies all k of every request."""
+        return None
+
+
+@dataclass
+class AdaptiveVerification(Controller):
+    """vLLM's adaptive verification (module docstring): draft `k` for every request,
+    verify the batch's B best (request, position) slots by survival, B maximising
+    expected tokens per step time under the step law."""
+
+    k: int
+
+    def steps(self, batch: int) -> int:
+        return self.k
+
+    def admit(self, survival: np.ndarray, drafting: float, law: StepLaw) -> np.ndarray:
+        b = survival.shape[0]
+        scores = np.sort(survival.ravel())[::-1]
+        expected = b + np.concatenate(([0.0], np.cumsum(scores)))  # tokens at B = 0..
+        cost = law.steps(b, b + np.arange(len(scores) + 1, dtype=float))
+        budget = int(np.argmax(expected / (drafting + cost)))
+        admitted = np.zeros(survival.size, dtype=bool)
+        admitted[np.argsort(-survival.ravel(), kind="stable")[:budget]] = True
+        return admitted.reshape(survival.shape).sum(axis=1)
+
 
 @dataclass
 class FixedK(Controller):
@@ -164,6 +208,24 @@ class BatchSchedule(Controller):
         return min(k, self.max_k)
 
 
+def _verify_tokens(w: _Worker, k: int, depth: int, decay: float, drafting: float,
+                   law: StepLaw) -> int:
+    """Tokens in the verify forward: every request's k drafts plus one, or what the
+    controller admits from the confidences the engine holds (`w.admitted`)."""
+    b = len(w.index)
+    w.admitted = None
+    p = np.clip(1.0 - (1.0 - np.array(w.a))[:, None] * decay ** np.arange(depth)[None, :],
+                0.0, A_CAP)  # (b, depth)
+    p[~np.array(w.verified, dtype=bool)] = 1.0  # a new request's confidence: 1.0
+    survival = np.cumprod(p, axis=1)
+    survival[np.array(w.fresh, dtype=bool)] = -np.inf  # prefilling: no drafts
+    admitted = w.controller.admit(survival, drafting, law)
+    if admitted is None:
+        return b * (k + 1)
+    w.admitted = admitted
+    return b + int(admitted.sum())
+
+
 Dispatch = Callable[[SimRequest, list[int]], int]  # request, running per worker -> worker
 
 
@@ -182,6 +244,8 @@ class _Worker:
     step_end: float = math.inf
     k: int = 0
     first_at: dict = field(default_factory=dict)  # request -> its first token's time
+    verified: list[bool] = field(default_factory=list)  # verified once (confidence known)
+    admitted: np.ndarray | None = None  # drafts verified per request this step
 
     @property
     def load(self) -> int:
@@ -198,7 +262,6 @@ def simulate_engine(requests: list[SimRequest], config: SimConfig, method: str,
     world = config.world
     rng = np.random.default_rng(config.seed + 1)
     decay = world.decay(method)
-    c = draft_cost(method)
     fleet = [_Worker(controller()) for _ in range(workers)]
     outcomes: list[Outcome | None] = [None] * len(requests)
     steps_of: dict[int, int] = {}
@@ -211,6 +274,7 @@ def simulate_engine(requests: list[SimRequest], config: SimConfig, method: str,
             w.a.append(a)
             w.left.append(req.output_tokens)
             w.fresh.append(True)
+            w.verified.append(False)
         w.pending = []
         b = len(w.index)
         if b == 0:
@@ -219,9 +283,11 @@ def simulate_engine(requests: list[SimRequest], config: SimConfig, method: str,
         k = w.controller.steps(b)
         w.k = k
         depth = world.depth(method, k)
-        drafting = c * depth if k > 0 else 0.0
+        drafting = law.draft(method, depth if k > 0 else 0)
         over = law.overhead if k > 0 and method not in MODEL_FREE else 0.0
-        w.step_end = now + base * (law.step(b, b * (k + 1)) + drafting + over)
+        tokens = (_verify_tokens(w, k, depth, decay, drafting + over, law) if depth > 0
+                  else b * (k + 1))
+        w.step_end = now + base * (law.step(b, tokens) + drafting + over)
 
     def finish(w: _Worker, now: float) -> None:
         b, k = len(w.index), w.k
@@ -230,7 +296,10 @@ def simulate_engine(requests: list[SimRequest], config: SimConfig, method: str,
         if depth > 0:
             a = np.array(w.a)[:, None]
             p = np.clip(1.0 - (1.0 - a) * decay ** np.arange(depth)[None, :], 0.0, A_CAP)
-            accepted = np.cumprod(rng.random((b, depth)) < p, axis=1).sum(axis=1)
+            run = np.cumprod(rng.random((b, depth)) < p, axis=1)
+            if w.admitted is not None:  # only the verified drafts can be accepted
+                run = run * (np.arange(depth)[None, :] < w.admitted[:, None])
+            accepted = run.sum(axis=1)
         else:
             accepted = np.zeros(b, dtype=np.int64)
         accepted[fresh] = 0
@@ -255,6 +324,7 @@ def simulate_engine(requests: list[SimRequest], config: SimConfig, method: str,
         w.index = [w.index[j] for j in keep]
         w.a = [w.a[j] for j in keep]
         w.left = [w.left[j] for j in keep]
+        w.verified = [w.verified[j] or not w.fresh[j] for j in keep]
         w.fresh = [False for _ in keep]
         start(w, now)
 

@@ -21,8 +21,22 @@ import numpy as np
 
 from bench.sim.baselines import EditRule, Learned, Oracle, edit_rule, first_pool, static_rules
 from bench.sim.calibration import METHODS, PAPER_K, PAPER_TREE_DEPTH
-from bench.sim.engine_fleet import BatchSchedule, SGLangAdaptive, simulate_engine
-from bench.sim.launch import Mix, benchmark, launched, observed_mix, tuned_tiers
+from bench.sim.engine_fleet import (
+    AdaptiveVerification,
+    BatchSchedule,
+    SGLangAdaptive,
+    simulate_engine,
+)
+from bench.sim.launch import (
+    Mix,
+    benchmark,
+    launched,
+    observed_mix,
+    table_method,
+    tuned_schedule,
+    tuned_tiers,
+    verification_k,
+)
 from bench.sim.measure import measured_priors
 from bench.sim.router import Routed
 from bench.sim.scenarios import FLEET_WORKERS, SCENARIOS, Scenario
@@ -109,9 +123,16 @@ def engine_baselines(config: SimConfig, scenario: Scenario) -> dict[str, EngineR
     bench/sim/engine_fleet.py), with the scenario's chain drafter (EAGLE topk 1: what
     SGLang's adaptive mode supports): SGLang's adaptive speculation at its default tiers
     and with candidates tuned from the launch benchmark (bench/sim/launch.py
-    `tuned_tiers`), vLLM's batch-size schedule, and strategy (a), the same SGLang fleet
-    behind speculation-aware sharding."""
+    `tuned_tiers`), vLLM's batch-size schedule (an operator's and one read off the same
+    benchmark, `tuned_schedule`, for the method the benchmark favours, `table_method`),
+    vLLM's adaptive verification at the k the benchmark
+    favours (`verification_k`), and strategy (a), the same SGLang fleet behind
+    speculation-aware sharding. Each runs under the scenario's engine law: vLLM's
+    designs on the SGLang fleet are those designs in SGLang's world, not SGLang's."""
     chain, step_law = scenario.chain_method, law(scenario.law)
+
+    def bench() -> list:
+        return benchmark(scenario, config.world, config.seed, config.base_step_s)
 
     def sglang(requests: list[SimRequest]) -> list[Outcome]:
         return simulate_engine(requests, config, chain,
@@ -121,10 +142,20 @@ def engine_baselines(config: SimConfig, scenario: Scenario) -> dict[str, EngineR
         return simulate_engine(requests, config, chain, BatchSchedule, step_law)
 
     def tuned(requests: list[SimRequest]) -> list[Outcome]:
-        tiers = tuned_tiers(benchmark(scenario, config.world, config.seed,
-                                      config.base_step_s), chain)
+        tiers = tuned_tiers(bench(), chain)
         return simulate_engine(requests, config, chain,
                                lambda: SGLangAdaptive(SGLANG_INITIAL_STEPS, tiers), step_law)
+
+    def table_tuned(requests: list[SimRequest]) -> list[Outcome]:
+        method = table_method(bench())
+        schedule = tuned_schedule(bench(), method)
+        return simulate_engine(requests, config, method, lambda: BatchSchedule(schedule),
+                               step_law)
+
+    def verification(requests: list[SimRequest]) -> list[Outcome]:
+        k = verification_k(bench(), chain)
+        return simulate_engine(requests, config, chain, lambda: AdaptiveVerification(k),
+                               step_law)
 
     def sharded(requests: list[SimRequest]) -> list[Outcome]:
         sharder = Sharder(FLEET_WORKERS)
@@ -133,6 +164,7 @@ def engine_baselines(config: SimConfig, scenario: Scenario) -> dict[str, EngineR
                                dispatch=sharder.dispatch, finished=sharder.finished)
 
     return {"sglang-adaptive": sglang, "sglang-adaptive-tuned": tuned, "vllm-table": vllm,
+            "vllm-table-tuned": table_tuned, "vllm-adaptive-verification": verification,
             "shard-adaptive": sharded}
 
 
@@ -216,16 +248,21 @@ def routers(config: SimConfig, policy_config: PolicyConfig | None = None,
         factories["adaptive-no-relaunch"] = learned("adaptive-no-relaunch", ours, False)
     scales = tuple(p.drafter_scale for p in config.phases)
 
-    def oracle(name: str, pools: tuple[SimPool, ...], any_k: bool = True
-               ) -> Callable[[], SimRouter]:
+    def oracle(name: str, pools: tuple[SimPool, ...], any_k: bool = True,
+               per_request: bool = False) -> Callable[[], SimRouter]:
         return lambda: Oracle(name, pools, None, config.base_step_s, scales,
-                              TRAINED_DRAFTERS, any_k=any_k)
+                              TRAINED_DRAFTERS, any_k=any_k, per_request=per_request)
 
     # the per-class oracle over the fleet the strategy serves on, every pool x k the
     # policy may choose (a fixed-k pool at any k up to its max_k, as if relaunched for
     # free), and the same oracle held to the launched k; `oracle-configured` routes the
     # scenario's configured split (not what the strategy runs on)
     factories["oracle"] = oracle("oracle", ours.scenario.fleet)
+    # the per-request oracle: the same, knowing each prompt's own acceptance (the world's
+    # per-prompt draw), on every worker able to run every method at any k (`ceiling`'s
+    # fleet): what the engines' own adaptive k is held under
+    factories["oracle-request"] = oracle("oracle-request", ceiling_fleet(scenario),
+                                         per_request=True)
     if scenario.fixed_k:
         factories["oracle-launch-k"] = oracle("oracle-launch-k", ours.scenario.fleet, False)
         factories["oracle-configured"] = oracle("oracle-configured", fleet)
@@ -254,11 +291,15 @@ def mean_tokens_per_s(outcomes: list[Outcome], phases: set[int] | None = None) -
 
 def static_rule(outcomes: dict[str, list[Outcome]], fleet: tuple[SimPool, ...]) -> Routed:
     """The two-line rule (`baselines.EditRule`) on `fleet`, read from the homogeneous
-    fleets just run: the best one's method and k for every request but edits, and the
-    n-gram k best on the requests labelled greedy edits (the best n-gram k over all
-    traffic is small: most of it copies nothing)."""
-    best = best_fixed_name(outcomes).split(":")
+    fleets just run: the best one's method and k for every request but edits — the best
+    of another method than n-gram where n-gram is best overall (it gets the edits; the
+    rest would overload its pool) — and the n-gram k best on the requests labelled
+    greedy edits (the best n-gram k over all traffic is small: most of it copies
+    nothing)."""
     ngram = [n for n in outcomes if n.startswith("fixed:ngram:")]
+    others = {n: out for n, out in outcomes.items() if n not in ngram}
+    best = best_fixed_name(others if any(n.startswith("fixed:") for n in others)
+                           else outcomes).split(":")
 
     def on_edits(name: str) -> float:
         edits = [o.tokens_per_s for o in outcomes[name]
@@ -344,6 +385,7 @@ def evaluate(config: SimConfig, policy_config: PolicyConfig | None = None,
             "default_vs_best_homogeneous": ratios(results["sglang-adaptive"], best_fixed),
             "adaptive_vs_tuned": ratios(ours, results["sglang-adaptive-tuned"])},
         "launch_mix": launch_mix(scenario, config, run.mix, results, best_fixed),
+        "vllm_adaptive_verification": vllm_baselines(scenario, config, results, best_fixed),
         "recovery_requests": None if never else max(recover, default=0),
         "best_homogeneous": [r.name for r in top],
         "strategies": {name: {"vs_best_homogeneous": ratios(results[name], best_fixed),
@@ -398,6 +440,29 @@ def oracle_launched(results: dict[str, PolicyResult], best_fixed: PolicyResult) 
         out["configured_split_oracle_vs_best_homogeneous"] = ratios(
             results["oracle-configured"], best_fixed)
     return out
+
+
+def vllm_baselines(scenario: Scenario, config: SimConfig, results: dict[str, PolicyResult],
+                   best_fixed: PolicyResult) -> dict:
+    """vLLM's adaptive verification at the k the launch benchmark favours, and vLLM's
+    batch table read off the same benchmark for the method it favours (the operator's
+    EAGLE table beside it), against
+    the best homogeneous fleet, the per-request oracle and `adaptive`."""
+    bench = benchmark(scenario, config.world, config.seed, config.base_step_s)
+    chain = scenario.chain_method
+    av, tuned = results["vllm-adaptive-verification"], results["vllm-table-tuned"]
+    request_oracle = results["oracle-request"]
+    return {"method": chain, "num_speculative_tokens": verification_k(bench, chain),
+            "vs_best_homogeneous": ratios(av, best_fixed),
+            "vs_request_oracle": ratios(av, request_oracle),
+            "adaptive_vs_verification": ratios(results["adaptive"], av),
+            "request_oracle_vs_best_homogeneous": ratios(request_oracle, best_fixed),
+            "table_tuned": {
+                "method": table_method(bench),
+                "schedule": [list(r) for r in tuned_schedule(bench, table_method(bench))],
+                "vs_best_homogeneous": ratios(tuned, best_fixed),
+                "operator_vs_best_homogeneous": ratios(results["vllm-table"], best_fixed),
+                "adaptive_vs_tuned": ratios(results["adaptive"], tuned)}}
 
 
 def launch_mix(scenario: Scenario, config: SimConfig, mix: dict[tuple[str, str], float],

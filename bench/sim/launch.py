@@ -109,6 +109,56 @@ def tuned_tiers(bench: list[Benchmarked], method: str, mix: Mix | None = None,
     return out
 
 
+def favoured_k(bench: list[Benchmarked], method: str, batch: float, mix: Mix | None = None,
+               plain: bool = True) -> int:
+    """The k of `method` (0: plain, when `plain`) of the most tokens/s over `mix` (None:
+    even) at `batch` requests per worker in the benchmark; ties to the smaller k."""
+    demand = dict(mix) if mix is not None else even_mix()
+    configs = [b for b in bench if b.method == method or (plain and b.k == 0)]
+    return max(configs, key=lambda b: (sum(share * b.tokens_per_s(cls, batch)
+                                           for cls, share in demand.items()), -b.k)).k
+
+
+def tuned_schedule(bench: list[Benchmarked], method: str, mix: Mix | None = None,
+                   top: int = 1024) -> tuple[tuple[int, int, int], ...]:
+    """vLLM's `num_speculative_tokens_per_batch_size` read off the same benchmark: from
+    each benchmarked batch to the next one's predecessor (the last to `top`), the
+    `favoured_k` there; equal neighbours merged. (vLLM's table needs k > 0 per range;
+    a 0 here means plain, which the simulated engine runs as no drafts.)"""
+    batches = sorted({b for c in bench for b in c.batches})
+    ranges: list[tuple[int, int, int]] = []
+    for i, batch in enumerate(batches):
+        last = batches[i + 1] - 1 if i + 1 < len(batches) else top
+        k = favoured_k(bench, method, batch, mix)
+        if ranges and ranges[-1][2] == k:
+            ranges[-1] = (ranges[-1][0], last, k)
+        else:
+            ranges.append((1 if not ranges else batch, last, k))
+    return tuple(ranges)
+
+
+def table_method(bench: list[Benchmarked], mix: Mix | None = None, batch: float = BATCH
+                 ) -> str:
+    """The method a vLLM operator tuning a batch table from the benchmark would run: the
+    one whose best k gives the most tokens/s over `mix` at `batch` (a table sets k, the
+    method is the server's; vLLM's table takes any method)."""
+    demand = dict(mix) if mix is not None else even_mix()
+    best = max((b for b in bench if b.k > 0),
+               key=lambda b: sum(share * b.tokens_per_s(cls, batch)
+                                 for cls, share in demand.items()))
+    return best.method
+
+
+def verification_k(bench: list[Benchmarked], method: str, mix: Mix | None = None,
+                   batch: float = BATCH) -> int:
+    """`num_speculative_tokens` for vLLM's adaptive verification, read off the benchmark:
+    the k of `method` it favours at the launch plan's `BATCH` requests per worker.
+    Adaptive verification trims what is verified, not what is drafted (every request
+    drafts all k, at the drafter's cost), so a deeper k only pays where verifying is
+    what costs; the largest k any batch favours measured worse (docs/POLICY.md)."""
+    return favoured_k(bench, method, batch, mix, plain=False)
+
+
 def even_mix() -> dict[tuple[str, str], float]:
     return {(task, temperature_bucket(t)): 1.0 for task in TASKS for t in TEMPERATURES}
 

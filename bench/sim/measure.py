@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.sim.calibration import TASKS, draft_cost
+from bench.sim.calibration import TASKS
 from bench.sim.scenarios import Scenario
 from bench.sim.simulator import uniform_step_s
-from bench.sim.steplaw import law
+from bench.sim.steplaw import drafting_cost, law
 from bench.sim.types import SimPool
 from bench.sim.world import World, sample_steps
 from policies.prior import Measured, MeasuredCost, MeasuredEntry, WorkerPrior
@@ -55,7 +55,7 @@ def _accept_length(rng: np.random.Generator, world: World, spec: SimPool,
 def _step(rng: np.random.Generator, world: World, spec: SimPool, b: int, k: int,
           base_step_s: float) -> float:
     step_law = law(spec.law) if world.measured_steps and spec.law else None
-    draft = draft_cost(spec.method) * world.depth(spec.method, k) if k > 0 else 0.0
+    draft = drafting_cost(step_law, spec.method, world.depth(spec.method, k) if k > 0 else 0)
     exact = uniform_step_s(base_step_s, spec.curve, b, k, draft, step_law, spec.method)
     return exact * float(rng.lognormal(0.0, TIMING_NOISE))
 

@@ -13,7 +13,9 @@ fine-tune phase: bench/sim/sharecurve.py), `static_rule` (edit -> n-gram, else t
 homogeneous fleet's method, on the launched fleet), `oracle_launched` (the oracle and the
 ceiling over the fleet the strategy was launched on, every router on it against the
 oracle), `launch_mix` (the launch from the observed class mix against the even one the
-strategy ships with); the
+strategy ships with), `vllm_adaptive_verification` (vLLM's adaptive verification at the
+k the launch benchmark favours, against the best homogeneous fleet and the per-request
+oracle; `table_tuned`: vLLM's batch table read off the same benchmark); the
 primary fleet's first seed's figures also at the top level. The default run is
 `SCALE` of the full workload (3,150 requests per seed; 10,500 with `--full`; `scale` on
 the arguments, when set, overrides both); --quick runs a tenth on a smaller grid of
@@ -113,10 +115,12 @@ def _shown(evaluation: Evaluation) -> list[PolicyResult]:
                    key=lambda r: -r.mean_tokens_per_s)
     head = [results[n] for n in ("adaptive", "adaptive-no-relaunch", "adaptive-observed-mix",
                                  "adaptive-split", "static-rule", "oracle", "oracle-launch-k",
-                                 "oracle-configured", "ceiling-launched", "ceiling")
+                                 "oracle-configured", "oracle-request", "ceiling-launched",
+                                 "ceiling")
             if n in results]
     tail = [results[n] for n in ("sglang-adaptive", "sglang-adaptive-tuned", "shard-adaptive",
-                                 "vllm-table", "rules", "plain") if n in results]
+                                 "vllm-table", "vllm-table-tuned", "vllm-adaptive-verification",
+                                 "rules", "plain") if n in results]
     return head + fixed[:5] + tail
 
 

@@ -26,8 +26,8 @@ from typing import Protocol
 
 import numpy as np
 
-from bench.sim.calibration import LoadCurve, draft_cost, plain_step_s
-from bench.sim.steplaw import MODEL_FREE, StepLaw, law
+from bench.sim.calibration import LoadCurve, plain_step_s
+from bench.sim.steplaw import MODEL_FREE, StepLaw, drafting_cost, law
 from bench.sim.types import SimPool, SimRequest
 from bench.sim.world import World
 from bench.sim.world import sample_steps as world_steps
@@ -434,7 +434,8 @@ def simulate(router: SimRouter, config: SimConfig, requests: list[SimRequest]
                                     req.z_text, scale)
             depth, decay = world.depth(spec.method, k), world.decay(spec.method)
         steps = world_steps(rng, a, decay, depth, req.output_tokens)
-        draft = draft_cost(spec.method) * depth if k > 0 else 0.0
+        draft = drafting_cost(law(spec.law) if world.measured_steps and spec.law else None,
+                              spec.method, depth if k > 0 else 0)
         worker.advance(now)
         load = sum(w.batch for w in fleet.workers[pool])
         model_drafter = k > 0 and spec.method not in MODEL_FREE

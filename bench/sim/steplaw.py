@@ -12,14 +12,24 @@ fixed batch that is convex in k — flat, then linear — and the knee moves wit
 
 - GPU engines (`sglang-h100`, `vllm-h100`): `t(b, T) = (1 + kv (b - 1)) * s(T) / s(1)`,
   `s(T) = (1 + (T / knee)^2)^(1/2)` (a smooth roofline: memory time 1, compute time T /
-  knee). `knee` is fitted per engine, by least squares on log speedup, to every published
-  speedup-by-batch row of that engine at once (`LOAD_ROWS`; SGLang: EAGLE-3 paper Table 3,
-  EAGLE-3 and EAGLE-1 rows; vLLM: Table 5 and the vLLM blog's draft-model and n-gram
+  knee), plus per speculative step the drafter's Table 1 cost c d and the engine's own
+  overhead: `per_draft_step` for each of the d draft forwards of a model drafter
+  (`STEPPED`: EAGLE, EAGLE-2, EAGLE-3, the draft model, launched one per draft step)
+  and `overhead` once per step for any drafter. `knee`, `per_draft_step` and `overhead`
+  are fitted per engine, by least squares on log speedup, to every published
+  speedup-by-batch row of that engine at once (`LOAD_ROWS`; SGLang: EAGLE-3 paper Table
+  3, EAGLE-3 and EAGLE-1 rows; vLLM: Table 5 and the vLLM blog's draft-model and n-gram
   figures), each row's drafter at its Table 1 tau and draft cost: one knee per engine,
   not one lambda per batch, so the world reproduces the tables only as well as a roofline
-  can (residuals in `fit_report`, docs/POLICY.md). `kv` = 0.008 per extra sequence: a
-  LLaMA-3.1-8B sequence of ~1k tokens holds 128 MB of bf16 KV (8 KV heads x 128 x 2 x 32
-  layers x 2 bytes per token) against 16 GB of weights — an assumption, not a table.
+  can (residuals in `fit_report`, docs/POLICY.md). Only rows of a drafter without draft
+  forwards (vLLM's n-gram) tell the fixed part from the per-step part; vLLM's put all of
+  it per draft step (fixed 0), and SGLang's rows (two model drafters) cannot tell, so
+  SGLang's fixed part is held at vLLM's 0 (`FIXED_FROM`): a fixed 1.9 steps fits its
+  rows 0.127 rms in log against 0.161, and would put EAGLE-3 k 1 at 0.6x plain at batch
+  1-8, where SGLang ships k 1 as a candidate up to batch 63 (docs/POLICY.md). `kv` =
+  0.008 per extra sequence: a LLaMA-3.1-8B sequence of ~1k tokens holds 128 MB of bf16
+  KV (8 KV heads x 128 x 2 x 32 layers x 2 bytes per token) against 16 GB of weights —
+  an assumption, not a table.
 - The embedded engine on this CPU (`embedded-cpu`): milliseconds per forward of
   SmolLM2-135M (float32, one thread, 200-token context) measured at batch 1 and 4 with
   1-16 tokens per sequence (docs/POLICY.md copies the table), as a function of tokens in
@@ -65,8 +75,14 @@ LOAD_ROWS = {
                   ("draft", 2.27, VLLM_BATCH, VLLM_DRAFT),
                   ("ngram", 2.50, VLLM_BATCH, VLLM_NGRAM)),
 }
-KNEES = tuple(float(x) for x in np.geomspace(4.0, 2048.0, 120))
-OVERHEADS = tuple(float(x) for x in np.linspace(0.0, 4.0, 81))
+KNEES = np.geomspace(4.0, 2048.0, 120)
+OVERHEADS = np.linspace(0.0, 4.0, 81)  # fixed, batch-1 steps per speculative step
+PER_DRAFT_STEP = np.linspace(0.0, 1.0, 101)  # batch-1 steps per draft forward
+# methods whose drafter runs one forward per draft step (the engine launches each)
+STEPPED = frozenset({"eagle", "eagle2", "eagle3", "draft"})
+# an engine whose rows cannot tell the fixed overhead from the per-step one takes the
+# fixed part another engine's rows fitted (see the module docstring)
+FIXED_FROM = {"sglang-h100": "vllm-h100"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +93,11 @@ class StepLaw:
     knee: float = 0.0  # GPU: tokens in flight where compute time equals memory time
     kv: float = 0.0
     # GPU: per speculative step, the engine's own overhead beyond the verify forward and
-    # the drafter's Table 1 cost (its draft forwards launched one per draft step, tree
-    # and KV bookkeeping, rejection sampling), in batch-1 steps; whatever the method
+    # the drafter's Table 1 cost (tree and KV bookkeeping, rejection sampling), in
+    # batch-1 steps, whatever the method
     overhead: float = 0.0
+    # GPU: per draft forward of a `STEPPED` drafter (launched one per draft step)
+    per_draft_step: float = 0.0
 
     def step(self, batch: float, tokens: float) -> float:
         if batch <= 0:
@@ -89,12 +107,35 @@ class StepLaw:
         return (1.0 + self.kv * (batch - 1.0)) * _roof(tokens, self.knee) / _roof(1.0, self.knee)
 
 
+    def steps(self, batch: float, tokens: np.ndarray) -> np.ndarray:
+        """`step` at each of `tokens` (one batch)."""
+        if batch <= 0 or self.name == "embedded-cpu":
+            return np.array([self.step(batch, float(t)) for t in tokens])
+        return ((1.0 + self.kv * (batch - 1.0)) * np.sqrt(1.0 + (tokens / self.knee) ** 2)
+                / _roof(1.0, self.knee))
+
     def drafting(self, method: str) -> float:
         """The engine's fixed overhead of a speculative step (none for plain)."""
         return 0.0 if method == "plain" else self.overhead
 
+    def draft(self, method: str, depth: int) -> float:
+        """A request's drafting per verify step at draft depth `depth`, in batch-1
+        steps: the drafter's Table 1 cost c d plus the engine's per-draft-step overhead
+        for a `STEPPED` drafter."""
+        if depth <= 0 or method == "plain":
+            return 0.0
+        return (draft_cost(method) + (self.per_draft_step if method in STEPPED else 0.0)) * depth
+
 
 MODEL_FREE = frozenset({"plain"})  # every drafting method pays the engine's step overhead
+
+
+def drafting_cost(step_law: StepLaw | None, method: str, depth: int) -> float:
+    """A request's drafting per verify step: `StepLaw.draft` under the world's law, the
+    drafter's Table 1 cost c d alone under the policy's linear form (None)."""
+    if step_law is None:
+        return draft_cost(method) * depth if depth > 0 and method != "plain" else 0.0
+    return step_law.draft(method, depth)
 
 
 def _roof(tokens: float, knee: float) -> float:
@@ -124,7 +165,7 @@ def speedup(law: StepLaw, method: str, tau: float, batch: float) -> float:
     """The world's speedup of `method` at its paper depth over plain at `batch`."""
     k = PAPER_K[method]
     plain = law.step(batch, batch)
-    spec = law.step(batch, batch * (k + 1)) + draft_cost(method) * k + law.drafting(method)
+    spec = law.step(batch, batch * (k + 1)) + law.draft(method, k) + law.drafting(method)
     return tau * plain / spec
 
 
@@ -135,12 +176,31 @@ def _error(law: StepLaw, rows) -> float:
 
 @cache
 def law(name: str) -> StepLaw:
-    """The calibrated law of an engine (the knee fitted once, cached)."""
+    """The calibrated law of an engine (fitted once, cached): the grid of knee x fixed
+    overhead x per-draft-step overhead searched at once (numpy), least squares on log
+    speedup over every published row of the engine."""
     if name == "embedded-cpu":
         return StepLaw(name)
+    fixed = OVERHEADS if name not in FIXED_FROM else np.array([law(FIXED_FROM[name]).overhead])
+    knee, over, step = np.meshgrid(KNEES, fixed, PER_DRAFT_STEP, indexing="ij")
+    error = np.zeros_like(knee)
+    for method, tau, batches, speedups in LOAD_ROWS[name]:
+        k = PAPER_K[method]
+        per_step = step * k if method in STEPPED else 0.0
+        for b, s in zip(batches, speedups, strict=True):
+            def t(tokens: float, b: float = b) -> np.ndarray:
+                return ((1.0 + KV_PER_SEQUENCE * (b - 1.0)) * np.sqrt(1.0 + (tokens / knee) ** 2)
+                        / np.sqrt(1.0 + (1.0 / knee) ** 2))
+            spec = t(b * (k + 1)) + draft_cost(method) * k + over + per_step
+            error += (np.log(tau * t(b) / spec) - math.log(s)) ** 2
+    i = np.unravel_index(int(np.argmin(error)), error.shape)
+    return StepLaw(name, float(knee[i]), KV_PER_SEQUENCE, float(over[i]), float(step[i]))
+
+
+def rms_log_residual(name: str) -> float:
+    """Root mean square of log(world's speedup / published) over the engine's rows."""
     rows = LOAD_ROWS[name]
-    return min((StepLaw(name, knee, KV_PER_SEQUENCE, o) for knee in KNEES for o in OVERHEADS),
-               key=lambda candidate: _error(candidate, rows))
+    return math.sqrt(_error(law(name), rows) / sum(len(r[2]) for r in rows))
 
 
 def fit_report(name: str) -> list[tuple[str, float, float, float]]:

@@ -123,6 +123,7 @@ def test_a_run_that_loses_a_stack_reports_what_it_measured(
 
     monkeypatch.setattr(run_module, "run_fleets", run_fleets)
     monkeypatch.setattr(run_module, "groups", lambda order, engine: [order])
+    monkeypatch.setattr(run_module, "available_cores", lambda: list(range(8)))  # c = 2 fair
     records = tmp_path / "records.json"
     args = build_parser().parse_args([
         "bench", "live", "--model", "tiny", "--methods", "plain,ngram", "--homogeneous",

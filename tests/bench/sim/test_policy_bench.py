@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import io
 import json
+import re
 
 import pytest
 
@@ -25,6 +26,7 @@ FIXED_K_FLEETS = ("sglang", "vllm")
 # static rule: 1.002 of it, sglang seed 0 at scale 0.3) or an oracle over more choices (any
 # k, every worker) can end a little above or below it, never by more than this here
 GREEDY = 1.02
+CEILING_GREEDY = 0.95
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +76,9 @@ def test_quick_json_has_the_keys_per_fleet_and_seed(run: tuple[list[str], dict])
             pytest.approx(figures["vs_best_homogeneous"][0]))
         assert len(tuned["default_vs_best_homogeneous"]) == 1 + 4
     assert out["vs_oracle"] == out["fleets"]["sglang"]["0"]["vs_oracle"]
-    assert out["fleets"]["sglang"]["0"]["launched_fleet"].startswith("eagle3-k12")
+    launched = out["fleets"]["sglang"]["0"]["launched_fleet"]  # "eagle3-k4 x6, ngram-k12 x6"
+    assert re.fullmatch(r"[a-z0-9]+-k\d+ x\d+(, [a-z0-9]+-k\d+ x\d+)*", launched), launched
+    assert sum(int(part.rsplit(" x", 1)[1]) for part in launched.split(", ")) == 12
     assert {"adaptive-no-relaunch", "adaptive-split", "adaptive-observed-mix",
             "shard-adaptive"} <= set(out["fleets"]["vllm"]["0"]["strategies"])
     assert not any("eagle3" in row["policy"]
@@ -115,9 +119,31 @@ def test_the_static_rule_is_a_baseline_on_the_launched_fleet(run: tuple[list[str
         rows = {row["policy"]: row["tokens_per_s"] for row in figures["table"]}
         assert rule["adaptive_vs_static_rule"][0] == pytest.approx(
             rows["adaptive"] / rows["static-rule"], rel=1e-3)
-        if fleet in FIXED_K_FLEETS:  # its "else" is the launched fleet's main method
+        if fleet in FIXED_K_FLEETS:  # its "else": the best homogeneous method, not n-gram
             best_method = figures["best_homogeneous"][0].split(":")[1]
-            assert f"else -> {best_method}" in rule["rule"]
+            other = rule["rule"].split("else -> ", 1)[1].split()[0]
+            assert other != "ngram" and (best_method == "ngram" or other == best_method)
+
+
+def test_vllms_adaptive_k_baselines_per_fleet_and_seed(run: tuple[list[str], dict]) -> None:
+    """vLLM's adaptive verification at the k the launch benchmark favours, under the
+    per-request oracle; vLLM's batch table read off the same benchmark, beside the
+    operator's."""
+    _, out = run
+    for fleet, seed, figures in figures_of(out):
+        av = figures["vllm_adaptive_verification"]
+        assert av["num_speculative_tokens"] > 0
+        assert av["vs_request_oracle"][0] < 1.0, (fleet, seed)
+        assert av["adaptive_vs_verification"][0] * av["vs_best_homogeneous"][0] == (
+            pytest.approx(figures["vs_best_homogeneous"][0]))
+        table = av["table_tuned"]
+        assert table["schedule"][0][0] == 1 and table["schedule"][-1][1] == 1024
+        ranges = table["schedule"]
+        assert all(a[1] + 1 == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+        assert len(table["vs_best_homogeneous"]) == 5
+        assert len(table["operator_vs_best_homogeneous"]) == 5
+        rows = {row["policy"] for row in figures["table"]}
+        assert {"vllm-adaptive-verification", "vllm-table-tuned", "oracle-request"} <= rows
 
 
 def test_the_oracle_over_the_launched_fleet_bounds_every_router_on_it(
@@ -131,7 +157,10 @@ def test_the_oracle_over_the_launched_fleet_bounds_every_router_on_it(
         assert bound["adaptive_vs_oracle"] == figures["vs_oracle"]
         ceiling, oracle = (bound["ceiling_vs_best_homogeneous"][0],
                            bound["oracle_vs_best_homogeneous"][0])
-        assert ceiling * GREEDY >= oracle, (fleet, seed, ceiling, oracle)
+        # the ceiling's greedy oracle on shared workers (mixed-method batches) is no bound
+        # either: since the step law's per-draft-forward overhead it ended 0.974 of the
+        # launched fleet's oracle (vLLM seed 0, this scale; 1.008 at the default scale)
+        assert ceiling >= CEILING_GREEDY * oracle, (fleet, seed, ceiling, oracle)
         if fleet in FIXED_K_FLEETS:  # the configured split's oracle, kept under its name
             assert len(bound["configured_split_oracle_vs_best_homogeneous"]) == 5
             mix = figures["launch_mix"]

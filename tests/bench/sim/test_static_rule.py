@@ -1,13 +1,13 @@
 """The two-line static rule (bench/sim/baselines.py `EditRule`): greedy edits to n-gram,
 every other request to the best homogeneous fleet's method; and the launch from the observed
-class mix (bench/sim/launch.py), which at edit share 0 launches no n-gram pool; SGLang's
+class mix (bench/sim/launch.py), which at edit share 0 launches fewer n-gram workers; SGLang's
 adaptive tiers tuned from the same launch benchmark."""
 
 from __future__ import annotations
 
 from bench.sim.baselines import EditRule
 from bench.sim.engine_fleet import SGLANG_ADAPTIVE
-from bench.sim.launch import benchmark, launched, observed_mix, tuned_tiers
+from bench.sim.launch import benchmark, favoured_k, launched, observed_mix, tuned_tiers
 from bench.sim.scenarios import SCENARIOS
 from bench.sim.simulator import SimConfig, default_phases, workload
 from bench.sim.world import World
@@ -47,15 +47,20 @@ def test_a_fleet_without_ngram_sends_edits_to_the_best_method_at_its_k() -> None
     assert (decision.pool, decision.k) == ("eagle3", 8)  # the rule's k 12, at max_k
 
 
-def test_the_observed_mix_at_share_0_launches_no_ngram_pool() -> None:
+def test_the_observed_mix_at_share_0_launches_fewer_ngram_workers() -> None:
     config = SimConfig(default_phases(0.04, 0.0), seed=0, world=World())
     mix = observed_mix(workload(config))
     assert abs(sum(mix.values()) - 1.0) < 1e-9 and not any(t == "edit" for t, _ in mix)
     scenario = SCENARIOS["sglang-pools"]
     observed = launched(scenario, World(), 0, mix=mix)[0].fleet
     even = launched(scenario, World(), 0)[0].fleet
-    assert "ngram" not in {s.method for s in observed}
-    assert "ngram" in {s.method for s in even}  # the even mix's idle n-gram workers
+    def ngram_workers(fleet) -> int:
+        return sum(s.workers for s in fleet if s.method == "ngram")
+
+    # the even mix counts an edit class nobody sends; the observed mix gives n-gram only
+    # what the other classes want of it (since the step-law refit n-gram serves some of
+    # them: 4 of 12 on seed 0, against 5 from the even mix; none before)
+    assert ngram_workers(observed) < ngram_workers(even)
     assert sum(s.workers for s in observed) == sum(s.workers for s in even) == 12
 
 
@@ -64,5 +69,6 @@ def test_sglangs_tiers_tuned_from_the_benchmark_hold_its_best_k() -> None:
     tiers = tuned_tiers(bench, "eagle3")
     assert sorted(tiers) == sorted(SGLANG_ADAPTIVE)  # the same batch tiers, hysteresis
     assert all(tiers[key][1:] == SGLANG_ADAPTIVE[key][1:] for key in tiers)
-    # at batch 1 the benchmark's best is deep (the default tier stops at 7)
-    assert max(tiers[1][0]) > max(SGLANG_ADAPTIVE[1][0])
+    # each tier holds the k the benchmark favours at its batch (0: plain), not SGLang's
+    for key, (candidates, _, _) in tiers.items():
+        assert favoured_k(bench, "eagle3", key) in candidates
