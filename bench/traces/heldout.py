@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from bench.traces.record import PROMPTS
-from bench.traces.sources import Source
+from bench.traces.sources import Source, write_prompts
 
 OUT = Path(__file__).parent / "data" / "heldout"
 SOURCES = {
@@ -98,12 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--edits", type=int, default=40)
     parser.add_argument("--seed", type=int, default=41)
     args = parser.parse_args(argv)
-    items = draw(args.clones, args.per_category, args.edits, args.seed)
-    args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "prompts.jsonl", "w") as handle:
-        for item in items:
-            handle.write(json.dumps(item, ensure_ascii=False) + "\n")
-    print(f"wrote {len(items)} prompts to {args.out / 'prompts.jsonl'}")
+    write_prompts(draw(args.clones, args.per_category, args.edits, args.seed), args.out)
     return 0
 
 
