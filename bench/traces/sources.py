@@ -166,6 +166,14 @@ def draw(clones: Path, per_category: int, seed: int) -> list[dict]:
     return items
 
 
+def write_prompts(items: list[dict], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "prompts.jsonl", "w") as handle:
+        for item in items:
+            handle.write(json.dumps(item, ensure_ascii=False) + "\n")
+    print(f"wrote {len(items)} prompts to {out / 'prompts.jsonl'}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clones", type=Path, required=True)
@@ -173,12 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-category", type=int, default=30)
     parser.add_argument("--seed", type=int, default=41)
     args = parser.parse_args(argv)
-    items = draw(args.clones, args.per_category, args.seed)
-    args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "prompts.jsonl", "w") as handle:
-        for item in items:
-            handle.write(json.dumps(item, ensure_ascii=False) + "\n")
-    print(f"wrote {len(items)} prompts to {args.out / 'prompts.jsonl'}")
+    write_prompts(draw(args.clones, args.per_category, args.seed), args.out)
     return 0
 
 
