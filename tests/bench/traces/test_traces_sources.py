@@ -8,6 +8,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from bench.traces import heldout
 from bench.traces.record import PROMPTS
 from bench.traces.sources import CATEGORIES, SOURCES
@@ -38,8 +40,12 @@ def test_no_source_is_a_held_out_set() -> None:
 
 
 def _held_out_items() -> list[dict]:
-    return [json.loads(line) for line in (HELD_OUT_DIR / "prompts.jsonl").read_text()
-            .splitlines()]
+    """The held-out prompts: fetched public text, kept out of the repository (rebuilt with
+    `python -m bench.traces.heldout --clones DIR`); without them there is nothing to check."""
+    path = HELD_OUT_DIR / "prompts.jsonl"
+    if not path.exists():
+        pytest.skip(f"{path} not built here (python -m bench.traces.heldout --clones DIR)")
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def test_held_out_prompts_come_from_the_judging_sets_only() -> None:
