@@ -110,6 +110,27 @@ def grounded_evidence(user: str) -> str | None:
     return f"grounded: {ask.group(0).lower()[:40]!r} on {passage} provided characters"
 
 
+def copy_cues(user: str) -> tuple[bool, bool, int]:
+    """The raw cues behind `edit_evidence`, for the drafter predictor
+    (gateway/classifier/features.py): an edit verb at an edge with at least
+    `MIN_MATERIAL_CHARS` to act on, a grounded ask with at least `MIN_PASSAGE_CHARS`, and
+    the larger material either acts on (no share threshold: the predictor weighs it)."""
+    if len(user) < MIN_MATERIAL_CHARS:
+        return False, False, 0
+    edit = grounded = False
+    material = 0
+    verb = _edge_match(user, _EDIT, _EDIT_STEMS)
+    if verb is not None:
+        material = _material(user, verb.start(), verb.end())
+        edit = material >= MIN_MATERIAL_CHARS
+    ask = _edge_match(user, _GROUNDED, _GROUNDED_STEMS) if len(user) >= MIN_PASSAGE_CHARS else None
+    if ask is not None:
+        passage = _material(user, ask.start(), ask.end())
+        grounded = passage >= MIN_PASSAGE_CHARS
+        material = max(material, passage)
+    return edit, grounded, material
+
+
 def _material(user: str, start: int, end: int) -> int:
     """Characters of provided material: inside fenced blocks if any; else, with the
     instruction on the first line, the text after the colon or line break that ends
