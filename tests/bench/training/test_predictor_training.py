@@ -1,0 +1,79 @@
+"""The drafter predictor's training: the shipped JSON is what the training command
+produces, the pure-Python runtime predicts what scikit-learn's model does, and no
+held-out dataset is ever in the training data."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from bench.training.predictor.data import (
+    DEFAULT_PROMPTS,
+    DEFAULT_TRACES,
+    FAMILIES,
+    is_held_out,
+    load_rows,
+)
+from bench.training.predictor.train import (
+    DEPTH,
+    LEARNING_RATE,
+    SEED,
+    SUBSAMPLE,
+    TREES,
+    dumps,
+    fit,
+    train,
+)
+from policies.predictor import DEFAULT_PATH, Predictor
+
+
+def test_the_shipped_model_is_what_training_produces() -> None:
+    produced = dumps(train(DEFAULT_TRACES, DEFAULT_PROMPTS))
+    assert produced == DEFAULT_PATH.read_text(), "rerun: python -m bench.training.predictor"
+
+
+def test_the_runtime_predicts_what_scikit_learn_predicts() -> None:
+    from sklearn.ensemble import GradientBoostingRegressor
+
+    rows = load_rows()
+    predictor = Predictor(fit(rows))
+    x = [list(r.features) for r in rows]
+    for family in FAMILIES:
+        model = GradientBoostingRegressor(n_estimators=TREES, max_depth=DEPTH,
+                                          learning_rate=LEARNING_RATE, subsample=SUBSAMPLE,
+                                          random_state=SEED)
+        model.fit(x, [math.log(r.accept_length[family]) for r in rows])
+        expected = [math.exp(v) for v in model.predict(x)]
+        got = [predictor.accept_lengths(r.features)[family] for r in rows]
+        assert got == pytest.approx(expected, rel=1e-3)
+
+
+def test_no_held_out_dataset_is_trained_on() -> None:
+    document = json.loads(DEFAULT_PATH.read_text())
+    sources = document["data"]["sources"]
+    assert len(sources) >= 8
+    assert not [s for s in sources if is_held_out(s)]
+    for name in ("spec-bench:mt_bench", "gsm8k", "cnn_dailymail", "nq-rag", "wmt14-de-en",
+                 "ShareGPT", "instructcoder", "mt-bench"):
+        assert is_held_out(name), name
+
+
+def test_a_held_out_source_in_the_training_files_is_refused(tmp_path: Path) -> None:
+    prompts, traces = tmp_path / "prompts.jsonl", tmp_path / "traces.jsonl"
+    prompts.write_text(json.dumps({"id": "gsm8k:1", "source": "gsm8k", "category": "math",
+                                   "messages": [{"role": "user", "content": "1 + 1?"}]}) + "\n")
+    traces.write_text("".join(json.dumps({"id": "gsm8k:1", "method": method, "k": 8,
+                                          "accept_lengths": [1, 2]}) + "\n"
+                              for method in FAMILIES))
+    with pytest.raises(ValueError, match="held-out"):
+        load_rows(traces, prompts)
+    assert len(load_rows(traces, prompts, allow_held_out=True)) == 1  # evaluation only
+
+
+def test_grouped_cv_beats_the_class_mean() -> None:
+    figures = json.loads(DEFAULT_PATH.read_text())["grouped_cv"]
+    assert figures["requests"] >= 200
+    assert figures["auc"] > figures["auc_class_mean"]
