@@ -42,7 +42,7 @@ from pathlib import Path
 
 from gateway.classifier.code_signs import code_signs
 from gateway.classifier.features import request_features
-from gateway.classifier.grounded import edit_evidence
+from gateway.classifier.grounded import CopyCues, copy_cues, edit_evidence
 from gateway.classifier.parts import context_chars, prompt_parts
 from gateway.classifier.scorer import LinearTextModel
 from gateway.schemas import GenerationRequest
@@ -196,10 +196,11 @@ def classify(request: GenerationRequest, tenant: str = "default", *,
     `model` and `predictor` override the cached ones (training evaluates fresh ones).
     """
     system, user = prompt_parts(request)
-    task, reasons, constrained, tools = _decide(request, system, user, model)
+    cues = copy_cues(user)
+    task, reasons, constrained, tools = _decide(request, system, user, model, cues)
     predictor = predictor or _PREDICTOR or load_predictor()
     predicted = predictor.accept_lengths(
-        request_features(task, user, context_chars(request, user)))
+        request_features(task, user, context_chars(request, user), cues))
     if request.max_tokens is not None:
         max_tokens = request.max_tokens
     else:
@@ -227,12 +228,14 @@ def request_vector(request: GenerationRequest, *, model: LinearTextModel | None 
     """The task and the drafter predictor's feature vector (gateway/classifier/
     features.py) exactly as `classify` computes them; what the predictor is trained on."""
     system, user = prompt_parts(request)
-    task = _decide(request, system, user, model)[0]
-    return task, request_features(task, user, context_chars(request, user))
+    cues = copy_cues(user)
+    task = _decide(request, system, user, model, cues)[0]
+    return task, request_features(task, user, context_chars(request, user), cues)
 
 
 def _decide(request: GenerationRequest, system: str, user: str,
-            model: LinearTextModel | None) -> tuple[Task, list[str], bool, bool]:
+            model: LinearTextModel | None, cues: CopyCues | None = None
+            ) -> tuple[Task, list[str], bool, bool]:
     """Task, reasons, needs_constrained, needs_tools — rules first, then the model."""
     reasons: list[str] = []
     fmt_type = request.response_format["type"] if request.response_format else None
@@ -256,7 +259,7 @@ def _decide(request: GenerationRequest, system: str, user: str,
     ask, named_format = _format_ask(text, lower)
     if ask:
         return "structured", [ask], False, False
-    edit = edit_evidence(user)
+    edit = edit_evidence(user, cues)
     if edit:
         return "edit", [edit], False, False
     code = _code_evidence(text, lower) or _code_ask_intl(text) or _tech_howto(text)

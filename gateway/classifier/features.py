@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from gateway.classifier.grounded import copy_cues
+from gateway.classifier.grounded import NO_CUES, CopyCues
 from policies.types import TASKS
 
 HEAD_CHARS = 2048
@@ -60,7 +60,7 @@ _TRANSLATE = ("translat", "into english", "into french", "into german", "into sp
 _COMPLETE = ("complete", "continue", "finish", "extend", "fill in")
 _DIGITS = "0123456789"
 _CODE_MARKS = ";{}()="
-WORDS_CHARS = 1024  # distinct-word share: the head of the message
+HEAD_SAMPLE_CHARS = 1024  # distinct words, code marks, digits: the head of the message
 
 
 def window(text: str) -> str:
@@ -70,16 +70,18 @@ def window(text: str) -> str:
     return text[:HEAD_CHARS] + "\n" + text[-TAIL_CHARS:]
 
 
-def request_features(task: str, user: str, context_chars: int) -> tuple[float, ...]:
+def request_features(task: str, user: str, context_chars: int,
+                     cues: CopyCues = NO_CUES) -> tuple[float, ...]:
     """The feature vector (`FEATURES` order) of a request whose last user message is
-    `user`, with `context_chars` characters of system messages and earlier turns."""
+    `user`, with `context_chars` characters of system messages and earlier turns and
+    the copy cues `gateway.classifier.grounded.copy_cues` found in `user`."""
     text = window(user)
     size = max(len(text), 1)
     edges = (text[:EDGE_CHARS] + "\n" + text[-EDGE_CHARS:] if size > 2 * EDGE_CHARS
              else text).lower()
     lines = text.splitlines() or [""]
-    words = text[:WORDS_CHARS].lower().split()
-    edit, grounded, material = copy_cues(user)
+    head = text[:HEAD_SAMPLE_CHARS]
+    words = head.lower().split()
     tail = text[-EDGE_CHARS:]
     return (
         *_ONE_HOT.get(task, _ONE_HOT["chat"]),
@@ -87,17 +89,17 @@ def request_features(task: str, user: str, context_chars: int) -> tuple[float, .
         math.log1p(context_chars),
         math.log1p(max(map(len, lines))),
         100.0 * len(lines) / size,
-        material / max(len(user), 1),
-        float(edit),
-        float(grounded),
+        max(cues.material, cues.passage) / max(len(user), 1),
+        float(cues.edit),
+        float(cues.grounded),
         _holds(edges, _EXTRACT),
         _holds(edges, _SUMMARY),
         _holds(edges, _TRANSLATE),
         _holds(edges, _COMPLETE),
         float("?" in tail),
         float("```" in text),
-        100.0 * sum(map(text.count, _CODE_MARKS)) / size,
-        sum(map(text.count, _DIGITS)) / size,
+        100.0 * sum(map(head.count, _CODE_MARKS)) / max(len(head), 1),
+        sum(map(head.count, _DIGITS)) / max(len(head), 1),
         float(not text.isascii()),
         len(set(words)) / len(words) if words else 1.0,
         float("json" in edges),
