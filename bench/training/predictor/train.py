@@ -1,7 +1,7 @@
 """Fit the per-request drafter predictor and write `policies/data/predictor.json`.
 
     python -m bench.training.predictor [--traces PATH] [--prompts PATH] [--out PATH]
-    python -m bench.training.predictor --evaluate bench/traces/data/heldout   # report only
+    python -m bench.training.predictor --evaluate bench/traces/data/heldout/smollm2  # report
 
 Per drafter family (n-gram, EAGLE), a small gradient-boosted tree ensemble
 (scikit-learn `GradientBoostingRegressor`, depth 2) on the log of the request's mean accept
@@ -12,7 +12,7 @@ a dataset is never in both a fold's train and test) gives the figures written be
 the model: the AUC of ranking "n-gram yields more tokens per step than EAGLE" per
 request, the same AUC for the class mean the policy used before (each training fold's
 mean per classifier task), and the MAE of accept length per family. `--evaluate` reads
-held-out traces (a `traces.jsonl` and a `prompts.jsonl` in the folder) and only reports.
+held-out traces and only reports.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def _scorer(document: dict) -> tuple[Callable[[Row], dict[str, float]], Callable
 
 def grouped_cv(rows: Sequence[Row]) -> dict:
     """Leave one source dataset out: every row predicted by a model that never saw its
-    dataset; figures over all rows, and per held-out dataset."""
+    dataset; figures over all rows."""
     predicted: dict[str, dict[str, float]] = {}
     class_scores: dict[str, float] = {}
     for group in sorted({r.group for r in rows}):
@@ -142,10 +142,19 @@ def train(traces: Path, prompts: Path) -> dict:
     return document
 
 
-def evaluate(folder: Path, document: dict) -> dict:
-    """Figures of a fitted model on held-out traces: evaluation only, nothing is fitted."""
-    rows = load_rows(folder / "traces.jsonl", folder / "prompts.jsonl", allow_held_out=True)
-    return _figures(rows, *_scorer(document))
+def evaluate(traces: Path, document: dict) -> dict:
+    """Figures of a fitted model on held-out traces (a `traces.jsonl`, or a folder holding
+    one, with the `prompts.jsonl` beside it or one folder up): evaluation only, nothing is
+    fitted; per source too."""
+    traces = traces / "traces.jsonl" if traces.is_dir() else traces
+    prompts = next((folder / "prompts.jsonl" for folder in (traces.parent, traces.parent.parent)
+                    if (folder / "prompts.jsonl").exists()), traces.parent / "prompts.jsonl")
+    rows = load_rows(traces, prompts, allow_held_out=True)
+    scorers = _scorer(document)
+    out = _figures(rows, *scorers)
+    out["by_source"] = {source: _figures([r for r in rows if r.source == source], *scorers)
+                        for source in sorted({r.source for r in rows})}
+    return out
 
 
 def _relative(path: Path) -> str:
@@ -164,7 +173,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS)
     parser.add_argument("--out", type=Path, default=DEFAULT_PATH)
     parser.add_argument("--evaluate", type=Path, default=None,
-                        help="a folder of held-out traces: report the shipped model on them")
+                        help="held-out traces (a traces.jsonl or its folder): report the "
+                             "shipped model on them, fit nothing")
     args = parser.parse_args(argv)
     if args.evaluate is not None:
         document = json.loads(args.out.read_text())

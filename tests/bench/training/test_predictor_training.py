@@ -24,6 +24,7 @@ from bench.training.predictor.train import (
     SUBSAMPLE,
     TREES,
     dumps,
+    evaluate,
     fit,
     train,
 )
@@ -77,3 +78,25 @@ def test_grouped_cv_beats_the_class_mean() -> None:
     figures = json.loads(DEFAULT_PATH.read_text())["grouped_cv"]
     assert figures["requests"] >= 200
     assert figures["auc"] > figures["auc_class_mean"]
+
+
+def test_evaluate_reports_held_out_traces_and_fits_nothing(tmp_path: Path) -> None:
+    passage = "The lighthouse was built in 1788 and still guides boats into the channel. " * 6
+    items = {"spec-bench:1": ("summarization", f"Summarize the following article.\n\n{passage}",
+                              {"ngram": [9, 1, 5], "eagle": [1, 2, 1]}),
+             "spec-bench:2": ("mt_bench", "Write a short poem about autumn leaves.",
+                              {"ngram": [1, 1, 1], "eagle": [2, 3, 2]})}
+    (tmp_path / "prompts.jsonl").write_text("".join(
+        json.dumps({"id": key, "source": "spec-bench", "category": category,
+                    "messages": [{"role": "user", "content": text}]}) + "\n"
+        for key, (category, text, _) in items.items()))
+    (tmp_path / "smollm2").mkdir()
+    (tmp_path / "smollm2" / "traces.jsonl").write_text("".join(
+        json.dumps({"id": key, "method": method, "k": 8, "accept_lengths": steps}) + "\n"
+        for key, (_, _, traces) in items.items() for method, steps in traces.items()))
+    shipped = DEFAULT_PATH.read_text()
+    figures = evaluate(tmp_path / "smollm2", json.loads(shipped))
+    assert figures["requests"] == 2 and figures["ngram_beats_eagle"] == 1
+    assert figures["auc"] == 1.0  # the summary ranked above the poem
+    assert set(figures["by_source"]) == {"spec-bench"}
+    assert DEFAULT_PATH.read_text() == shipped
