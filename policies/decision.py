@@ -239,7 +239,8 @@ class Policy:
         return Decision(
             pool=chosen.pool.name, method=chosen.pool.method if chosen.k else "plain",
             k=chosen.k, reason=reason_line(chosen, profile.task, profile.temperature_bucket,
-                                              plain_tps, explored),
+                                              plain_tps, explored, method_scale(
+                                                  profile.drafter_scales, chosen.pool.method)),
             predicted_accept_length=chosen.accept_length,
             predicted_tokens_per_s=chosen.tokens_per_s, explored=explored,
             fallbacks=fallbacks(options, chosen))

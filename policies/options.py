@@ -138,13 +138,15 @@ def fallbacks(options: list[Option], chosen: Option) -> tuple[str, ...]:
 
 
 def reason_line(option: Option, task: str, bucket: str, plain_tps: float,
-                explored: bool) -> str:
-    """The decision's one-line reason."""
+                explored: bool, scale: float = 1.0) -> str:
+    """The decision's one-line reason; `scale`: the request's predicted scale for the
+    chosen pool's drafter family (policies/predictor.py), named when not 1."""
     method = option.pool.method if option.k else "plain"
     speedup = option.tokens_per_s / plain_tps if plain_tps > 0 else 1.0
     tag = " (exploring)" if explored else ""
+    scaled = f", {scale:.2g}x its class's extra tokens" if option.k and scale != 1.0 else ""
     return (f"{task}/{bucket}: {option.pool.name} {method} k={option.k} predicted "
-            f"{option.accept_length:.1f} tok/step, {speedup:.1f}x plain{tag}")
+            f"{option.accept_length:.1f} tok/step{scaled}, {speedup:.1f}x plain{tag}")
 
 
 def evaluate(state: PolicyState, pool: PoolView, model: str, task: str, bucket: str,

@@ -58,6 +58,7 @@ def test_a_request_predicted_to_copy_its_input_goes_to_the_ngram_pool() -> None:
         chosen = policy.decide(copying, POOLS)
         assert chosen.pool == "ngram"
         assert chosen.predicted_accept_length > 2.5  # 1 + 2 x the class's 0.9 extra tokens
+        assert "2x its class's extra tokens" in chosen.reason
         assert policy.decide(free, POOLS).pool == "eagle"
     assert policy.predict(copying, POOLS).pool == "ngram"
 
