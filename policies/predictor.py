@@ -14,7 +14,8 @@ The model is a small gradient-boosted tree ensemble per family, fitted offline b
 `python -m bench.training.predictor` (scikit-learn; docs/POLICY.md, "Per-request
 predictor") and flattened into `policies/data/predictor.json`: each tree as parallel
 arrays (`feature`, `threshold`, `left`, `right`, `value`; a leaf has `left` -1, the
-learning rate is folded into `value`), a prediction being `exp(base + sum of leaves)`.
+learning rate is folded into `value`; unrolled at load, depth 2 at most), a prediction
+being `exp(base + sum of leaves)`.
 No numpy or scikit-learn here: the gateway stays light.
 """
 
@@ -38,15 +39,33 @@ LEVEL_STEP = 0.5  # quantisation of log2(scale)
 LEVEL_MAX = 2.0  # scales in [2**-2, 2**2]
 
 
-# one tree: (left, right, feature, threshold, value) child / split / leaf arrays
-Tree = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[float, ...],
-             tuple[float, ...]]
-_TREE_FIELDS = ("left", "right", "feature", "threshold", "value")
+# A tree of depth <= 2, unrolled: (root feature, threshold, then for its left and right
+# child: feature, threshold, leaf if <=, leaf if >). A leaf higher up is a split that
+# always goes left (threshold +inf) with equal leaves. Unrolled, a tree costs a few
+# comparisons and no loop: 120 trees are most of a prediction's time.
+Tree = tuple[int, float, int, float, float, float, int, float, float, float]
+MAX_DEPTH = 2
+
+
+def _subtree(arrays: Mapping[str, Sequence], node: int) -> tuple[int, float, float, float]:
+    """A depth-1 subtree at `node`: (feature, threshold, leaf if <=, leaf if >)."""
+    left, right = arrays["left"][node], arrays["right"][node]
+    value = arrays["value"]
+    if left < 0:
+        return 0, math.inf, value[node], value[node]
+    if arrays["left"][left] >= 0 or arrays["left"][right] >= 0:
+        raise ValueError(f"a tree deeper than {MAX_DEPTH}: the runtime unrolls depth 2")
+    return arrays["feature"][node], arrays["threshold"][node], value[left], value[right]
 
 
 def _tree(arrays: Mapping[str, Sequence]) -> Tree:
-    left, right, feature, threshold, value = (tuple(arrays[name]) for name in _TREE_FIELDS)
-    return left, right, feature, threshold, value
+    """Unroll one tree of the JSON's parallel arrays (`left`, `right`, `feature`,
+    `threshold`, `value`; a leaf has `left` -1)."""
+    left, right = arrays["left"][0], arrays["right"][0]
+    if left < 0:
+        return (0, math.inf, *_subtree(arrays, 0), *_subtree(arrays, 0))
+    return (arrays["feature"][0], arrays["threshold"][0], *_subtree(arrays, left),
+            *_subtree(arrays, right))
 
 
 class Predictor:
@@ -73,11 +92,11 @@ class Predictor:
         out = {}
         for family, (base, trees) in self._families.items():
             total = base
-            for left, right, feature, threshold, value in trees:  # inline: a call per
-                node = 0  # tree would be most of the cost
-                while left[node] >= 0:
-                    node = left[node] if x[feature[node]] <= threshold[node] else right[node]
-                total += value[node]
+            for f0, t0, f1, t1, a, b, f2, t2, c, d in trees:  # inline: a call per tree
+                if x[f0] <= t0:  # would be most of the cost
+                    total += a if x[f1] <= t1 else b
+                else:
+                    total += c if x[f2] <= t2 else d
             out[family] = math.exp(total)
         return out
 

@@ -4,6 +4,7 @@ class), so two requests of one class can go to different drafters."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -105,3 +106,26 @@ def test_explain_shows_the_prediction() -> None:
     assert shown["predicted"] == {"accept_length": {"eagle": 1.3, "ngram": 2.4},
                                   "scale": {"eagle": 1.0, "ngram": 2.0}}
     assert "drafter_scales" not in shown
+
+
+def _document(trees: list[dict]) -> dict:
+    return {"features": ["a", "b"], "k": 8, "class_mean": {"ngram": {"chat": 2.0}},
+            "families": {"ngram": {"base": 0.0, "trees": trees}}}
+
+
+def test_trees_of_depth_two_are_unrolled_and_deeper_ones_refused() -> None:
+    leaf = {"left": [-1], "right": [-1], "feature": [-2], "threshold": [-2.0],
+            "value": [0.5]}
+    stump = {"left": [1, -1, -1], "right": [2, -1, -1], "feature": [1, -2, -2],
+             "threshold": [3.0, -2.0, -2.0], "value": [0.0, -1.0, 1.0]}
+    uneven = {"left": [1, -1, 3, -1, -1], "right": [2, -1, 4, -1, -1],
+              "feature": [0, -2, 1, -2, -2], "threshold": [0.0, -2.0, 5.0, -2.0, -2.0],
+              "value": [0.0, 0.1, 0.0, 0.2, 0.3]}
+    predictor = Predictor(_document([leaf, stump, uneven]))
+    for x, leaves in (([0.0, 9.0], 0.5 + 1.0 + 0.1), ([1.0, 4.0], 0.5 + 1.0 + 0.2),
+                      ([1.0, 6.0], 0.5 + 1.0 + 0.3), ([1.0, 2.0], 0.5 - 1.0 + 0.2)):
+        assert predictor.accept_lengths(x)["ngram"] == pytest.approx(math.exp(leaves))
+    deep = {"left": [1, 3, -1, 5, -1, -1, -1], "right": [2, 4, -1, 6, -1, -1, -1],
+            "feature": [0, 0, -2, 0, -2, -2, -2], "threshold": [0.0] * 7, "value": [0.0] * 7}
+    with pytest.raises(ValueError, match="deeper"):
+        Predictor(_document([deep]))
