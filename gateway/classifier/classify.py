@@ -44,6 +44,7 @@ from gateway.classifier.code_signs import code_signs
 from gateway.classifier.features import request_features
 from gateway.classifier.grounded import CopyCues, copy_cues, edit_evidence
 from gateway.classifier.parts import context_chars, prompt_parts
+from gateway.classifier.prediction import cached_predictor, profile_fields
 from gateway.classifier.scorer import LinearTextModel
 from gateway.schemas import GenerationRequest
 from policies.predictor import Predictor
@@ -167,24 +168,15 @@ _CODE_BEFORE, _CODE_AFTER = 64, 96
 MAX_WORD_HITS = 4  # occurrences of one trigger word inspected
 
 _MODEL: LinearTextModel | None = None
-_PREDICTOR: Predictor | None = None
 
 
 def load_classifier(path: Path | str | None = None) -> LinearTextModel:
     """Load (and cache for `classify`) the text model, the shipped one by default, and the
-    shipped drafter predictor if none is loaded yet."""
+    shipped drafter predictor (gateway/classifier/prediction.py) if none is loaded yet."""
     global _MODEL
     _MODEL = LinearTextModel.load(Path(path) if path is not None else DEFAULT_MODEL_PATH)
-    if _PREDICTOR is None:
-        load_predictor()
+    cached_predictor()
     return _MODEL
-
-
-def load_predictor(path: Path | str | None = None) -> Predictor:
-    """Load (and cache for `classify`) the drafter predictor; the shipped one by default."""
-    global _PREDICTOR
-    _PREDICTOR = Predictor.load(path)
-    return _PREDICTOR
 
 
 def classify(request: GenerationRequest, tenant: str = "default", *,
@@ -198,8 +190,8 @@ def classify(request: GenerationRequest, tenant: str = "default", *,
     system, user = prompt_parts(request)
     cues = copy_cues(user)
     task, reasons, constrained, tools = _decide(request, system, user, model, cues)
-    predictor = predictor or _PREDICTOR or load_predictor()
-    predicted = predictor.accept_lengths(
+    predicted, scales = profile_fields(
+        predictor or cached_predictor(), task,
         request_features(task, user, context_chars(request, user), cues))
     if request.max_tokens is not None:
         max_tokens = request.max_tokens
@@ -218,8 +210,8 @@ def classify(request: GenerationRequest, tenant: str = "default", *,
         needs_constrained=constrained,
         needs_tools=tools,
         reasons=tuple(reasons),
-        predicted_accept=tuple((f, round(v, 2)) for f, v in sorted(predicted.items())),
-        drafter_scales=predictor.scales(task, predicted),
+        predicted_accept=predicted,
+        drafter_scales=scales,
     )
 
 

@@ -4,8 +4,13 @@ gateway computes for a request, with bounded work."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import pytest
+
+import policies.predictor as predictor_module
 from bench.gateway.classifier import chat_request
+from gateway.classifier import prediction
 from gateway.classifier.classify import classify, request_vector
 from gateway.classifier.features import FEATURES, HEAD_CHARS, TAIL_CHARS, request_features, window
 from gateway.schemas import parse_request
@@ -65,3 +70,18 @@ def test_work_is_bounded_by_the_window() -> None:
     features = request_features("chat", huge, 0)
     assert len(features) == len(FEATURES)
     assert features[FEATURES.index("log_chars")] > 13.0  # the size is read whole
+
+
+def test_an_unreadable_predictor_leaves_the_class_and_no_prediction(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(prediction, "_PREDICTOR", None)
+    monkeypatch.setattr(prediction, "_FAILED", False)
+    monkeypatch.setattr(predictor_module, "DEFAULT_PATH", tmp_path / "missing.json")
+    profile = classify(chat_request(f"Summarize the following article.\n\n{PASSAGE}"))
+    again = classify(chat_request("Write a short poem about autumn leaves."))
+    assert profile.task == "edit" and again.task == "chat"
+    assert profile.predicted_accept == () and profile.drafter_scales == ()
+    assert profile.to_dict()["predicted"] == {"accept_length": {}, "scale": {}}
+    warnings = [r for r in caplog.records if "drafter predictor not loaded" in r.getMessage()]
+    assert len(warnings) == 1  # tried once
