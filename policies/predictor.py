@@ -15,7 +15,8 @@ The model is a small gradient-boosted tree ensemble per family, fitted offline b
 predictor") and flattened into `policies/data/predictor.json`: each tree as parallel
 arrays (`feature`, `threshold`, `left`, `right`, `value`; a leaf has `left` -1, the
 learning rate is folded into `value`; unrolled at load, depth 2 at most), a prediction
-being `exp(base + sum of leaves)`.
+being `exp(base + sum of leaves) x smearing` (Duan's factor: a mean, not a geometric
+mean).
 No numpy or scikit-learn here: the gateway stays light.
 """
 
@@ -75,7 +76,7 @@ class Predictor:
         self.features: tuple[str, ...] = tuple(document["features"])
         self.k: int = int(document["k"])
         self._families: dict[str, tuple[float, tuple[Tree, ...]]] = {
-            family: (float(model["base"]),
+            family: (float(model["base"]) + math.log(float(model.get("smearing", 1.0))),
                      tuple(_tree(tree) for tree in model["trees"]))
             for family, model in document["families"].items()}
         self.class_mean: dict[str, dict[str, float]] = {
