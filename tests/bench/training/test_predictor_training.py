@@ -103,3 +103,23 @@ def test_evaluate_reports_held_out_traces_and_fits_nothing(tmp_path: Path) -> No
     assert figures["auc"] == 1.0  # the summary ranked above the poem
     assert set(figures["by_source"]) == {"spec-bench"}
     assert DEFAULT_PATH.read_text() == shipped
+
+
+def test_grouped_cv_never_tests_a_dataset_it_trained_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    import bench.training.predictor.train as training
+
+    rows = load_rows()
+    seen: list[set[str]] = []
+    real_fit = training.fit
+
+    def recording_fit(train_rows: list) -> dict:
+        seen.append({r.group for r in train_rows})
+        return real_fit(train_rows)
+
+    monkeypatch.setattr(training, "fit", recording_fit)
+    figures = training.grouped_cv(rows)
+    groups = {r.group for r in rows}
+    assert len(seen) == len(groups) >= 8  # one fold per dataset
+    assert all(len(groups - trained) == 1 for trained in seen)  # exactly one left out
+    assert "codealpaca" in groups and "codealpaca-2k" not in groups  # one dataset, two files
+    assert figures["requests"] == len(rows)
