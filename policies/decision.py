@@ -89,6 +89,8 @@ class PolicyConfig:
     reported_load: bool = True
     # a no-speculation decision stays on a plain pool unless it is predicted this much slower
     plain_pool_margin: float = 0.25
+    # scale pools' learned acceptance by the request's `drafter_scales`; off: class means only
+    request_prediction: bool = True
     seed: int = 0
     # Time constant of the telemetry's exponential decay: the gateway's store and the
     # simulator's both use it (the drift view decays 5x faster; docs/POLICY.md).
@@ -183,12 +185,13 @@ class Policy:
         so memoised with the state (a request whose pools sit in the same slots as an
         earlier one's is a lookup)."""
         model, task, bucket = profile.model, profile.task, profile.temperature_bucket
+        scales = profile.drafter_scales if self.config.request_prediction else ()
         keys = []
         for pool in pools:
             if pool.healthy_workers > 0:
                 # the pool's identity, not its live counters: they enter through the slot
                 keys.append((pool.name, pool.method, pool.k, pool.per_request_k, pool.max_k,
-                             model, task, bucket, method_scale(profile.drafter_scales, pool.method),
+                             model, task, bucket, method_scale(scales, pool.method),
                              quantize_load(self._load(state, pool))))
         whole = tuple(keys)
         ranked = memo.get(whole)
@@ -240,7 +243,8 @@ class Policy:
             pool=chosen.pool.name, method=chosen.pool.method if chosen.k else "plain",
             k=chosen.k, reason=reason_line(chosen, profile.task, profile.temperature_bucket,
                                               plain_tps, explored, method_scale(
-                                                  profile.drafter_scales, chosen.pool.method)),
+                                                  profile.drafter_scales, chosen.pool.method)
+                                              if self.config.request_prediction else 1.0),
             predicted_accept_length=chosen.accept_length,
             predicted_tokens_per_s=chosen.tokens_per_s, explored=explored,
             fallbacks=fallbacks(options, chosen))

@@ -64,6 +64,15 @@ def test_a_request_predicted_to_copy_its_input_goes_to_the_ngram_pool() -> None:
     assert policy.predict(copying, POOLS).pool == "ngram"
 
 
+
+def test_request_prediction_can_be_switched_off() -> None:
+    policy = _policy()
+    policy.config = replace(policy.config, request_prediction=False)
+    copying = replace(PROFILE, drafter_scales=(("eagle", 1.0), ("ngram", 2.0)))
+    decision = policy.predict(copying, POOLS)
+    assert decision.pool == "eagle" and "its class's" not in decision.reason
+
+
 def test_scaled_acceptance_multiplies_extra_tokens_at_the_trace_k() -> None:
     for method in ("ngram", "eagle2"):  # a chain and a tree drafter
         a = 0.6
