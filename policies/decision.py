@@ -2,8 +2,9 @@
 
 `decide` maximises predicted tokens/s = E(a, k) / step_time(k, load) over the pools the
 gateway offers (E from arXiv 2211.17192; `a` and step time from the learner's latest
-`PolicyState`). It only reads in-process state: the whole greedy ranking and its
-decision are memoised per (context, each pool's identity and load slot) until the next
+`PolicyState`, `a` scaled per request by the drafter predictor's `drafter_scales`,
+policies/predictor.py). It only reads in-process state: the whole greedy ranking and its
+decision are memoised per (context, each pool's identity, scale and load slot) until the next
 refit, so a request is a lookup plus the exploration draw.
 
 On a per-request-k pool k is chosen by what the worker's batch emits (with a measured
@@ -51,6 +52,7 @@ from policies.options import (
     reason_line,
     trusted_top_k,
 )
+from policies.predictor import method_scale
 from policies.prior import WorkerPrior, merge
 from policies.telemetry import Telemetry
 from policies.types import Decision, PoolView, RequestProfile, RequestRecord
@@ -87,6 +89,8 @@ class PolicyConfig:
     reported_load: bool = True
     # a no-speculation decision stays on a plain pool unless it is predicted this much slower
     plain_pool_margin: float = 0.25
+    # scale pools' learned acceptance by the request's `drafter_scales`; off: class means only
+    request_prediction: bool = True
     seed: int = 0
     # Time constant of the telemetry's exponential decay: the gateway's store and the
     # simulator's both use it (the drift view decays 5x faster; docs/POLICY.md).
@@ -181,12 +185,14 @@ class Policy:
         so memoised with the state (a request whose pools sit in the same slots as an
         earlier one's is a lookup)."""
         model, task, bucket = profile.model, profile.task, profile.temperature_bucket
+        scales = profile.drafter_scales if self.config.request_prediction else ()
         keys = []
         for pool in pools:
             if pool.healthy_workers > 0:
                 # the pool's identity, not its live counters: they enter through the slot
                 keys.append((pool.name, pool.method, pool.k, pool.per_request_k, pool.max_k,
-                             model, task, bucket, quantize_load(self._load(state, pool))))
+                             model, task, bucket, method_scale(scales, pool.method),
+                             quantize_load(self._load(state, pool))))
         whole = tuple(keys)
         ranked = memo.get(whole)
         if ranked is not None:
@@ -203,7 +209,7 @@ class Policy:
                     state, pool, model, task, bucket, LOAD_SLOTS[key[-1]],
                     top_k=trusted_top_k(pool, state, self.config.k_trust_margin),
                     batch_aware=self.config.batch_aware_k, mix=self.config.batch_mix,
-                    tilted=self.config.accept_tilt)
+                    tilted=self.config.accept_tilt, scale=key[-2])
             options.append(option)
         options.sort(key=lambda o: (-o.pool_score, o.pool.name))
         chosen = self._with_hysteresis(state, options, (model, task, bucket))
@@ -236,7 +242,9 @@ class Policy:
         return Decision(
             pool=chosen.pool.name, method=chosen.pool.method if chosen.k else "plain",
             k=chosen.k, reason=reason_line(chosen, profile.task, profile.temperature_bucket,
-                                              plain_tps, explored),
+                                              plain_tps, explored, method_scale(
+                                                  profile.drafter_scales, chosen.pool.method)
+                                              if self.config.request_prediction else 1.0),
             predicted_accept_length=chosen.accept_length,
             predicted_tokens_per_s=chosen.tokens_per_s, explored=explored,
             fallbacks=fallbacks(options, chosen))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from policies.cost import StepCost
 from policies.learner import PolicyState
+from policies.predictor import TRACE_K, scaled_accept
 from policies.types import PoolView
 
 
@@ -137,18 +138,21 @@ def fallbacks(options: list[Option], chosen: Option) -> tuple[str, ...]:
 
 
 def reason_line(option: Option, task: str, bucket: str, plain_tps: float,
-                explored: bool) -> str:
-    """The decision's one-line reason."""
+                explored: bool, scale: float = 1.0) -> str:
+    """The decision's one-line reason; `scale`: the request's predicted scale for the
+    chosen pool's drafter family (policies/predictor.py), named when not 1."""
     method = option.pool.method if option.k else "plain"
     speedup = option.tokens_per_s / plain_tps if plain_tps > 0 else 1.0
     tag = " (exploring)" if explored else ""
+    scaled = f", {scale:.2g}x its class's extra tokens" if option.k and scale != 1.0 else ""
     return (f"{task}/{bucket}: {option.pool.name} {method} k={option.k} predicted "
-            f"{option.accept_length:.1f} tok/step, {speedup:.1f}x plain{tag}")
+            f"{option.accept_length:.1f} tok/step{scaled}, {speedup:.1f}x plain{tag}")
 
 
 def evaluate(state: PolicyState, pool: PoolView, model: str, task: str, bucket: str,
              load: float, accept: float | None = None, top_k: int | None = None,
-             batch_aware: bool = True, mix: bool = False, tilted: bool = False) -> Option:
+             batch_aware: bool = True, mix: bool = False, tilted: bool = False,
+             scale: float = 1.0) -> Option:
     """Measured batch cost (`PolicyState.cost_measured`): the k with which the
     worker's batch emits most, this context's share of it at k and the rest drafting
     what they draft (`options.mixed_batch`; `mix` off: the whole batch at k).
@@ -158,10 +162,15 @@ def evaluate(state: PolicyState, pool: PoolView, model: str, task: str, bucket: 
     pools at k = 0 (the simulator's `embedded` fleet: 0.72 of the oracle, 0.89
     without). Scored (`pool_score`) by the request's own tokens/s at its own best k,
     so pools compare alike whatever their fits say about batch-mates. `tilted`: `a`
-    read at each k along the context's slope in k (`PolicyState.accept_tilt`)."""
+    read at each k along the context's slope in k (`PolicyState.accept_tilt`).
+    `scale`: the request's predicted extra tokens per step against its class's
+    (policies/predictor.py), applied to the context's learned `a` (not to `accept`, an
+    explicit acceptance such as exploration's optimistic one, already the request's)."""
     a, n = state.accept(model, pool.method, task, bucket)
     if accept is not None:
         a = accept
+    elif scale != 1.0:
+        a = scaled_accept(a, pool.method, scale, TRACE_K)
     ks = candidate_ks(pool, top_k)
     tilt = (state.accept_tilt.get((model, pool.method, task, bucket))
             if tilted and pool.per_request_k else None)

@@ -42,6 +42,12 @@ class RequestProfile:
     needs_constrained: bool = False  # response_format json_schema / regex
     needs_tools: bool = False
     reasons: tuple[str, ...] = ()  # which rules fired, for /v1/routing/explain
+    # The per-request drafter predictor (policies/predictor.py), sorted by family: the
+    # predicted accept length per family, and the quantised scale of its extra tokens per
+    # step against the class's mean, which the policy applies to the acceptance it
+    # learned for the class (empty: no prediction, scale 1)
+    predicted_accept: tuple[tuple[str, float], ...] = ()
+    drafter_scales: tuple[tuple[str, float], ...] = ()
 
     @property
     def temperature_bucket(self) -> str:
@@ -51,6 +57,9 @@ class RequestProfile:
         out = asdict(self)
         out["temperature_bucket"] = self.temperature_bucket
         out["reasons"] = list(self.reasons)
+        del out["predicted_accept"], out["drafter_scales"]
+        out["predicted"] = {"accept_length": dict(self.predicted_accept),
+                            "scale": dict(self.drafter_scales)}
         return out
 
 

@@ -41,16 +41,19 @@ from itertools import islice
 from pathlib import Path
 
 from gateway.classifier.code_signs import code_signs
-from gateway.classifier.grounded import edit_evidence
+from gateway.classifier.features import request_features
+from gateway.classifier.grounded import CopyCues, copy_cues, edit_evidence
+from gateway.classifier.parts import context_chars, prompt_parts
+from gateway.classifier.prediction import cached_predictor, profile_fields
 from gateway.classifier.scorer import LinearTextModel
-from gateway.schemas import GenerationRequest, content_text
+from gateway.schemas import GenerationRequest
+from policies.predictor import Predictor
 from policies.request_limits import COMPLETIONS_DEFAULT_MAX_TOKENS
 from policies.types import RequestProfile, Task
 
 DEFAULT_MODEL_PATH = Path(__file__).resolve().parent / "assets" / "classifier.npz"
 RULE_HEAD_CHARS = 1536  # bounded scans: a format or code ask sits at either end of a
 RULE_TAIL_CHARS = 512  # prompt; pasted code or a trace shows in any 2 KB of it
-SYSTEM_CHARS = 1024
 MAX_FENCES = 16  # fenced blocks inspected per prompt
 
 _CONSTRAINED_EXTRAS = ("guided_json", "guided_regex", "guided_grammar", "regex", "ebnf",
@@ -168,20 +171,28 @@ _MODEL: LinearTextModel | None = None
 
 
 def load_classifier(path: Path | str | None = None) -> LinearTextModel:
-    """Load (and cache for `classify`) the text model; the shipped one by default."""
+    """Load (and cache for `classify`) the text model, the shipped one by default, and the
+    shipped drafter predictor (gateway/classifier/prediction.py) if none is loaded yet."""
     global _MODEL
     _MODEL = LinearTextModel.load(Path(path) if path is not None else DEFAULT_MODEL_PATH)
+    cached_predictor()
     return _MODEL
 
 
 def classify(request: GenerationRequest, tenant: str = "default", *,
-             model: LinearTextModel | None = None) -> RequestProfile:
-    """Profile a request `gateway.schemas.parse_request` has validated.
+             model: LinearTextModel | None = None,
+             predictor: Predictor | None = None) -> RequestProfile:
+    """Profile a request `gateway.schemas.parse_request` has validated, with the drafter
+    predictor's per-request prediction (policies/predictor.py).
 
-    `model` overrides the cached text model (training evaluates a fresh one this way).
+    `model` and `predictor` override the cached ones (training evaluates fresh ones).
     """
-    system, user = _prompt_parts(request)
-    task, reasons, constrained, tools = _decide(request, system, user, model)
+    system, user = prompt_parts(request)
+    cues = copy_cues(user)
+    task, reasons, constrained, tools = _decide(request, system, user, model, cues)
+    predicted, scales = profile_fields(
+        predictor or cached_predictor(), task,
+        request_features(task, user, context_chars(request, user), cues))
     if request.max_tokens is not None:
         max_tokens = request.max_tokens
     else:
@@ -199,11 +210,24 @@ def classify(request: GenerationRequest, tenant: str = "default", *,
         needs_constrained=constrained,
         needs_tools=tools,
         reasons=tuple(reasons),
+        predicted_accept=predicted,
+        drafter_scales=scales,
     )
 
 
+def request_vector(request: GenerationRequest, *, model: LinearTextModel | None = None
+                   ) -> tuple[str, tuple[float, ...]]:
+    """The task and the drafter predictor's feature vector (gateway/classifier/
+    features.py) exactly as `classify` computes them; what the predictor is trained on."""
+    system, user = prompt_parts(request)
+    cues = copy_cues(user)
+    task = _decide(request, system, user, model, cues)[0]
+    return task, request_features(task, user, context_chars(request, user), cues)
+
+
 def _decide(request: GenerationRequest, system: str, user: str,
-            model: LinearTextModel | None) -> tuple[Task, list[str], bool, bool]:
+            model: LinearTextModel | None, cues: CopyCues | None = None
+            ) -> tuple[Task, list[str], bool, bool]:
     """Task, reasons, needs_constrained, needs_tools — rules first, then the model."""
     reasons: list[str] = []
     fmt_type = request.response_format["type"] if request.response_format else None
@@ -227,7 +251,7 @@ def _decide(request: GenerationRequest, system: str, user: str,
     ask, named_format = _format_ask(text, lower)
     if ask:
         return "structured", [ask], False, False
-    edit = edit_evidence(user)
+    edit = edit_evidence(user, cues)
     if edit:
         return "edit", [edit], False, False
     code = _code_evidence(text, lower) or _code_ask_intl(text) or _tech_howto(text)
@@ -359,20 +383,3 @@ def _bounded(text: str) -> str:
     if len(text) <= RULE_HEAD_CHARS + RULE_TAIL_CHARS:
         return text
     return text[:RULE_HEAD_CHARS] + "\n" + text[-RULE_TAIL_CHARS:]
-
-
-def _prompt_parts(request: GenerationRequest) -> tuple[str, str]:
-    """(system text, last user text); token-id prompts have no text to read."""
-    if request.messages is None:
-        return "", request.prompt if isinstance(request.prompt, str) else ""
-    system_parts: list[str] = []
-    user = ""
-    for message in request.messages:
-        role = message["role"]
-        if role in ("system", "developer"):
-            system_parts.append(content_text(message.get("content"))[:SYSTEM_CHARS])
-        elif role == "user":
-            user = content_text(message.get("content"))
-    if not user:
-        user = content_text(request.messages[-1].get("content"))
-    return "\n".join(system_parts)[:SYSTEM_CHARS], user

@@ -22,6 +22,7 @@ last `EDGE_CHARS` only.
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 EDGE_CHARS = 300
 MIN_MATERIAL_CHARS = 120  # ~30 tokens
@@ -83,31 +84,55 @@ def _edge_match(user: str, pattern: re.Pattern, stems: tuple[str, ...]) -> re.Ma
     return found
 
 
-def edit_evidence(user: str) -> str | None:
-    """Why `user` is a copy-heavy request (an edit, or an answer grounded in a passage
-    it provides), or None (see the module docstring)."""
+class CopyCues(NamedTuple):
+    """What `copy_cues` found: the edit verb and the material it acts on, the grounded
+    ask and the passage it reads (characters; 0 where no verb or ask)."""
+
+    verb: str | None
+    material: int
+    ask: str | None
+    passage: int
+
+    @property
+    def edit(self) -> bool:
+        """An edit verb with at least `MIN_MATERIAL_CHARS` to act on."""
+        return self.verb is not None and self.material >= MIN_MATERIAL_CHARS
+
+    @property
+    def grounded(self) -> bool:
+        """A grounded ask with a passage of at least `MIN_PASSAGE_CHARS`."""
+        return self.ask is not None and self.passage >= MIN_PASSAGE_CHARS
+
+
+NO_CUES = CopyCues(None, 0, None, 0)
+
+
+def copy_cues(user: str) -> CopyCues:
+    """The edit verb and the grounded ask at the message's edges, with what they act on:
+    read once per request by the classifier (`edit_evidence`) and the drafter
+    predictor's features (gateway/classifier/features.py)."""
     if len(user) < MIN_MATERIAL_CHARS:
-        return None
+        return NO_CUES
     verb = _edge_match(user, _EDIT, _EDIT_STEMS)
-    if verb is not None:
-        material = _material(user, verb.start(), verb.end())
-        if material >= MIN_MATERIAL_CHARS and material >= MIN_MATERIAL_SHARE * len(user):
-            return f"edit: {verb.group(0).lower()!r} on {material} provided characters"
-    return grounded_evidence(user)
+    material = _material(user, verb.start(), verb.end()) if verb is not None else 0
+    ask = (_edge_match(user, _GROUNDED, _GROUNDED_STEMS) if len(user) >= MIN_PASSAGE_CHARS
+           else None)
+    passage = _material(user, ask.start(), ask.end()) if ask is not None else 0
+    return CopyCues(verb.group(0).lower() if verb is not None else None, material,
+                    ask.group(0).lower() if ask is not None else None, passage)
 
 
-def grounded_evidence(user: str) -> str | None:
-    """A summary, extraction or answer from a passage of at least `MIN_PASSAGE_CHARS`
-    that is most of the message."""
-    if len(user) < MIN_PASSAGE_CHARS:
-        return None
-    ask = _edge_match(user, _GROUNDED, _GROUNDED_STEMS)
-    if ask is None:
-        return None
-    passage = _material(user, ask.start(), ask.end())
-    if passage < MIN_PASSAGE_CHARS or passage < MIN_MATERIAL_SHARE * len(user):
-        return None
-    return f"grounded: {ask.group(0).lower()[:40]!r} on {passage} provided characters"
+def edit_evidence(user: str, cues: CopyCues | None = None) -> str | None:
+    """Why `user` is a copy-heavy request (an edit, or an answer grounded in a passage
+    it provides, that is most of the message), or None (see the module docstring).
+    `cues`: `copy_cues(user)`, where the caller has it."""
+    cues = copy_cues(user) if cues is None else cues
+    share = MIN_MATERIAL_SHARE * len(user)
+    if cues.edit and cues.material >= share:
+        return f"edit: {cues.verb!r} on {cues.material} provided characters"
+    if cues.grounded and cues.passage >= share:
+        return f"grounded: {cues.ask[:40]!r} on {cues.passage} provided characters"  # type: ignore[index]
+    return None
 
 
 def _material(user: str, start: int, end: int) -> int:

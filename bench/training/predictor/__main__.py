@@ -1,0 +1,3 @@
+from bench.training.predictor.train import main
+
+main()
