@@ -142,6 +142,7 @@ class Scores:
     static: float
     oracle_class: float
     oracle_request: float
+    by_request: list[PoolSpec]  # the per-request oracle's pool for each request
 
     @property
     def best_homogeneous(self) -> tuple[str, float]:
@@ -165,4 +166,4 @@ def score_fleets(costs: Costs, sequence: Sequence[str], profiles: Sequence[Reque
     return Scores(homogeneous, best, launched,
                   costs.score(list(zip(sequence, static, strict=True))),
                   costs.score(list(zip(sequence, by_class, strict=True))),
-                  costs.score(list(zip(sequence, by_request, strict=True))))
+                  costs.score(list(zip(sequence, by_request, strict=True))), by_request)

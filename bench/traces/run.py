@@ -78,6 +78,20 @@ def desired_k_rows(run: Run, costs: Costs, sequence: list[str], pools: list[Pool
     return rows
 
 
+def route_rows(world: str, batch: int, sequence: list[str], category: dict[str, str],
+               run: Run, oracle: list[PoolSpec]) -> list[dict]:
+    """Per category: requests the adaptive fleet and the per-request oracle sent to each
+    pool."""
+    rows: dict[str, dict] = {}
+    for rid, decision, best in zip(sequence, run.decisions, oracle, strict=True):
+        row = rows.setdefault(category[rid], {"world": world, "batch": batch,
+                                              "category": category[rid],
+                                              "adaptive": {}, "oracle_request": {}})
+        row["adaptive"][decision.pool] = row["adaptive"].get(decision.pool, 0) + 1
+        row["oracle_request"][best.name] = row["oracle_request"].get(best.name, 0) + 1
+    return [rows[c] for c in sorted(rows)]
+
+
 def evaluate(traces: dict[str, dict[str, Trace]], prompts: dict[str, dict], seeds: list[int],
              worlds=WORLDS, batches=BATCHES, mixes=MIXES) -> dict:
     ids = usable(traces, prompts)
@@ -89,6 +103,7 @@ def evaluate(traces: dict[str, dict[str, Trace]], prompts: dict[str, dict], seed
     category = {i: traces[i]["plain"].category for i in ids}
     results: list[dict] = []
     desired: list[dict] = []
+    routes: list[dict] = []
     for world in worlds:
         for batch in batches:
             costs = Costs(traces, world, batch)
@@ -111,6 +126,8 @@ def evaluate(traces: dict[str, dict[str, Trace]], prompts: dict[str, dict], seed
                         per_seed[fleet].append(value / top)
                     per_seed["best_tokens_per_s"].append(top)
                     if share is None and seed == seeds[0]:
+                        routes.extend(route_rows(world, batch, sequence, category, run,
+                                                 scores.by_request))
                         for row in desired_k_rows(run, costs, sequence, scores.launched, max_k):
                             desired.append({"world": world, "batch": batch, **row})
                 if per_seed:
@@ -119,7 +136,8 @@ def evaluate(traces: dict[str, dict[str, Trace]], prompts: dict[str, dict], seed
                                     **{f: spread(v) for f, v in per_seed.items()}})
     return {"requests": len(ids), "categories": sorted(set(category.values())),
             "copy_heavy": sorted(COPY_HEAVY & set(category.values())), "seeds": seeds,
-            "pools": [p.name for p in pools], "results": results, "desired_k": desired}
+            "pools": [p.name for p in pools], "results": results, "desired_k": desired,
+            "routes": routes}
 
 
 def table(report: dict) -> str:
@@ -153,11 +171,21 @@ def table(report: dict) -> str:
                      f"{d['wish']} | {d['predicted_gain']:.3f} | {measured} | "
                      f"{'yes' if d['would_publish'] else 'no'} | "
                      f"{'YES' if d['loses'] else 'no'} |")
+    lines += ["", "routes (mix recorded, first seed): requests per pool, adaptive | "
+              "per-request oracle", "", "| world | batch | category | adaptive | oracle |",
+              "|---|---|---|---|---|"]
+    for r in report["routes"]:
+        lines.append(f"| {r['world']} | {r['batch']} | {r['category']} | "
+                     f"{_counts(r['adaptive'])} | {_counts(r['oracle_request'])} |")
     for method, c in report.get("cut_check_k16_to_k8", {}).items():
         lines.append(f"\nk 8 derived from the k 16 recording, {method}: "
                      f"{c['derived_tokens_per_step']:.3f} tokens/step against "
                      f"{c['recorded_tokens_per_step']:.3f} recorded ({c['requests']} requests)")
     return "\n".join(lines)
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{pool} {n}" for pool, n in sorted(counts.items()))
 
 
 def main(args: argparse.Namespace) -> int:
