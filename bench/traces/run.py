@@ -21,13 +21,22 @@ from collections import defaultdict
 from pathlib import Path
 
 from bench.traces.adaptive import ENGINE, Run, adaptive, profile_of
-from bench.traces.fleets import COPY_HEAVY, Costs, PoolSpec, grid, mix_sequence, score_fleets
+from bench.traces.fleets import (
+    COPY_HEAVY,
+    Costs,
+    PoolSpec,
+    grid,
+    mix_sequence,
+    score_fleets,
+    view,
+)
 from bench.traces.world import DATA, Trace, cut_check, load_prompts, load_traces
 from policies.types import RequestProfile
 
 WORLDS = ("h100", "embedded")
 BATCHES = (1, 8, 32)
 MIXES: tuple[float | None, ...] = (None, 0.0, 0.2, 0.4)
+QUICK_PER_CATEGORY = 6
 FLEETS = ("plain", "ngram", "eagle", "static", "oracle_class", "oracle_request", "adaptive")
 
 
@@ -45,7 +54,7 @@ def spread(values: list[float]) -> dict[str, float]:
 
 
 def desired_k_rows(run: Run, costs: Costs, sequence: list[str], pools: list[PoolSpec],
-                   max_k: int) -> list[dict]:
+                   max_k: int, engine: str) -> list[dict]:
     """Per speculative pool: the k the policy's `k_scores` ranks first after the run,
     its predicted gain, and the world's tokens/s at that k over at the launch k, on the
     requests the adaptive run sent to the pool."""
@@ -57,8 +66,8 @@ def desired_k_rows(run: Run, costs: Costs, sequence: list[str], pools: list[Pool
         if pool.method == "plain":
             continue
         mine = [r for r, d in zip(sequence, run.decisions, strict=True) if d.pool == pool.name]
-        pool_view = next(v for v in policy._pools.values() if v.name == pool.name)
-        scores = policy.desired_k.k_scores(pool_view, state, float(costs.batch))
+        scores = policy.desired_k.k_scores(view(pool, costs.batch, engine), state,
+                                           float(costs.batch))
         row: dict = {"pool": pool.name, "k": pool.k, "requests": len(mine)}
         if not scores or not mine:
             rows.append({**row, "wish": None})
@@ -93,7 +102,8 @@ def route_rows(world: str, batch: int, sequence: list[str], category: dict[str, 
 
 
 def evaluate(traces: dict[str, dict[str, Trace]], prompts: dict[str, dict], seeds: list[int],
-             worlds=WORLDS, batches=BATCHES, mixes=MIXES) -> dict:
+             worlds: tuple[str, ...] = WORLDS, batches: tuple[int, ...] = BATCHES,
+             mixes: tuple[float | None, ...] = MIXES) -> dict:
     ids = usable(traces, prompts)
     max_k = min(t.k for m in traces.values() for t in m.values() if t.method != "plain")
     pools = grid(max_k)
@@ -128,7 +138,8 @@ def evaluate(traces: dict[str, dict[str, Trace]], prompts: dict[str, dict], seed
                     if share is None and seed == seeds[0]:
                         routes.extend(route_rows(world, batch, sequence, category, run,
                                                  scores.by_request))
-                        for row in desired_k_rows(run, costs, sequence, scores.launched, max_k):
+                        for row in desired_k_rows(run, costs, sequence, scores.launched, max_k,
+                                                  ENGINE[world]):
                             desired.append({"world": world, "batch": batch, **row})
                 if per_seed:
                     results.append({"world": world, "batch": batch, "mix": mix_name(share),
@@ -192,8 +203,14 @@ def main(args: argparse.Namespace) -> int:
     traces = load_traces(Path(args.traces) if args.traces else DATA / "smollm2")
     prompts = load_prompts(Path(args.prompts) if args.prompts else DATA / "prompts.jsonl")
     seeds = [int(s) for s in (args.seeds or ("0" if args.quick else "0,1,2")).split(",")]
-    if args.quick:
-        keep = set(usable(traces, prompts)[:48])
+    if args.quick:  # the first QUICK_PER_CATEGORY requests of each category
+        taken: dict[str, int] = defaultdict(int)
+        keep = set()
+        for rid in usable(traces, prompts):
+            category = traces[rid]["plain"].category
+            if taken[category] < QUICK_PER_CATEGORY:
+                taken[category] += 1
+                keep.add(rid)
         traces = {i: m for i, m in traces.items() if i in keep}
     report = evaluate(traces, prompts, seeds)
     k16 = DATA / "smollm2-k16" / "traces.jsonl"
