@@ -96,7 +96,7 @@ def best_by_group(costs: Costs, sequence: Sequence[str], groups: Sequence[str],
                 s = costs(rid, pool)
                 key = (group, pool.name)
                 sums[key] = sums.get(key, 0.0) + ratio * s.decode_s / costs.batch - s.tokens
-        pick = {g: min(pools, key=lambda p, g=g: (sums[(g, p.name)], p.name))
+        pick = {g: min(pools, key=lambda p: (sums[(g, p.name)], p.name))  # noqa: B023
                 for g in set(groups)}
         chosen = [pick[g] for g in groups]
         new = costs.score(list(zip(sequence, chosen, strict=True)))
