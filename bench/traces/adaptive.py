@@ -14,7 +14,8 @@ prefill's forward included, accepted and proposed drafts; the embedded engine al
 batch and decode seconds), into `Policy.observe`. The store's clock is simulated: each
 request moves it by its GPU-seconds (decode seconds / B); the policy refits every
 `REFIT_EVERY_S` of it (the gateway refits about every second), at least once per
-`REFIT_EVERY_REQUESTS` requests.
+`REFIT_EVERY_REQUESTS` requests. `adaptive` scores the whole sequence, learning from a
+cold start; with a `warmup` sequence served first (not scored), its steady state.
 
 Embedded pools start from what their workers publish (measured.json, `set_worker_prior`),
 as `specroute up` does; the H100 pools (SGLang/vLLM servers) start from nothing.
@@ -66,7 +67,9 @@ class Run:
 
 
 def adaptive(costs: Costs, sequence: Sequence[str], prompts: dict[str, dict],
-             pools: Sequence[PoolSpec], world: str, seed: int, model: str) -> Run:
+             pools: Sequence[PoolSpec], world: str, seed: int, model: str,
+             warmup: Sequence[str] = ()) -> Run:
+    """The policy serves `warmup` (learning, not scored), then `sequence` (scored)."""
     engine = ENGINE[world]
     now = [0.0]
     store = LocalTelemetry(PolicyConfig().decay_tau_s, clock=lambda: now[0])
@@ -83,7 +86,8 @@ def adaptive(costs: Costs, sequence: Sequence[str], prompts: dict[str, dict],
     tokens = seconds = 0.0
     run = Run(0.0, policy=policy)
     next_refit, since = 0.0, 0
-    for rid in sequence:
+    for position, rid in enumerate([*warmup, *sequence]):
+        scored = position >= len(warmup)
         if now[0] >= next_refit or since >= REFIT_EVERY_REQUESTS:
             policy.refit()
             next_refit, since = now[0] + REFIT_EVERY_S, 0
@@ -111,9 +115,10 @@ def adaptive(costs: Costs, sequence: Sequence[str], prompts: dict[str, dict],
         now[0] += served.decode_s / costs.batch
         record.timestamp = now[0]
         policy.observe(record)
-        run.decisions.append(decision)
-        tokens += served.tokens
-        seconds += served.decode_s
         since += 1
+        if scored:
+            run.decisions.append(decision)
+            tokens += served.tokens
+            seconds += served.decode_s
     run.score = tokens * costs.batch / seconds if seconds else 0.0
     return run

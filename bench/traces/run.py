@@ -7,7 +7,9 @@ Worlds: `h100` (SpecDecode-Bench's H100 Llama-3.1-8B step fit) and `embedded` (t
 embedded engine's measured step costs); bench/traces/world.py. Fleets: bench/traces/
 fleets.py and adaptive.py. Mixes: the recorded categories as they are, and copy-heavy
 shares 0, 0.2, 0.4 (fleets.COPY_HEAVY). Per replicate (seed) a new order (and draw);
-mean and range over replicates. Then, per fixed-k pool of the adaptive fleet, the k the
+mean and range over replicates. `adaptive` learns from a cold start over the scored
+sequence; `adaptive_warm` serves another draw of the same mix first, unscored (a steady
+state on the same prompts, not a held-out figure). Then, per fixed-k pool of the adaptive fleet, the k the
 policy would publish for it (policies/desired_k.py `k_scores`) against what the world
 measures on that pool's own traffic. Method and figures: docs/TRACES.md.
 """
@@ -37,7 +39,9 @@ WORLDS = ("h100", "embedded")
 BATCHES = (1, 8, 32)
 MIXES: tuple[float | None, ...] = (None, 0.0, 0.2, 0.4)
 QUICK_PER_CATEGORY = 6
-FLEETS = ("plain", "ngram", "eagle", "static", "oracle_class", "oracle_request", "adaptive")
+WARMUP_SEED = 1000  # the warm-up pass's draw: another order (and draw) of the same mix
+FLEETS = ("plain", "ngram", "eagle", "static", "oracle_class", "oracle_request", "adaptive",
+          "adaptive_warm")
 
 
 def mix_name(share: float | None) -> str:
@@ -130,8 +134,13 @@ def evaluate(traces: dict[str, dict[str, Trace]], prompts: dict[str, dict], seed
                     best_names.append(name)
                     run = adaptive(costs, sequence, prompts, scores.launched, world, seed, model)
                     figures = {m: scores.homogeneous[scores.best[m].name] for m in scores.best}
+                    # steady state: first a pass over another draw of the mix, not scored
+                    warm = adaptive(costs, sequence, prompts, scores.launched, world, seed,
+                                    model, mix_sequence(ids, category.__getitem__, share,
+                                                        seed + WARMUP_SEED))
                     figures.update(static=scores.static, oracle_class=scores.oracle_class,
-                                   oracle_request=scores.oracle_request, adaptive=run.score)
+                                   oracle_request=scores.oracle_request, adaptive=run.score,
+                                   adaptive_warm=warm.score)
                     for fleet, value in figures.items():
                         per_seed[fleet].append(value / top)
                     per_seed["best_tokens_per_s"].append(top)

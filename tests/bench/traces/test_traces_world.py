@@ -149,6 +149,8 @@ def test_adaptive_decisions_are_the_policys_and_it_learns(traces, prompts, slice
         profile = profile_of(prompts[rid], traces[rid]["plain"].output_tokens, model)[0]
         assert decision.reason.startswith(f"{profile.task}/t0: ")  # policies.options.reason_line
         assert decision.k == by_name[decision.pool].k
+    warm = adaptive(costs, sequence, prompts, pools, "h100", 5, model, warmup=sliced)
+    assert len(warm.decisions) == len(sequence) and warm.score > 0
     state = first.policy.refit()
     served = {name for (name, *_), n in state.traffic.items() if n > 0}
     assert served == {d.pool for d in first.decisions}
@@ -172,7 +174,8 @@ def test_the_command_prints_the_ratios(capsys: pytest.CaptureFixture[str]) -> No
     assert {(r["world"], r["batch"]) for r in report["results"]} == {
         (w, b) for w in ("h100", "embedded") for b in (1, 8, 32)}
     for row in report["results"]:
-        for fleet in ("plain", "ngram", "eagle", "static", "oracle_class", "adaptive"):
+        for fleet in ("plain", "ngram", "eagle", "static", "oracle_class", "adaptive",
+                      "adaptive_warm"):
             assert row[fleet]["high"] <= row["oracle_request"]["low"] + 1e-9
         assert max(row["plain"]["mean"], row["ngram"]["mean"], row["eagle"]["mean"]) == \
             pytest.approx(1.0)
