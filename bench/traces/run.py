@@ -25,6 +25,8 @@ from pathlib import Path
 from bench.traces.adaptive import ENGINE, Run, adaptive, profile_of
 from bench.traces.fleets import (
     COPY_HEAVY,
+    KS,
+    PLAIN,
     Costs,
     PoolSpec,
     grid,
@@ -73,16 +75,18 @@ def desired_k_rows(run: Run, costs: Costs, sequence: list[str], pools: list[Pool
         scores = policy.desired_k.k_scores(view(pool, costs.batch, engine), state,
                                            float(costs.batch))
         row: dict = {"pool": pool.name, "k": pool.k, "requests": len(mine)}
+        if mine:  # the world's curve on the pool's own traffic: tokens/s at k over launch k
+            here = costs.score([(r, pool) for r in mine])
+            curve = {k: costs.score([(r, PoolSpec(pool.method, k) if k else PLAIN)
+                                     for r in mine]) / here for k in (0, *KS) if k <= max_k}
+            best = max(curve, key=lambda k: (curve[k], -k))
+            row.update(curve=curve, curve_best=best)
         if not scores or not mine:
             rows.append({**row, "wish": None})
             continue
         wish = max(scores, key=lambda k: (scores[k], -k))
         predicted = scores[wish] / max(scores[pool.k], 1e-12)
-        measured = None
-        if wish <= max_k:
-            moved = PoolSpec(pool.method, wish) if wish else PoolSpec("plain", 0)
-            measured = (costs.score([(r, moved) for r in mine])
-                        / costs.score([(r, pool) for r in mine]))
+        measured = row["curve"].get(wish)  # None past the recorded k
         gain = policy.desired_k.relaunch_gain
         rows.append({**row, "wish": wish, "predicted_gain": predicted,
                      "measured_gain": measured, "would_publish": predicted > 1 + gain,
@@ -180,17 +184,20 @@ def table(report: dict) -> str:
     lines += ["", "desired k (mix recorded, first seed): the k the policy would publish "
               "for each pool vs the world on the pool's own traffic", "",
               "| world | batch | pool | requests | wished k | predicted gain | measured gain "
-              "| would publish | loses |", "|---|---|---|---|---|---|---|---|---|"]
+              "| would publish | loses | the curve's best k (gain) |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for d in report["desired_k"]:
+        curve = (f"{d['curve_best']} ({d['curve'][d['curve_best']]:.3f})" if "curve" in d
+                 else "-")
         if d.get("wish") is None:
             lines.append(f"| {d['world']} | {d['batch']} | {d['pool']} | {d['requests']} | "
-                         "- | - | - | no | no |")
+                         f"- | - | - | no | no | {curve} |")
             continue
         measured = "-" if d["measured_gain"] is None else f"{d['measured_gain']:.3f}"
         lines.append(f"| {d['world']} | {d['batch']} | {d['pool']} | {d['requests']} | "
                      f"{d['wish']} | {d['predicted_gain']:.3f} | {measured} | "
                      f"{'yes' if d['would_publish'] else 'no'} | "
-                     f"{'YES' if d['loses'] else 'no'} |")
+                     f"{'YES' if d['loses'] else 'no'} | {curve} |")
     lines += ["", "routes (mix recorded, first seed): requests per pool, adaptive | "
               "per-request oracle", "", "| world | batch | category | adaptive | oracle |",
               "|---|---|---|---|---|"]

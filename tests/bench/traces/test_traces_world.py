@@ -180,6 +180,10 @@ def test_the_command_prints_the_ratios(capsys: pytest.CaptureFixture[str]) -> No
         assert max(row["plain"]["mean"], row["ngram"]["mean"], row["eagle"]["mean"]) == \
             pytest.approx(1.0)
     assert report["desired_k"]
+    for row in report["desired_k"]:  # the world's curve on the pool's own traffic
+        if row["requests"]:
+            assert row["curve"][str(row["k"])] == pytest.approx(1.0)
+            assert row["curve"][str(row["curve_best"])] == max(row["curve"].values())
     # k 8 derived from the k 16 recording is the k 8 recording's acceptance within 2%
     for check in report["cut_check_k16_to_k8"].values():
         assert check["requests"] > 0
