@@ -17,7 +17,8 @@ copies of the request, as SpecDecode-Bench's simulator duplicates a request per 
 - `h100`: the paper's H100 Llama-3.1-8B fit (its simulator, `predictor.py` `Llama8BH100`):
   verify forward kv * 3.926e-8 + tokens * 2.101e-5 + 5.886e-3 s with the batch's KV
   tokens and its B * (drafted + 1) tokens; EAGLE's draft kv * 2.378e-9 + tokens *
-  8.414e-7 + 2.135e-3 s once per verify step (as the simulator charges it); n-gram's
+  8.414e-7 + 2.135e-3 s once per verify step with the batch's KV and k + 1 tokens (as
+  the simulator charges it: the longest of the batch's drafts); n-gram's
   draft 0.5875% of the verify forward on a step that drafted; 1.207e-3 s overhead on
   every step, plain's too. A fixed-k EAGLE pool verifies k drafts every step; n-gram
   verifies what it matched (none: 1 token), capped at k.
@@ -154,8 +155,8 @@ class H100:
         verify = (batch * kv * self.target_kv + batch * (drafted + 1) * self.target_tokens
                   + self.target_fixed)
         if method == "eagle" and k > 0:
-            draft = batch * kv * self.eagle_kv + batch * (k + 1) * self.eagle_tokens + \
-                self.eagle_fixed
+            # the simulator's `predict_draft_time`: the batch's KV, one request's k + 1
+            draft = batch * kv * self.eagle_kv + (k + 1) * self.eagle_tokens + self.eagle_fixed
         elif method == "ngram" and drafted > 0:
             draft = verify * self.ngram_share
         else:
