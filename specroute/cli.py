@@ -138,11 +138,12 @@ BENCH_OPTIONS: dict[str, dict] = {
     "--categories": {"default": None, "metavar": "FILE"},
     "--scale": {"type": float, "default": None},
     "--follow-fleet": {"action": "store_true"},
+    "--traces": {"default": None, "metavar": "PATH"},
     "--body-mode": {"default": "BUFFERED",
                     "choices": ["BUFFERED", "FULL_DUPLEX_STREAMED", "STREAMED"]},
 }
 MODEL_HELP = "smollm2 (default), tiny, or a model folder"
-BENCHES: dict[str, tuple[str, dict[str, str]]] = {
+BENCHES: dict[str, tuple[str, dict[str, str | tuple[str, dict]]]] = {
     "gateway": ("the gateway's own overhead beside other gateways, side by side", {
         "--rounds": "interleaved rounds (default 3; --quick 1)",
         "--peers": "other gateways measured beside specroute, installed on first use "
@@ -188,6 +189,14 @@ BENCHES: dict[str, tuple[str, dict[str, str]]] = {
     "classifier": ("the request classifier on its held-out prompts", {
         "--categories": "also a JSONL of prompts with a `category` and `messages` (e.g. "
                      "bench/traces/data/prompts.jsonl): the task given, per category"}),
+    "traces": ("recorded acceptance traces replayed for fleets of fixed-k pools: tokens/s "
+               "against the best homogeneous fleet at batch 1, 8, 32", {
+        "--traces": "a traces.jsonl (or its folder) recorded by bench/traces/record.py "
+                    "(default bench/traces/data/smollm2)",
+        "--prompts": ("their prompts JSONL (default bench/traces/data/prompts.jsonl)",
+                      {"type": str, "metavar": "PATH"}),
+        "--seeds": "comma-separated replicate seeds: request order and mix draws "
+                   "(default 0,1,2; --quick 0)"}),
     "memory": ("the `specroute up` stack's memory: PSS summed over its processes, ready and "
                "after a request to every pool", {"--model": MODEL_HELP}),
     "picker": ("specroute as Envoy's endpoint picker beside Envoy alone, the gateway and "
@@ -243,7 +252,7 @@ BENCH_MODULES = {
     "soak": "gateway.soak", "classifier": "gateway.classifier",
     "engine": "engine.methods", "batching": "engine.batching", "step": "engine.step_profile",
     "memory": "engine.memory", "vllm": "engine.vllm",
-    "policy": "sim.policy", "live": "live.run",
+    "policy": "sim.policy", "live": "live.run", "traces": "traces.run",
 }
 
 
@@ -382,8 +391,10 @@ def build_parser() -> argparse.ArgumentParser:
         one = targets.add_parser(name, help=summary, description=summary)
         one.add_argument("--json", action="store_true", help="print one JSON object last")
         one.add_argument("--quick", action="store_true", help="a short run (for smoke tests)")
-        for flag, help_text in options.items():
-            one.add_argument(flag, help=help_text, **BENCH_OPTIONS[flag])
+        for flag, text in options.items():
+            # a bench may take a shared flag with its own type: (help, overrides)
+            help_text, own = text if isinstance(text, tuple) else (text, {})
+            one.add_argument(flag, help=help_text, **{**BENCH_OPTIONS[flag], **own})
         one.set_defaults(func=_bench)
     return parser
 

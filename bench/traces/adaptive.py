@@ -1,0 +1,124 @@
+"""specroute's shipped decision on the trace world, driven the way the gateway drives it.
+
+Per request, in the sequence's order: the OpenAI body (the prompt's messages, greedy,
+its recorded output length as `max_tokens`) is validated by `gateway.schemas.
+parse_request` and profiled by `gateway.classifier.classify.classify`, the call admission
+makes (`gateway.core.admit`), so whatever the profile carries (a per-request prediction
+included) reaches the policy; `policies.decision.Policy` (what `LearnedRoutingPolicy`
+runs, on an in-process store, its shipped `PolicyConfig` but for the seed) decides over
+the launched pools' `PoolView`s (one worker each, B - 1 requests in flight); the pool
+serves it as a fixed-k server does (`gateway.pools.served`: the launch k); the finished
+request goes back through `gateway.telemetry.record.request_record`, built from what
+the worker would report (usage, verify steps counted as SGLang's `spec_verify_ct`, the
+prefill's forward included, accepted and proposed drafts; the embedded engine also its
+batch and decode seconds), into `Policy.observe`. The store's clock is simulated: each
+request moves it by its GPU-seconds (decode seconds / B); the policy refits every
+`REFIT_EVERY_S` of it (the gateway refits about every second), at least once per
+`REFIT_EVERY_REQUESTS` requests. `adaptive` scores the whole sequence, learning from a
+cold start; with a `warmup` sequence served first (not scored), its steady state.
+
+Embedded pools start from what their workers publish (measured.json, `set_worker_prior`),
+as `specroute up` does; the H100 pools (SGLang/vLLM servers) start from nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from bench.traces.fleets import Costs, PoolSpec, view
+from bench.traces.world import MEASURED
+from gateway.classifier.classify import classify
+from gateway.config import TenantConfig
+from gateway.schemas import GenerationRequest, parse_request
+from gateway.telemetry.record import Outcome, Timer, request_record
+from gateway.telemetry.worker_stats import SpecStats, Usage
+from policies.decision import Policy, PolicyConfig
+from policies.prior import Measured, WorkerPrior
+from policies.telemetry import LocalTelemetry
+from policies.types import Decision, RequestProfile
+
+REFIT_EVERY_S = 1.0
+REFIT_EVERY_REQUESTS = 16
+ENGINE = {"h100": "sglang", "embedded": "embedded"}
+TENANT = TenantConfig(name="default")
+
+
+def body(prompt: dict, max_tokens: int, model: str) -> dict:
+    return {"model": model, "messages": prompt["messages"], "temperature": 0,
+            "max_tokens": max_tokens}
+
+
+def profile_of(prompt: dict, max_tokens: int, model: str
+               ) -> tuple[RequestProfile, GenerationRequest]:
+    """The gateway's profile of the prompt (and the parsed request)."""
+    request = parse_request(body(prompt, max_tokens, model), "chat")
+    return classify(request, TENANT.name), request
+
+
+@dataclass(slots=True)
+class Run:
+    """One adaptive replicate: its score and what it decided."""
+
+    score: float
+    decisions: list[Decision] = field(default_factory=list)
+    policy: Policy | None = None
+
+
+def adaptive(costs: Costs, sequence: Sequence[str], prompts: dict[str, dict],
+             pools: Sequence[PoolSpec], world: str, seed: int, model: str,
+             warmup: Sequence[str] = ()) -> Run:
+    """The policy serves `warmup` (learning, not scored), then `sequence` (scored)."""
+    engine = ENGINE[world]
+    now = [0.0]
+    store = LocalTelemetry(PolicyConfig().decay_tau_s, clock=lambda: now[0])
+    policy = Policy(store, PolicyConfig(seed=seed))
+    if engine == "embedded":
+        with open(MEASURED) as handle:
+            measured = Measured.from_dict(json.load(handle))
+        for pool in pools:
+            if pool.method != "plain":
+                policy.set_worker_prior(pool.name,
+                                        WorkerPrior.from_measured(model, pool.method, measured))
+    by_name = {p.name: p for p in pools}
+    views = [view(p, costs.batch, engine) for p in pools]
+    tokens = seconds = 0.0
+    run = Run(0.0, policy=policy)
+    next_refit, since = 0.0, 0
+    for position, rid in enumerate([*warmup, *sequence]):
+        scored = position >= len(warmup)
+        if now[0] >= next_refit or since >= REFIT_EVERY_REQUESTS:
+            policy.refit()
+            next_refit, since = now[0] + REFIT_EVERY_S, 0
+        output = costs.traces[rid]["plain"].output_tokens
+        profile, request = profile_of(prompts[rid], output, model)
+        decision = policy.decide(profile, views)
+        pool = by_name[decision.pool]
+        decision = replace(decision, k=pool.k)  # a fixed-k server runs its launch k
+        served = costs(rid, pool)
+        trace = costs.traces[rid]["plain" if pool.method == "plain" else pool.method]
+        end = served.prefill_s + served.decode_s
+        spec = SpecStats(
+            verify_steps=served.steps + 1, accept_length=(served.tokens + 1) / (served.steps + 1),
+            correct_drafts=served.accepted, proposed_drafts=served.drafted,
+            batch=float(costs.batch) if engine == "embedded" else None,
+            batch_draft_tokens=(costs.batch * served.drafted / max(served.steps, 1)
+                                if engine == "embedded" else None),
+            decode_s=served.decode_s if engine == "embedded" else None)
+        outcome = Outcome(request=request, profile=profile, tenant=TENANT,
+                          decision=decision, timer=Timer(start=0.0, first_token=0.0),
+                          load=costs.batch - 1, workers=1,
+                          usage=Usage(trace.prompt_tokens, served.tokens + 1),
+                          spec=spec, ok=True, finish_reason="length")
+        record, _ = request_record(outcome, end)
+        now[0] += served.decode_s / costs.batch
+        record.timestamp = now[0]
+        policy.observe(record)
+        since += 1
+        if scored:
+            run.decisions.append(decision)
+            tokens += served.tokens
+            seconds += served.decode_s
+    run.score = tokens * costs.batch / seconds if seconds else 0.0
+    return run
