@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from gateway.config import DEFAULT_SERVER, ServerConfig
 from gateway.errors import InvalidRequest
-from gateway.forwarding import check_openai_body
+from gateway.forwarding import check_content_parts, check_openai_body
 from policies.request_limits import (
     COMPLETIONS_DEFAULT_MAX_TOKENS,
     GRAMMAR_FIELDS,
@@ -387,3 +387,11 @@ def check_logit_bias(body: dict, param: str = "logit_bias") -> None:
             and isinstance(v, int | float) and -100 <= v <= 100 for k, v in bias.items()):
         raise _bad(param, f"'{param}' must map token ids (strings of ASCII digits) to "
                    "numbers in [-100, 100]")
+
+
+def parse_forwardable(body: Any, endpoint: Endpoint,
+                      server: ServerConfig = DEFAULT_SERVER) -> GenerationRequest:
+    """What a token route forwards: `parse_request`, then text content parts only."""
+    request = parse_request(body, endpoint, server)
+    check_content_parts(request.messages)
+    return request

@@ -141,6 +141,20 @@ def teaches(rec: RequestRecord) -> bool:
     return not rec.pinned
 
 
+def class_tokens(rec: RequestRecord) -> float:
+    """The output tokens the request's verify steps would have yielded at its class's
+    acceptance: a request the policy sent with a predicted scale s
+    (`RequestRecord.accept_scale`: its extra tokens per step predicted s times its
+    class's) counts its extra tokens (those beyond one a step) divided by s. A pool fed
+    the requests the predictor scaled up so learns its class's acceptance, not one the
+    choice inflated (which the next request's scale would inflate again). Steps and decode
+    time stay as measured: the step cost is the pool's, whatever the request."""
+    tokens, steps = float(rec.output_tokens), float(rec.verify_steps or 0)
+    if rec.accept_scale == 1.0 or rec.accept_scale <= 0.0 or tokens <= steps:
+        return tokens
+    return steps + (tokens - steps) / rec.accept_scale
+
+
 def record_values(rec: RequestRecord) -> dict[str, float]:
     """The sums one request contributes; decode time excludes time to first token, and load
     counts the request itself (the batch it joined), as `Policy.decide` does. A request
@@ -149,7 +163,7 @@ def record_values(rec: RequestRecord) -> dict[str, float]:
     if not steps_known(rec):
         return {"n": 1.0, "load": load}
     return {"n": 1.0, "known": 1.0, "steps": float(rec.verify_steps or 0),
-            "tokens": float(rec.output_tokens),
+            "tokens": class_tokens(rec),
             "decode_s": max(rec.e2e_s - rec.ttft_s, 0.0), "load": load,
             "batch_dk": batch_dk(rec)}
 

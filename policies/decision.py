@@ -239,15 +239,15 @@ class Policy:
 
     def _decision(self, options: list[Option], chosen: Option, profile: RequestProfile,
                   plain_tps: float, explored: bool) -> Decision:
+        scale = (method_scale(profile.drafter_scales, chosen.pool.method)
+                 if self.config.request_prediction else 1.0)
         return Decision(
             pool=chosen.pool.name, method=chosen.pool.method if chosen.k else "plain",
             k=chosen.k, reason=reason_line(chosen, profile.task, profile.temperature_bucket,
-                                              plain_tps, explored, method_scale(
-                                                  profile.drafter_scales, chosen.pool.method)
-                                              if self.config.request_prediction else 1.0),
+                                              plain_tps, explored, scale),
             predicted_accept_length=chosen.accept_length,
             predicted_tokens_per_s=chosen.tokens_per_s, explored=explored,
-            fallbacks=fallbacks(options, chosen))
+            fallbacks=fallbacks(options, chosen), accept_scale=scale if chosen.k else 1.0)
 
     def observe(self, record: RequestRecord) -> None:
         """Hand a finished request to the store (enqueue only; learning happens in refit).

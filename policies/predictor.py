@@ -101,6 +101,14 @@ class Predictor:
             out[family] = math.exp(total)
         return out
 
+    def profile_fields(self, task: str, x: Sequence[float]
+                       ) -> tuple[tuple[tuple[str, float], ...], tuple[tuple[str, float], ...]]:
+        """A request's `RequestProfile.predicted_accept` (per family, rounded) and
+        `drafter_scales`, in one call (the classifier's one step into policies)."""
+        predicted = self.accept_lengths(x)
+        return (tuple((family, round(value, 2)) for family, value in sorted(predicted.items())),
+                self.scales(task, predicted))
+
     def scales(self, task: str, predicted: Mapping[str, float]
                ) -> tuple[tuple[str, float], ...]:
         """Per family, the quantised scale of a request's extra tokens per step

@@ -90,6 +90,9 @@ class Decision:
     explored: bool = False
     fallbacks: tuple[str, ...] = ()  # next-best pools, in order, for failover
     pinned: bool = False  # forced or marked by request headers: a benchmark, never teaches
+    # the request's predicted scale the policy applied to the chosen pool's acceptance
+    # (policies.predictor): the record carries it so learning can divide it out
+    accept_scale: float = 1.0
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -138,6 +141,9 @@ class RequestRecord:
     # fewer than its k when it finds no match, so the batch's draft tokens compare with
     # this, not with k
     own_draft_tokens: float | None = None
+    # the predicted scale its decision applied (`Decision.accept_scale`): the aggregates
+    # learn the class's acceptance with it divided out (`aggregates.record_values`)
+    accept_scale: float = 1.0
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:

@@ -47,6 +47,4 @@ def profile_fields(predictor: Predictor | None, task: str, features: tuple[float
     """`RequestProfile.predicted_accept` and `drafter_scales` for a request."""
     if predictor is None:
         return NO_PREDICTION
-    predicted = predictor.accept_lengths(features)
-    return (tuple((family, round(value, 2)) for family, value in sorted(predicted.items())),
-            predictor.scales(task, predicted))
+    return predictor.profile_fields(task, features)

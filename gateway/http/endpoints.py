@@ -36,13 +36,12 @@ from gateway.errors import (
     retry_after,
     shutting_down,
 )
-from gateway.forwarding import check_content_parts
 from gateway.http.bodies import check_media_type, content_length, read_body
 from gateway.http.disconnect import WATCH_AFTER_S, ClientStalled, DisconnectWatch, TimedSend
 from gateway.http.gateway import Gateway
 from gateway.http.responses import ChunkWriter, headers_for, response_body
 from gateway.http.tally import StreamTally
-from gateway.schemas import Endpoint, GenerationRequest, parse_request
+from gateway.schemas import Endpoint, GenerationRequest, parse_forwardable, parse_request
 from gateway.telemetry.record import Outcome, Timer
 from gateway.telemetry.spans import NO_TRACE, Trace, start_request
 from gateway.upstream.adapters.base import Final, GenerationResult, StreamItem
@@ -76,16 +75,16 @@ HEADERS = (b"authorization", b"content-length", b"content-type", b"x-specroute-p
 
 async def read_request(gateway: Gateway, scope: Scope, receive: Receive,
                        trace: Trace = NO_TRACE) -> tuple[TenantConfig, dict[str, str], bytes]:
-    """Authenticate, check the media type, read the body (size- and time-capped): the
+    """Check the media type, authenticate, read the body (size- and time-capped): the
     tenant, the headers `admit` reads (by lowercase name) and the body."""
     headers = {name.decode(): value.decode("latin-1") for name, value in scope["headers"]
                if name in HEADERS}
+    media = headers.get("content-type")
+    check_media_type(media.encode("latin-1") if media is not None else None)
     with trace.phase("authenticate"):
         tenant = gateway.auth.tenant(headers.get("authorization"))
     trace.set("specroute.tenant", tenant.name)
     scope["specroute.tenant"] = tenant.name  # for the access log
-    media = headers.get("content-type")
-    check_media_type(media.encode("latin-1") if media is not None else None)
     declared = headers.get("content-length")
     server = gateway.config.server
     raw = await read_body(receive, server.max_body_bytes,
@@ -105,13 +104,6 @@ def outcome(job: Admitted, timer: Timer, lease: Lease | None,
                        lease.load, lease.workers)
     return Outcome(job.request, job.profile, job.tenant, lease.decision, timer, lease.load,
                    lease.workers, done.usage, done.spec, True, done.finish_reason)
-
-
-def parse_forwardable(body: object, endpoint: Endpoint,
-                      server: ServerConfig) -> GenerationRequest:
-    request = parse_request(body, endpoint, server)
-    check_content_parts(request.messages)
-    return request
 
 
 class TokenEndpoint:

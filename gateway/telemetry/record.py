@@ -124,6 +124,7 @@ def request_record(outcome: Outcome, end: float) -> tuple[RequestRecord, float]:
         own_draft_tokens=(spec.proposed_drafts / (steps - 1)
                           if spec.batch is not None and steps and steps > 1 else None),
         batch=spec.batch, batch_draft_tokens=spec.batch_draft_tokens,
+        accept_scale=decision.accept_scale if decision.k else 1.0,
         slo_met=outcome.ok and slo_met(tenant, ttft, itl, e2e, tokens, request.stream),
         extra={"explored": True} if decision.explored else {},
     )

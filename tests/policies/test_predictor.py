@@ -60,9 +60,9 @@ def test_a_request_predicted_to_copy_its_input_goes_to_the_ngram_pool() -> None:
         assert chosen.pool == "ngram"
         assert chosen.predicted_accept_length > 2.5  # 1 + 2 x the class's 0.9 extra tokens
         assert "2x its class's extra tokens" in chosen.reason
+        assert chosen.accept_scale == 2.0  # what the record carries to learning
         assert policy.decide(free, POOLS).pool == "eagle"
     assert policy.predict(copying, POOLS).pool == "ngram"
-
 
 
 def test_request_prediction_can_be_switched_off() -> None:
@@ -71,6 +71,7 @@ def test_request_prediction_can_be_switched_off() -> None:
     copying = replace(PROFILE, drafter_scales=(("eagle", 1.0), ("ngram", 2.0)))
     decision = policy.predict(copying, POOLS)
     assert decision.pool == "eagle" and "its class's" not in decision.reason
+    assert decision.accept_scale == 1.0
 
 
 def test_scaled_acceptance_multiplies_extra_tokens_at_the_trace_k() -> None:
@@ -138,3 +139,22 @@ def test_trees_of_depth_two_are_unrolled_and_deeper_ones_refused() -> None:
             "feature": [0, 0, -2, 0, -2, -2, -2], "threshold": [0.0] * 7, "value": [0.0] * 7}
     with pytest.raises(ValueError, match="deeper"):
         Predictor(_document([deep]))
+
+
+def test_the_scale_a_decision_applied_is_divided_out_of_what_the_class_learns() -> None:
+    """A request sent with a predicted scale of 2 that yielded 3 tokens a step teaches its
+    class 2 a step (its extra tokens halved): a pool fed the requests the predictor scaled
+    up learns the class's acceptance, not one its choice inflated. Its steps (the step
+    cost) stay as measured; an unscaled request teaches what it saw."""
+    from policies.aggregates import record_values
+    from policies.types import RequestRecord
+
+    def record(scale: float) -> RequestRecord:
+        return RequestRecord(model="m", pool="ngram", method="ngram", k=8, task="chat",
+                             temperature_bucket="t0", prompt_tokens=10, output_tokens=60,
+                             verify_steps=20, accept_length=3.0, load=0, ttft_s=0.1,
+                             itl_s=0.01, e2e_s=1.0, accept_scale=scale)
+
+    scaled, plain = record_values(record(2.0)), record_values(record(1.0))
+    assert (scaled["tokens"] / scaled["steps"], plain["tokens"] / plain["steps"]) == (2.0, 3.0)
+    assert scaled["steps"] == plain["steps"] == 20 and scaled["decode_s"] == plain["decode_s"]

@@ -1,7 +1,7 @@
 """Fit the per-request drafter predictor and write `policies/data/predictor.json`.
 
     python -m bench.training.predictor [--traces PATH] [--prompts PATH] [--out PATH]
-    python -m bench.training.predictor --evaluate bench/traces/data/heldout/smollm2  # report
+    python -m bench.training.predictor --evaluate FOLDER  # report on held-out traces (docs/TRACES.md)
 
 Per drafter family (n-gram, EAGLE), a small gradient-boosted tree ensemble
 (scikit-learn `GradientBoostingRegressor`, depth 2) on the log of the request's mean accept

@@ -18,8 +18,9 @@ from policies.decision import Policy
 
 ROOT = Path(__file__).resolve().parents[3]
 # 31 crossings before the routing core (main of 2026-12-05, same measure); issue 40's
-# target is 12: docs/results/2026-12-06-routing-core.md says what is left
-MAX_CROSSINGS = 17
+# target is 12: docs/results/2026-12-06-routing-core.md says what is left. 18 since the
+# per-request prediction: the classifier's one step into policies/predictor.py
+MAX_CROSSINGS = 18
 
 
 def test_a_chat_request_crosses_few_packages_and_decides_once(bench_upstream: str,
@@ -40,7 +41,7 @@ def test_a_chat_request_crosses_few_packages_and_decides_once(bench_upstream: st
     # the decision: the router asks its one policy (SLO-aware around the learned one)
     # once per request; warm-up requests decided too, four in all
     assert calls == ["slo_aware", "learned"] * 4
-    assert areas.count("gateway/routing") <= 3 and areas.count("policies") <= 2
+    assert areas.count("gateway/routing") <= 3 and areas.count("policies") <= 3  # predict, decide, record
 
 
 def _k_writes(tree: ast.AST) -> list[int]:
