@@ -61,6 +61,9 @@ class PrometheusRecorder:
                               buckets=LATENCY_BUCKETS, registry=registry)
         self.tokens = Counter("specroute_output_tokens", "Generated tokens", labels,
                               registry=registry)
+        self.anomalies = Counter("specroute_acceptance_anomalies",
+                                 "Requests whose accept length was 3x above or below the "
+                                 "decision's prediction", labels, registry=registry)
         self.accept = Histogram("specroute_accept_length",
                                 "Tokens per verify step (bonus included)", labels,
                                 buckets=ACCEPT_BUCKETS, registry=registry)
@@ -82,6 +85,8 @@ class PrometheusRecorder:
     def record(self, record: RequestRecord) -> None:
         requests, latency, ttft, tokens, accept = self._series(record)
         requests.inc()
+        if "anomaly" in record.extra:
+            self.anomalies.labels(record.pool, record.method).inc()
         if not record.ok:
             return
         latency.observe(record.e2e_s)

@@ -128,6 +128,7 @@ class RecentDecision:
     ttft_ms: float
     e2e_ms: float
     slo_met: bool
+    anomaly: str | None = None  # acceptance far outside its prediction (telemetry.record)
 
     @classmethod
     def of(cls, record: RequestRecord) -> RecentDecision:
@@ -138,7 +139,7 @@ class RecentDecision:
                    output_tokens=record.output_tokens,
                    accept_length=round(record.accept_length, 3),
                    ttft_ms=round(record.ttft_s * 1000, 2), e2e_ms=round(record.e2e_s * 1000, 2),
-                   slo_met=record.slo_met)
+                   slo_met=record.slo_met, anomaly=record.extra.get("anomaly"))
 
 
 @dataclass(frozen=True, slots=True)

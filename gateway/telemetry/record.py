@@ -93,6 +93,28 @@ def verify_steps(spec: SpecStats, k: int, tokens: int) -> int | None:
     return tokens if k == 0 else None
 
 
+# A request whose accept length is this many times above or below what its decision
+# predicted is flagged (vLLM #44487: users asked for a signal of garbled output or a loop):
+# in the record's `extra["anomaly"]`, the span (`specroute.anomaly`), the Prometheus count
+# `specroute_acceptance_anomalies_total` and the console's last decisions. Short answers
+# say too little to flag.
+ANOMALY_RATIO = 3.0
+ANOMALY_MIN_TOKENS = 16
+
+
+def anomaly(predicted: float, observed: float, k: int, tokens: int) -> str | None:
+    """Why a speculative request's acceptance is far outside its prediction, else None."""
+    if k <= 0 or tokens < ANOMALY_MIN_TOKENS or predicted <= 0.0 or observed <= 0.0:
+        return None
+    if observed >= predicted * ANOMALY_RATIO:
+        return f"accept length {observed:.2f}, {observed / predicted:.1f}x the predicted " \
+               f"{predicted:.2f} (a loop or a copied run?)"
+    if observed * ANOMALY_RATIO <= predicted:
+        return f"accept length {observed:.2f}, 1/{predicted / observed:.1f} of the predicted " \
+               f"{predicted:.2f} (garbled or off-distribution output?)"
+    return None
+
+
 def request_record(outcome: Outcome, end: float) -> tuple[RequestRecord, float]:
     """The policy's record of `outcome`, ended at `end` (perf_counter), and its
     end-to-end seconds."""
@@ -128,6 +150,10 @@ def request_record(outcome: Outcome, end: float) -> tuple[RequestRecord, float]:
         slo_met=outcome.ok and slo_met(tenant, ttft, itl, e2e, tokens, request.stream),
         extra={"explored": True} if decision.explored else {},
     )
+    flagged = anomaly(decision.predicted_accept_length, accept if steps else 0.0,
+                      decision.k, tokens)
+    if flagged is not None:
+        entry.extra["anomaly"] = flagged
     return entry, e2e
 
 
@@ -189,4 +215,6 @@ class Reporter:
                                  start_time=time.time_ns() - int(e2e * 1e9))
         if trace is not None:
             trace.set("specroute.decision_reason", decision.reason)
+            if "anomaly" in entry.extra:
+                trace.set("specroute.anomaly", entry.extra["anomaly"])
             trace.finish(entry, outcome.finish_reason)

@@ -172,7 +172,7 @@
     fill("decisions", state.decisions.map((d) => [
       new Date(d.at * 1000).toLocaleTimeString(), d.tenant, `${d.task} / ${d.temperature_bucket}`,
       d.pool, d.method + (d.pinned ? " (pinned)" : d.explored ? " (exploring)" : ""), d.k,
-      d.output_tokens, num(d.accept_length, 2), num(d.ttft_ms), num(d.e2e_ms),
+      d.output_tokens, num(d.accept_length, 2) + (d.anomaly ? " ⚠" : ""), num(d.ttft_ms), num(d.e2e_ms),
       d.ok ? (d.slo_met ? "met" : "missed") : "failed"]));
   }
 
