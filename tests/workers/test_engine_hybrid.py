@@ -145,3 +145,9 @@ def test_a_repeating_request_drafts_by_ngram_and_counts_each_branch(
     assert sum(t.accepted for t in tallies.values()) == stats.num_correct_drafts
     assert sum(sum(t.proposed_at) for t in tallies.values()) == stats.num_proposed_drafts
     assert plain.stats.by_source == {}
+    branches = stats.branches()  # what the worker reports (`specroute_drafts`, /metrics)
+    assert set(branches) <= {"ngram", "eagle", "none"} and branches["none"]["accepted"] == 0
+    assert sum(b["steps"] for b in branches.values()) == stats.verify_steps - 1
+    assert branches["ngram"] == {"steps": tallies["ngram"].drafted,
+                                 "accepted": tallies["ngram"].accepted}
+    assert plain.stats.branches() == {}

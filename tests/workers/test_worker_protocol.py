@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -27,6 +27,7 @@ class Stats:
     mean_batch: float | None = 2.5
     mean_batch_draft_tokens: float | None = 4.0
     first_token_at: float | None = 0.5
+    by_source: dict = field(default_factory=dict)  # one drafter: no branches
 
 
 @dataclass

@@ -15,18 +15,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from workers.embedded.api import DecodeRequest, SamplingParams
+from workers.embedded.api import DecodeRequest, GenerationStats, SamplingParams
 from workers.embedded.errors import Overloaded
 from workers.embedded.scheduler import ErrorEvent, Scheduler, StepEvent
-
-
-@dataclass
-class Stats:
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    verify_steps: int = 0
-    num_proposed_drafts: int = 0
-    num_correct_drafts: int = 0
 
 
 @dataclass
@@ -45,7 +36,7 @@ class CountingGeneration:
     """Emits one token per step; `gate` lets a test hold the engine thread."""
 
     def __init__(self, length: int, gate: threading.Event, log: list[int], tag: int) -> None:
-        self.stats = Stats()
+        self.stats = GenerationStats()
         self.length, self.gate, self.log, self.tag = length, gate, log, tag
         self.finished = self.cancelled = False
 

@@ -99,6 +99,14 @@ class SourceTally:
         """Draft tokens accepted over these steps."""
         return sum(self.accepted_at)
 
+    @property
+    def drafted(self) -> int:
+        """Steps whose draft held at least one token."""
+        return self.proposed_at[0] if self.proposed_at else 0
+
+
+NO_DRAFT = "none"  # the branch of steps whose draft came out empty
+
 
 @dataclass
 class GenerationStats:
@@ -127,7 +135,7 @@ class GenerationStats:
     batch_requests: int = 0
     batch_draft_tokens: int = 0
     first_token_at: float | None = None  # time.perf_counter() when the first token came
-    # per drafter, where a method has several (hybrid); not on the wire
+    # per drafter, where a method has several (hybrid); on the wire as `branches()`
     by_source: dict[str, SourceTally] = field(default_factory=dict)
 
     def add_batch_step(self, requests: int, draft_tokens: int) -> None:
@@ -146,6 +154,19 @@ class GenerationStats:
     def mean_batch_draft_tokens(self) -> float | None:
         """Mean draft tokens per forward over the counted steps; None before the first."""
         return self.batch_draft_tokens / self.batch_steps if self.batch_steps else None
+
+    def branches(self) -> dict[str, dict[str, int]]:
+        """Per branch of a method with several drafters (hybrid: `ngram`, `eagle`), the
+        decode steps it drafted and the draft tokens accepted from it; `NO_DRAFT`: the
+        steps whose draft was empty (an EAGLE chain cut at its first token's confidence,
+        a draft pruned to the token budget). Empty for a single-drafter method."""
+        if not self.by_source:
+            return {}
+        out = {NO_DRAFT: {"steps": 0, "accepted": 0}}
+        for source, tally in sorted(self.by_source.items()):
+            out[source] = {"steps": tally.drafted, "accepted": tally.accepted}
+            out[NO_DRAFT]["steps"] += tally.steps - tally.drafted
+        return out
 
     @property
     def accept_length(self) -> float:

@@ -13,12 +13,14 @@ from typing import Any
 
 from policies.methods import SGLANG_ALGORITHM
 from policies.prior import MEASURED_FILE, Measured, MeasuredError
+from workers.embedded.api import NO_DRAFT
 from workers.embedded.context import WorkerState
 from workers.models import weights_dir
 
 log = logging.getLogger(__name__)
 
 VERSION = "specroute-embedded"
+HYBRID_BRANCHES = ("eagle", "ngram", NO_DRAFT)  # workers.embedded.speculative.hybrid
 
 
 def speculative_algorithm(method: str) -> str | None:
@@ -145,4 +147,22 @@ def metrics_text(state: WorkerState) -> str:
     for metric, value in counters.items():
         lines += [f"# TYPE sglang:{metric}_total counter",
                   f"sglang:{metric}_total{label} {float(value)}"]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _branch_lines(state, name)) + "\n"
+
+
+def _branch_lines(state: WorkerState, name: str) -> list[str]:
+    """Our counters of a hybrid's branches (`GenerationStats.branches`): decode steps each
+    drafted, and draft tokens accepted from each. A hybrid worker has every branch from
+    the start; another worker, those of the hybrid requests it served (`custom_params`)."""
+    seen = state.scheduler.stats.draft_branches
+    hybrid = HYBRID_BRANCHES if state.config.method == "hybrid" else ()
+    branches = {b: seen.get(b, [0, 0]) for b in sorted({*hybrid, *seen})}
+    if not branches:
+        return []
+    lines = []
+    for i, metric in enumerate(("steps", "accepted_tokens")):
+        family = f"specroute_draft_branch_{metric}_total"
+        lines.append(f"# TYPE {family} counter")
+        lines += [f'{family}{{model_name="{name}",branch="{b}"}} {float(counts[i])}'
+                  for b, counts in branches.items()]
+    return lines

@@ -14,6 +14,8 @@ from policies.fleet import WORKER_BATCH_KEY
 from workers.embedded.api import GenerationStats, StepOutput, TokenLogprob
 
 TokenText = Callable[[int], str]  # a token id's text
+# a hybrid request's steps and accepted draft tokens per branch (`GenerationStats.branches`)
+DRAFTS_KEY = "specroute_drafts"
 
 
 def finish_reason_json(output: StepOutput, completion_tokens: int) -> dict[str, Any] | None:
@@ -63,6 +65,8 @@ def meta_info(rid: str, output: StepOutput, stats: GenerationStats, started: flo
         info["e2e_latency"] = now - started
         if speculative:
             info.update(spec_fields(stats))
+        if stats.by_source:
+            info[DRAFTS_KEY] = stats.branches()
         info[WORKER_BATCH_KEY] = batch_fields(stats, now)
     return info
 
@@ -92,6 +96,17 @@ def merge_batch(fields: Sequence[dict[str, Any]]) -> dict[str, Any]:
         return {"requests": None, "draft_tokens": None, "steps": 0, "decode_s": decode}
     return {key: sum(f[key] * f["steps"] for f in fields if f["steps"]) / steps
             for key in ("requests", "draft_tokens")} | {"steps": steps, "decode_s": decode}
+
+
+def merge_drafts(fields: Sequence[dict[str, dict[str, int]]]) -> dict[str, dict[str, int]]:
+    """`GenerationStats.branches` of n samples as one: every count summed."""
+    out: dict[str, dict[str, int]] = {}
+    for branches in fields:
+        for branch, counts in branches.items():
+            mine = out.setdefault(branch, {"steps": 0, "accepted": 0})
+            for key, value in counts.items():
+                mine[key] += value
+    return dict(sorted(out.items()))
 
 
 def spec_tokens_details(info: dict[str, Any]) -> dict[str, Any] | None:

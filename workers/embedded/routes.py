@@ -88,18 +88,22 @@ def _totals(runs: list[Run], events: list[StepEvent]) -> dict[str, Any]:
     if WORKER_BATCH_KEY in total:
         total[WORKER_BATCH_KEY] = responses.merge_batch(
             [info[WORKER_BATCH_KEY] for info in infos])
+    if responses.DRAFTS_KEY in total:
+        total[responses.DRAFTS_KEY] = responses.merge_drafts(
+            [info[responses.DRAFTS_KEY] for info in infos if responses.DRAFTS_KEY in info])
     return total
 
 
 def _sglext(run: Run, info: dict[str, Any]) -> dict[str, Any] | None:
     """SGLang's sglext (spec_tokens_details when asked for) plus our `specroute_batch`,
-    which every finished answer carries, plain ones too."""
+    which every finished answer carries, plain ones too, and a hybrid's `specroute_drafts`."""
     ext: dict[str, Any] = {}
     details = responses.spec_tokens_details(info) if run.req.return_spec_tokens_details else None
     if details is not None:
         ext["spec_tokens_details"] = details
-    if WORKER_BATCH_KEY in info:
-        ext[WORKER_BATCH_KEY] = info[WORKER_BATCH_KEY]
+    for key in (WORKER_BATCH_KEY, responses.DRAFTS_KEY):
+        if key in info:
+            ext[key] = info[key]
     return ext or None
 
 

@@ -58,6 +58,8 @@ class SchedulerStats:
     verify_steps: int = 0
     num_correct_drafts: int = 0
     num_proposed_drafts: int = 0
+    # branch -> [steps, accepted draft tokens] of multi-drafter requests (hybrid)
+    draft_branches: dict[str, list[int]] = field(default_factory=dict)
     # (completion_tokens, verify_steps, correct, proposed) of the last finished requests
     recent: collections.deque[tuple[int, int, int, int]] = field(default_factory=lambda: collections.deque(maxlen=64))
 
@@ -222,3 +224,7 @@ class Scheduler:
         s.num_proposed_drafts += stats.num_proposed_drafts
         s.recent.append((stats.completion_tokens, stats.verify_steps,
                          stats.num_correct_drafts, stats.num_proposed_drafts))
+        for branch, counts in stats.branches().items():
+            total = s.draft_branches.setdefault(branch, [0, 0])
+            total[0] += counts["steps"]
+            total[1] += counts["accepted"]
