@@ -65,6 +65,9 @@ def test_the_table_is_relative_to_plain_at_the_same_batch() -> None:
                        "draft_tokens": 4.0}
 
 
+NO_STEP_COSTS_YET = {"smollm2-135m-instruct": {"hybrid"}}
+
+
 @pytest.mark.parametrize("model", ["specroute-tiny", "smollm2-135m-instruct"])
 def test_shipped_measured_json_has_step_costs(model: str) -> None:
     """Both shipped measured.json files carry the step costs of every method they measured
@@ -76,7 +79,10 @@ def test_shipped_measured_json_has_step_costs(model: str) -> None:
     assert measured.entries and measured.costs
     assert document["costs_source"].startswith(f"specroute bench batching --model {model}")
     methods = {c.method for c in measured.costs}
-    assert {e.method for e in measured.entries} <= methods
+    # the hybrid's rows (2026-12-06) came without step costs: two runs on the loaded machine
+    # disagreed 1.79x / 1.32x plain at batch 1 (docs/results/2026-12-06-hybrid-fleet.md);
+    # its pools learn their step cost live until a quiet run writes them
+    assert {e.method for e in measured.entries} - methods <= NO_STEP_COSTS_YET.get(model, set())
     assert {c.batch for c in measured.costs if c.method == "plain"} == {1, 2, 4}
     for method in methods - {"plain"}:
         curve = measured_step_curve(measured, method)
