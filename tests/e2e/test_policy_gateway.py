@@ -155,7 +155,7 @@ def test_telemetry_reaches_the_redis_stream(stack: dict) -> None:
         "accept_length": pytest.approx(EAGLE3_ACCEPT, abs=0.2), "load": 0,
         "ttft_s": 0, "itl_s": 0, "e2e_s": 0, "tenant": "default", "slo_met": True,
         "ok": True, "timestamp": 0, "workers": 1, "extra": {}, "pinned": True,
-        "batch": None, "batch_draft_tokens": None, "own_draft_tokens": None}  # an SGLang stub says nothing of its batch
+        "batch": None, "batch_draft_tokens": None, "own_draft_tokens": None, "accept_scale": 1.0}  # an SGLang stub says nothing of its batch
     assert 0 < record["ttft_s"] <= record["e2e_s"] < 5 and record["itl_s"] > 0
 
 
