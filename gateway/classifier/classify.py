@@ -187,12 +187,8 @@ def classify(request: GenerationRequest, tenant: str = "default", *,
 
     `model` and `predictor` override the cached ones (training evaluates fresh ones).
     """
-    system, user = prompt_parts(request)
-    cues = copy_cues(user)
-    task, reasons, constrained, tools = _decide(request, system, user, model, cues)
-    predicted, scales = profile_fields(
-        predictor or cached_predictor(), task,
-        request_features(task, user, context_chars(request, user), cues))
+    (task, reasons, constrained, tools), features = _analyse(request, model)
+    predicted, scales = profile_fields(predictor or cached_predictor(), task, features)
     if request.max_tokens is not None:
         max_tokens = request.max_tokens
     else:
@@ -219,10 +215,17 @@ def request_vector(request: GenerationRequest, *, model: LinearTextModel | None 
                    ) -> tuple[str, tuple[float, ...]]:
     """The task and the drafter predictor's feature vector (gateway/classifier/
     features.py) exactly as `classify` computes them; what the predictor is trained on."""
+    decided, features = _analyse(request, model)
+    return decided[0], features
+
+
+def _analyse(request: GenerationRequest, model: LinearTextModel | None
+             ) -> tuple[tuple[Task, list[str], bool, bool], tuple[float, ...]]:
+    """`_decide`'s verdict and the predictor's features, the copy cues read once for both."""
     system, user = prompt_parts(request)
     cues = copy_cues(user)
-    task = _decide(request, system, user, model, cues)[0]
-    return task, request_features(task, user, context_chars(request, user), cues)
+    decided = _decide(request, system, user, model, cues)
+    return decided, request_features(decided[0], user, context_chars(request, user), cues)
 
 
 def _decide(request: GenerationRequest, system: str, user: str,
