@@ -24,6 +24,7 @@ tests/bench/live/test_bench_live_prompts.py:
 
 from __future__ import annotations
 
+import json
 import random
 import sysconfig
 from dataclasses import dataclass
@@ -56,6 +57,32 @@ MIXES: dict[str, dict[str, float]] = {
     "even": {c: 0.2 for c in ("code/t0", "edit/t0", "chat/t0", "chat/t0.7", "extract/t0")},
 }
 CLASSES = tuple(dict.fromkeys(c for shares in MIXES.values() for c in shares))
+
+# `--prompts FILE`: public prompts nobody here wrote, held out from everything that trained
+# or tuned (bench/traces/heldout.py builds such a file; docs/TRACES.md), one class per
+# category at T 0. Copy-heavy: code edits, summaries, RAG (answers that copy their input).
+HELD_OUT = "heldout:"
+NO_COPY = ("mt_bench", "translation", "qa", "math_reasoning")
+COPY_HEAVY = ("code_edit", "summarization", "rag")
+HELD_OUT_MIXES: dict[str, dict[str, float]] = {
+    "held-out even": {f"{HELD_OUT}{c}/t0": 1 / 7 for c in (*NO_COPY, *COPY_HEAVY)},
+    "held-out copy 0.2": {f"{HELD_OUT}{c}/t0": 0.2 for c in (*NO_COPY, "code_edit")},
+    "held-out no copy": {f"{HELD_OUT}{c}/t0": 0.25 for c in NO_COPY},
+}
+HELD_OUT_CLASSES = tuple(dict.fromkeys(c for m in HELD_OUT_MIXES.values() for c in m))
+ALL_MIXES = {**MIXES, **HELD_OUT_MIXES}
+
+
+def held_out_file(path: str) -> dict[str, list[list[dict]]]:
+    """Category -> the messages of its prompts, in the file's order (JSONL rows with
+    `category` and `messages`, as bench/traces/heldout.py writes them)."""
+    by: dict[str, list[list[dict]]] = {}
+    with open(path) as handle:
+        for line in handle:
+            if line.strip():
+                row = json.loads(line)
+                by.setdefault(row["category"], []).append(row["messages"])
+    return by
 
 
 def prior_texts() -> frozenset[str]:
@@ -114,13 +141,20 @@ class Item:
 
 
 def draw(model: str, classes: tuple[str, ...], per_class: int, seed: int, max_tokens: int,
-         taken: set[str], exclusion: Exclusion | None) -> list[Item]:
+         taken: set[str], exclusion: Exclusion | None,
+         held_out: dict[str, list[list[dict]]] | None = None) -> list[Item]:
     """`per_class` prompts of each class, none of whose texts is in `taken` (which grows by
-    what is drawn), in a seeded random order; folds alternate within a class."""
+    what is drawn), in a seeded random order; folds alternate within a class. A held-out
+    class draws from `held_out` (its category's prompts, seeded order)."""
     items: list[Item] = []
     for cls in classes:
         task, temperature = parse_class(cls)
-        kept: list[dict] = []
+        if task.startswith(HELD_OUT):
+            kept = _held_out(task.removeprefix(HELD_OUT), held_out or {}, per_class, seed,
+                             max_tokens, taken)
+            items += [Item(cls, body, i % 2, 0) for i, body in enumerate(kept)]
+            continue
+        kept = []
         attempt = 0
         while len(kept) < per_class:
             attempt += 1
@@ -138,6 +172,24 @@ def draw(model: str, classes: tuple[str, ...], per_class: int, seed: int, max_to
     return [Item(it.cls, it.body, it.fold, i) for i, it in enumerate(items)]
 
 
+def _held_out(category: str, held_out: dict[str, list[list[dict]]], per_class: int,
+              seed: int, max_tokens: int, taken: set[str]) -> list[dict]:
+    pool = list(held_out.get(category, []))
+    random.Random(f"{seed}:{category}").shuffle(pool)
+    kept: list[dict] = []
+    for messages in pool:
+        text = "\n".join(m["content"] for m in messages)
+        if text in taken:
+            continue
+        taken.add(text)
+        kept.append({"model": "", "messages": messages, "max_tokens": max_tokens,
+                     "temperature": 0.0, "seed": seed + len(kept)})
+        if len(kept) == per_class:
+            return kept
+    raise ValueError(f"{category}: fewer than {per_class} unused held-out prompts "
+                     "(more replicates need a larger --prompts file)")
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     warmup: list[Item]
@@ -146,16 +198,20 @@ class Plan:
 
 def plan(model: str, per_class: int, warmup: int, concurrency: tuple[int, ...],
          replicates: int, seed: int, max_tokens: int, held_out: bool = True,
-         classes: tuple[str, ...] = CLASSES) -> Plan:
+         classes: tuple[str, ...] = CLASSES, prompts_file: str | None = None) -> Plan:
     """Every prompt of a run, all texts distinct, none seen by a prior or the classifier
-    (and with `held_out`, none built from a drafter's training document)."""
+    (and with `held_out`, none built from a drafter's training document). With
+    `prompts_file` the held-out classes draw from it; the warm-up always comes from the
+    workload's own classes (nothing held out is learned from before it is measured)."""
     taken = set(prior_texts() | classifier_texts())
     exclusion = drafter_exclusion() if held_out else None
+    public = held_out_file(prompts_file) if prompts_file else None
     measured = {}
     for r in range(replicates):
         for c in concurrency:
             measured[(r, c)] = draw(model, classes, per_class, seed * 1000 + 100 * r + c,
-                                    max_tokens, taken, exclusion)
-    per = -(-warmup // len(classes)) if warmup else 0
-    warm = draw(model, classes, per, seed * 1000 + 999, max_tokens, taken, exclusion)[:warmup]
+                                    max_tokens, taken, exclusion, public)
+    own = tuple(c for c in classes if c in CLASSES) or CLASSES
+    per = -(-warmup // len(own)) if warmup else 0
+    warm = draw(model, own, per, seed * 1000 + 999, max_tokens, taken, exclusion)[:warmup]
     return Plan(warm, measured)

@@ -17,11 +17,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from bench.live.fleets import ADAPTIVE, Record
-from bench.live.prompts import MIXES
+from bench.live.prompts import ALL_MIXES
 from bench.live.stats import RESAMPLED, bootstrap, estimate, from_rows
 
 TARGET_BEST, TARGET_ORACLE, TARGET_NO_HARM = 1.10, 0.95, 0.97
-TARGET_MIXES = ("code assistant", "even")
+# adaptive / best homogeneous fleet per stated mix (issue 41: 1.08 on held-out prompts)
+TARGET_MIXES = {"code assistant": TARGET_BEST, "even": TARGET_BEST, "held-out copy 0.2": 1.08}
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +85,7 @@ def summarize(records: list[Record], audits: list[dict], engine: str,
         recs = [r for r in measured if r.concurrency == conc]
         got = prompt_rows(recs)
         mixes, skipped = {}, {}
-        for mix, shares in MIXES.items():
+        for mix, shares in ALL_MIXES.items():
             mine = [r for r in got.rows if r["cls"] in shares]
             if not {r["cls"] for r in mine} >= set(shares) or not any(
                     ADAPTIVE in r["cells"] for r in mine):
@@ -187,12 +188,13 @@ def _ci(values: tuple[float, float, float]) -> str:
 def targets(engine: str, mix: str, ci: dict) -> str:
     best, oracle = ci["vs_best_homogeneous"], ci["vs_oracle"]
     if mix in TARGET_MIXES:
-        ok = best[0] >= TARGET_BEST and best[1] >= 1.0 and oracle[0] >= TARGET_ORACLE
-        beyond = ci["oracle_vs_best_homogeneous"][2] < TARGET_BEST
-        return (f"{'met' if ok else 'missed'} (>= {TARGET_BEST}x best, low >= 1.0; "
+        target = TARGET_MIXES[mix]
+        ok = best[0] >= target and best[1] >= 1.0 and oracle[0] >= TARGET_ORACLE
+        beyond = ci["oracle_vs_best_homogeneous"][2] < target
+        return (f"{'met' if ok else 'missed'} (>= {target}x best, low >= 1.0; "
                 f">= {TARGET_ORACLE}x oracle)"
                 + ("; out of reach of per-class routing here (ceiling's interval below "
-                   f"{TARGET_BEST})" if beyond and not ok else ""))
+                   f"{target})" if beyond and not ok else ""))
     if engine == "embedded" and mix == "chat product":
         return f"{'met' if best[0] >= TARGET_NO_HARM else 'missed'} (>= {TARGET_NO_HARM}x best)"
     return "-"

@@ -55,7 +55,7 @@ from bench.live.fleets import (
     missing_ks,
     schedule,
 )
-from bench.live.prompts import CLASSES, Plan, plan
+from bench.live.prompts import CLASSES, HELD_OUT_CLASSES, Plan, plan
 from bench.live.report import render, summarize
 from workers.processes import available_gib
 
@@ -81,6 +81,7 @@ class Settings:
     model: str | None = None
     classes: tuple[str, ...] = CLASSES
     follow_fleet: bool = False  # the adaptive fleet's servers follow the fleet planner
+    prompts: str | None = None  # held-out public prompts (JSONL) the held-out classes draw
 
     @classmethod
     def saved(cls, fields: dict[str, Any]) -> Settings:
@@ -96,7 +97,8 @@ class Settings:
                 f"{self.per_class} fresh prompts per class, replicate and concurrency; "
                 f"{self.replicates} replicate(s), seed {self.seed}; max_tokens "
                 f"{self.max_tokens}; concurrency {','.join(map(str, self.concurrency))}; "
-                f"warm-up {self.warmup}")
+                f"warm-up {self.warmup}"
+                + (f"; held-out prompts {self.prompts}" if self.prompts else ""))
 
 
 class StackLost(RuntimeError):
@@ -248,7 +250,7 @@ def measure(settings: Settings, workdir: Path, records_path: Path | None = None,
     prompts = plan("", settings.per_class, settings.warmup,
                    settings.concurrency, settings.replicates, settings.seed,
                    settings.max_tokens, held_out=settings.model != "tiny",
-                   classes=settings.classes)
+                   classes=settings.classes, prompts_file=settings.prompts)
     _say(started, f"prompts drawn: {sum(len(v) for v in prompts.measured.values())} "
          f"measured, {len(prompts.warmup)} warm-up")
     records: list[Record] = []
@@ -306,16 +308,22 @@ def main(args: argparse.Namespace) -> int:
         replicates=args.replicates or (1 if args.quick else 3),
         seed=args.seed, model=args.model,
         ks=tuple(args.ks.split(",")) if args.ks else None,
-        classes=tuple(args.classes.split(",")) if args.classes else CLASSES,
-        follow_fleet=args.follow_fleet)
+        classes=(tuple(args.classes.split(",")) if args.classes
+                 else HELD_OUT_CLASSES if args.prompts else CLASSES),
+        follow_fleet=args.follow_fleet, prompts=args.prompts)
     if settings.follow_fleet and engine != "vllm":
         print("bench live: --follow-fleet needs --engine vllm (embedded workers are not "
               "supervised)", file=sys.stderr)
         return 2
-    unknown = set(settings.classes) - set(CLASSES)
+    known = CLASSES + (HELD_OUT_CLASSES if settings.prompts else ())
+    unknown = set(settings.classes) - set(known)
     if unknown:
         print(f"bench live: unknown classes {sorted(unknown)}; expected some of "
-              f"{', '.join(CLASSES)}", file=sys.stderr)
+              f"{', '.join(known)}", file=sys.stderr)
+        return 2
+    if settings.prompts and not Path(settings.prompts).is_file():
+        print(f"bench live: no prompts file {settings.prompts} (build one with "
+              "`python -m bench.traces.heldout --clones DIR --out FOLDER`)", file=sys.stderr)
         return 2
     if settings.per_class < 2:
         print("bench live: --per-class must be >= 2 (the oracle is chosen on one half of a "

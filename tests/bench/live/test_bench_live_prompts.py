@@ -106,3 +106,47 @@ def test_no_prompt_is_built_from_a_drafter_training_document() -> None:
     assert set(modules()) - set(modules(exclusion)) == set(exclusion.modules) != set()
     every_paragraph, every_source = _stdlib_texts()
     assert any(any(" ".join(s.split()) in d for d in flat) for s in every_source)
+
+
+def _held_out_file(tmp_path, per_category: int):
+    """A prompts file in bench.traces.heldout's shape, its texts written here."""
+    import json
+
+    from bench.live.prompts import COPY_HEAVY, NO_COPY
+
+    rows = [{"id": f"{c}:{i}", "category": c,
+             "messages": [{"role": "user", "content": f"{c} question number {i}"}]}
+            for c in (*NO_COPY, *COPY_HEAVY) for i in range(per_category)]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_held_out_classes_draw_their_category_and_never_a_prompt_twice(tmp_path) -> None:
+    from bench.live.prompts import HELD_OUT_CLASSES, HELD_OUT_MIXES
+
+    path = _held_out_file(tmp_path, per_category=8)
+    got = plan("m", per_class=2, warmup=10, concurrency=(1,), replicates=3, seed=5,
+               max_tokens=32, classes=HELD_OUT_CLASSES, prompts_file=str(path))
+    for shares in HELD_OUT_MIXES.values():
+        assert sum(shares.values()) == pytest.approx(1.0) and set(shares) <= set(HELD_OUT_CLASSES)
+    measured = [it for items in got.measured.values() for it in items]
+    assert len(measured) == 3 * 2 * len(HELD_OUT_CLASSES)
+    for it in measured:  # each prompt is its class's category, greedy, at the run's budget
+        category = it.cls.removeprefix("heldout:").removesuffix("/t0")
+        assert text_of(it.body).startswith(f"{category} question")
+        assert it.body["temperature"] == 0.0 and it.body["max_tokens"] == 32
+    texts = _texts(measured)
+    assert len(set(texts)) == len(texts)
+    # the warm-up learns from the workload's own prompts, never a held-out one
+    assert got.warmup and not {text_of(it.body) for it in got.warmup} & set(texts)
+    assert all(it.cls in CLASSES for it in got.warmup)
+
+
+def test_too_few_held_out_prompts_for_the_replicates_is_refused(tmp_path) -> None:
+    from bench.live.prompts import HELD_OUT_CLASSES
+
+    path = _held_out_file(tmp_path, per_category=3)
+    with pytest.raises(ValueError, match="fewer than 2 unused held-out prompts"):
+        plan("m", per_class=2, warmup=0, concurrency=(1,), replicates=2, seed=5,
+             max_tokens=32, classes=HELD_OUT_CLASSES, prompts_file=str(path))
