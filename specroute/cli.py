@@ -243,9 +243,10 @@ BENCHES: dict[str, tuple[str, dict[str, str | tuple[str, dict]]]] = {
         "--merge": "report on these comma-separated --records files instead of running",
         "--follow-fleet": "vllm: the adaptive fleet's servers move between its pools as the "
                           "gateway's fleet planner wants (`specroute up --follow-fleet`)",
-        "--prompts": "held-out public prompts (JSONL with category and messages, as "
-                     "bench.traces.heldout writes): measure their categories at T 0 and "
-                     "report the held-out mixes (the warm-up stays on the workload)"}),
+        "--prompts": ("held-out public prompts (JSONL with category and messages, as "
+                      "bench.traces.heldout writes): measure their categories at T 0 and "
+                      "report the held-out mixes (the warm-up stays on the workload)",
+                      {"type": str, "metavar": "FILE"})}),
 }
 
 
