@@ -28,6 +28,19 @@ COMPILED = (
     "gateway/classifier/classify.py",
     "gateway/schemas.py",
     "policies/options.py",
+    "policies/predictor.py",
+    "policies/slo.py",
+    "gateway/classifier/features.py",
+    "gateway/classifier/prediction.py",
+    "gateway/forwarding.py",
+    "gateway/http/bodies.py",
+    "gateway/http/responses.py",
+    "gateway/tenants/auth.py",
+    "gateway/telemetry/prometheus.py",
+    "gateway/telemetry/record.py",
+    "gateway/telemetry/series.py",
+    "gateway/telemetry/tenant_metrics.py",
+    "gateway/upstream/http1.py",
 )
 NO_COMPILE_ENV = "SPECROUTE_NO_COMPILE"  # "1": install pure Python only
 ROOT = Path(__file__).resolve().parent.parent
