@@ -84,7 +84,7 @@ def answers() -> list[str]:
         except InvalidRequest as exc:
             out.append(f"InvalidRequest {exc.param} {exc}")
         out.append(forwarding_answer(body))
-    return out + wire_answers()
+    return out + wire_answers() + reply_answers()
 
 
 def reported(request: object, profile: object, decision: object) -> list[str]:
@@ -138,6 +138,53 @@ def forwarding_answer(body: object) -> str:
                      for engine in ("sglang", "vllm", "openai")])
     except InvalidRequest as exc:
         return f"InvalidRequest {exc.param} {exc}"
+
+
+def reply_answers() -> list[str]:
+    """Workers' answers read: the bench upstream's own (SGLang's chat, stream and
+    /generate), a vLLM answer with its speculation metrics and broken shapes, whole (the
+    adapter's `result_from_body`, one chunk's deltas) and by the picker's response reader
+    fed in pieces; the picker's route table and its refusals."""
+    from bench.gateway import upstream
+    from gateway.errors import GatewayError, InvalidRequest, RateLimited
+    from gateway.picker.exchange import refusal
+    from gateway.picker.place import route_of
+    from gateway.picker.reading import ResponseReader
+    from gateway.upstream.adapters.openai import deltas_from_chunk, result_from_body
+    from gateway.upstream.adapters.reply import Reply
+
+    chat = orjson.loads(upstream._CHAT)
+    vllm = {**chat, "sglext": None, "metrics": {"speculative_decoding": {
+        "mean_acceptance_length": 2.75, "draft_acceptance_rate": 0.58, "num_spec_steps": 4,
+        "num_accepted_draft_tokens": 7, "num_draft_tokens": 12}}}
+    bodies = [chat, vllm, {**chat, "choices": []}, {**chat, "usage": {"prompt_tokens": -1}},
+              {"choices": [{"index": 0, "text": "t", "finish_reason": "length"}]},
+              {"choices": [{"index": "0", "message": {"content": 3}}]}]
+    out = []
+    for body in bodies:
+        for is_chat in (True, False):
+            try:
+                out.append(repr(result_from_body("w", body, is_chat)))
+            except GatewayError as exc:
+                out.append(f"{type(exc).__name__} {exc}")
+    for event in upstream._CHAT_STREAM.split(b"\n\n"):
+        if event.startswith(b"data: {"):
+            out.append(repr(deltas_from_chunk(Reply("w", orjson.loads(event[6:])), True)))
+    for answer, streaming in ((upstream._CHAT_STREAM, True), (upstream._GENERATE_STREAM, True),
+                              (upstream._CHAT, False), (orjson.dumps(vllm), False),
+                              (upstream._GENERATE, False), (b"not json", False)):
+        for cut in (5, 64, len(answer)):
+            reader = ResponseReader(streaming=streaming)
+            for start in range(0, len(answer), cut):
+                reader.feed(answer[start:start + cut])
+            reader.finish()
+            out.append(repr((reader.usage, reader.spec, reader.finish_reason,
+                             reader.tokens_seen, reader.done)))
+    out += [repr(route_of(path)) for path in ("/v1/chat/completions?x=1", "/v1/completions",
+                                              "/generate", "/v1/models", "")]
+    for exc in (InvalidRequest("bad", param="model"), RateLimited("slow down", retry_after_s=3, code="rate_limited")):
+        out.append(repr(refusal(exc).SerializeToString()))
+    return out
 
 
 def slo_answers() -> list[str]:

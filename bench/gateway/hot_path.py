@@ -23,7 +23,7 @@ decision), down to the minimal proxy's app on the same upstream client; each par
 is its row's drop, in the context of a whole request.
 
 `--profile` runs cProfile over N whole requests sent 32 at a time and lists the functions
-with the most own time, per request (cProfile's own cost inflates Python calls against C
+with the most own thread CPU time, per request (cProfile's own cost inflates Python calls against C
 ones: shares to rank, not figures to add up).
 """
 
@@ -272,7 +272,7 @@ async def profile(app, calls: int, top: int = 30) -> dict:  # noqa: ANN001
     for _ in range(200):
         assert await post(app, BODY) == 200
     batches = max(calls // 32, 1)
-    profiler = cProfile.Profile()
+    profiler = cProfile.Profile(time.thread_time)  # CPU: preemption on a shared box is not ours
     profiler.enable()
     for _ in range(batches):
         await asyncio.gather(*(post(app, BODY) for _ in range(32)))
