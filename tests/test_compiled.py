@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import orjson
 import pytest
 
 from gateway.compiled import (
@@ -74,12 +75,207 @@ def answers() -> list[str]:
                          prediction.top_features, decision.pool, decision.k,
                          round(decision.predicted_tokens_per_s, 9), decision.reason,
                          [pool.name for pool in pools])))
+        out.append(repr(profile))  # the features and the predictor's fields too
+        out += reported(request, profile, decision)
     for body in BODIES:
         try:
             parsed = parse_request(body, "chat")
             out.append(repr(parsed))
         except InvalidRequest as exc:
             out.append(f"InvalidRequest {exc.param} {exc}")
+        out.append(forwarding_answer(body))
+    return out + wire_answers() + reply_answers()
+
+
+def reported(request: object, profile: object, decision: object) -> list[str]:
+    """The rendered answer, its headers, a stream's chunks and the telemetry record of one
+    finished request, as the compiled responses and record modules build them (the
+    response id and clock fields left out: drawn per process)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from gateway.config import TenantConfig
+    from gateway.http.responses import ChunkWriter, headers_for, response_body
+    from gateway.telemetry.record import Outcome, Timer, request_record
+    from gateway.telemetry.tenant_metrics import TenantMetrics
+    from gateway.telemetry.worker_stats import SpecStats, Usage
+    from gateway.upstream.adapters.base import Delta, Final, GenerationResult
+
+    usage, spec = Usage(prompt_tokens=40, completion_tokens=9), SpecStats(3, 2.5, 0.5, 6, 12)
+    result = GenerationResult("answer text", "stop", usage, spec)
+    body = orjson.loads(response_body(request, result, decision))  # type: ignore[arg-type]
+    writer = ChunkWriter(request, decision)  # type: ignore[arg-type]
+    events = b"".join((writer.delta(Delta("a", {"role": "assistant"})),
+                       writer.final(Final(usage, spec, "stop")))).split(b"\n\n")
+    chunks = [orjson.loads(event.removeprefix(b"data: ")) if event.startswith(b"data: {")
+              else {"raw": event} for event in events]
+    outcome = Outcome(request, profile, TenantConfig("t"), decision,  # type: ignore[arg-type]
+                      Timer(10.0, 10.02), 3, 2, usage, spec, True, "stop")
+    record, _ = request_record(outcome, 10.5)
+    registry = CollectorRegistry()
+    TenantMetrics(registry).record(record)
+    return [generate_latest(registry).decode(),
+            repr(sorted((k, v) for k, v in body.items() if k not in ("id", "created"))),
+            repr(headers_for(decision)),  # type: ignore[arg-type]
+            repr([{k: v for k, v in c.items() if k not in ("id", "created")} for c in chunks]),
+            repr({k: v for k, v in vars_of(record).items() if k != "timestamp"})]
+
+
+def vars_of(record: object) -> dict:
+    import dataclasses
+
+    return dataclasses.asdict(record) if dataclasses.is_dataclass(record) \
+        else dict(vars(record))
+
+
+def forwarding_answer(body: object) -> str:
+    from gateway.errors import InvalidRequest
+    from gateway.forwarding import forwarded
+
+    if not isinstance(body, dict):
+        return "not a dict"
+    try:
+        return repr([forwarded(body, endpoint, engine) for endpoint in ("chat", "completions")
+                     for engine in ("sglang", "vllm", "openai")])
+    except InvalidRequest as exc:
+        return f"InvalidRequest {exc.param} {exc}"
+
+
+def reply_answers() -> list[str]:
+    """Workers' answers read: the bench upstream's own (SGLang's chat, stream and
+    /generate), a vLLM answer with its speculation metrics and broken shapes, whole (the
+    adapter's `result_from_body`, one chunk's deltas) and by the picker's response reader
+    fed in pieces; the picker's route table and its refusals."""
+    from bench.gateway import upstream
+    from gateway.errors import GatewayError, InvalidRequest, RateLimited
+    from gateway.picker.exchange import refusal
+    from gateway.picker.place import route_of
+    from gateway.picker.reading import ResponseReader
+    from gateway.upstream.adapters.openai import deltas_from_chunk, result_from_body
+    from gateway.upstream.adapters.reply import Reply
+
+    chat = orjson.loads(upstream._CHAT)
+    vllm = {**chat, "sglext": None, "metrics": {"speculative_decoding": {
+        "mean_acceptance_length": 2.75, "draft_acceptance_rate": 0.58, "num_spec_steps": 4,
+        "num_accepted_draft_tokens": 7, "num_draft_tokens": 12}}}
+    bodies = [chat, vllm, {**chat, "choices": []}, {**chat, "usage": {"prompt_tokens": -1}},
+              {"choices": [{"index": 0, "text": "t", "finish_reason": "length"}]},
+              {"choices": [{"index": "0", "message": {"content": 3}}]}]
+    out = []
+    for body in bodies:
+        for is_chat in (True, False):
+            try:
+                out.append(repr(result_from_body("w", body, is_chat)))
+            except GatewayError as exc:
+                out.append(f"{type(exc).__name__} {exc}")
+    for event in upstream._CHAT_STREAM.split(b"\n\n"):
+        if event.startswith(b"data: {"):
+            out.append(repr(deltas_from_chunk(Reply("w", orjson.loads(event[6:])), True)))
+    for answer, streaming in ((upstream._CHAT_STREAM, True), (upstream._GENERATE_STREAM, True),
+                              (upstream._CHAT, False), (orjson.dumps(vllm), False),
+                              (upstream._GENERATE, False), (b"not json", False)):
+        for cut in (5, 64, len(answer)):
+            reader = ResponseReader(streaming=streaming)
+            for start in range(0, len(answer), cut):
+                reader.feed(answer[start:start + cut])
+            reader.finish()
+            out.append(repr((reader.usage, reader.spec, reader.finish_reason,
+                             reader.tokens_seen, reader.done)))
+    out += [repr(route_of(path)) for path in ("/v1/chat/completions?x=1", "/v1/completions",
+                                              "/generate", "/v1/models", "")]
+    for exc in (InvalidRequest("bad", param="model"), RateLimited("slow down", retry_after_s=3, code="rate_limited")):
+        out.append(repr(refusal(exc).SerializeToString()))
+    return out
+
+
+def slo_answers() -> list[str]:
+    """`policies.slo.choose` over a grid of options, targets and loads."""
+    from policies.slo import SloOption, SloTarget, choose
+
+    out = []
+    for busy in (False, True):
+        options = [SloOption(f"p{i}", "eagle" if i else "plain", i, 10.0 + 9 * i, 1 + i / 2,
+                             wait_ms=40.0 * i, busy=busy and i > 0, higher_priority=i % 2)
+                   for i in range(4)]
+        for ttft, tpot, priority in ((50, 60, 0), (500, 30, 1), (2000, 200, 2)):
+            for pick in options:
+                choice = choose(pick, options, SloTarget("t", ttft, tpot, priority))
+                out.append(repr((choice, choice.kind)))
+    return out
+
+
+def auth_answers() -> list[str]:
+    """Which tenant a bearer key names, and what a tenant may pin."""
+    import hashlib
+
+    from gateway.config import TenantConfig
+    from gateway.errors import GatewayError
+    from gateway.pins import Pin
+    from gateway.tenants.auth import Authenticator, authorize, is_loopback_host
+
+    tenants = (TenantConfig("a", (hashlib.sha256(b"ka").hexdigest(),)),
+               TenantConfig("b", (hashlib.sha256(b"kb").hexdigest(),), max_tokens=8))
+    auth = Authenticator(tenants)
+    request = chat_request_of("hi")
+    out = []
+    for header in ("Bearer ka", "Bearer kb", "Bearer kc", "ka", None, "Bearer "):
+        try:
+            tenant = auth.tenant(header)
+            authorize(tenant, request, Pin())
+            authorize(tenant, request, Pin.from_headers("eagle", "3", None))
+            out.append(tenant.name)
+        except GatewayError as exc:
+            out.append(f"{type(exc).__name__} {exc}")
+    return out + [repr(is_loopback_host(h)) for h in ("127.0.0.1", "::1", "0.0.0.0", "x")]
+
+
+def chat_request_of(text: str) -> object:
+    from bench.gateway.classifier import chat_request
+
+    return chat_request(text)
+
+
+def wire_answers() -> list[str]:
+    """The upstream client's parsing of answers cut at every byte (`Connection` fed as
+    the loop would), the metric series' exposition and the body checks."""
+    import time
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from gateway.http.bodies import check_media_type, content_length
+    from gateway.telemetry.series import Counter, Histogram
+    from gateway.upstream.http1 import Connection, Http1Client, Response
+    from gateway.upstream.targets import target
+
+    out = []
+    for answer in (b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\nhello world",
+                   b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                   b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
+                   b"HTTP/1.1 503 Busy\r\nConnection: close\r\n\r\n{\"error\": 1}",
+                   b"garbage\r\n\r\n"):
+        for cut in (1, 7, len(answer)):
+            connection = Connection(Http1Client(5, 5, 5), target("http://127.0.0.1:1"))
+            response = Response(connection, time.monotonic() + 60, 60)
+            connection.response = response
+            for start in range(0, len(answer), cut):
+                connection.data_received(answer[start:start + cut])
+            connection.connection_lost(None)
+            out.append(repr((response.status, bytes(response.buffer), response.complete,
+                             repr(response.error), connection.keep)))
+    out += slo_answers() + auth_answers()
+    registry = CollectorRegistry()
+    counter = Counter("c", "a counter", ("pool", "ok"), registry=registry)
+    histogram = Histogram("h", "a histogram", ("pool",), registry=registry,
+                          buckets=(0.01, 0.1, 1.0))
+    for i in range(50):
+        counter.labels(f"p{i % 3}", str(i % 2 == 0)).inc(i / 7)
+        histogram.labels(f"p{i % 2}").observe(i / 40)
+    out.append(generate_latest(registry).decode())
+    for value in (b"12", b"-1", b"x", None, b"application/json; charset=utf-8", b"text/plain"):
+        for check in (content_length, check_media_type):
+            try:
+                out.append(repr(check(value)))
+            except Exception as exc:  # noqa: BLE001 - the verdict is the answer
+                out.append(f"{type(exc).__name__} {exc}")
     return out
 
 

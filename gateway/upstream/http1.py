@@ -102,8 +102,9 @@ class Response:
     # -- read by the caller -------------------------------------------------------------
     async def wait(self) -> None:
         """Until something arrives, within the read and total deadlines."""
-        if self.error is not None:
-            raise self.error
+        failed = self.error  # a local: a narrowed `self.error` would stay None past the
+        if failed is not None:  # await for mypyc, which then rejects the error set meanwhile
+            raise failed
         loop = asyncio.get_running_loop()
         now = time.monotonic()
         if now >= self.deadline:
