@@ -139,7 +139,7 @@ BENCH_OPTIONS: dict[str, dict] = {
     "--scale": {"type": float, "default": None},
     "--follow-fleet": {"action": "store_true"},
     "--traces": {"default": None, "metavar": "PATH"},
-    "--heldout": {"default": None, "metavar": "PATH"},
+    "--prompt-file": {"default": None, "metavar": "PATH"},
     "--temperatures": {"default": None},
     "--body-mode": {"default": "BUFFERED",
                     "choices": ["BUFFERED", "FULL_DUPLEX_STREAMED", "STREAMED"]},
@@ -156,7 +156,7 @@ BENCHES: dict[str, tuple[str, dict[str, str | tuple[str, dict]]]] = {
         "--prompts": "prompts per class and round (default 2; --quick 1)",
         "--rounds": "interleaved rounds (default 3; --quick 1)", "--seed": "prompt seed",
         "--max-tokens": "tokens per request (--quick: 16)",
-        "--heldout": "a prompts JSONL (bench/traces/data/heldout/prompts.jsonl): one cell per "
+        "--prompt-file": "a prompts JSONL (bench/traces/data/heldout/prompts.jsonl): one cell per "
                      "category, timed from the first token; measuring only",
         "--temperatures": "comma-separated temperatures (default 0,0.8)",
         "--write-measured": "write accept length, tokens/s and speedup per (method, class, "

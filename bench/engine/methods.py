@@ -18,8 +18,8 @@ what the grammar does to acceptance (forced tokens are free for plain decoding a
 cheap to accept; drafts the grammar forbids are pruned before the forward). It stops
 where the schema ends rather than at max tokens.
 
-`--heldout PATH` runs the prompts of a JSONL file by category instead (one cell per
-category, no schema cell; bench/engine/heldout.py), timing each request from its first
+`--prompt-file PATH` runs the prompts of a JSONL file by category instead (one cell per
+category, no schema cell; bench/engine/prompt_file.py), timing each request from its first
 token on, so that a long prompt's prefill does not dilute the ratios; `--temperatures`
 picks the temperatures (default 0,0.8).
 
@@ -39,8 +39,8 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from bench.engine.heldout import file_prompts
 from bench.engine.measured import device_description, measured_document, write_measured
+from bench.engine.prompt_file import file_prompts
 from bench.workload import TASKS, Prompt, prompts
 from policies.methods import default_k
 from workers.models import ModelChoice, resolve_model
@@ -81,7 +81,7 @@ class Settings:
     prompts: int  # per cell and round
     max_tokens: int
     seed: int
-    # --heldout: prompts per category of that file (no schema cell); None: bench/workload.py's
+    # --prompt-file: prompts per category of that file (no schema cell); None: bench/workload.py's
     chosen: dict[str, list[Prompt]] | None = None
     temperatures: tuple[float, ...] = TEMPERATURES
     # time from the first token on (the policy's tokens/s), not prefill: a long prompt's
@@ -286,8 +286,8 @@ def main(args: argparse.Namespace) -> int:
         return compare(args)
     import torch
 
-    if getattr(args, "heldout", None) and args.write_measured:
-        print("--write-measured writes the policy's prior: not from --heldout prompts",
+    if getattr(args, "prompt_file", None) and args.write_measured:
+        print("--write-measured writes the policy's prior: not from --prompt-file prompts",
               file=sys.stderr)
         return 2
     choice = resolve_model(args.model)
@@ -296,13 +296,13 @@ def main(args: argparse.Namespace) -> int:
     wanted = args.methods.split(",") if args.methods else list(engine.methods)
     methods = ["plain", *[m for m in wanted if m != "plain"]]
     n_prompts = args.prompts or (1 if args.quick else 2)
-    heldout = getattr(args, "heldout", None)
+    prompt_file = getattr(args, "prompt_file", None)
     temperatures = tuple(float(t) for t in args.temperatures.split(",")) \
         if getattr(args, "temperatures", None) else TEMPERATURES
     settings = Settings(rounds=args.rounds or (1 if args.quick else 3), prompts=n_prompts,
                         max_tokens=16 if args.quick else args.max_tokens, seed=args.seed,
-                        chosen=file_prompts(heldout, n_prompts, args.seed) if heldout else None,
-                        temperatures=temperatures, decode_only=bool(heldout))
+                        chosen=file_prompts(prompt_file, n_prompts, args.seed) if prompt_file else None,
+                        temperatures=temperatures, decode_only=bool(prompt_file))
     # Warm up every method once so lazy initialisation is not timed.
     warm = engine.tokenizer.encode("def f(x):\n    return x\n")
     for method in methods:
@@ -313,8 +313,8 @@ def main(args: argparse.Namespace) -> int:
     threads = torch.get_num_threads()
     print(f"engine benchmark: {choice.name}, {dtype}, {threads} threads, {settings.rounds} "
           f"interleaved rounds x {settings.prompts} prompts x {settings.max_tokens} tokens "
-          "per cell and method" + (f"; prompts of {heldout} by category, decode time only "
-                                   "(after the first token)" if heldout else ""))
+          "per cell and method" + (f"; prompts of {prompt_file} by category, decode time only "
+                                   "(after the first token)" if prompt_file else ""))
     print("cells: speedup over plain tokens/s, median [range over rounds] (accept length); "
           "bold: the range excludes 1.00x")
     print(format_table(rows))

@@ -1,4 +1,4 @@
-"""Prompts from a JSONL file by category, for `specroute bench engine --heldout PATH`.
+"""Prompts from a JSONL file by category, for `specroute bench engine --prompt-file PATH`.
 
 The held-out public prompts (bench/traces/data/heldout/prompts.jsonl, built by
 `python -m bench.traces.heldout`: Spec-Bench's six task families and InstructCoder's
