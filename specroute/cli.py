@@ -156,8 +156,8 @@ BENCHES: dict[str, tuple[str, dict[str, str | tuple[str, dict]]]] = {
         "--prompts": "prompts per class and round (default 2; --quick 1)",
         "--rounds": "interleaved rounds (default 3; --quick 1)", "--seed": "prompt seed",
         "--max-tokens": "tokens per request (--quick: 16)",
-        "--prompt-file": "a prompts JSONL (bench/traces/data/heldout/prompts.jsonl): one cell per "
-                     "category, timed from the first token; measuring only",
+        "--prompt-file": "a prompts JSONL (bench/traces/data/prompts.jsonl, or heldout/ for "
+                         "measuring only): one cell per category, timed from the first token",
         "--temperatures": "comma-separated temperatures (default 0,0.8)",
         "--write-measured": "write accept length, tokens/s and speedup per (method, class, "
                             "T) as JSON, the policy's prior for the worker",
