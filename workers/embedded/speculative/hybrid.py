@@ -7,11 +7,17 @@ same way); else it is the EAGLE chain with its confidence cutoff (`speculative.e
 Answers switch between copying and writing inside one request (an edit copies the
 untouched lines and writes the changed ones), which one drafter per request cannot
 follow. A short match is weak evidence (two common tokens in a row); a rejected copy
-wastes a step that EAGLE would have used, hence the threshold.
+wastes a step that EAGLE would have used. Two rules keep the cost down: the threshold
+(`min_match`), and backing off after a miss: when nothing of a copied draft was accepted,
+the next `miss_backoff` steps draft by EAGLE whatever matches (the context has stopped
+repeating; this request's own evidence, unlike a fixed threshold). Both were chosen on the
+training prompts (bench/traces/data/prompts.jsonl, `bench/engine/hybrid_variants.py`):
+a match of 2 with a back-off of 2 steps accepted the most (docs/results/2026-12-07-hybrid.md).
 
 Lossless like every method: the shared `verify()` accepts either draft (the n-gram chain
 is a point mass, q = None; EAGLE's carries its q). The branch is chosen from the
-committed tokens alone, before anything is drawn. Each draft names its branch
+committed tokens and the previous step's verify result alone, both known before this
+step draws anything. Each draft names its branch
 (`Draft.source`), so the request's stats count steps and accepted tokens per branch.
 
 The EAGLE head's cache must hold the pairs of every committed position before it drafts.
@@ -39,12 +45,12 @@ from workers.embedded.speculative.ngram import NgramDrafter
 
 @dataclass(frozen=True)
 class HybridConfig:
-    min_match: int = 3  # shortest suffix match that drafts by n-gram
+    min_match: int = 2  # shortest suffix match that drafts by n-gram
     max_ngram: int = 4  # longest suffix looked up first
     min_confidence: float | None = None  # EAGLE chain cutoff; None: the head's measured one
     # after an n-gram draft of which nothing was accepted, the next `miss_backoff` steps
     # draft by EAGLE whatever matches (0: never back off)
-    miss_backoff: int = 0
+    miss_backoff: int = 2
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_match <= self.max_ngram:
