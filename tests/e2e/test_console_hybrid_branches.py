@@ -11,7 +11,6 @@ its own counters since start must equal what the gateway summed.
 
 from __future__ import annotations
 
-import os
 import tempfile
 from collections.abc import Iterator
 
@@ -27,7 +26,7 @@ from test_console_browser import (
     KEY,
     TINY,
     admin_state,
-    browser_available,
+    require_browser,
     wait_for,
 )
 from test_worker_hybrid_branches import BRANCHES, FAMILIES, TEXT, counters
@@ -38,11 +37,7 @@ from workers.models import BUNDLED_MODEL_DIR
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: str) -> Iterator[dict]:
-    missing = browser_available()
-    if missing is not None:
-        if os.environ.get("SPECROUTE_REQUIRE_BROWSER"):
-            pytest.fail(f"SPECROUTE_REQUIRE_BROWSER is set but {missing}")
-        pytest.skip(missing)
+    require_browser()
     tmp = tmp_path_factory.mktemp("console-hybrid")
     procs = []
     try:
