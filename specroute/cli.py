@@ -139,6 +139,8 @@ BENCH_OPTIONS: dict[str, dict] = {
     "--scale": {"type": float, "default": None},
     "--follow-fleet": {"action": "store_true"},
     "--traces": {"default": None, "metavar": "PATH"},
+    "--prompt-file": {"default": None, "metavar": "PATH"},
+    "--temperatures": {"default": None},
     "--body-mode": {"default": "BUFFERED",
                     "choices": ["BUFFERED", "FULL_DUPLEX_STREAMED", "STREAMED"]},
 }
@@ -154,6 +156,9 @@ BENCHES: dict[str, tuple[str, dict[str, str | tuple[str, dict]]]] = {
         "--prompts": "prompts per class and round (default 2; --quick 1)",
         "--rounds": "interleaved rounds (default 3; --quick 1)", "--seed": "prompt seed",
         "--max-tokens": "tokens per request (--quick: 16)",
+        "--prompt-file": "a prompts JSONL (bench/traces/data/prompts.jsonl, or heldout/ for "
+                         "measuring only): one cell per category, timed from the first token",
+        "--temperatures": "comma-separated temperatures (default 0,0.8)",
         "--write-measured": "write accept length, tokens/s and speedup per (method, class, "
                             "T) as JSON, the policy's prior for the worker",
         "--compare": "vllm: the same methods, prompts and cores on vLLM CPU, side by side "

@@ -18,6 +18,11 @@ what the grammar does to acceptance (forced tokens are free for plain decoding a
 cheap to accept; drafts the grammar forbids are pruned before the forward). It stops
 where the schema ends rather than at max tokens.
 
+`--prompt-file PATH` runs the prompts of a JSONL file by category instead (one cell per
+category, no schema cell; bench/engine/prompt_file.py), timing each request from its first
+token on, so that a long prompt's prefill does not dilute the ratios; `--temperatures`
+picks the temperatures (default 0,0.8).
+
 `--write-measured PATH` writes the figures as JSON, the worker's prior for the policy:
 {"model", "source", "measured_at", "device", "entries": [{"method", "k", "task",
 "temperature", "accept_length", "tokens_per_s", "speedup", "requests"}]}.
@@ -35,6 +40,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from bench.engine.measured import device_description, measured_document, write_measured
+from bench.engine.prompt_file import file_prompts
 from bench.workload import TASKS, Prompt, prompts
 from policies.methods import default_k
 from workers.models import ModelChoice, resolve_model
@@ -75,6 +81,12 @@ class Settings:
     prompts: int  # per cell and round
     max_tokens: int
     seed: int
+    # --prompt-file: prompts per category of that file (no schema cell); None: bench/workload.py's
+    chosen: dict[str, list[Prompt]] | None = None
+    temperatures: tuple[float, ...] = TEMPERATURES
+    # time from the first token on (the policy's tokens/s), not prefill: a long prompt's
+    # prefill would otherwise dilute every method's ratio towards 1
+    decode_only: bool = False
 
 
 @dataclass
@@ -139,12 +151,23 @@ def _run(engine, ids: list[int], label: str, temperature: float, max_tokens: int
     return gen.stats, time.perf_counter() - t0
 
 
+def _timed(stats, seconds: float, decode_only: bool) -> tuple[int, float, int]:
+    """(tokens, seconds, verify steps) of one request; decode only: after the first token."""
+    if not decode_only or stats.first_token_at is None or stats.completion_tokens < 2:
+        return stats.completion_tokens, seconds, stats.verify_steps
+    decode = time.perf_counter() - stats.first_token_at  # the request ended just now
+    return stats.completion_tokens - 1, decode, stats.verify_steps - 1
+
+
 def measure(engine, methods: list[str], settings: Settings,
             progress: bool = False) -> dict[Cell, dict[str, Tally]]:
     """Run every round; tallies per cell and method."""
-    cells = [(task, t) for task in (*TASKS, SCHEMA_TASK) for t in TEMPERATURES]
-    chosen = {task: prompts(task, settings.prompts, settings.seed) for task in TASKS}
-    chosen[SCHEMA_TASK] = chosen["structured"]
+    if settings.chosen is not None:
+        chosen = dict(settings.chosen)
+    else:
+        chosen = {task: prompts(task, settings.prompts, settings.seed) for task in TASKS}
+        chosen[SCHEMA_TASK] = chosen["structured"]
+    cells = [(task, t) for task in chosen for t in settings.temperatures]
     encoded = {task: [engine.tokenizer.encode_chat(list(p.messages)) for p in ps]
                for task, ps in chosen.items()}
     schemas = {task: [schema_for(p) if task == SCHEMA_TASK else None for p in ps]
@@ -159,7 +182,7 @@ def measure(engine, methods: list[str], settings: Settings,
                     stats, seconds = _run(engine, ids, method, temperature, settings.max_tokens,
                                           settings.seed + 1000 * r + i, schemas[task][i])
                     tallies[(task, temperature)][method].add(
-                        r, stats.completion_tokens, seconds, stats.verify_steps)
+                        r, *_timed(stats, seconds, settings.decode_only))
         if progress:
             print(f"[bench engine] round {r + 1}/{settings.rounds} done in "
                   f"{time.monotonic() - started:.0f}s", file=sys.stderr, flush=True)
@@ -263,14 +286,23 @@ def main(args: argparse.Namespace) -> int:
         return compare(args)
     import torch
 
+    if getattr(args, "prompt_file", None) and args.write_measured:
+        print("--write-measured writes the policy's prior: not from --prompt-file prompts",
+              file=sys.stderr)
+        return 2
     choice = resolve_model(args.model)
     torch.set_num_threads(int(os.environ.get("SPECROUTE_BENCH_THREADS", "2")))
     engine = _load_engine(choice)
     wanted = args.methods.split(",") if args.methods else list(engine.methods)
     methods = ["plain", *[m for m in wanted if m != "plain"]]
-    settings = Settings(rounds=args.rounds or (1 if args.quick else 3),
-                        prompts=args.prompts or (1 if args.quick else 2),
-                        max_tokens=16 if args.quick else args.max_tokens, seed=args.seed)
+    n_prompts = args.prompts or (1 if args.quick else 2)
+    prompt_file = getattr(args, "prompt_file", None)
+    temperatures = tuple(float(t) for t in args.temperatures.split(",")) \
+        if getattr(args, "temperatures", None) else TEMPERATURES
+    settings = Settings(rounds=args.rounds or (1 if args.quick else 3), prompts=n_prompts,
+                        max_tokens=16 if args.quick else args.max_tokens, seed=args.seed,
+                        chosen=file_prompts(prompt_file, n_prompts, args.seed) if prompt_file else None,
+                        temperatures=temperatures, decode_only=bool(prompt_file))
     # Warm up every method once so lazy initialisation is not timed.
     warm = engine.tokenizer.encode("def f(x):\n    return x\n")
     for method in methods:
@@ -281,7 +313,8 @@ def main(args: argparse.Namespace) -> int:
     threads = torch.get_num_threads()
     print(f"engine benchmark: {choice.name}, {dtype}, {threads} threads, {settings.rounds} "
           f"interleaved rounds x {settings.prompts} prompts x {settings.max_tokens} tokens "
-          "per cell and method")
+          "per cell and method" + (f"; prompts of {prompt_file} by category, decode time only "
+                                   "(after the first token)" if prompt_file else ""))
     print("cells: speedup over plain tokens/s, median [range over rounds] (accept length); "
           "bold: the range excludes 1.00x")
     print(format_table(rows))

@@ -134,6 +134,14 @@ def pool_prior(state: PolicyState | None, pool: Pool, source: str | None) -> dic
             "source": where}
 
 
+def _drafts(drafts: dict[str, tuple[int, int]] | None) -> dict | None:
+    """A hybrid pool's last hour per branch: {branch: {"steps", "accepted"}}; None: none."""
+    if not drafts:
+        return None
+    return {b: {"steps": steps, "accepted": accepted}
+            for b, (steps, accepted) in sorted(drafts.items())}
+
+
 def pools_section(sources: ConsoleSources) -> list[dict]:
     state = policy_state(sources.routing)
     out = []
@@ -144,6 +152,7 @@ def pools_section(sources: ConsoleSources) -> list[dict]:
                     "per_request_k": pool.config.capabilities.per_request_k,
                     "prior": pool_prior(state, pool, sources.prior_sources.get(name)),
                     "learned_accept_length": _round(learned, 3),
+                    "drafts": _drafts(sources.recent.drafts(name)),
                     "samples": [s.to_dict() for s in sources.recent.samples(name)]})
     return out
 

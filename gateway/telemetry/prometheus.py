@@ -67,6 +67,14 @@ class PrometheusRecorder:
         self.accept = Histogram("specroute_accept_length",
                                 "Tokens per verify step (bonus included)", labels,
                                 buckets=ACCEPT_BUCKETS, registry=registry)
+        branch = ("pool", "branch")
+        self.branch_steps = Counter("specroute_draft_branch_steps",
+                                    "A hybrid pool's decode steps by the branch that drafted "
+                                    "them (ngram, eagle; none: an empty draft)", branch,
+                                    registry=registry)
+        self.branch_accepted = Counter("specroute_draft_branch_accepted_tokens",
+                                       "A hybrid pool's accepted draft tokens by branch",
+                                       branch, registry=registry)
 
         # label lookups cost more than the updates; children are cached per label set
         self._children: dict[tuple[str, ...], tuple] = {}
@@ -94,6 +102,9 @@ class PrometheusRecorder:
         tokens.inc(record.output_tokens)
         if record.accept_length > 0:
             accept.observe(record.accept_length)
+        for name, (steps, accepted) in (record.extra.get("drafts") or {}).items():
+            self.branch_steps.labels(record.pool, name).inc(steps)
+            self.branch_accepted.labels(record.pool, name).inc(accepted)
 
 
 class HttpMetrics:

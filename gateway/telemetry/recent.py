@@ -11,7 +11,9 @@ request's path. What it keeps, all of it bounded by the config:
 - the last `decisions` requests: class, pool, k, accept length, latency. A
   `RequestRecord` carries no prompt, output or key, so neither can this;
 - per tenant and per request class on each pool, the last `window` requests, behind the
-  console's percentiles and observed tokens/s.
+  console's percentiles and observed tokens/s;
+- in each sample, a hybrid pool's decode steps and accepted draft tokens per branch (the
+  record's `extra["drafts"]`), summed over the hour by `drafts(pool)`.
 
 Definitions (the policy's, so prediction and observation compare): accept length is
 output tokens per verify step (bonus token included), over the requests whose worker
@@ -52,6 +54,7 @@ class PoolSample:
     tokens_per_s: float | None  # a request's decode rate; None: no request decoded
     output_tokens_per_s: float  # the pool's output over the interval
     live: bool = False  # the interval still open
+    drafts: dict[str, tuple[int, int]] | None = None  # branch -> (steps, accepted); hybrid
 
     def to_dict(self) -> dict:
         """By hand: `dataclasses.asdict` deep-copies every field, slow over full rings."""
@@ -72,12 +75,15 @@ class Tally:
     stepped_tokens: int = 0  # output tokens of those requests
     decode_tokens: int = 0  # tokens after the first
     decode_s: float = 0.0
+    drafts: dict[str, tuple[int, int]] | None = None  # branch -> (steps, accepted)
 
     def add(self, record: RequestRecord) -> None:
         self.requests += 1
         if not record.ok:
             self.failed += 1
             return
+        if (drafts := record.extra.get("drafts")) is not None:
+            self.drafts = add_drafts(self.drafts, drafts)
         tokens = record.output_tokens
         self.output_tokens += tokens
         if record.verify_steps:
@@ -101,7 +107,17 @@ class Tally:
                           failed=self.failed, accept_length=_round(self.accept_length, 4),
                           tokens_per_s=_round(self.tokens_per_s, 2),
                           output_tokens_per_s=round(self.output_tokens / max(seconds, 1e-9), 2),
-                          live=live)
+                          live=live, drafts=self.drafts)
+
+
+def add_drafts(into: dict[str, tuple[int, int]] | None,
+               drafts: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    """Branch counts summed: `into` (None: none yet) plus `drafts`, as a new dict."""
+    out = dict(into or {})
+    for branch, (steps, accepted) in drafts.items():
+        old = out.get(branch, (0, 0))
+        out[branch] = (old[0] + steps, old[1] + accepted)
+    return out
 
 
 def _round(value: float | None, digits: int) -> float | None:
@@ -219,6 +235,18 @@ class RecentTraffic:
             now = self.clock()
             out.append(tally.sample(now, max(now - self.opened_at, 1e-9), live=True))
         return out
+
+    def drafts(self, pool: str) -> dict[str, tuple[int, int]] | None:
+        """A hybrid pool's decode steps and accepted draft tokens per branch over its ring
+        and the open interval; None when no request of it reported them."""
+        total = None
+        for sample in self._rings.get(pool, ()):
+            if sample.drafts:
+                total = add_drafts(total, sample.drafts)
+        tally = self._open.get(pool)
+        if tally is not None and tally.drafts:
+            total = add_drafts(total, tally.drafts)
+        return total
 
     def decisions(self) -> list[RecentDecision]:
         """The last requests, newest first."""

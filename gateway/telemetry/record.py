@@ -154,6 +154,8 @@ def request_record(outcome: Outcome, end: float) -> tuple[RequestRecord, float]:
                       decision.k, tokens)
     if flagged is not None:
         entry.extra["anomaly"] = flagged
+    if spec.drafts:  # a hybrid's decode steps and accepted draft tokens per branch
+        entry.extra["drafts"] = spec.drafts
     return entry, e2e
 
 

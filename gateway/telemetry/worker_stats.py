@@ -11,6 +11,11 @@ from dataclasses import dataclass
 
 from policies.fleet import WORKER_BATCH_KEY
 
+# A hybrid worker's per-branch counts in meta_info / sglext (workers/embedded/responses.py
+# DRAFTS_KEY): {branch: {"steps": n, "accepted": n}}, branches `ngram`, `eagle`, `none`.
+DRAFTS_KEY = "specroute_drafts"
+Drafts = dict[str, tuple[int, int]]  # branch -> (decode steps drafted, accepted draft tokens)
+
 
 @dataclass(slots=True)
 class SpecStats:
@@ -23,6 +28,8 @@ class SpecStats:
     draft tokens verified per step across that batch; None = not reported.
     decode_s: its seconds from the first token to the end, in the worker (`specroute_batch`
     too); None = not reported.
+    drafts: a hybrid worker's `specroute_drafts`, per branch (steps, accepted draft tokens);
+    None = not reported.
     """
 
     verify_steps: int = 0
@@ -33,6 +40,7 @@ class SpecStats:
     batch: float | None = None
     batch_draft_tokens: float | None = None
     decode_s: float | None = None
+    drafts: Drafts | None = None
 
     @property
     def has_counters(self) -> bool:
@@ -59,7 +67,25 @@ def read_batch(spec: SpecStats, holder: object) -> SpecStats:
         spec.batch = non_negative(batch.get("requests"))
         spec.batch_draft_tokens = non_negative(batch.get("draft_tokens"))
         spec.decode_s = non_negative(batch.get("decode_s"))
+    if isinstance(holder, dict) and (drafts := read_drafts(holder.get(DRAFTS_KEY))):
+        spec.drafts = drafts
     return spec
+
+
+def read_drafts(value: object) -> Drafts | None:
+    """`specroute_drafts` as {branch: (steps, accepted)}; a branch whose counts are not
+    non-negative integers is left out, None when none is left."""
+    if not isinstance(value, dict):
+        return None
+    out: Drafts = {}
+    for branch, counts in list(value.items())[:8]:  # a worker names three; bound the rest
+        if not isinstance(branch, str) or not isinstance(counts, dict):
+            continue
+        steps, accepted = counts.get("steps"), counts.get("accepted")
+        if all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+               for n in (steps, accepted)):
+            out[branch[:32]] = (int(steps), int(accepted))  # type: ignore[arg-type]
+    return out or None
 
 
 def merge_spec(new: SpecStats | None, old: SpecStats) -> SpecStats:
@@ -75,6 +101,7 @@ def merge_spec(new: SpecStats | None, old: SpecStats) -> SpecStats:
     merged.batch_draft_tokens = new.batch_draft_tokens \
         if new.batch_draft_tokens is not None else old.batch_draft_tokens
     merged.decode_s = new.decode_s if new.decode_s is not None else old.decode_s
+    merged.drafts = new.drafts if new.drafts is not None else old.drafts
     return merged
 
 

@@ -51,13 +51,19 @@ def browser_available() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: str) -> Iterator[dict]:
+def require_browser() -> None:
+    """Skip without Chromium or playwright; fail instead where SPECROUTE_REQUIRE_BROWSER
+    is set (CI)."""
     missing = browser_available()
     if missing is not None:
         if os.environ.get("SPECROUTE_REQUIRE_BROWSER"):
             pytest.fail(f"SPECROUTE_REQUIRE_BROWSER is set but {missing}")
         pytest.skip(missing)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: str) -> Iterator[dict]:
+    require_browser()
     import redis
 
     with redis.Redis.from_url(redis_server) as fresh:  # no rate-limit counts left by others

@@ -151,3 +151,72 @@ def test_a_repeating_request_drafts_by_ngram_and_counts_each_branch(
     assert branches["ngram"] == {"steps": tallies["ngram"].drafted,
                                  "accepted": tallies["ngram"].accepted}
     assert plain.stats.branches() == {}
+
+
+@torch.inference_mode()
+def test_after_a_copy_that_missed_eagle_drafts_for_the_backoff(model: LlamaForCausalLM,
+                                                                head: EagleHead) -> None:
+    """`miss_backoff` 2: an n-gram draft of which nothing was accepted sends the next two
+    steps to EAGLE though the context still matches, the third copies again; a step
+    proposed twice counts once; an accepted copy does not back off; 0 never does."""
+    from workers.embedded.speculative.result import VerifyResult
+
+    greedy = Sampler(0.0)
+    text = PATTERN * 3 + PATTERN[:3]
+
+    def verified(accepted: int) -> VerifyResult:
+        return VerifyResult(accepted=PATTERN[3:3 + accepted], accepted_nodes=list(range(accepted)),
+                            bonus=PATTERN[0], hidden=torch.zeros(accepted + 1, 1),
+                            aux_logits=None, num_proposed=4, logits=torch.zeros(accepted + 1, V))
+
+    def steps(config: HybridConfig, outcomes: list[int]) -> list[str | None]:
+        """The branch of each step; before step i + 1, step i's draft kept outcomes[i]."""
+        hybrid, out, last = HybridDrafter(model, head, config), [], None
+        for i in range(len(outcomes) + 1):
+            root = len(text) - len(outcomes) - 1 + i
+            state = _state(model, text[: root + 1], greedy, start=root - 1 if i else 0)
+            state.last = last
+            out.append(hybrid.propose(state).source)
+            if i == 1:  # the same step proposed again: the count does not move
+                assert hybrid.propose(state).source == out[-1]
+            if i < len(outcomes):
+                last = verified(outcomes[i])
+        return out
+
+    assert steps(HybridConfig(miss_backoff=2), [0, 2, 2, 2]) == \
+        ["ngram", "eagle", "eagle", "ngram", "ngram"]
+    assert steps(HybridConfig(miss_backoff=2), [2, 2, 0, 2]) == \
+        ["ngram", "ngram", "ngram", "eagle", "eagle"]
+    assert steps(HybridConfig(miss_backoff=0), [0, 0, 0]) == ["ngram"] * 4
+    with pytest.raises(ValueError):
+        HybridConfig(miss_backoff=-1)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_backing_off_stays_lossless(model_dir: Path, head: EagleHead,
+                                    temperature: float) -> None:
+    """Through the engine with `miss_backoff` 1 on a model that half agrees with its
+    drafters: greedy output is plain's token for token; sampled output with the same seed
+    is the same tokens as the shipped hybrid's where each step's draw is exact (the
+    sampled distribution itself: test_engine_drafters)."""
+    model = load_model(model_dir, dtype=torch.float32).eval()
+    methods = builtin_methods()
+    methods["hybrid"] = EngineMethod(
+        "hybrid", lambda: HybridDrafter(model, head, HybridConfig(min_match=1,
+                                                                  miss_backoff=1)), 4)
+    engine = Engine.from_model(model, TextTokenizer(model_dir / "tokenizer.json"),
+                               methods=methods)
+    prompt = [*PATTERN, *FRESH, *PATTERN, *FRESH[:4]]
+
+    def run(method: str) -> Generation:
+        gen = engine.start(prompt, SamplingParams(max_new_tokens=40, ignore_eos=True,
+                                                  temperature=temperature, seed=3), method)
+        while not gen.finished:
+            gen.step()
+        return gen
+
+    gen = run("hybrid")
+    assert {"ngram", "eagle"} <= set(gen.stats.by_source)  # both branches drafted
+    assert len(gen.output_ids) == 40
+    if temperature == 0.0:
+        assert gen.output_ids == run("plain").output_ids

@@ -122,6 +122,13 @@
       cell(r.reason ?? "", "reason")]));
   }
 
+  // a hybrid pool's last hour per branch: "ngram 14 steps, 37 accepted · eagle 6, 5 · none 2"
+  function branches(drafts) {
+    if (!drafts) return "–";
+    return Object.entries(drafts).map(([b, d]) => b === "none" ? `none ${d.steps}`
+      : `${b} ${d.steps} steps, ${d.accepted} accepted`).join(" · ");
+  }
+
   function renderPools(state) {
     const now = state.gateway.now, span = state.gateway.span_s;
     const last = (samples, key) => {
@@ -132,7 +139,7 @@
       cell(swatch(p.pool)), p.pool, p.engine, p.method, p.k, num(p.prior.accept_length, 2),
       cell(p.prior.source, "reason"), num(p.learned_accept_length, 2),
       num(last(p.samples, "accept_length"), 2), num(last(p.samples, "tokens_per_s")),
-      p.samples.reduce((n, s) => n + s.requests, 0)]));
+      p.samples.reduce((n, s) => n + s.requests, 0), cell(branches(p.drafts), "drafts")]));
     plot("plot-accept", state.pools.map((p) => ({
       pool: p.pool, prior: p.prior.accept_length,
       points: p.samples.map((s) => [s.at, s.accept_length])})), now, span, 2);

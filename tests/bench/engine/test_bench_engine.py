@@ -74,3 +74,30 @@ def test_one_method_at_several_k_is_several_rows(tmp_path: Path, capsys) -> None
     assert "| ngram:1 |" in printed and "| ngram:3 |" in printed
     entries = json.loads(out.read_text())["entries"]
     assert {(e["method"], e["k"]) for e in entries} == {("plain", 0), ("ngram", 1), ("ngram", 3)}
+
+
+def test_a_prompt_file_runs_one_cell_per_category_timed_from_the_first_token(
+        tmp_path: Path, capsys) -> None:
+    """`--prompt-file`: the categories of a prompts JSONL are the cells (no schema cell),
+    `n` prompts of each drawn the same way for the same seed; timed from the first token,
+    so a cell's accept length counts decode steps only; never written as a prior."""
+    from bench.engine.prompt_file import file_prompts
+
+    lines = [{"category": c, "messages": [{"role": "user", "content": f"{c} {i}: say a b c"}]}
+             for c in ("code_edit", "rag") for i in range(5)]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    drawn = file_prompts(path, 2, seed=3)
+    assert set(drawn) == {"code_edit", "rag"} and all(len(p) == 2 for p in drawn.values())
+    assert drawn == file_prompts(path, 2, seed=3)
+    assert file_prompts(path, 9, 3, ["rag"]).keys() == {"rag"}  # at most what there is
+    assert len(file_prompts(path, 9, 3, ["rag"])["rag"]) == 5
+    assert main(["bench", "engine", "--model", "tiny", "--methods", "plain,ngram:2",
+                 "--rounds", "1", "--prompts", "1", "--max-tokens", "6", "--prompt-file",
+                 str(path), "--temperatures", "0", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"]
+    assert {(r["task"], r["temperature"]) for r in rows} == {("code_edit", 0.0), ("rag", 0.0)}
+    plain = next(r for r in rows if r["label"] == "plain")
+    assert plain["accept_length"] == 1.0  # 5 tokens after the first, 5 decode steps
+    assert main(["bench", "engine", "--model", "tiny", "--prompt-file", str(path),
+                 "--write-measured", str(tmp_path / "m.json")]) == 2

@@ -62,6 +62,56 @@ def test_samples_are_one_per_interval_bounded_to_the_span_with_a_live_last_point
     assert live.accept_length is None and live.tokens_per_s == pytest.approx(20.0)
 
 
+def test_a_hybrid_pools_branch_counts_sum_over_the_hour_and_reach_metrics() -> None:
+    """The record's `extra["drafts"]` (telemetry.record, from the worker's
+    `specroute_drafts`): summed per pool over the ring and the open interval, dropped with
+    the samples that held them, and counted in Prometheus per pool and branch."""
+    from prometheus_client import CollectorRegistry
+
+    from gateway.schemas import parse_request
+    from gateway.telemetry.prometheus import PrometheusRecorder
+    from gateway.telemetry.record import Outcome, Timer, request_record
+    from gateway.telemetry.worker_stats import SpecStats, Usage
+    from gateway.tenants.auth import DEFAULT_TENANT
+    from policies.types import Decision
+
+    clock = Clock()
+    recent = RecentTraffic(RecentConfig(sample_interval_s=10, span_s=20), clock=clock)
+    registry = CollectorRegistry()
+    prometheus = PrometheusRecorder(registry)
+
+    request = parse_request({"model": "m", "prompt": "x", "temperature": 0}, "completions")
+
+    def hybrid(drafts: dict | None) -> RequestRecord:
+        entry, _ = request_record(Outcome(
+            request, minimal_profile(request, "acme"), DEFAULT_TENANT,
+            Decision("hybrid", "hybrid", 3, "test"), Timer(), usage=Usage(10, 20), ok=True,
+            spec=SpecStats(verify_steps=9, correct_drafts=11, drafts=drafts)), Timer().start)
+        return entry
+
+    first = hybrid({"ngram": (5, 9), "eagle": (3, 2), "none": (0, 0)})
+    assert first.extra["drafts"] == {"ngram": (5, 9), "eagle": (3, 2), "none": (0, 0)}
+    assert "drafts" not in hybrid(None).extra
+    for entry in (first, hybrid({"ngram": (1, 0), "eagle": (6, 4), "none": (1, 0)})):
+        recent.record(entry)
+        prometheus.record(entry)
+    recent.record(record())  # another pool: none of its own
+    assert recent.drafts("hybrid") == {"ngram": (6, 9), "eagle": (9, 6), "none": (1, 0)}
+    assert recent.drafts("eagle") is None
+    clock.now += 10
+    recent.sample()
+    recent.record(hybrid({"ngram": (2, 3), "eagle": (0, 0), "none": (0, 0)}))
+    assert recent.drafts("hybrid") == {"ngram": (8, 12), "eagle": (9, 6), "none": (1, 0)}
+    for _ in range(3):  # the span is two samples: the first interval's counts age out
+        clock.now += 10
+        recent.sample()
+    assert recent.drafts("hybrid") is None
+    value = registry.get_sample_value
+    assert value("specroute_draft_branch_steps_total", {"pool": "hybrid", "branch": "eagle"}) == 9
+    assert value("specroute_draft_branch_accepted_tokens_total",
+                 {"pool": "hybrid", "branch": "ngram"}) == 9
+
+
 def test_a_pool_without_traffic_gets_empty_samples_and_failures_count() -> None:
     clock = Clock()
     recent = RecentTraffic(RecentConfig(sample_interval_s=10, span_s=100), clock=clock)

@@ -87,3 +87,29 @@ def test_a_stream_merges_counters_and_batch_from_different_chunks() -> None:
     vllm = merge_spec(spec_from_body({"metrics": {"speculative_decoding": {
         "num_spec_steps": 2, "mean_acceptance_length": 3.0}}}), SpecStats())
     assert vllm.verify_steps == 2 and vllm.batch is None
+
+
+DRAFTS = {"none": {"steps": 2, "accepted": 0}, "ngram": {"steps": 5, "accepted": 9},
+          "eagle": {"steps": 7, "accepted": 4}}
+
+
+def test_a_hybrids_branch_counts_from_meta_info_and_sglext() -> None:
+    """`specroute_drafts` beside `specroute_batch`, as the embedded worker sends it; its
+    key is the worker's; odd branches are dropped, a stream keeps it across chunks."""
+    from gateway.telemetry.worker_stats import DRAFTS_KEY as READ_KEY
+    from workers.embedded.responses import DRAFTS_KEY
+
+    assert READ_KEY == DRAFTS_KEY
+    want = {"none": (2, 0), "ngram": (5, 9), "eagle": (7, 4)}
+    assert spec_from_meta({**DETAILS, "specroute_batch": BATCH,
+                           "specroute_drafts": DRAFTS}).drafts == want
+    body = spec_from_body({"sglext": {"specroute_batch": BATCH, "specroute_drafts": DRAFTS}})
+    assert body is not None and body.drafts == want
+    assert spec_from_meta({"specroute_batch": BATCH}).drafts is None  # one drafter: none
+    odd = {"ngram": {"steps": -1, "accepted": 0}, "eagle": {"steps": True, "accepted": 1},
+           "x": "many", "none": {"steps": 3, "accepted": 0}}
+    assert spec_from_meta({"specroute_batch": BATCH, "specroute_drafts": odd}).drafts == {
+        "none": (3, 0)}
+    assert spec_from_meta({"specroute_batch": BATCH, "specroute_drafts": [1]}).drafts is None
+    kept = merge_spec(SpecStats(verify_steps=4), SpecStats(drafts=want))
+    assert kept.drafts == want and kept.verify_steps == 4

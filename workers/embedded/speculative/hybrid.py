@@ -7,11 +7,17 @@ same way); else it is the EAGLE chain with its confidence cutoff (`speculative.e
 Answers switch between copying and writing inside one request (an edit copies the
 untouched lines and writes the changed ones), which one drafter per request cannot
 follow. A short match is weak evidence (two common tokens in a row); a rejected copy
-wastes a step that EAGLE would have used, hence the threshold.
+wastes a step that EAGLE would have used. Two rules keep the cost down: the threshold
+(`min_match`), and backing off after a miss: when nothing of a copied draft was accepted,
+the next `miss_backoff` steps draft by EAGLE whatever matches (the context has stopped
+repeating; this request's own evidence, unlike a fixed threshold). Both were chosen on the
+training prompts (bench/traces/data/prompts.jsonl, `bench/engine/hybrid_variants.py`):
+a match of 2 with a back-off of 2 steps accepted the most (docs/results/2026-12-07-hybrid.md).
 
 Lossless like every method: the shared `verify()` accepts either draft (the n-gram chain
 is a point mass, q = None; EAGLE's carries its q). The branch is chosen from the
-committed tokens alone, before anything is drawn. Each draft names its branch
+committed tokens and the previous step's verify result alone, both known before this
+step draws anything. Each draft names its branch
 (`Draft.source`), so the request's stats count steps and accepted tokens per branch.
 
 The EAGLE head's cache must hold the pairs of every committed position before it drafts.
@@ -39,13 +45,18 @@ from workers.embedded.speculative.ngram import NgramDrafter
 
 @dataclass(frozen=True)
 class HybridConfig:
-    min_match: int = 3  # shortest suffix match that drafts by n-gram
+    min_match: int = 2  # shortest suffix match that drafts by n-gram
     max_ngram: int = 4  # longest suffix looked up first
     min_confidence: float | None = None  # EAGLE chain cutoff; None: the head's measured one
+    # after an n-gram draft of which nothing was accepted, the next `miss_backoff` steps
+    # draft by EAGLE whatever matches (0: never back off)
+    miss_backoff: int = 2
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_match <= self.max_ngram:
             raise ValueError("hybrid needs 1 <= min_match <= max_ngram")
+        if self.miss_backoff < 0:
+            raise ValueError("hybrid needs miss_backoff >= 0")
 
 
 class HybridDrafter:
@@ -56,6 +67,11 @@ class HybridDrafter:
         self._chain = EagleChainDrafter(model, head, self.config.min_confidence)
         # (hidden_start, hidden (m_i, C)) of the steps since the head last read features
         self._unread: list[tuple[int, torch.Tensor]] = []
+        # the branch of the last draft, the step whose verify result was last read (its
+        # hidden_start), and the steps left to back off from copying
+        self._branch: str | None = None
+        self._counted = -1
+        self._backoff = 0
 
     def propose(self, state: DecodeState) -> Draft:
         """The draft alone."""
@@ -67,10 +83,13 @@ class HybridDrafter:
         # proposing again for the same state (or an earlier one) replaces its features
         self._unread = [(s, h) for s, h in self._unread if s < state.hidden_start]
         self._unread.append((state.hidden_start, state.hidden))
-        copied = self._ngram.propose(state)
-        if len(copied) > 0:
+        copy = self._copy_allowed(state)
+        copied = self._ngram.propose(state) if copy else None
+        if copied is not None and len(copied) > 0:
             copied.source = "ngram"
+            self._branch = "ngram"
             return copied
+        self._branch = "eagle"
         start = self._unread[0][0]
         hidden = torch.cat([h for _, h in self._unread])  # (sum m_i, C)
         if start + hidden.shape[0] != state.hidden_start + state.hidden.shape[0]:
@@ -80,3 +99,15 @@ class HybridDrafter:
             dataclasses.replace(state, hidden=hidden, hidden_start=start))
         draft.source = "eagle"
         return draft
+
+    def _copy_allowed(self, state: DecodeState) -> bool:
+        """Whether this step may copy: not while backing off after a copy that missed.
+        Counted once per step from the previous verify step (a step proposed again keeps
+        the count), so the choice depends on committed tokens alone."""
+        if self._counted < state.hidden_start:
+            self._counted = state.hidden_start
+            if self._branch == "ngram" and state.last is not None and not state.last.accepted:
+                self._backoff = self.config.miss_backoff
+            elif self._backoff > 0:
+                self._backoff -= 1
+        return self._backoff == 0
