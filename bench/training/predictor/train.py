@@ -20,9 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from bench.traces.sources import rebuild_hint
 from bench.training.predictor.data import (
     DEFAULT_PROMPTS,
     DEFAULT_TRACES,
@@ -205,6 +207,17 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="held-out traces (a traces.jsonl or its folder): report the "
                              "shipped model on them, fit nothing")
     args = parser.parse_args(argv)
+    try:
+        _run(args)
+    except FileNotFoundError as exc:  # the prompts are fetched data, kept out of git
+        hint = rebuild_hint(exc.filename)
+        if hint is None:
+            raise
+        print(hint, file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _run(args: argparse.Namespace) -> None:
     if args.evaluate is not None:
         document = json.loads(args.out.read_text())
         print(json.dumps(evaluate(args.evaluate, document), indent=2))
