@@ -9,7 +9,7 @@ length (times Duan's smearing factor, so that it predicts a mean, not a geometri
 runtime (policies/predictor.py) evaluates in pure Python. Deterministic: fixed seeds, rows
 sorted by id, floats rounded. Grouped cross-validation (leave one source dataset out:
 a dataset is never in both a fold's train and test) gives the figures written beside
-the model: the AUC of ranking "n-gram yields more tokens per step than EAGLE" per
+the model, over all rows and per left-out dataset (`by_group`): the AUC of ranking "n-gram yields more tokens per step than EAGLE" per
 request, the same AUC for the class mean the policy used before (each training fold's
 mean per classifier task), and the MAE of accept length per family. `--evaluate` reads
 held-out traces and only reports.
@@ -161,7 +161,16 @@ def grouped_cv(rows: Sequence[Row]) -> dict:
         for row in rows:
             if row.group == group:
                 predicted[row.id], class_scores[row.id] = predict(row), class_score(row)
-    return _figures(rows, lambda r: predicted[r.id], lambda r: class_scores[r.id])
+    figures = _figures(rows, lambda r: predicted[r.id], lambda r: class_scores[r.id])
+    figures["by_group"] = {}
+    for group in sorted({r.group for r in rows}):
+        own = [r for r in rows if r.group == group]
+        labels = [r.accept_length["ngram"] > r.accept_length["eagle"] for r in own]
+        scores = [math.log(predicted[r.id]["ngram"] / predicted[r.id]["eagle"]) for r in own]
+        value = auc(labels, scores)  # nan where one drafter wins every request
+        figures["by_group"][group] = {"requests": len(own), "ngram_beats_eagle": sum(labels),
+                                      "auc": None if math.isnan(value) else round(value, 3)}
+    return figures
 
 
 def train(traces: Path, prompts: Path) -> dict:

@@ -178,3 +178,5 @@ def test_grouped_cv_never_tests_a_dataset_it_trained_on(monkeypatch: pytest.Monk
     assert "codealpaca" in groups and "codealpaca-2k" not in groups  # one dataset, two files
     assert figures["requests"] == len(rows)
     assert figures["auc"] > 0.9  # copying sources told apart from the others
+    assert set(figures["by_group"]) == groups  # and per left-out dataset
+    assert sum(g["requests"] for g in figures["by_group"].values()) == len(rows)
