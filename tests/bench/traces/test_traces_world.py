@@ -74,6 +74,14 @@ def prompts(traces):
 
 
 @pytest.fixture(scope="module")
+def prompts_file(prompts, tmp_path_factory):
+    """The prompts above as a prompts JSONL, for the command."""
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    path.write_text("".join(json.dumps(item) + "\n" for item in prompts.values()))
+    return path
+
+
+@pytest.fixture(scope="module")
 def sliced(traces, prompts):
     """Three requests per category."""
     ids, per = [], {}
@@ -196,8 +204,10 @@ def test_copy_heavy_shares_are_drawn_as_asked(traces, prompts) -> None:
     assert sorted(recorded) == sorted(ids) and recorded != ids
 
 
-def test_the_command_prints_the_ratios(capsys: pytest.CaptureFixture[str]) -> None:
-    args = build_parser().parse_args(["bench", "traces", "--quick", "--json"])
+def test_the_command_prints_the_ratios(prompts_file,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser().parse_args(["bench", "traces", "--quick", "--json",
+                                      "--prompts", str(prompts_file)])
     assert args.func(args) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert {(r["world"], r["batch"]) for r in report["results"]} == {
