@@ -113,16 +113,16 @@ class _Edges:
     in each (one scan of each edge for every pattern; None: not ASCII, where only the
     regex can tell)."""
 
-    __slots__ = ("head", "tail", "head_kinds", "tail_kinds")
-
     def __init__(self, user: str) -> None:
         head, tail = EDGE_CHARS, max(len(user) - EDGE_CHARS, 0)
         if "```" in user:
             head = min(head, user.find("```"))
             tail = max(tail, user.rfind("```") + 3)
-        self.head, self.tail = head, tail
-        self.head_kinds = _kinds(user[:head])
-        self.tail_kinds = _kinds(user[tail:]) if tail < len(user) else frozenset()
+        self.head: int = head
+        self.tail: int = tail
+        self.head_kinds: frozenset[str] | None = _kinds(user[:head])
+        self.tail_kinds: frozenset[str] | None = (_kinds(user[tail:]) if tail < len(user)
+                                                  else frozenset())
 
     def match(self, user: str, pattern: re.Pattern, kind: str) -> re.Match | None:
         """`pattern` (of `kind`) in the head, else in the tail, where its stem starts a
