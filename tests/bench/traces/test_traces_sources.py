@@ -122,3 +122,69 @@ def test_bench_traces_without_its_prompts_says_how_to_build_them(
     assert args.func(args) == 2
     err = capsys.readouterr().err
     assert "python -m bench.traces.sources --clones DIR" in err and "Traceback" not in err
+
+
+def _git_repo(folder: Path, files: dict[str, str]) -> str:
+    """A git repository holding `files` in one commit; its hash."""
+    import subprocess
+
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    run = lambda *args: subprocess.run(["git", "-C", str(folder), *args], check=True,  # noqa: E731
+                                       capture_output=True, text=True).stdout
+    run("init", "-q")
+    run("add", ".")
+    run("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "data")
+    return run("rev-parse", "HEAD").strip()
+
+
+def test_the_second_draw_reads_its_sources_at_their_pinned_commits(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Builders of the second draw on clones written here: DebugBench's single-bug files
+    with its own instruction, Code Alpaca's edit rows with code, self-instruct's rows with
+    an input, Tatoeba's pairs from a clone; one bug per item, no ports of multi-bug files."""
+    from bench.traces import sources
+
+    code = ("def area(width, height):\n    # the area of a rectangle, in square metres\n"
+            "    return width + height\n\n\nprint(area(2, 3), area(4, 5), area(6, 7))\n")
+    bug = {"slug": "two-sum", "buggy_code": "class Solution:\n    def f(self): return 1\n"}
+    clones = tmp_path / "clones"
+    debug = _git_repo(clones / "thunlp+DebugBench" / "repo", {
+        "benchmark/python3_variable error.json": json.dumps([bug]),
+        "benchmark/python3_double.json": json.dumps([bug])})
+    alpaca = _git_repo(clones / "sahil280114+codealpaca" / "repo", {
+        "data/new_codealpaca.json": json.dumps([
+            {"instruction": "Use multiplication in the following function.", "input": code},
+            {"instruction": "Write a haiku.", "input": ""},
+            {"instruction": "Fix the typo.", "input": "Teh cat."}])})
+    tasks = _git_repo(clones / "yizhongw+self-instruct" / "repo", {
+        "human_eval/user_oriented_instructions.jsonl": "".join(json.dumps(row) + "\n" for row in [
+            {"id": "t1", "instruction": "Give the email a subject.",
+             "instances": [{"input": "Hi all, the meeting moves to Friday."}]},
+            {"id": "t2", "instruction": "Tell a joke.", "instances": [{"input": ""}]}])})
+    pairs = "".join(f"eng\tfra\tThis sentence has at least eight words, number {i}.\tPhrase {i}.\n"
+                    for i in range(3)) + "eng\tfra\tToo short.\tTrop court.\n"
+    tatoeba = _git_repo(clones / "Helsinki-NLP+Tatoeba-Challenge" / "repo",
+                        {"data/test/eng-fra/test.txt": pairs})
+    for name, repo, commit in (("debugbench", "thunlp/DebugBench", debug),
+                               ("codealpaca-new", "sahil280114/codealpaca", alpaca),
+                               ("self-instruct-input", "yizhongw/self-instruct", tasks),
+                               ("tatoeba", "Helsinki-NLP/Tatoeba-Challenge", tatoeba)):
+        old = sources.SOURCES[name]
+        monkeypatch.setitem(sources.SOURCES, name,
+                            sources.Source(repo, commit, old.path, old.licence))
+    edits = list(sources.more_code_edits(clones))
+    assert [(s, k) for s, k, _ in edits] == [("codealpaca-new", "0"),
+                                             ("debugbench", "python3-variable-error:two-sum")]
+    assert edits[0][2] == f"Use multiplication in the following function.\n\n{code.strip()}"
+    assert edits[1][2].startswith("Observe the following Python3 faulty code")
+    assert edits[1][2].endswith(bug["buggy_code"].strip())
+    assert list(sources.input_tasks(clones)) == [
+        ("self-instruct-input", "t1", "Give the email a subject.\n\nHi all, the meeting moves "
+                                      "to Friday.")]
+    assert sources.tatoeba_pairs(clones) == [
+        (f"This sentence has at least eight words, number {i}.", f"Phrase {i}.") for i in range(3)]
+    drawn = sources.draw_extra(clones, 41, frozenset({"codealpaca-new:0"}))
+    assert {i["id"] for i in drawn} == {"debugbench:python3-variable-error:two-sum",
+                                        "self-instruct-input:t1"}
