@@ -193,12 +193,15 @@ BENCHES: dict[str, tuple[str, dict[str, str | tuple[str, dict]]]] = {
         "--faults": "faults to inject, comma-separated: worker, redis, or none"}),
     "classifier": ("the request classifier on its held-out prompts", {
         "--categories": "also a JSONL of prompts with a `category` and `messages` (e.g. "
-                     "bench/traces/data/prompts.jsonl): the task given, per category"}),
+                     "bench/traces/data/prompts.jsonl, built by `python -m "
+                     "bench.traces.sources --clones DIR`): the task given, per category"}),
     "traces": ("recorded acceptance traces replayed for fleets of fixed-k pools: tokens/s "
                "against the best homogeneous fleet at batch 1, 8, 32", {
         "--traces": "a traces.jsonl (or its folder) recorded by bench/traces/record.py "
                     "(default bench/traces/data/smollm2)",
-        "--prompts": ("their prompts JSONL (default bench/traces/data/prompts.jsonl)",
+        "--prompts": ("their prompts JSONL (default bench/traces/data/prompts.jsonl: fetched "
+                      "text, not in git; `python -m bench.traces.sources --clones DIR` "
+                      "builds it)",
                       {"type": str, "metavar": "PATH"}),
         "--seeds": "comma-separated replicate seeds: request order and mix draws "
                    "(default 0,1,2; --quick 0)"}),
@@ -278,7 +281,16 @@ def _bench(args: argparse.Namespace) -> int:
         print("specroute bench needs the offline distribution: pip install -e ./bench "
               "(from a clone of the repository)", file=sys.stderr)
         return 2
-    return module.main(args)
+    try:
+        return module.main(args)
+    except FileNotFoundError as exc:  # fetched data is kept out of git: say how to build it
+        from bench.traces.sources import rebuild_hint
+
+        hint = rebuild_hint(exc.filename)
+        if hint is None:
+            raise
+        print(f"specroute bench {args.target}: {hint}", file=sys.stderr)
+        return 2
 
 
 def build_parser() -> argparse.ArgumentParser:

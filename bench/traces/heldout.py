@@ -22,11 +22,11 @@ import argparse
 import json
 import random
 import re
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from bench.traces.record import PROMPTS
-from bench.traces.sources import Source, write_prompts
+from bench.traces.sources import PROMPTS, Source, rebuild_hint, write_prompts
 
 OUT = Path(__file__).parent / "data" / "heldout"
 SOURCES = {
@@ -98,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--edits", type=int, default=40)
     parser.add_argument("--seed", type=int, default=41)
     args = parser.parse_args(argv)
+    if not PROMPTS.exists():  # the draw leaves out what overlaps the training prompts
+        print(f"{rebuild_hint(PROMPTS)} The held-out draw needs it first.", file=sys.stderr)
+        return 2
     write_prompts(draw(args.clones, args.per_category, args.edits, args.seed), args.out)
     return 0
 

@@ -4,7 +4,8 @@
         [--max-tokens 64] [--limit N] [--model smollm2] [--prompts PATH]
 
 Runs the model in-process, greedy, one request at a time, every prompt of
-bench/traces/data/prompts.jsonl (categories taken in turn, so a partial run stays
+bench/traces/data/prompts.jsonl (fetched text, not in git: `python -m bench.traces.sources
+--clones DIR` builds it) (categories taken in turn, so a partial run stays
 balanced) once with plain decoding and once per method at k, and appends one JSON line per
 request and method to DIR/traces.jsonl:
 
@@ -27,10 +28,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
-PROMPTS = Path(__file__).parent / "data" / "prompts.jsonl"
+from bench.traces.sources import PROMPTS, rebuild_hint
+
 TRACES = "traces.jsonl"
 
 
@@ -143,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=None, help="smollm2 (default) or tiny or a folder")
     parser.add_argument("--prompts", type=Path, default=PROMPTS)
     args = parser.parse_args(argv)
+    if not args.prompts.exists():
+        print(rebuild_hint(args.prompts) or f"{args.prompts} is not here", file=sys.stderr)
+        return 2
     import torch
 
     from bench.engine.methods import _load_engine

@@ -2,6 +2,10 @@
 
     python -m bench.traces.sources --clones DIR [--per-category 30] [--seed 41]
 
+The file is fetched public text and is not committed (.gitignore; the recorded traces
+are): every checkout that trains the predictor, replays the traces or records new ones
+builds it with this command first.
+
 DIR holds git clones named `owner+name/repo` (as the project's mirror tool lays them out);
 each source is read from its pinned commit with `git show`, never from a working tree, so
 the draw is reproducible. Provenance and licences: docs/TRACES.md. Held out and never
@@ -10,7 +14,9 @@ CNN/DailyMail, Natural Questions, GSM8K, ShareGPT, InstructCoder and their deriv
 
 Each item: {"id", "source", "category", "messages"}; the user message is the dataset's own
 text, joined with a one-line task instruction only where the dataset has none (HumanEval,
-SVAMP, DialogSum, Tatoeba; the wording is in the builders below).
+SVAMP, DialogSum, Tatoeba; the wording is in the builders below). Two draws: 30 per
+category of `CATEGORIES` (the first 240 lines), then `EXTRA` (more code edits, and
+instructions acting on a given input).
 """
 
 from __future__ import annotations
@@ -23,7 +29,12 @@ import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-TATOEBA = Path(__file__).parent / "data" / "tatoeba-eng-fra.tsv"
+DATA = Path(__file__).resolve().parent / "data"
+TATOEBA = DATA / "tatoeba-eng-fra.tsv"
+PROMPTS = DATA / "prompts.jsonl"
+HELD_OUT_PROMPTS = DATA / "heldout" / "prompts.jsonl"
+REBUILD = {PROMPTS: "python -m bench.traces.sources --clones DIR",
+           HELD_OUT_PROMPTS: "python -m bench.traces.heldout --clones DIR"}
 MAX_PROMPT_CHARS = 4000  # SmolLM2's prefill on one CPU thread stays near a second
 EDIT_VERBS = re.compile(r"^(edit|modify|rewrite|change|update|fix|refactor|improve|debug|"
                         r"optimi[sz]e|add|replace|clean|correct|reformat)\b", re.I)
@@ -62,6 +73,11 @@ SOURCES = {
                       "data/test/eng-fra/test.txt", "CC BY 2.0 FR"),
     "svamp": Source("arkilpatel/SVAMP", "689d7ccac74b9983a2ac7cc3b264f441b99e7c53",
                     "SVAMP.json", "MIT"),
+    # the second draw (`EXTRA`): code edits and instructions that act on a given input
+    "debugbench": Source("thunlp/DebugBench", "2761bab93c4c65351b19d0ef4a94b26abe47a185",
+                         "benchmark/", "Apache-2.0 (code from LeetCode solutions)"),
+    "self-instruct-input": Source(*SELF_INSTRUCT, "human_eval/user_oriented_instructions.jsonl",
+                                  "Apache-2.0"),
 }
 
 
@@ -120,13 +136,33 @@ def qa_extraction(clones: Path) -> Iterator[tuple[str, str, str]]:
             yield name, str(i), row["prompt"].strip()
 
 
-def translation(clones: Path) -> Iterator[tuple[str, str, str]]:
-    """Tatoeba eng-fra test pairs kept in data/ (the repository is too large to clone
-    here): the first 30 lines of the test file whose English has at least 8 words; odd
-    lines English to French, even lines French to English."""
+TATOEBA_PAIRS = 30
+
+
+def tatoeba_pairs(clones: Path) -> list[tuple[str, str]]:
+    """The first `TATOEBA_PAIRS` eng-fra test pairs whose English has at least 8 words:
+    from a clone at the pinned commit where DIR has one, else from the copy kept in
+    data/ (fetched text, not in git; the repository is too large to clone here)."""
+    folder = clones / SOURCES["tatoeba"].repo.replace("/", "+") / "repo"
+    if folder.exists():
+        rows = [line.split("\t") for line in SOURCES["tatoeba"].text(clones).splitlines()]
+        pairs = [(row[2], row[3]) for row in rows if len(row) >= 4]
+        return [p for p in pairs if len(p[0].split()) >= 8][:TATOEBA_PAIRS]
+    if not TATOEBA.exists():
+        raise FileNotFoundError(
+            f"{TATOEBA} is not here and DIR has no {folder.relative_to(clones)}: put the "
+            f"pinned data/test/eng-fra/test.txt of {SOURCES['tatoeba'].repo} in a clone "
+            "there, or its first 30 pairs as English<TAB>French lines in that file "
+            "(docs/TRACES.md)", str(TATOEBA))
     with open(TATOEBA, encoding="utf-8") as handle:
-        pairs = [line.rstrip("\n").split("\t") for line in handle if line.strip()]
-    for i, (english, french) in enumerate(pairs, 1):
+        return [(e, f) for e, f in (line.rstrip("\n").split("\t") for line in handle
+                                    if line.strip())]
+
+
+def translation(clones: Path) -> Iterator[tuple[str, str, str]]:
+    """Tatoeba eng-fra test pairs (`tatoeba_pairs`); odd lines English to French, even
+    lines French to English."""
+    for i, (english, french) in enumerate(tatoeba_pairs(clones), 1):
         if i % 2:
             yield "tatoeba", f"eng-fra:{i}", f"Translate this English text into French.\n\n{english}"
         else:
@@ -146,24 +182,103 @@ CATEGORIES: dict[str, Callable[[Path], Iterator[tuple[str, str, str]]]] = {
     "translation": translation, "math": math,
 }
 
+# The second draw (issue 41, "more training data for code edits and input-grounded
+# tasks"): edit instructions with the code they act on, in other words than the first
+# draw's (use, create, implement, convert, ...) and from a second dataset (DebugBench's
+# faulty LeetCode solutions, with DebugBench's own instruction), and instructions that
+# act on a short given input, most of which an answer does not copy.
+EXTRA_EDIT_VERBS = re.compile(r"^(edit|modify|rewrite|change|update|fix|refactor|improve|debug|"
+                              r"optimi[sz]e|add|replace|clean|correct|reformat|use|create|"
+                              r"implement|convert|rename|remove|insert|make|alter|adjust|"
+                              r"extend)\b", re.I)
+CODE_LIKE = re.compile(r"[;{}=]|\bdef |\breturn\b|\w\(")
+DEBUG_LANGS = {"python3": "Python3", "java": "Java", "cpp": "C++"}
+DEBUG_ASK = ("Observe the following {lang} faulty code which is complete with no extra "
+             "context. Your task is to fix up the code and explain on the modification in "
+             "less than 20 words.")  # DebugBench's evaluation prompt, its first two sentences
+MULTI_BUG = ("double", "triple", "quadruple")
+
+
+def more_code_edits(clones: Path) -> Iterator[tuple[str, str, str]]:
+    """Code Alpaca's larger set: an edit instruction with at least 120 characters of code;
+    DebugBench: one implanted bug per item."""
+    for i, row in enumerate(json.loads(SOURCES["codealpaca-new"].text(clones))):
+        code = row["input"].strip()
+        if EXTRA_EDIT_VERBS.match(row["instruction"]) and len(code) >= 120 \
+                and CODE_LIKE.search(code):
+            yield "codealpaca-new", str(i), f"{row['instruction'].strip()}\n\n{code}"
+    source = SOURCES["debugbench"]
+    folder = clones / source.repo.replace("/", "+") / "repo"
+    names = subprocess.run(["git", "-C", str(folder), "ls-tree", "--name-only", source.commit,
+                            source.path], check=True, capture_output=True, text=True).stdout
+    for name in sorted(names.split("\n")):
+        lang, _, bug = Path(name).stem.partition("_")
+        if lang not in DEBUG_LANGS or bug in MULTI_BUG:
+            continue
+        rows = json.loads(Source(source.repo, source.commit, name, source.licence).text(clones))
+        for row in rows:
+            yield ("debugbench", f"{lang}-{bug.replace(' ', '-')}:{row['slug']}",
+                   f"{DEBUG_ASK.format(lang=DEBUG_LANGS[lang])}\n\n{row['buggy_code'].strip()}")
+
+
+def input_tasks(clones: Path) -> Iterator[tuple[str, str, str]]:
+    """self-instruct's user-oriented instructions that come with an input (the first
+    draw took those without)."""
+    for row in _lines(SOURCES["self-instruct-input"].text(clones)):
+        given = row["instances"][0]["input"].strip()
+        if given:
+            yield "self-instruct-input", row["id"], f"{row['instruction'].strip()}\n\n{given}"
+
+
+EXTRA: dict[str, tuple[Callable[[Path], Iterator[tuple[str, str, str]]], int]] = {
+    "code_edit": (more_code_edits, 45), "input_task": (input_tasks, 15),
+}
+
+
+def _draw_category(category: str, build: Callable[[Path], Iterator[tuple[str, str, str]]],
+                   clones: Path, count: int, rng: random.Random,
+                   taken: frozenset[str] = frozenset()) -> list[dict]:
+    by_source: dict[str, list[tuple[str, str]]] = {}
+    for source, key, text in build(clones):
+        if len(text) <= MAX_PROMPT_CHARS and f"{source}:{key}" not in taken:
+            by_source.setdefault(source, []).append((key, text))
+    share = -(-count // len(by_source))
+    chosen = [(s, k, t) for s, pool in by_source.items()
+              for k, t in rng.sample(pool, min(share, len(pool)))]
+    return [{"id": f"{source}:{key}", "source": source, "category": category,
+             "messages": _user(text)}
+            for source, key, text in rng.sample(chosen, min(count, len(chosen)))]
+
 
 def draw(clones: Path, per_category: int, seed: int) -> list[dict]:
     """`per_category` items per category, each source in a category equally where it can,
     drawn with `random.Random(seed)` from the items that fit MAX_PROMPT_CHARS."""
-    items = []
+    items: list[dict] = []
     for category, build in CATEGORIES.items():
-        by_source: dict[str, list[tuple[str, str]]] = {}
-        for source, key, text in build(clones):
-            if len(text) <= MAX_PROMPT_CHARS:
-                by_source.setdefault(source, []).append((key, text))
-        rng = random.Random(f"{seed}:{category}")
-        share = -(-per_category // len(by_source))
-        chosen = [(s, k, t) for s, pool in by_source.items()
-                  for k, t in rng.sample(pool, min(share, len(pool)))]
-        for source, key, text in rng.sample(chosen, min(per_category, len(chosen))):
-            items.append({"id": f"{source}:{key}", "source": source, "category": category,
-                          "messages": _user(text)})
+        items += _draw_category(category, build, clones, per_category,
+                                random.Random(f"{seed}:{category}"))
     return items
+
+
+def draw_extra(clones: Path, seed: int, taken: frozenset[str]) -> list[dict]:
+    """The second draw (`EXTRA`), none of the ids in `taken`, texts not in the first."""
+    items: list[dict] = []
+    for category, (build, count) in EXTRA.items():
+        items += _draw_category(category, build, clones, count,
+                                random.Random(f"{seed}:extra:{category}"), taken)
+    return items
+
+
+def rebuild_hint(path: str | Path | None) -> str | None:
+    """What to say when a fetched prompts file is missing: the command that rebuilds it
+    (None for any other file)."""
+    if path is None:
+        return None
+    command = REBUILD.get(Path(path).resolve())
+    if command is None:
+        return None
+    return (f"{path} is not here: it is fetched public text, kept out of git. Rebuild it "
+            f"with `{command}` (DIR: git clones of the pinned sources, docs/TRACES.md).")
 
 
 def write_prompts(items: list[dict], out: Path) -> None:
@@ -181,7 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-category", type=int, default=30)
     parser.add_argument("--seed", type=int, default=41)
     args = parser.parse_args(argv)
-    write_prompts(draw(args.clones, args.per_category, args.seed), args.out)
+    items = draw(args.clones, args.per_category, args.seed)
+    items += draw_extra(args.clones, args.seed, frozenset(i["id"] for i in items))
+    write_prompts(items, args.out)
     return 0
 
 

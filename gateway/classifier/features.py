@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from gateway.classifier.grounded import NO_CUES, CopyCues
+from gateway.classifier.grounded import ADDITIVE_STEMS, NO_CUES, CopyCues
 from policies.types import TASKS
 
 HEAD_CHARS = 2048
@@ -36,6 +36,10 @@ FEATURES: tuple[str, ...] = (
     "line_share",  # line breaks per 100 characters
     "material_share",  # provided material (grounded.py) over the message
     "edit_ask",  # an edit verb at an edge with material to act on
+    "code_material",  # ... and that material is code (an imperative edit of a snippet)
+    "log_material",  # the material or passage, whole: what an answer can copy
+    "named_share",  # the edit's instruction words found in its code: a targeted edit
+    "additive_edit",  # add / implement / create ...: the answer adds more than it copies
     "grounded_ask",  # summarize / extract / answer from a provided passage
     "extract_ask",  # extract / answer the question / "what is the name": span answers
     "summary_ask",
@@ -60,7 +64,7 @@ _TRANSLATE = ("translat", "into english", "into french", "into german", "into sp
 _COMPLETE = ("complete", "continue", "finish", "extend", "fill in")
 _DIGITS = "0123456789"
 _CODE_MARKS = ";{}()="
-HEAD_SAMPLE_CHARS = 1024  # distinct words, code marks, digits: the head of the message
+HEAD_SAMPLE_CHARS = 512  # distinct words, code marks, digits: the head of the message
 
 
 def window(text: str) -> str:
@@ -91,6 +95,10 @@ def request_features(task: str, user: str, context_chars: int,
         100.0 * len(lines) / size,
         max(cues.material, cues.passage) / max(len(user), 1),
         float(cues.edit),
+        float(cues.code),
+        math.log1p(max(cues.material, cues.passage)),
+        cues.named / cues.words if cues.words else 0.0,
+        float(cues.verb is not None and cues.verb.startswith(ADDITIVE_STEMS)),
         float(cues.grounded),
         _holds(edges, _EXTRACT),
         _holds(edges, _SUMMARY),

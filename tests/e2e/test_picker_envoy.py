@@ -170,7 +170,7 @@ def test_requests_land_on_the_pool_the_policy_chose(stack: dict, mode: str) -> N
     urls = stack["urls"]
     headers, answer = ask(stack, CODE, mode, temperature=0)
     assert headers["x-specroute-pool"] == "ngram"
-    assert headers["x-specroute-reason"].startswith("static rule: code")
+    assert headers["x-specroute-reason"].startswith("static rule: edit")  # a fix of given code: copy-heavy
     assert headers["x-gateway-destination-endpoint-served"] in (
         endpoint(urls["ngram1"]), endpoint(urls["ngram2"]))
     assert answer.choices[0].message.content.startswith("Fix the bug")
@@ -417,7 +417,7 @@ def test_the_body_only_response_through_gaies_listener(stack: dict) -> None:
     before = ok_count(stack, "ngram"), ok_count(stack, "plain")
     headers, answer = ask(body, CODE, temperature=0)
     assert headers["x-specroute-pool"] == "ngram"
-    assert headers["x-specroute-reason"].startswith("static rule: code")
+    assert headers["x-specroute-reason"].startswith("static rule: edit")
     assert answer.choices[0].message.content.startswith("Fix the bug")
     raw = client(body).chat.completions.with_raw_response.create(
         model="m", messages=[{"role": "user", "content": CHAT}], max_tokens=6,

@@ -61,11 +61,11 @@ def explain(stack: dict, body: dict, **headers: str) -> httpx.Response:
 
 
 @pytest.mark.parametrize(("body", "task", "pool"), [
-    (chat(CODE, temperature=0), "code", "ngram"),
+    (chat(CODE, temperature=0), "edit", "ngram"),
     (chat(JSON_ASK, temperature=0), "structured", "lookahead"),
     (chat(CHAT, temperature=0.2), "chat", "eagle"),
     (chat(CHAT, temperature=1.0), "chat", "plain"),
-    ({"model": "m", "prompt": CODE, "temperature": 0}, "code", "ngram"),
+    ({"model": "m", "prompt": CODE, "temperature": 0}, "edit", "ngram"),
 ])
 def test_explain_shows_profile_and_decision_without_generating(
         stack: dict, body: dict, task: str, pool: str) -> None:

@@ -9,7 +9,7 @@ length (times Duan's smearing factor, so that it predicts a mean, not a geometri
 runtime (policies/predictor.py) evaluates in pure Python. Deterministic: fixed seeds, rows
 sorted by id, floats rounded. Grouped cross-validation (leave one source dataset out:
 a dataset is never in both a fold's train and test) gives the figures written beside
-the model: the AUC of ranking "n-gram yields more tokens per step than EAGLE" per
+the model, over all rows and per left-out dataset (`by_group`): the AUC of ranking "n-gram yields more tokens per step than EAGLE" per
 request, the same AUC for the class mean the policy used before (each training fold's
 mean per classifier task), and the MAE of accept length per family. `--evaluate` reads
 held-out traces and only reports.
@@ -20,9 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from bench.traces.sources import rebuild_hint
 from bench.training.predictor.data import (
     DEFAULT_PROMPTS,
     DEFAULT_TRACES,
@@ -159,7 +161,16 @@ def grouped_cv(rows: Sequence[Row]) -> dict:
         for row in rows:
             if row.group == group:
                 predicted[row.id], class_scores[row.id] = predict(row), class_score(row)
-    return _figures(rows, lambda r: predicted[r.id], lambda r: class_scores[r.id])
+    figures = _figures(rows, lambda r: predicted[r.id], lambda r: class_scores[r.id])
+    figures["by_group"] = {}
+    for group in sorted({r.group for r in rows}):
+        own = [r for r in rows if r.group == group]
+        labels = [r.accept_length["ngram"] > r.accept_length["eagle"] for r in own]
+        scores = [math.log(predicted[r.id]["ngram"] / predicted[r.id]["eagle"]) for r in own]
+        value = auc(labels, scores)  # nan where one drafter wins every request
+        figures["by_group"][group] = {"requests": len(own), "ngram_beats_eagle": sum(labels),
+                                      "auc": None if math.isnan(value) else round(value, 3)}
+    return figures
 
 
 def train(traces: Path, prompts: Path) -> dict:
@@ -205,6 +216,17 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="held-out traces (a traces.jsonl or its folder): report the "
                              "shipped model on them, fit nothing")
     args = parser.parse_args(argv)
+    try:
+        _run(args)
+    except FileNotFoundError as exc:  # the prompts are fetched data, kept out of git
+        hint = rebuild_hint(exc.filename)
+        if hint is None:
+            raise
+        print(hint, file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _run(args: argparse.Namespace) -> None:
     if args.evaluate is not None:
         document = json.loads(args.out.read_text())
         print(json.dumps(evaluate(args.evaluate, document), indent=2))

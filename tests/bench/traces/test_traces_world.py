@@ -25,7 +25,6 @@ from bench.traces.world import (
     H100,
     MEASURED,
     embedded_law,
-    load_prompts,
     load_traces,
     serve,
     walk,
@@ -39,9 +38,47 @@ def traces():
     return load_traces(DATA / "smollm2")
 
 
+# One prompt per category, written here: the recorded prompts' text is fetched data kept
+# out of git, and the world only needs a request of the right kind per recorded id.
+CATEGORY_PROMPTS = {
+    "chat": "What are some good habits for getting better sleep?",
+    "code_generation": "Complete this Python function.\n\n```python\ndef mean(values):\n"
+                       "    \"\"\"The arithmetic mean of a list of numbers.\"\"\"\n```",
+    "code_edit": "Rename the variable total to amount in this function.\n\ndef add_tax(total, "
+                 "rate):\n    total = total * (1 + rate)\n    return round(total, 2)\n\n"
+                 "print(add_tax(100, 0.2))\n",
+    "json": "Return the three largest planets as a JSON array of objects with name and radius.",
+    "summarization": "Summarize the following dialogue.\n\n#Person1#: The train is late again. "
+                     "#Person2#: It was late all week; the line is being repaired until "
+                     "Friday, so they run every twenty minutes. #Person1#: Then I will take "
+                     "the bus tomorrow and leave ten minutes earlier.",
+    "qa_extraction": "Read the passage and answer the question.\n\nThe bridge was opened in "
+                     "1932 after six years of work. It carries two rail lines and eight "
+                     "lanes of road, and its arch is 503 metres long.\n\nHow long is the "
+                     "arch?",
+    "translation": "Translate this English text into French.\n\nThe museum is closed on "
+                   "Mondays and on public holidays.",
+    "math": "A baker made 48 rolls and sold 3 bags of 9 rolls. How many rolls are left?",
+    "input_task": "Suggest a title for this blog post.\n\nTen ways to grow tomatoes on a "
+                  "small balcony.",
+}
+
+
 @pytest.fixture(scope="module")
-def prompts():
-    return load_prompts(DATA / "prompts.jsonl")
+def prompts(traces):
+    """A prompt of the recorded category for every recorded id."""
+    return {rid: {"id": rid, "source": rid.split(":")[0], "category": m["plain"].category,
+                  "messages": [{"role": "user",
+                                "content": CATEGORY_PROMPTS[m["plain"].category]}]}
+            for rid, m in traces.items()}
+
+
+@pytest.fixture(scope="module")
+def prompts_file(prompts, tmp_path_factory):
+    """The prompts above as a prompts JSONL, for the command."""
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    path.write_text("".join(json.dumps(item) + "\n" for item in prompts.values()))
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -167,8 +204,10 @@ def test_copy_heavy_shares_are_drawn_as_asked(traces, prompts) -> None:
     assert sorted(recorded) == sorted(ids) and recorded != ids
 
 
-def test_the_command_prints_the_ratios(capsys: pytest.CaptureFixture[str]) -> None:
-    args = build_parser().parse_args(["bench", "traces", "--quick", "--json"])
+def test_the_command_prints_the_ratios(prompts_file,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser().parse_args(["bench", "traces", "--quick", "--json",
+                                      "--prompts", str(prompts_file)])
     assert args.func(args) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert {(r["world"], r["batch"]) for r in report["results"]} == {

@@ -1,6 +1,10 @@
 """The drafter predictor's training: the shipped JSON is what the training command
 produces, the pure-Python runtime predicts what scikit-learn's model does, and no
-held-out dataset is ever in the training data."""
+held-out dataset is ever in the training data.
+
+The recorded prompts' text is fetched data kept out of git (`python -m bench.traces.sources
+--clones DIR` builds it): only the reproduction of the shipped file needs it and skips
+without it; the rest trains on prompts and traces written here."""
 
 from __future__ import annotations
 
@@ -30,16 +34,66 @@ from bench.training.predictor.train import (
 )
 from policies.predictor import DEFAULT_PATH, Predictor
 
+# Nine datasets (codealpaca twice: one group), prompts of their kind written here, and
+# per request a made-up accept length per drafter: n-gram long where the prompt gives
+# material to copy, EAGLE steady.
+SOURCES = {
+    "codealpaca-2k": "Rewrite this function to use a list comprehension.\n\n"
+                     "def evens(xs):\n    out = []\n    for x in xs:\n        if x % {n} == 0:\n"
+                     "            out.append(x)\n    return out\n",
+    "codealpaca-new": "Fix the bug in this code.\n\nint total = 0;\nfor (int i = 0; i <= {n}; "
+                      "i++) {{\n    total += values[i];\n}}\nreturn total;\n",
+    "humaneval": "Complete this Python function.\n\n```python\ndef scale(xs, k={n}):\n"
+                 "    \"\"\"Multiply every element by k.\"\"\"\n```",
+    "dialogsum": "Summarize the following dialogue.\n\n#Person1#: Did the parcel arrive? "
+                 "#Person2#: Yes, {n} boxes came this morning and one was damaged. "
+                 "#Person1#: Send a photo of the damaged one to the shop today.",
+    "quoref-t0": "Read the passage and extract the answer.\n\nThe orchestra played {n} "
+                 "concerts in the old hall before the fire. Its conductor, Mara Lind, "
+                 "moved it to the harbour theatre.\n\nWho conducted the orchestra?",
+    "svamp": "Tom had {n} apples and gave 3 to each of his 2 friends. How many are left?",
+    "tatoeba": "Translate this English text into French.\n\nI have lived here for {n} years.",
+    "self-instruct-user": "Give me {n} ideas for a rainy weekend with children.",
+    "debugbench": "Observe the following Python3 faulty code. Your task is to fix up the "
+                  "code.\n\nclass Solution:\n    def last(self, nums):\n"
+                  "        return nums[len(nums) + {n}]\n",
+}
+COPYING = ("codealpaca", "dialogsum", "quoref", "debugbench")
+
+
+def write_training_files(folder: Path, per_source: int = 5) -> tuple[Path, Path]:
+    prompts, traces = folder / "prompts.jsonl", folder / "traces.jsonl"
+    with open(prompts, "w") as p, open(traces, "w") as t:
+        for source, text in SOURCES.items():
+            for n in range(per_source):
+                key = f"{source}:{n}"
+                p.write(json.dumps({"id": key, "source": source, "category": "x", "messages": [
+                    {"role": "user", "content": text.format(n=n + 2)}]}) + "\n")
+                copy = source.startswith(COPYING)
+                steps = {"ngram": [4 + n % 3, 6, 2, 5] if copy else [1, 1, 2, 1 + n % 2],
+                         "eagle": [2, 2 + n % 2, 1, 2]}
+                for method, accepts in steps.items():
+                    t.write(json.dumps({"id": key, "method": method, "k": 8,
+                                        "accept_lengths": accepts}) + "\n")
+    return traces, prompts
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory: pytest.TempPathFactory) -> list:
+    return load_rows(*write_training_files(tmp_path_factory.mktemp("predictor")))
+
 
 def test_the_shipped_model_is_what_training_produces() -> None:
+    if not DEFAULT_PROMPTS.exists():
+        pytest.skip(f"{DEFAULT_PROMPTS} not built here (python -m bench.traces.sources "
+                    "--clones DIR)")
     produced = dumps(train(DEFAULT_TRACES, DEFAULT_PROMPTS))
     assert produced == DEFAULT_PATH.read_text(), "rerun: python -m bench.training.predictor"
 
 
-def test_the_runtime_predicts_what_scikit_learn_predicts() -> None:
+def test_the_runtime_predicts_what_scikit_learn_predicts(rows: list) -> None:
     from sklearn.ensemble import GradientBoostingRegressor
 
-    rows = load_rows()
     document = fit(rows)
     predictor = Predictor(document)
     x = [list(r.features) for r in rows]
@@ -49,7 +103,7 @@ def test_the_runtime_predicts_what_scikit_learn_predicts() -> None:
                                           random_state=SEED)
         model.fit(x, [math.log(r.accept_length[family]) for r in rows])
         smearing = document["families"][family]["smearing"]
-        assert 1.0 < smearing < 1.5
+        assert 1.0 <= smearing < 1.5
         expected = [math.exp(v) * smearing for v in model.predict(x)]
         got = [predictor.accept_lengths(r.features)[family] for r in rows]
         assert got == pytest.approx(expected, rel=1e-3)
@@ -105,10 +159,10 @@ def test_evaluate_reports_held_out_traces_and_fits_nothing(tmp_path: Path) -> No
     assert DEFAULT_PATH.read_text() == shipped
 
 
-def test_grouped_cv_never_tests_a_dataset_it_trained_on(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_grouped_cv_never_tests_a_dataset_it_trained_on(monkeypatch: pytest.MonkeyPatch,
+                                                        rows: list) -> None:
     import bench.training.predictor.train as training
 
-    rows = load_rows()
     seen: list[set[str]] = []
     real_fit = training.fit
 
@@ -123,3 +177,6 @@ def test_grouped_cv_never_tests_a_dataset_it_trained_on(monkeypatch: pytest.Monk
     assert all(len(groups - trained) == 1 for trained in seen)  # exactly one left out
     assert "codealpaca" in groups and "codealpaca-2k" not in groups  # one dataset, two files
     assert figures["requests"] == len(rows)
+    assert figures["auc"] > 0.9  # copying sources told apart from the others
+    assert set(figures["by_group"]) == groups  # and per left-out dataset
+    assert sum(g["requests"] for g in figures["by_group"].values()) == len(rows)

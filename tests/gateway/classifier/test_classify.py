@@ -205,7 +205,8 @@ FRESH = [
     ("Use pandas to group this dataframe by month and sum the sales column", "code"),
     ("Explain what this regex does: ^(?=.*[A-Z])(?=.*\\d).{8,}$", "code"),
     ("My Kotlin coroutine never completes, here's the launch block:\nscope.launch {\n    val x = fetch()\n    println(x)\n}", "code"),
-    ("Add error handling to my fetch call: const r = await fetch(url); const j = await r.json();", "code"),
+    # an edit of the code it provides: copy-heavy since issue 41's code-edit cue
+    ("Add error handling to my fetch call: const r = await fetch(url); const j = await r.json();", "edit"),
     ("How do I make a git alias for 'log --oneline --graph'?", "code"),
     ("Write a unit test in Jest for a sum(a, b) function", "code"),
     ("Respond with JSON containing fields city and country for the Eiffel Tower", "structured"),

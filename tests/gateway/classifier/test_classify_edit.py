@@ -91,3 +91,35 @@ def test_prose_is_not_code_or_edit(text: str) -> None:
 def test_a_verb_inside_provided_code_is_not_the_instruction() -> None:
     text = f"Complete this Python function.\n\n```python\nFIX = 'later'\n{FUNCTION}```"
     assert task_of(text) == "code"
+
+
+SNIPPET = "def avg(xs):\n    return sum(xs) / len(xs)\n"
+
+
+@pytest.mark.parametrize("text", [
+    "Use a list comprehension in the following code.\n\nout = []\nfor x in xs:\n    out.append(x * 2)\n",
+    f"Implement error handling in this function:\n```python\n{SNIPPET}```",
+    f"Fix this bug:\n\n{SNIPPET}",
+    f"Please add a docstring to the given function.\n\n{SNIPPET}",
+    f"{SNIPPET}\nDebug the code above so that an empty list returns 0.",
+])
+def test_edit_instructions_on_provided_code_are_edit(text: str) -> None:
+    """Issue 41: an edit instruction (add, use, implement, fix, debug, ...) on code the
+    message gives is copy-heavy even when the snippet is short: the answer is the code
+    again, changed."""
+    assert task_of(text) == "edit"
+
+
+@pytest.mark.parametrize(("text", "task"), [
+    # the generic verbs ask for new code where nothing is given to change
+    ("Create a function that returns the average of a list of numbers, or 0 when empty.",
+     "code"),
+    ("Implement a binary search over a sorted list in Python.", "code"),
+    # a port writes the program anew in another language: it shares names, not text
+    (f"Convert this Python function to Rust:\n\n{SNIPPET}", "code"),
+    # the verb is not the instruction: a question about something else
+    ("What is the code for a JavaScript function that replaces null values with zero in "
+     "this object: {\"a\": null, \"b\": 2}", "code"),
+])
+def test_generic_verbs_without_code_to_change_are_not_edits(text: str, task: str) -> None:
+    assert task_of(text) == task

@@ -85,3 +85,18 @@ def test_an_unreadable_predictor_leaves_the_class_and_no_prediction(
     assert profile.to_dict()["predicted"] == {"accept_length": {}, "scale": {}}
     warnings = [r for r in caplog.records if "drafter predictor not loaded" in r.getMessage()]
     assert len(warnings) == 1  # tried once
+
+
+def test_copy_features_of_a_code_edit() -> None:
+    """The edit's material is code, its instruction names what the code holds, and an
+    additive verb is told apart from a transforming one."""
+    code = "def add_tax(total, rate):\n    total = total * (1 + rate)\n    return round(total, 2)\n"
+    rename = request_vector(chat_request(f"Rename total to amount in add_tax.\n\n{code}"))[1]
+    add = request_vector(chat_request(f"Add logging to the following function.\n\n{code}"))[1]
+    prose = request_vector(chat_request("Write a poem about the sea and the wind."))[1]
+    at = FEATURES.index
+    assert rename[at("code_material")] == add[at("code_material")] == 1.0
+    assert prose[at("code_material")] == 0.0 and prose[at("log_material")] == 0.0
+    assert rename[at("named_share")] > add[at("named_share")]
+    assert (rename[at("additive_edit")], add[at("additive_edit")]) == (0.0, 1.0)
+    assert rename[at("log_material")] > 4.0

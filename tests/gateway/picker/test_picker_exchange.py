@@ -251,7 +251,7 @@ async def test_the_served_response_is_recorded_with_its_usage_and_counters(picke
     [record] = services.reporter.recorder.records  # type: ignore[attr-defined]
     assert (record.pool, record.method, record.k, record.ok) == ("plain", "plain", 0, True)
     assert (record.prompt_tokens, record.output_tokens, record.verify_steps) == (9, 4, 2)
-    assert record.tenant == "t" and record.task == "code"
+    assert record.tenant == "t" and record.task == "edit"
     pool = services.pools["ngram"]
     assert sum(w.breaker.failures for w in pool.workers) == 1  # the skipped primary
     assert all(w.outstanding == 0 for p in services.pools.values() for w in p.workers)
