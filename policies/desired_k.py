@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from policies.accept_curve import MIN_STEPS, curve
 from policies.learner import PolicyState
 from policies.telemetry import Telemetry
 from policies.types import TASKS, PoolView
@@ -112,19 +113,25 @@ class DesiredK:
         if not mix:
             for key, n in state.traffic.items():
                 mix[key[1:]] = mix.get(key[1:], 0.0) + n
-        measured = []
-        for (model, task, bucket), n in mix.items():
-            if task not in TASKS:
-                continue
-            a, samples = state.accept(model, pool.method, task, bucket)
-            if samples >= self.config.relaunch_min_samples:
-                measured.append((n, a))
-        if not measured:
-            return {}
-        cost = state.cost(pool.name)
         top = max(pool.max_k, pool.k)
         if self.config.k_trust_margin is not None:
             top = min(top, max(state.measured_k.get(pool.name, 0), pool.k)
                       + self.config.k_trust_margin)
-        return {k: sum(n * state.accept_length(a, pool.method, k) for n, a in measured)
-                / cost.step_s(k, load) for k in range(0, top + 1)}
+        ks = range(0, top + 1)
+        measured: list[tuple[float, dict[int, float]]] = []  # traffic, accept length by k
+        for (model, task, bucket), n in mix.items():
+            if task not in TASKS:
+                continue
+            a, samples = state.accept(model, pool.method, task, bucket)
+            if samples < self.config.relaunch_min_samples:
+                continue
+            histogram = state.accept_histograms.get((pool.name, pool.k, model, task, bucket))
+            if histogram and sum(histogram) >= MIN_STEPS:  # measured at the pool's k
+                measured.append((n, curve(histogram, pool.k, ks)))
+            else:
+                measured.append((n, {k: state.accept_length(a, pool.method, k) for k in ks}))
+        if not measured:
+            return {}
+        cost = state.cost(pool.name)
+        return {k: sum(n * lengths[k] for n, lengths in measured) / cost.step_s(k, load)
+                for k in ks}
