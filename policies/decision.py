@@ -131,7 +131,8 @@ class Policy:
         self._decided = 0
         self._explored = 0
         self._cold = 0  # cold-start tries (under explore_cap, bounded per pool/context)
-        self._tries = ColdStart(self.config.cold_start_samples)
+        self._tries = ColdStart(self.config.cold_start_samples, self.config.ucb_z,
+                                self.config.learner.prior_weight)
         self.desired_k = DesiredK(self.config)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -150,7 +151,7 @@ class Policy:
         ranked = self._rank(state, cache, memo, profile, pools)
         self._decided += 1
         context = (profile.model, profile.task, profile.temperature_bucket)
-        chosen = self._cold_start(ranked.options, state, pools, context)
+        chosen = self._cold_start(ranked, state, pools, context)
         if chosen is None and self._may_explore():
             loads = {p.name: self._load(state, p) for p in pools if p.healthy_workers > 0}
             chosen = (self._optimistic(ranked.options, ranked.chosen, state, loads, *context)
@@ -270,7 +271,7 @@ class Policy:
                 break
         return best
 
-    def _cold_start(self, options: list[Option], state: PolicyState, pools: list[PoolView],
+    def _cold_start(self, ranked: Ranked, state: PolicyState, pools: list[PoolView],
                     context: tuple[str, str, str]) -> Option | None:
         """A cold-start try (`policies.cold_start`) at the pool's configured k, within
         the exploration budget; None when there is none to make. Off with exploration,
@@ -279,7 +280,7 @@ class Policy:
             return None
         if self._explored + self._cold + 1 > self.config.explore_cap * self._decided:
             return None  # tries share the exploration budget: never more than explore_cap
-        option = self._tries.pick(options, state, context)
+        option = self._tries.pick(ranked.options, state, context, ranked.chosen)
         if option is None:
             return None
         self._cold += 1
