@@ -106,17 +106,6 @@ class ContextStats:
         return self.tokens / self.steps if self.steps > 0 else 1.0
 
     @property
-    def decode_accept_length(self) -> float:
-        """Tokens per decode verify step: the prefill's forward, which every engine counts
-        as a step (SGLang's `spec_verify_ct`) and which yields exactly one token whatever
-        the drafter, left out. What E(a, k) describes and what decode speed is made of:
-        at 64 tokens in 25 decode steps `accept_length` reads 65 / 26 = 2.50 for 2.56."""
-        decode_steps = self.steps - self.known
-        if decode_steps <= 0:
-            return self.accept_length
-        return max(self.tokens - self.known, decode_steps) / decode_steps
-
-    @property
     def step_s(self) -> float:
         """Seconds per verify step after the first (whose time is inside TTFT)."""
         decode_steps = self.steps - self.known

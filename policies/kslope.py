@@ -108,9 +108,6 @@ class KWindow:
         if known < 0.5 or steps <= 0 or tokens < steps:  # nothing new (or float dust)
             return
         sums = self.fresh.setdefault(key, [0.0, 0.0, 0.0])
-        # over decode steps (the prefill's step left out), as the learner's estimate it is
-        # compared with (`ContextStats.decode_accept_length`)
-        decode = (tokens - known) / (steps - known) if steps - known > 0 else tokens / steps
-        sums[0] += invert_accept_length(max(decode, 1.0), depth) * steps
+        sums[0] += invert_accept_length(tokens / steps, depth) * steps
         sums[1] += steps
         sums[2] += known

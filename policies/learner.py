@@ -310,8 +310,7 @@ class Learner:
         for ctx, stats in contexts:
             if ctx.k <= 0 or ctx.method == "plain" or stats.steps <= 0:
                 continue
-            a = invert_method_accept_length(stats.decode_accept_length, ctx.method, ctx.k,
-                                            depths)
+            a = invert_method_accept_length(stats.accept_length, ctx.method, ctx.k, depths)
             acc = sums[(ctx.model, ctx.method, ctx.task, ctx.temperature_bucket)]
             acc[0] += a * stats.steps
             acc[1] += stats.steps

@@ -131,9 +131,7 @@ def test_predicted_accept_length_within_20_percent_after_50_requests(
         engine = sum(lengths) / len(lengths)  # vLLM's own mean, as the bench reads it
         assert abs(predicted - engine) <= 0.2 * engine, (task, predicted, engine)
         checked += 1
-    # edits had 5+ on n-gram; code and chat may go to plain, which serves them about as
-    # fast (8.4 tokens/s against n-gram's 8.2 and 8.3 here)
-    assert checked >= 1 and len(observed.get(("edit", "vllm-ngram"), [])) >= 5
+    assert checked >= 2  # edits and at least one of code/chat had 5+ on n-gram
     # edits go to n-gram (2.4x plain), never to plain
     assert policy.predict(profile("edit"), views(4)).pool == "vllm-ngram"
     # no flapping: the published k never leaves 4 and comes back (at most one change)
