@@ -7,9 +7,12 @@ a = 0.09 (1.10 tokens a step, from the engine bench's own prompts), so code neve
 to the n-gram pool that yields 1.6 tokens a step on it.
 
 What a try measures decides what it is per:
-- a speculative pool: its acceptance in this context (model, task, temperature bucket),
-  whether or not its workers measured their step cost — a prior measured on other prompts
-  is not this traffic's. Tried while the context has fewer than `samples` requests there;
+- a fixed-k speculative pool: its acceptance in this context (model, task, temperature
+  bucket), whether or not its workers measured their step cost — a prior measured on
+  other prompts is not this traffic's. Tried while the context has fewer than `samples`
+  requests there. A per-request-k pool whose workers measured their step cost (the
+  embedded engine) is left to exploration, which varies its k too: forced tries at its
+  configured k cost the simulator's embedded fleet (every method on every worker);
 - a plain pool: only its step cost, which no context changes and one request's steps
   measure: tried once, while the pool has no request in any context, and never where
   its workers measured the cost.
@@ -70,6 +73,8 @@ class ColdStart:
                     continue
                 key, seen, need = (name, *ANY), plain_seen.get(name, 0.0), PLAIN_TRIES
             else:
+                if option.pool.per_request_k and name in state.cost_measured:
+                    continue  # measured costs, k chosen per request: exploration's (below)
                 if name != greedy.pool.name and (self.hopeful(option, state)
                                                  <= greedy.pool_score):
                     continue  # no outcome of the try would make it the pick

@@ -18,8 +18,8 @@ Around the greedy choice:
 - no speculation when the best predicted speedup over plain is below 1;
 - cold start (`policies.cold_start`, within `explore_cap`; off with exploration, so
   replicas stay deterministic): a speculative pool with fewer than 3 requests in this
-  context, a plain pool with fewer than 3 in all whose workers did not measure their
-  step cost, is tried at its configured k;
+  context (not a per-request-k pool with measured step costs), a plain pool without
+  any whose workers did not measure their step cost, is tried at its configured k;
 - k trust region: on a per-request-k pool the k search stops `k_trust_margin` above the
   largest k measured on that pool (its configured k before any): E(a, k) and the step
   cost are least reliable far from the data. Tree drafters' E is taken at min(k, depth)
