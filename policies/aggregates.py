@@ -32,6 +32,10 @@ from policies.types import RequestRecord
 DECAY_TAU_S = 300.0  # default decay time constant; the gateway's policy.decay_tau_s
 ERA_TAUS = 8.0
 FIELDS = ("n", "known", "steps", "tokens", "decode_s", "load", "batch_dk")
+# decode verify steps by draft tokens accepted (`RequestRecord.accept_histogram`), one
+# field per count, "h0".."h{HISTOGRAM_BINS - 1}"; a longer run is counted in the last
+HISTOGRAM_BINS = 33
+HISTOGRAM_FIELDS = tuple(f"h{i}" for i in range(HISTOGRAM_BINS))
 RECENT_FRACTION = 0.2  # the recent view decays 5x faster, to notice drift (prefix "f")
 RECENT_PREFIX = "f"
 LIFETIME_FIELD = "all:known"  # never decayed, never dropped
@@ -87,6 +91,8 @@ class ContextStats:
     # request's own k, where the worker did not say (and in sums written before the field)
     batch_dk: float = 0.0
     recent: ContextStats | None = None  # the same sums with the short time constant
+    # decayed decode steps by draft tokens accepted (index), where workers counted them
+    histogram: tuple[float, ...] = ()
     # requests with reported steps ever (not decayed; 0 in hashes written before the field)
     lifetime_known: float = 0.0
 
@@ -165,7 +171,17 @@ def record_values(rec: RequestRecord) -> dict[str, float]:
     return {"n": 1.0, "known": 1.0, "steps": float(rec.verify_steps or 0),
             "tokens": class_tokens(rec),
             "decode_s": max(rec.e2e_s - rec.ttft_s, 0.0), "load": load,
-            "batch_dk": batch_dk(rec)}
+            "batch_dk": batch_dk(rec), **histogram_values(rec.accept_histogram)}
+
+
+def histogram_values(histogram: tuple[int, ...] | None) -> dict[str, float]:
+    """The histogram's fields ("h{accepted}" -> steps), runs past the last bin in it."""
+    out: dict[str, float] = {}
+    for accepted, steps in enumerate(histogram or ()):
+        if steps > 0:
+            name = HISTOGRAM_FIELDS[min(accepted, HISTOGRAM_BINS - 1)]
+            out[name] = out.get(name, 0.0) + float(steps)
+    return out
 
 
 def era_of(t: float, tau: float) -> int:
@@ -195,13 +211,13 @@ def stale_fields(t: float, tau: float) -> list[str]:
 
 @functools.lru_cache(maxsize=64)  # a few eras are live at a time
 def _stale_of_eras(old: int, old_recent: int) -> tuple[str, ...]:
-    return (*(f"{old}:{name}" for name in FIELDS),
-            *(f"{RECENT_PREFIX}{old_recent}:{name}" for name in FIELDS))
+    return (*(f"{old}:{name}" for name in (*FIELDS, *HISTOGRAM_FIELDS)),
+            *(f"{RECENT_PREFIX}{old_recent}:{name}" for name in (*FIELDS, *HISTOGRAM_FIELDS)))
 
 
 def _read(fields: dict[str, float], now: float, tau: float, prefix: str) -> dict[str, float]:
     current = era_of(now, tau)
-    sums = dict.fromkeys(FIELDS, 0.0)
+    sums = dict.fromkeys((*FIELDS, *HISTOGRAM_FIELDS), 0.0)
     for field_name, stored in fields.items():
         era_text, _, name = field_name.partition(":")
         if prefix:
@@ -219,9 +235,18 @@ def _read(fields: dict[str, float], now: float, tau: float, prefix: str) -> dict
 
 def read_stats(fields: dict[str, float], now: float, tau: float) -> ContextStats:
     """Decayed sums at `now` from a hash of forward-decayed fields (both views)."""
-    recent = ContextStats(**_read(fields, now, tau * RECENT_FRACTION, RECENT_PREFIX))  # type: ignore[arg-type]
-    return ContextStats(**_read(fields, now, tau, ""), recent=recent,  # type: ignore[arg-type]
-                        lifetime_known=float(fields.get(LIFETIME_FIELD, 0.0)))
+    recent = _stats(_read(fields, now, tau * RECENT_FRACTION, RECENT_PREFIX))
+    return _stats(_read(fields, now, tau, ""), recent=recent,
+                  lifetime_known=float(fields.get(LIFETIME_FIELD, 0.0)))
+
+
+def _stats(sums: dict[str, float], **more: object) -> ContextStats:
+    """ContextStats of `_read`'s sums: the histogram's fields as one tuple, trailing
+    empty bins dropped."""
+    histogram = [sums.pop(name) for name in HISTOGRAM_FIELDS]
+    while histogram and histogram[-1] <= 0.0:
+        histogram.pop()
+    return ContextStats(**sums, histogram=tuple(histogram), **more)  # type: ignore[arg-type]
 
 
 class LocalAggregates:

@@ -16,11 +16,10 @@ Around the greedy choice:
 - hysteresis: keep the fleet's incumbent (pool, k) for this context unless a challenger
   is predicted better by `hysteresis`; the incumbent is shared telemetry's (replicas agree);
 - no speculation when the best predicted speedup over plain is below 1;
-- cold start (3 tries per (pool, context), within `explore_cap`; off with exploration,
-  so replicas stay deterministic): a pool whose workers did not measure their step cost
-  (SGLang, vLLM) and has fewer requests than that in this context is tried at its
-  configured k. Without it a pool the prior ranks low is never measured: an idle plain
-  pool kept the fleet's median (speculative) step, 3x its own (docs/POLICY.md);
+- cold start (`policies.cold_start`, within `explore_cap`; off with exploration, so
+  replicas stay deterministic): a speculative pool with fewer than 3 requests in this
+  context (not a per-request-k pool with measured step costs), a plain pool without
+  any whose workers did not measure their step cost, is tried at its configured k;
 - k trust region: on a per-request-k pool the k search stops `k_trust_margin` above the
   largest k measured on that pool (its configured k before any): E(a, k) and the step
   cost are least reliable far from the data. Tree drafters' E is taken at min(k, depth)
@@ -40,6 +39,7 @@ from dataclasses import dataclass
 
 from policies.acceptance import A_MAX, acceptance_std
 from policies.aggregates import DECAY_TAU_S
+from policies.cold_start import ColdStart
 from policies.desired_k import DesiredK
 from policies.learner import Learner, LearnerConfig, PolicyState
 from policies.options import (
@@ -73,7 +73,7 @@ class PolicyConfig:
     relaunch_cost_s: float = 60.0
     relaunch_payback_s: float = 600.0
     relaunch_min_samples: float = 20.0  # requests behind a context's acceptance
-    cold_start_samples: float = 3.0  # tries per (pool, context) of unmeasured step cost
+    cold_start_samples: float = 3.0  # tries per (pool, context): policies.cold_start
     k_trust_margin: int | None = 2  # k search limit above the largest measured k (None: off)
     # k per request by what it adds to its worker's batch (`batch_gain`), not by its own
     # tokens/s; off only for a world without co-batching (each request its own step)
@@ -130,8 +130,9 @@ class Policy:
         self.worker_priors: dict[str, WorkerPrior] = {}
         self._decided = 0
         self._explored = 0
-        self._cold = 0  # cold-start tries (not under explore_cap: bounded per pool/context)
-        self._cold_tries: dict[tuple[str, str, str, str], int] = {}
+        self._cold = 0  # cold-start tries (under explore_cap, bounded per pool/context)
+        self._tries = ColdStart(self.config.cold_start_samples, self.config.ucb_z,
+                                self.config.learner.prior_weight)
         self.desired_k = DesiredK(self.config)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -150,7 +151,7 @@ class Policy:
         ranked = self._rank(state, cache, memo, profile, pools)
         self._decided += 1
         context = (profile.model, profile.task, profile.temperature_bucket)
-        chosen = self._cold_start(ranked.options, state, pools, context)
+        chosen = self._cold_start(ranked, state, pools, context)
         if chosen is None and self._may_explore():
             loads = {p.name: self._load(state, p) for p in pools if p.healthy_workers > 0}
             chosen = (self._optimistic(ranked.options, ranked.chosen, state, loads, *context)
@@ -270,30 +271,18 @@ class Policy:
                 break
         return best
 
-    def _cold_start(self, options: list[Option], state: PolicyState, pools: list[PoolView],
+    def _cold_start(self, ranked: Ranked, state: PolicyState, pools: list[PoolView],
                     context: tuple[str, str, str]) -> Option | None:
-        """The least-tried pool of this context that has fewer than `cold_start_samples`
-        requests behind it, at its configured k; None once every pool has them."""
-        need = self.config.cold_start_samples
-        if need <= 0 or self.config.explore_rate <= 0:  # exploration off: deterministic
+        """A cold-start try (`policies.cold_start`) at the pool's configured k, within
+        the exploration budget; None when there is none to make. Off with exploration,
+        so replicas stay deterministic."""
+        if self.config.explore_rate <= 0:
             return None
         if self._explored + self._cold + 1 > self.config.explore_cap * self._decided:
             return None  # tries share the exploration budget: never more than explore_cap
-        best = None
-        for option in options:
-            if option.pool.name in state.cost_measured:  # its workers' batch bench did
-                continue
-            key = (option.pool.name, *context)
-            seen, tries = state.traffic.get(key, 0.0), self._cold_tries.get(key, 0)
-            if seen >= need or tries >= need:
-                continue
-            rank = (seen + tries, -option.tokens_per_s)
-            if best is None or rank < best[0]:
-                best = (rank, option, key)
-        if best is None:
+        option = self._tries.pick(ranked.options, state, context, ranked.chosen)
+        if option is None:
             return None
-        _, option, key = best
-        self._cold_tries[key] = self._cold_tries.get(key, 0) + 1
         self._cold += 1
         pool = option.pool
         k = 0 if pool.method == "plain" else (min(pool.k, pool.max_k) if pool.per_request_k

@@ -102,6 +102,10 @@ class PolicyState:
     group_accept_length: dict[str, float] = field(default_factory=dict)
     # per acceptance context: how its a rises with k (policies/kslope.py)
     accept_tilt: dict[AcceptKey, Tilt] = field(default_factory=dict)
+    # per (pool, k, model, task, bucket): decayed decode steps by draft tokens accepted,
+    # where workers counted them (policies/accept_curve.py)
+    accept_histograms: dict[tuple[str, int, str, str, str], tuple[float, ...]] = field(
+        default_factory=dict)
 
     def accept(self, model: str, method: str, task: str, bucket: str) -> tuple[float, float]:
         """(blended a, request count) for a context; the prior when unseen."""
@@ -166,7 +170,8 @@ class Learner:
                            self._pool_accept_length(contexts),
                            frozenset(p for p, points in (step_curves or {}).items() if points),
                            self._pool_draft_k(contexts), self._per_k(contexts),
-                           share, group_length, tilts)
+                           share, group_length, tilts,
+                           accept_histograms=self._histograms(contexts))
 
     @staticmethod
     def _batch_mix(contexts: list[tuple[ContextKey, ContextStats]], groups: Mapping[str, str]
@@ -194,6 +199,21 @@ class Learner:
             if n > 0:
                 length[pool] = tokens / n
         return share, length
+
+    @staticmethod
+    def _histograms(contexts: list[tuple[ContextKey, ContextStats]]
+                    ) -> dict[tuple[str, int, str, str, str], tuple[float, ...]]:
+        """Each (pool, k, model, task, bucket)'s histogram, summed over load buckets."""
+        sums: dict[tuple[str, int, str, str, str], list[float]] = {}
+        for ctx, stats in contexts:
+            if ctx.k <= 0 or not stats.histogram:
+                continue
+            key = (ctx.pool, ctx.k, ctx.model, ctx.task, ctx.temperature_bucket)
+            acc = sums.setdefault(key, [])
+            acc.extend([0.0] * (len(stats.histogram) - len(acc)))
+            for j, steps in enumerate(stats.histogram):
+                acc[j] += steps
+        return {key: tuple(h) for key, h in sums.items()}
 
     @staticmethod
     def _evidence(contexts: list[tuple[ContextKey, ContextStats]]) -> dict[AcceptKey, float]:

@@ -145,6 +145,11 @@ class RequestRecord:
     # learn the class's acceptance with it divided out (`aggregates.record_values`)
     accept_scale: float = 1.0
     extra: dict = field(default_factory=dict)
+    # decode verify steps by the draft tokens each accepted (index 0..k), where the worker
+    # counted them (SGLang's `spec_correct_drafts_histogram`, the embedded worker's):
+    # the accept length at any k' below the run's k follows from it exactly
+    # (policies/accept_curve.py)
+    accept_histogram: tuple[int, ...] | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

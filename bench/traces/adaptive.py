@@ -24,7 +24,7 @@ as `specroute up` does; the H100 pools (SGLang/vLLM servers) start from nothing.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from bench.traces.fleets import Costs, PoolSpec, view
@@ -37,7 +37,7 @@ from gateway.telemetry.worker_stats import SpecStats, Usage
 from policies.decision import Policy, PolicyConfig
 from policies.prior import Measured, WorkerPrior
 from policies.telemetry import LocalTelemetry
-from policies.types import Decision, RequestProfile
+from policies.types import Decision, PoolView, RequestProfile
 
 REFIT_EVERY_S = 1.0
 REFIT_EVERY_REQUESTS = 16
@@ -57,6 +57,9 @@ def profile_of(prompt: dict, max_tokens: int, model: str
     return classify(request, TENANT.name), request
 
 
+Probe = Callable[[str, Policy, RequestProfile, list[PoolView], Decision], None]
+
+
 @dataclass(slots=True)
 class Run:
     """One adaptive replicate: its score and what it decided."""
@@ -68,8 +71,10 @@ class Run:
 
 def adaptive(costs: Costs, sequence: Sequence[str], prompts: dict[str, dict],
              pools: Sequence[PoolSpec], world: str, seed: int, model: str,
-             warmup: Sequence[str] = ()) -> Run:
-    """The policy serves `warmup` (learning, not scored), then `sequence` (scored)."""
+             warmup: Sequence[str] = (), probe: Probe | None = None) -> Run:
+    """The policy serves `warmup` (learning, not scored), then `sequence` (scored);
+    `probe` sees each scored request's decision before it is served (bench/traces/
+    diagnose.py)."""
     engine = ENGINE[world]
     now = [0.0]
     store = LocalTelemetry(PolicyConfig().decay_tau_s, clock=lambda: now[0])
@@ -96,6 +101,8 @@ def adaptive(costs: Costs, sequence: Sequence[str], prompts: dict[str, dict],
         decision = policy.decide(profile, views)
         pool = by_name[decision.pool]
         decision = replace(decision, k=pool.k)  # a fixed-k server runs its launch k
+        if probe is not None and scored:
+            probe(rid, policy, profile, views, decision)
         served = costs(rid, pool)
         trace = costs.traces[rid]["plain" if pool.method == "plain" else pool.method]
         end = served.prefill_s + served.decode_s
@@ -105,7 +112,8 @@ def adaptive(costs: Costs, sequence: Sequence[str], prompts: dict[str, dict],
             batch=float(costs.batch) if engine == "embedded" else None,
             batch_draft_tokens=(costs.batch * served.drafted / max(served.steps, 1)
                                 if engine == "embedded" else None),
-            decode_s=served.decode_s if engine == "embedded" else None)
+            decode_s=served.decode_s,
+            accept_histogram=served.histogram if pool.method != "plain" else None)
         outcome = Outcome(request=request, profile=profile, tenant=TENANT,
                           decision=decision, timer=Timer(start=0.0, first_token=0.0),
                           load=costs.batch - 1, workers=1,

@@ -213,6 +213,9 @@ class Served:
     steps: int
     drafted: int
     accepted: int
+    # steps by draft tokens accepted (index 0..k): what SGLang's and the embedded worker's
+    # `spec_correct_drafts_histogram` report
+    histogram: tuple[int, ...] = ()
 
     @property
     def tokens_per_s(self) -> float:
@@ -231,5 +234,8 @@ def serve(trace: Trace, method: str, k: int, batch: int, law: H100 | Embedded) -
                    + law.overhead)
     else:
         prefill = trace.prefill_ms / 1000.0
+    histogram = [0] * (k + 1 if method != "plain" else 1)
+    for tokens in w.yields:
+        histogram[tokens - 1] += 1
     return Served(w.tokens, seconds, prefill, len(w.yields), sum(w.drafts),
-                  w.tokens - len(w.yields))
+                  w.tokens - len(w.yields), tuple(histogram))

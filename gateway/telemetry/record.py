@@ -149,6 +149,7 @@ def request_record(outcome: Outcome, end: float) -> tuple[RequestRecord, float]:
         accept_scale=decision.accept_scale if decision.k else 1.0,
         slo_met=outcome.ok and slo_met(tenant, ttft, itl, e2e, tokens, request.stream),
         extra={"explored": True} if decision.explored else {},
+        accept_histogram=spec.accept_histogram if decision.k else None,
     )
     flagged = anomaly(decision.predicted_accept_length, accept if steps else 0.0,
                       decision.k, tokens)

@@ -41,6 +41,8 @@ class SpecStats:
     batch_draft_tokens: float | None = None
     decode_s: float | None = None
     drafts: Drafts | None = None
+    # decode verify steps by draft tokens accepted (SGLang's spec_correct_drafts_histogram)
+    accept_histogram: tuple[int, ...] | None = None
 
     @property
     def has_counters(self) -> bool:
@@ -96,7 +98,7 @@ def merge_spec(new: SpecStats | None, old: SpecStats) -> SpecStats:
         return old
     merged = new if new.has_counters else SpecStats(
         old.verify_steps, old.accept_length, old.accept_rate, old.correct_drafts,
-        old.proposed_drafts)
+        old.proposed_drafts, accept_histogram=old.accept_histogram)
     merged.batch = new.batch if new.batch is not None else old.batch
     merged.batch_draft_tokens = new.batch_draft_tokens \
         if new.batch_draft_tokens is not None else old.batch_draft_tokens

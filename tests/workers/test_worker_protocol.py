@@ -28,6 +28,8 @@ class Stats:
     mean_batch_draft_tokens: float | None = 4.0
     first_token_at: float | None = 0.5
     by_source: dict = field(default_factory=dict)  # one drafter: no branches
+    # decode steps by drafts accepted: 3 steps after the prefill's, 8 drafts accepted
+    accept_histogram: list = field(default_factory=lambda: [0, 0, 1, 0, 0, 0, 1])
 
 
 @dataclass
@@ -190,6 +192,7 @@ def test_meta_info_adds_latency_and_spec_fields_only_at_the_end() -> None:
     assert final["finish_reason"] == {"type": "stop", "matched": "\n"}
     assert final["spec_accept_length"] == 12 / 4  # completion_tokens / spec_verify_ct
     assert final["spec_accept_rate"] == 8 / 16
+    assert final["spec_correct_drafts_histogram"] == [0, 0, 1, 0, 0, 0, 1]
     plain = responses.meta_info("r", Out([1], "a", True, "length"), Stats(), 0.0, False)
     assert plain["finish_reason"] == {"type": "length", "length": 12}
     assert "spec_verify_ct" not in plain
@@ -226,7 +229,10 @@ def test_key_names_match_sglang_0_5_23() -> None:
                    "reasoning_tokens", "completion_tokens", "cached_tokens", "e2e_latency",
                    "spec_accept_rate", "spec_accept_length", "spec_num_correct_drafts",
                    "spec_num_proposed_drafts", "spec_verify_ct"}
-    assert set(final) == sglang_meta | {WORKER_BATCH_KEY}  # ours, the one addition
+    # ours, the one addition, and the per-request accept histogram SGLang's later
+    # managers/io_struct.py carries (BatchStrOutput.spec_correct_drafts_histogram) and
+    # 0.5.23 already names in SpecTokensDetails (below)
+    assert set(final) == sglang_meta | {WORKER_BATCH_KEY, "spec_correct_drafts_histogram"}
     # entrypoints/openai/protocol.py: class SpecTokensDetails (~L456)
     details = responses.spec_tokens_details(final)
     assert details is not None and set(details) == {

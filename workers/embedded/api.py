@@ -137,6 +137,15 @@ class GenerationStats:
     first_token_at: float | None = None  # time.perf_counter() when the first token came
     # per drafter, where a method has several (hybrid); on the wire as `branches()`
     by_source: dict[str, SourceTally] = field(default_factory=dict)
+    # decode verify steps by the draft tokens they accepted (index: accepted, 0..k), the
+    # prefill step not counted: SGLang's per-request `spec_correct_drafts_histogram`
+    accept_histogram: list[int] = field(default_factory=list)
+
+    def add_accepted(self, accepted: int) -> None:
+        """Count one decode verify step that accepted `accepted` draft tokens."""
+        if accepted >= len(self.accept_histogram):
+            self.accept_histogram.extend([0] * (accepted + 1 - len(self.accept_histogram)))
+        self.accept_histogram[accepted] += 1
 
     def add_batch_step(self, requests: int, draft_tokens: int) -> None:
         """Count one decode step that shared a forward with `requests` sequences (this one

@@ -44,6 +44,9 @@ def spec_fields(stats: GenerationStats) -> dict[str, Any]:
         "spec_num_correct_drafts": stats.num_correct_drafts,
         "spec_num_proposed_drafts": stats.num_proposed_drafts,
         "spec_verify_ct": stats.verify_steps,
+        # SGLang's BatchStrOutput.spec_correct_drafts_histogram (managers/io_struct.py):
+        # index = draft tokens a step accepted, value = steps; decode steps only
+        "spec_correct_drafts_histogram": list(stats.accept_histogram),
     }
 
 
@@ -109,6 +112,15 @@ def merge_drafts(fields: Sequence[dict[str, dict[str, int]]]) -> dict[str, dict[
     return dict(sorted(out.items()))
 
 
+def merge_histograms(histograms: Sequence[Sequence[int]]) -> list[int]:
+    """`spec_correct_drafts_histogram`s of n samples as one: counts summed by index."""
+    out = [0] * max((len(h) for h in histograms), default=0)
+    for histogram in histograms:
+        for accepted, steps in enumerate(histogram):
+            out[accepted] += steps
+    return out
+
+
 def spec_tokens_details(info: dict[str, Any]) -> dict[str, Any] | None:
     """SGLang SpecTokensDetails (entrypoints/openai/protocol.py) from a final meta_info."""
     if "spec_verify_ct" not in info:
@@ -121,7 +133,7 @@ def spec_tokens_details(info: dict[str, Any]) -> dict[str, Any] | None:
         "spec_num_correct_drafts": info["spec_num_correct_drafts"],
         "spec_num_proposed_drafts": info["spec_num_proposed_drafts"],
         "spec_verify_ct": info["spec_verify_ct"],
-        "spec_correct_drafts_histogram": [],
+        "spec_correct_drafts_histogram": info.get("spec_correct_drafts_histogram", []),
         "spec_cap_lens_histogram": [],
     }
 

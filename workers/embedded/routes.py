@@ -85,6 +85,8 @@ def _totals(runs: list[Run], events: list[StepEvent]) -> dict[str, Any]:
         total["spec_accept_length"] = total["completion_tokens"] / total["spec_verify_ct"]
         total["spec_accept_rate"] = total["spec_num_correct_drafts"] / proposed \
             if proposed else 0.0
+        total["spec_correct_drafts_histogram"] = responses.merge_histograms(
+            [info.get("spec_correct_drafts_histogram", []) for info in infos])
     if WORKER_BATCH_KEY in total:
         total[WORKER_BATCH_KEY] = responses.merge_batch(
             [info[WORKER_BATCH_KEY] for info in infos])

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 
 from gateway.errors import UpstreamProtocolError
-from gateway.telemetry.worker_stats import SpecStats, Usage
+from gateway.telemetry.worker_stats import SpecStats, Usage, non_negative
 from gateway.upstream.adapters.base import finish_reason_of
 
 
@@ -141,7 +141,22 @@ def spec_counters(counters: Reply) -> SpecStats:
                      accept_length=counters.number("spec_accept_length") or 0.0,
                      accept_rate=counters.number("spec_accept_rate"),
                      correct_drafts=counters.count("spec_num_correct_drafts"),
-                     proposed_drafts=counters.count("spec_num_proposed_drafts"))
+                     proposed_drafts=counters.count("spec_num_proposed_drafts"),
+                     accept_histogram=accept_histogram(
+                         counters.get("spec_correct_drafts_histogram")))
+
+
+def accept_histogram(value: object) -> tuple[int, ...] | None:
+    """SGLang's per-request `spec_correct_drafts_histogram` (index: draft tokens a verify
+    step accepted, value: steps; sglang `managers/io_struct.py` `BatchStrOutput`), read
+    leniently like the batch fields: anything but a non-empty list of whole non-negative
+    numbers reads as not reported."""
+    if not isinstance(value, list) or not value:
+        return None
+    counts = [non_negative(v) for v in value]
+    if any(c is None or not c.is_integer() for c in counts):
+        return None
+    return tuple(int(c) for c in counts if c is not None)
 
 
 def usage_of(usage: Reply) -> Usage:

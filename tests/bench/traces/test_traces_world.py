@@ -29,6 +29,7 @@ from bench.traces.world import (
     serve,
     walk,
 )
+from policies.accept_curve import accept_length_at
 from policies.prior import Measured
 from specroute.cli import build_parser
 
@@ -191,6 +192,34 @@ def test_adaptive_decisions_are_the_policys_and_it_learns(traces, prompts, slice
     state = first.policy.refit()
     served = {name for (name, *_), n in state.traffic.items() if n > 0}
     assert served == {d.pool for d in first.decisions}
+
+
+def test_the_policy_reads_the_worlds_accept_length_at_smaller_k(traces, prompts, sliced) -> None:
+    """Histograms reported by the pool (SGLang's spec_correct_drafts_histogram) give the
+    policy the accept length at every k below the launch k (policies/accept_curve.py):
+    what the world's walk yields at that k on the requests the pool served."""
+    costs = Costs(traces, "h100", 1)
+    model = traces[sliced[0]]["plain"].model
+    ngram = PoolSpec("ngram", 8)
+    run = adaptive(costs, sliced * 2, prompts, [PLAIN, ngram], "h100", 0, model)
+    state = run.policy.refit()
+    histogram = [0.0] * 9
+    for (pool, k, *_), counts in state.accept_histograms.items():
+        assert (pool, k) == ("ngram-k8", 8)
+        for j, steps in enumerate(counts):
+            histogram[j] += steps
+    served = [rid for rid, d in zip(sliced * 2, run.decisions, strict=True)
+              if d.pool == ngram.name]
+    assert served
+    for k in (1, 2, 4, 8):
+        walked = [costs(rid, PoolSpec("ngram", k)) for rid in served]
+        world = sum(w.tokens for w in walked) / sum(w.steps for w in walked)
+        read = accept_length_at(histogram, 8, k)
+        # exact where k + 1 divides 9 (a lower bound elsewhere: runs cut at 8 and gone on
+        # would merge), but for the world's last step of a request, cut at its last token
+        if k in (2, 8):
+            assert read == pytest.approx(world, rel=0.02)
+        assert read <= world * 1.02
 
 
 def test_copy_heavy_shares_are_drawn_as_asked(traces, prompts) -> None:
