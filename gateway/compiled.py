@@ -24,7 +24,9 @@ from pathlib import Path
 # `gateway.routing.slo_aware.SloAware` (the request-walk test wraps their `decide` on the
 # class); `gateway.core.admit` (mypyc 1.x builds its dataclass's `body: object` field into
 # a module that fails at import, KeyError 'object'); the adapters' `openai`, `wire`,
-# `dispatch` and the HTTP endpoints (async generators, which mypyc does not compile).
+# `dispatch` and the HTTP endpoints (async generators, which mypyc does not compile);
+# `gateway.http.responses` (`sglang_routes.NativeWriter` subclasses its `ChunkWriter` in
+# Python: a compiled class refuses it, TypeError at the first native stream).
 COMPILED = (
     "gateway/classifier/scorer.py",
     "gateway/classifier/code_signs.py",
@@ -38,7 +40,6 @@ COMPILED = (
     "gateway/classifier/prediction.py",
     "gateway/forwarding.py",
     "gateway/http/bodies.py",
-    "gateway/http/responses.py",
     "gateway/picker/exchange.py",
     "gateway/picker/place.py",
     "gateway/picker/reading.py",

@@ -331,3 +331,30 @@ def test_the_start_line_says_which_build_runs(caplog: pytest.LogCaptureFixture) 
     [record] = caplog.records
     assert record.getMessage() == summary()[1]
     assert record.getMessage().startswith("hot path: ")
+
+
+def test_no_python_class_subclasses_a_compiled_one() -> None:
+    """A compiled class is a C type that refuses subclasses defined in Python (TypeError
+    at instantiation, only where the build ran): every class that derives from a class of
+    a `COMPILED` module is itself in a compiled module."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1]
+    compiled = set(COMPILED)
+    defined: dict[str, str] = {}
+    for module in compiled:
+        for node in ast.parse((root / module).read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                defined[node.name] = module
+    offenders = []
+    for path in root.rglob("*.py"):
+        relative = path.relative_to(root).as_posix()
+        if relative in compiled or relative.startswith((".venv/", "build/")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                for base in node.bases:
+                    name = base.id if isinstance(base, ast.Name) else getattr(base, "attr", None)
+                    if name in defined:
+                        offenders.append(f"{relative}: {node.name}({name}) of {defined[name]}")
+    assert not offenders, offenders

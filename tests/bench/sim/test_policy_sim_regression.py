@@ -31,9 +31,13 @@ EXPECTED: dict[tuple[str, int], dict[str, float]] = {
     ("sglang-pools", 0): {"adaptive_vs_oracle": 0.832, "adaptive_vs_best_fixed": 1.234,
                           "adaptive_vs_sglang_ema": 1.876},
     # 2026-12-02 (issue 22, the per-request-k fleet): k by the mixed batch's output, a
-    # read along its slope in k, the fresh view of acceptance (0.864 / 1.223 / 1.594 before)
-    ("embedded", 0): {"adaptive_vs_oracle": 0.920, "adaptive_vs_best_fixed": 1.302,
-                      "adaptive_vs_sglang_ema": 1.697},
+    # read along its slope in k, the fresh view of acceptance (0.864 / 1.223 / 1.594 before);
+    # 2026-12-07 (issue 41): cold-start tries per class on every speculative pool, only
+    # where a try could win (policies/cold_start.py), which the recorded-trace world needed
+    # (warm 0.86-1.02 -> 0.99-1.02x its best homogeneous fleet); here it costs 1-2%
+    # (0.920 / 1.302 / 1.697 before)
+    ("embedded", 0): {"adaptive_vs_oracle": 0.909, "adaptive_vs_best_fixed": 1.287,
+                      "adaptive_vs_sglang_ema": 1.677},
 }
 
 
