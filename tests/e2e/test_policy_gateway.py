@@ -159,15 +159,19 @@ def test_telemetry_reaches_the_redis_stream(stack: dict) -> None:
         "accept_length": pytest.approx(EAGLE3_ACCEPT, abs=0.2), "load": 0,
         "ttft_s": 0, "itl_s": 0, "e2e_s": 0, "tenant": "default", "slo_met": True,
         "ok": True, "timestamp": 0, "workers": 1, "extra": {}, "pinned": True,
-        "batch": None, "batch_draft_tokens": None, "own_draft_tokens": None, "accept_scale": 1.0}  # an SGLang stub says nothing of its batch
+        # an SGLang stub says nothing of its batch, nor a histogram of its accepted drafts
+        "batch": None, "batch_draft_tokens": None, "own_draft_tokens": None,
+        "accept_scale": 1.0, "accept_histogram": None}
     assert 0 < record["ttft_s"] <= record["e2e_s"] < 5 and record["itl_s"] > 0
 
 
 def test_fixed_k_pools_get_a_desired_k_in_redis(stack: dict) -> None:
     client: redis.Redis = stack["redis"]
     explain(stack["gateways"]["a"], chat("m"))  # the policy has seen both pools
-    wait_for(lambda: client.get(desired_k_key("ngram")) is not None, timeout=5)
-    wait_for(lambda: client.get(desired_k_key("eagle3")) is not None, timeout=5)
+    # publishing waits while a fixed pool is out of service: a stub missing its health
+    # probes on a loaded machine holds it back for a few probe intervals
+    wait_for(lambda: client.get(desired_k_key("ngram")) is not None)
+    wait_for(lambda: client.get(desired_k_key("eagle3")) is not None)
     assert 0 <= int(client.get(desired_k_key("ngram"))) <= 16
 
 
