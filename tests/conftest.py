@@ -59,6 +59,21 @@ def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = N
     raise TimeoutError(f"{url} did not come up in {timeout:.0f}s")
 
 
+def wait_serves(url: str, model: str, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    """Wait until the stub at url lists `model`: a port some other server grabbed first
+    (free_port only finds a port free, it does not hold it) fails here, not in a test."""
+    def listed() -> bool:
+        try:
+            reply = httpx.get(url + "/v1/models", timeout=1.0)
+        except httpx.HTTPError:
+            return False
+        assert reply.status_code == 200, f"{url}: /v1/models answered {reply.status_code}"
+        ids = [m.get("id") for m in reply.json().get("data", [])]
+        assert ids == [model], f"{url} serves {ids}, not {model!r}: is the port someone else's?"
+        return True
+    wait_until(listed, timeout, f"{url} serves {model}", (proc,))
+
+
 def start_process(args: list[str], log_path: Path, env: dict | None = None) -> subprocess.Popen:
     """Start a child Python process with the repo on its path, logging to log_path."""
     # Not PYTEST_CURRENT_TEST: it holds the test's id, which can be long enough for exec

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 import yaml
-from conftest import free_port, start_process, stop_process, wait_http
+from conftest import free_port, start_process, stop_process, wait_http, wait_serves, wait_until
 
 from gateway.config import hash_api_key
 
@@ -59,6 +59,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
                                     "--policy", "first"],
                                    tmp / f"{name}.log"))
     try:
+        for (name, args), proc in zip(stubs, procs, strict=False):
+            wait_serves(url[name], args[args.index("--model") + 1], proc)
         for name in ("gw", "open"):
             wait_http(url[name] + "/health", 30, procs[-1 if name == "open" else -2])
         wait_http(url["open"] + "/ready", 10)
@@ -187,6 +189,9 @@ def test_body_over_limit_is_413(client: openai.OpenAI) -> None:
 
 
 def test_no_healthy_worker_is_503(client: openai.OpenAI, stack: dict) -> None:
+    # the first probe decides; on a loaded machine it may not have landed yet
+    wait_until(lambda: httpx.get(stack["url"] + "/ready").json()["models_ready"]["m3"] is False,
+               10, "the gateway probes m3's only worker down")
     with pytest.raises(openai.APIStatusError, match="no healthy worker") as info:
         client.completions.create(model="m3", prompt="x")
     assert info.value.status_code == 503
