@@ -19,6 +19,10 @@ cold start; with a `warmup` sequence served first (not scored), its steady state
 
 Embedded pools start from what their workers publish (measured.json, `set_worker_prior`),
 as `specroute up` does; the H100 pools (SGLang/vLLM servers) start from nothing.
+
+`per_request_k`: the pools are the embedded engine's as `specroute up` launches them, one
+per method with its default k, k chosen per request (`PoolView.per_request_k`, up to the
+recorded k): the request is served at the decision's k (0: a plain step on that worker).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from bench.traces.fleets import Costs, PoolSpec, view
+from bench.traces.fleets import PLAIN, Costs, PoolSpec, view
 from bench.traces.world import MEASURED
 from gateway.classifier.classify import classify
 from gateway.config import TenantConfig
@@ -35,6 +39,7 @@ from gateway.schemas import GenerationRequest, parse_request
 from gateway.telemetry.record import Outcome, Timer, request_record
 from gateway.telemetry.worker_stats import SpecStats, Usage
 from policies.decision import Policy, PolicyConfig
+from policies.methods import default_k
 from policies.prior import Measured, WorkerPrior
 from policies.telemetry import LocalTelemetry
 from policies.types import Decision, PoolView, RequestProfile
@@ -69,25 +74,40 @@ class Run:
     policy: Policy | None = None
 
 
+def per_request_view(method: str, max_k: int) -> PoolView:
+    """An embedded pool of `method` as `specroute up` launches it: k per request."""
+    k = 0 if method == "plain" else default_k(method)
+    return PoolView(name=f"embedded-{method}", engine="embedded", method=method, k=k,
+                    per_request_k=method != "plain", healthy_workers=1, outstanding=0,
+                    max_k=max_k)
+
+
 def adaptive(costs: Costs, sequence: Sequence[str], prompts: dict[str, dict],
              pools: Sequence[PoolSpec], world: str, seed: int, model: str,
-             warmup: Sequence[str] = (), probe: Probe | None = None) -> Run:
+             warmup: Sequence[str] = (), probe: Probe | None = None,
+             per_request_k: int = 0) -> Run:
     """The policy serves `warmup` (learning, not scored), then `sequence` (scored);
     `probe` sees each scored request's decision before it is served (bench/traces/
-    diagnose.py)."""
+    diagnose.py). `per_request_k` > 0: the pools' methods as per-request-k pools with that
+    largest k (module docstring)."""
     engine = ENGINE[world]
     now = [0.0]
     store = LocalTelemetry(PolicyConfig().decay_tau_s, clock=lambda: now[0])
     policy = Policy(store, PolicyConfig(seed=seed))
+    if per_request_k:
+        views = [replace(per_request_view(p.method, per_request_k), outstanding=costs.batch - 1)
+                 for p in pools]
+        by_name = {v.name: PoolSpec(v.method, v.k) for v in views}
+    else:
+        views = [view(p, costs.batch, engine) for p in pools]
+        by_name = {p.name: p for p in pools}
     if engine == "embedded":
         with open(MEASURED) as handle:
             measured = Measured.from_dict(json.load(handle))
-        for pool in pools:
-            if pool.method != "plain":
-                policy.set_worker_prior(pool.name,
-                                        WorkerPrior.from_measured(model, pool.method, measured))
-    by_name = {p.name: p for p in pools}
-    views = [view(p, costs.batch, engine) for p in pools]
+        for v in views:
+            if v.method != "plain":
+                policy.set_worker_prior(v.name,
+                                        WorkerPrior.from_measured(model, v.method, measured))
     tokens = seconds = 0.0
     run = Run(0.0, policy=policy)
     next_refit, since = 0.0, 0
@@ -100,7 +120,10 @@ def adaptive(costs: Costs, sequence: Sequence[str], prompts: dict[str, dict],
         profile, request = profile_of(prompts[rid], output, model)
         decision = policy.decide(profile, views)
         pool = by_name[decision.pool]
-        decision = replace(decision, k=pool.k)  # a fixed-k server runs its launch k
+        if per_request_k:  # served at the decision's k; 0 is a plain step on that worker
+            pool = PoolSpec(pool.method, decision.k) if decision.k > 0 else PLAIN
+        else:
+            decision = replace(decision, k=pool.k)  # a fixed-k server runs its launch k
         if probe is not None and scored:
             probe(rid, policy, profile, views, decision)
         served = costs(rid, pool)

@@ -9,7 +9,11 @@ fleets.py and adaptive.py. Mixes: the recorded categories as they are, and copy-
 shares 0, 0.2, 0.4 (fleets.COPY_HEAVY). Per replicate (seed) a new order (and draw);
 mean and range over replicates. `adaptive` learns from a cold start over the scored
 sequence; `adaptive_warm` serves another draw of the same mix first, unscored (a steady
-state on the same prompts, not a held-out figure). Then, per fixed-k pool of the adaptive fleet, the k the
+state on the same prompts, not a held-out figure). In the `embedded` world also `prk` and
+`prk_warm`: the same, over the pools `specroute up` launches for the embedded engine (one
+per method, k chosen per request up to the recorded k), and `oracle_any_k`, the per-request
+best of every pool of the grid (the ceiling a per-request k can reach). Then, per fixed-k
+pool of the adaptive fleet, the k the
 policy would publish for it (policies/desired_k.py `k_scores`) against what the world
 measures on that pool's own traffic. Method and figures: docs/TRACES.md.
 """
@@ -29,6 +33,7 @@ from bench.traces.fleets import (
     PLAIN,
     Costs,
     PoolSpec,
+    best_by_group,
     grid,
     mix_sequence,
     score_fleets,
@@ -43,7 +48,7 @@ MIXES: tuple[float | None, ...] = (None, 0.0, 0.2, 0.4)
 QUICK_PER_CATEGORY = 6
 WARMUP_SEED = 1000  # the warm-up pass's draw: another order (and draw) of the same mix
 FLEETS = ("plain", "ngram", "eagle", "static", "oracle_class", "oracle_request", "adaptive",
-          "adaptive_warm")
+          "adaptive_warm", "oracle_any_k", "prk", "prk_warm")
 
 
 def mix_name(share: float | None) -> str:
@@ -93,6 +98,20 @@ def desired_k_rows(run: Run, costs: Costs, sequence: list[str], pools: list[Pool
                      "loses": measured is not None and predicted > 1 + gain
                      and measured < 1.0})
     return rows
+
+
+def per_request_k_fleets(costs: Costs, sequence: list[str], prompts: dict[str, dict],
+                         launched: list[PoolSpec], pools: list[PoolSpec], seed: int,
+                         model: str, max_k: int, warmup: list[str]) -> dict[str, float]:
+    """The embedded engine's per-request-k pools, cold and warm, and the per-request
+    best of every pool of the grid (module docstring)."""
+    anyk = best_by_group(costs, sequence, [str(i) for i in range(len(sequence))], pools)
+    cold = adaptive(costs, sequence, prompts, launched, "embedded", seed, model,
+                    per_request_k=max_k)
+    warm = adaptive(costs, sequence, prompts, launched, "embedded", seed, model, warmup,
+                    per_request_k=max_k)
+    return {"oracle_any_k": costs.score(list(zip(sequence, anyk, strict=True))),
+            "prk": cold.score, "prk_warm": warm.score}
 
 
 def route_rows(world: str, batch: int, sequence: list[str], category: dict[str, str],
@@ -145,6 +164,11 @@ def evaluate(traces: dict[str, dict[str, Trace]], prompts: dict[str, dict], seed
                     figures.update(static=scores.static, oracle_class=scores.oracle_class,
                                    oracle_request=scores.oracle_request, adaptive=run.score,
                                    adaptive_warm=warm.score)
+                    if world == "embedded":
+                        figures.update(per_request_k_fleets(
+                            costs, sequence, prompts, scores.launched, pools, seed, model,
+                            max_k, mix_sequence(ids, category.__getitem__, share,
+                                                seed + WARMUP_SEED)))
                     for fleet, value in figures.items():
                         per_seed[fleet].append(value / top)
                     per_seed["best_tokens_per_s"].append(top)

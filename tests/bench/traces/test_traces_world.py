@@ -194,6 +194,26 @@ def test_adaptive_decisions_are_the_policys_and_it_learns(traces, prompts, slice
     assert served == {d.pool for d in first.decisions}
 
 
+def test_per_request_k_pools_serve_at_the_decisions_k(traces, prompts, sliced) -> None:
+    """The embedded engine's pools as `specroute up` launches them: one per method, k
+    chosen per request; each request is served at its decision's k (0: a plain step), the
+    score is the world's for exactly those (request, k) pairs, and the per-request best
+    of the whole grid bounds it."""
+    costs = Costs(traces, "embedded", 1)
+    model = traces[sliced[0]]["plain"].model
+    launched = [PLAIN, PoolSpec("ngram", 1), PoolSpec("eagle", 1)]
+    sequence = sliced * 2
+    run = adaptive(costs, sequence, prompts, launched, "embedded", 3, model, per_request_k=8)
+    assert {d.pool for d in run.decisions} <= {"embedded-plain", "embedded-ngram",
+                                                "embedded-eagle"}
+    served = [(rid, PoolSpec(d.method, d.k) if d.k else PLAIN)
+              for rid, d in zip(sequence, run.decisions, strict=True)]
+    assert run.score == pytest.approx(costs.score(served))
+    assert len({d.k for d in run.decisions if d.method == "ngram"}) > 1  # k varies
+    anyk = best_by_group(costs, sequence, [str(i) for i in range(len(sequence))], grid(8))
+    assert costs.score(list(zip(sequence, anyk, strict=True))) >= run.score * (1 - 1e-9)
+
+
 def test_the_policy_reads_the_worlds_accept_length_at_smaller_k(traces, prompts, sliced) -> None:
     """Histograms reported by the pool (SGLang's spec_correct_drafts_histogram) give the
     policy the accept length at every k below the launch k (policies/accept_curve.py):
@@ -245,6 +265,11 @@ def test_the_command_prints_the_ratios(prompts_file,
         for fleet in ("plain", "ngram", "eagle", "static", "oracle_class", "adaptive",
                       "adaptive_warm"):
             assert row[fleet]["high"] <= row["oracle_request"]["low"] + 1e-9
+        if row["world"] == "embedded":  # the per-request-k pools, bounded by the grid's best
+            for fleet in ("oracle_request", "prk", "prk_warm"):
+                assert row[fleet]["high"] <= row["oracle_any_k"]["low"] + 1e-9
+        else:
+            assert "prk" not in row
         assert max(row["plain"]["mean"], row["ngram"]["mean"], row["eagle"]["mean"]) == \
             pytest.approx(1.0)
     assert report["desired_k"]
