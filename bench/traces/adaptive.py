@@ -85,11 +85,12 @@ def per_request_view(method: str, max_k: int) -> PoolView:
 def adaptive(costs: Costs, sequence: Sequence[str], prompts: dict[str, dict],
              pools: Sequence[PoolSpec], world: str, seed: int, model: str,
              warmup: Sequence[str] = (), probe: Probe | None = None,
-             per_request_k: int = 0) -> Run:
+             per_request_k: int = 0, measured: Measured | None = None) -> Run:
     """The policy serves `warmup` (learning, not scored), then `sequence` (scored);
     `probe` sees each scored request's decision before it is served (bench/traces/
     diagnose.py). `per_request_k` > 0: the pools' methods as per-request-k pools with that
-    largest k (module docstring)."""
+    largest k (module docstring). `measured`: the embedded workers' measured.json in place
+    of the shipped one."""
     engine = ENGINE[world]
     now = [0.0]
     store = LocalTelemetry(PolicyConfig().decay_tau_s, clock=lambda: now[0])
@@ -101,9 +102,10 @@ def adaptive(costs: Costs, sequence: Sequence[str], prompts: dict[str, dict],
     else:
         views = [view(p, costs.batch, engine) for p in pools]
         by_name = {p.name: p for p in pools}
-    if engine == "embedded":
+    if engine == "embedded" and measured is None:
         with open(MEASURED) as handle:
             measured = Measured.from_dict(json.load(handle))
+    if measured is not None:
         for v in views:
             if v.method != "plain":
                 policy.set_worker_prior(v.name,
