@@ -74,6 +74,12 @@ _PROGRAM = ("def ", "return", "function", "class ", "import ", "#include", "=>",
 _QUICK = ("(", "=", ";", "{", "<", "\n ", "\n\t", "SELECT", "select ")
 
 
+def fenced(text: str) -> bool:
+    """Whether `text` holds a code fence: a one-character search first (memchr), as a
+    three-character needle costs ~6 µs on a 4 KB prompt."""
+    return "`" in text and "```" in text
+
+
 def program_like(piece: str) -> bool:
     """Whether `piece` (the material's head) reads as a program rather than data."""
     if not any_of(piece, _QUICK):  # prose: a few one-character searches
@@ -121,7 +127,7 @@ def instruction_span(user: str) -> tuple[int, int, int, int]:
     as the instruction; otherwise the first line and the rest, or the last line and
     what precedes it. (0, 0, 0, 0) where no instruction of at most
     `MAX_INSTRUCTION_CHARS` sits at an end."""
-    if "```" in user:
+    if fenced(user):
         first, last = user.find("```"), user.rfind("```") + 3
         material = sum(len(part) for part in user.split("```")[1::2])
         if 0 < len(user[:first].strip()) and first <= MAX_INSTRUCTION_CHARS:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from gateway.classifier.code_edit import PORT, code_edit_cue, imperative, program_like
+from gateway.classifier.code_edit import PORT, code_edit_cue, fenced, imperative, program_like
 
 EDGE_CHARS = 300
 MIN_MATERIAL_CHARS = 120  # ~30 tokens
@@ -110,7 +110,7 @@ class _Edges:
 
     def __init__(self, user: str) -> None:
         head, tail = EDGE_CHARS, max(len(user) - EDGE_CHARS, 0)
-        if "```" in user:
+        if fenced(user):
             head = min(head, user.find("```"))
             tail = max(tail, user.rfind("```") + 3)
         self.head: int = head
@@ -242,7 +242,7 @@ def _looks_like_code(user: str, cut: int, material: int) -> bool:
     """Whether the material (from `cut`, or the fenced blocks) shows a sign of code."""
     if material <= 0:
         return False
-    if "```" in user:
+    if fenced(user):
         return True  # fenced: code or data the answer reproduces
     piece = _head(user, cut)
     for sign in _CODE_SIGNS:  # a plain loop: a generator's frame per sign costs more
@@ -281,7 +281,7 @@ def _material(user: str, start: int, end: int) -> tuple[int, int]:
     instruction's line starts): inside fenced blocks if any; else, with the instruction
     on the first line, the text after the colon or line break that ends it; otherwise
     the text before the instruction's line."""
-    if "```" in user:
+    if fenced(user):
         first = user.find("```")
         return sum(len(part) for part in user.split("```")[1::2]), first
     first_break = user.find("\n")
