@@ -106,8 +106,8 @@ def imperative(user: str, start: int) -> bool:
     if "and" in words:  # "identify the bug and fix it": the first clause finds it
         first = words.index("and")
         leading = [w for w in words[:first] if w not in _LEAD]
-        return bool(leading) and leading[0] in _FINDS and all(w in _LEAD for w in
-                                                              words[first + 1:])
+        if leading:
+            return leading[0] in _FINDS and all(w in _LEAD for w in words[first + 1:])
     return all(word in _LEAD for word in words)
 
 
@@ -119,6 +119,16 @@ _LEAD = frozenset({"please", "can", "could", "would", "will", "you", "kindly", "
 _FINDS = frozenset({"find", "identify", "detect", "spot", "locate", "review", "analyze",
                     "analyse", "check", "examine", "inspect", "read", "look", "debug",
                     "understand", "test", "run", "diagnose", "explain", "point"})
+# "Create a function that sorts the given list": new work, an edit only of a program
+# (`min_program_chars` of it) it extends.
+_NEW_WORK = frozenset({"create", "implement", "make", "use"})
+# A question about the code ("identify the errors", "what is wrong with it") is answered
+# in prose, and a pasted error message is not an instruction: their bug words are not an
+# edit ("why" asks for an explanation).
+_ASKS = _FINDS | {"what", "which", "is", "are", "does", "do", "can", "could", "how", "where",
+                  "when", "who", "tell", "list", "state", "give", "show"}
+_NOT_INSTRUCTION = ("error[", "rror:", "RROR:", "Traceback", "Exception in", "panic:",
+                    " --> ", "why", "Why")
 
 
 def instruction_span(user: str) -> tuple[int, int, int, int]:
@@ -170,14 +180,3 @@ def code_edit_cue(user: str, min_chars: int, min_share: float, min_program_chars
         return bug.group(0).lower(), start + bug.start(), material, cut
     return None
 
-
-# "Create a function that sorts the given list": new work, an edit only of a program
-# (`min_program_chars` of it) it extends.
-_NEW_WORK = frozenset({"create", "implement", "make", "use"})
-# A question about the code ("identify the errors", "what is wrong with it") is answered
-# in prose: its bug words are not an edit.
-# A pasted error message is not an instruction; "why" asks for an explanation.
-_NOT_INSTRUCTION = ("error[", "rror:", "RROR:", "Traceback", "Exception in", "panic:",
-                    " --> ", "why", "Why")
-_ASKS = _FINDS | {"what", "which", "is", "are", "does", "do", "can", "could", "how", "where",
-                  "when", "who", "tell", "list", "state", "give", "show"}
