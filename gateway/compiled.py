@@ -30,6 +30,7 @@ from pathlib import Path
 COMPILED = (
     "gateway/classifier/scorer.py",
     "gateway/classifier/code_signs.py",
+    "gateway/classifier/code_edit.py",
     "gateway/classifier/grounded.py",
     "gateway/classifier/classify.py",
     "gateway/schemas.py",

@@ -34,6 +34,8 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
+from gateway.classifier.code_edit import PORT, code_edit_cue, fenced, imperative, program_like
+
 EDGE_CHARS = 300
 MIN_MATERIAL_CHARS = 120  # ~30 tokens
 MIN_MATERIAL_SHARE = 0.5
@@ -68,13 +70,6 @@ _CODE_EDIT_STEMS = ("add", "use", "creat", "implement", "make", "includ", "inser
 # keep most of it: a feature of the drafter predictor (features.py).
 ADDITIVE_STEMS = ("add", "creat", "implement", "includ", "insert", "extend", "make", "use",
                   "handl", "wrap", "enhanc", "appl", "improv")
-# A port to another language ("convert this to Rust", "port this to Kotlin") writes the
-# program anew: its answer shares the names, not the text.
-_PORT = re.compile(
-    r"\b(?:to|into|in|as)\s+(?:idiomatic\s+|modern\s+)?(?:python|java|javascript|js|"
-    r"typescript|ts|go|golang|rust|c\+\+|c#|c|kotlin|swift|ruby|php|scala|bash|shell|sql|"
-    r"haskell|lua|perl|r|dart|elixir|julia|matlab|powershell|objective-c)(?![\w+#])",
-    re.IGNORECASE)
 _CODE_SIGNS = ("(", "{", ";", "=", "<", "[", "\n    ", "\n\t", "def ", "return")
 # What every `_EDIT` alternative starts with: in ASCII text a match needs one of them in
 # the lowercased text, a few substring searches where the case-blind regex pays for
@@ -115,7 +110,7 @@ class _Edges:
 
     def __init__(self, user: str) -> None:
         head, tail = EDGE_CHARS, max(len(user) - EDGE_CHARS, 0)
-        if "```" in user:
+        if fenced(user):
             head = min(head, user.find("```"))
             tail = max(tail, user.rfind("```") + 3)
         self.head: int = head
@@ -196,20 +191,27 @@ def copy_cues(user: str) -> CopyCues:
     if generic:
         verb = edges.match(user, _CODE_EDIT, "code_edit")
     material, code, named, words = 0, False, 0, 0
+    found: str | None = None
     if verb is not None:
         material, cut = _material(user, verb.start(), verb.end())
-        code = (_imperative(user, verb.start()) and _looks_like_code(user, cut, material)
-                and not _PORT.search(user, verb.start(), _sentence_end(user, verb.end())))
+        code = (imperative(user, verb.start()) and _looks_like_code(user, cut, material)
+                and (not generic or program_like(_head(user, cut)))
+                and not PORT.search(user, verb.start(), _sentence_end(user, verb.end())))
         if generic and not code:
             verb, material = None, 0
         elif code:
             named, words = _named(user, verb.start(), cut, material)
+        found = verb.group(0).lower() if verb is not None else None
+    if not code:  # an instruction phrased otherwise, on the program it gives
+        cue = code_edit_cue(user, MIN_CODE_CHARS, MIN_CODE_SHARE, MIN_MATERIAL_CHARS)
+        if cue is not None:
+            found, code, material = cue[0], True, cue[2]
+            named, words = _named(user, cue[1], cue[3], material)
     ask = (edges.match(user, _GROUNDED, "grounded") if len(user) >= MIN_PASSAGE_CHARS
            else None)
     passage = _material(user, ask.start(), ask.end())[0] if ask is not None else 0
-    return CopyCues(verb.group(0).lower() if verb is not None else None, material,
-                    ask.group(0).lower() if ask is not None else None, passage, code, named,
-                    words)
+    return CopyCues(found, material, ask.group(0).lower() if ask is not None else None,
+                    passage, code, named, words)
 
 
 def edit_evidence(user: str, cues: CopyCues | None = None) -> str | None:
@@ -236,33 +238,22 @@ def _sentence_end(user: str, start: int) -> int:
     return stop
 
 
-def _imperative(user: str, start: int) -> bool:
-    """Whether the verb at `start` opens its sentence, clause or line, or follows only a
-    polite lead ("please", "can you", "I need you to"): an instruction, not a verb
-    inside a question about something else."""
-    lead = user[max(start - 40, 0): start]
-    for mark in ".?!\n:;,":
-        lead = lead[lead.rfind(mark) + 1:]
-    return all(word in _LEAD for word in lead.lower().split())
-
-
-_LEAD = frozenset({"please", "can", "could", "would", "will", "you", "kindly", "i", "we",
-                   "want", "need", "help", "me", "us", "to", "now", "then", "also", "and",
-                   "just", "let's", "lets", "let", "should", "must", "first", "finally",
-                   "next", "task:", "instruction:"})
-
-
 def _looks_like_code(user: str, cut: int, material: int) -> bool:
     """Whether the material (from `cut`, or the fenced blocks) shows a sign of code."""
     if material <= 0:
         return False
-    if "```" in user:
+    if fenced(user):
         return True  # fenced: code or data the answer reproduces
-    piece = user[cut: cut + 512] if cut >= 0 else user[:512]
+    piece = _head(user, cut)
     for sign in _CODE_SIGNS:  # a plain loop: a generator's frame per sign costs more
         if sign in piece:
             return True
     return False
+
+
+def _head(user: str, cut: int) -> str:
+    """The material's first 512 characters (`cut` -1: the message's)."""
+    return user[cut: cut + 512] if cut >= 0 else user[:512]
 
 
 def _named(user: str, start: int, cut: int, material: int) -> tuple[int, int]:
@@ -290,7 +281,7 @@ def _material(user: str, start: int, end: int) -> tuple[int, int]:
     instruction's line starts): inside fenced blocks if any; else, with the instruction
     on the first line, the text after the colon or line break that ends it; otherwise
     the text before the instruction's line."""
-    if "```" in user:
+    if fenced(user):
         first = user.find("```")
         return sum(len(part) for part in user.split("```")[1::2]), first
     first_break = user.find("\n")

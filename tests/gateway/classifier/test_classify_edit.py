@@ -123,3 +123,47 @@ def test_edit_instructions_on_provided_code_are_edit(text: str) -> None:
 ])
 def test_generic_verbs_without_code_to_change_are_not_edits(text: str, task: str) -> None:
     assert task_of(text) == task
+
+
+PROGRAM = ("import os\n\n\ndef load_config(path):\n    with open(path) as handle:\n"
+           "        return dict(line.split('=', 1) for line in handle)\n\n\n"
+           "config = load_config('settings.ini')\nprint(config['name'])\n")
+
+
+@pytest.mark.parametrize("text", [
+    # an edit verb after a clause that finds what it changes, or after a question's lead
+    f"Given the following code, detect the bug and correct it.\n\n{PROGRAM}",
+    f"Find and fix the error in this program.\n\n{PROGRAM}",
+    f"How would you rewrite this to read the path from the environment?\n\n{PROGRAM}",
+    # verbs of refactoring, and generic verbs without a pointer word
+    f"Introduce a default value for the missing 'name' key.\n\n{PROGRAM}",
+    f"Add error handling for a missing file and a malformed line.\n\n{PROGRAM}",
+    f"Use pathlib instead of the built-in open.\n\n{PROGRAM}",
+    # what the code should do, or does wrong
+    f"The program should print a default name when the key is absent.\n\n{PROGRAM}",
+    f"load_config crashes when the file does not exist; make it return an empty dict.\n\n"
+    f"{PROGRAM}",
+    # the instruction after the program, and inside fences
+    f"```python\n{PROGRAM}```\nMake it thread-safe.",
+])
+def test_code_edit_instructions_phrased_otherwise_are_edit(text: str) -> None:
+    """Issue 41: an instruction to change the program the message gives, whatever its
+    verb or phrasing, is answered with the program again (gateway/classifier/code_edit.py)."""
+    assert task_of(text) == "edit"
+
+
+@pytest.mark.parametrize(("text", "task"), [
+    # a data literal is not a program to edit: the answer is new code
+    ("Create a function that returns the longest word in the given list.\n\n"
+     "words = ['apple', 'banana', 'cherry', 'kiwi']", "code"),
+    # prose answers about the program, tests for it, a port of it
+    (f"Explain what this program does.\n\n{PROGRAM}", "code"),
+    (f"What is the output of the following code?\n\n{PROGRAM}", "code"),
+    (f"Write unit tests for the following code.\n\n{PROGRAM}", "code"),
+    (f"Translate this program into Go.\n\n{PROGRAM}", "code"),
+    # a pasted error message is not an instruction
+    ("ERROR: relation \"users\" does not exist\nLINE 1: SELECT * FROM users;\n\n"
+     "what did I miss in Postgres?", "code"),
+])
+def test_asks_about_a_program_that_do_not_edit_it_are_not_edit(text: str, task: str) -> None:
+    assert task_of(text) == task
