@@ -173,10 +173,10 @@ class GenerationStats:
         a draft pruned to the token budget). Empty for a single-drafter method."""
         if not self.by_source:
             return {}
-        out = {NO_DRAFT: {"steps": 0, "accepted": 0}}
+        out = {NO_DRAFT: {"steps": 0, "accepted": 0}, PLAIN_BRANCH: {"steps": 0, "accepted": 0}}
         for source, tally in sorted(self.by_source.items()):
             if source == PLAIN_BRANCH:
-                out[source] = {"steps": tally.steps, "accepted": 0}
+                out[source]["steps"] = tally.steps
                 continue
             out[source] = {"steps": tally.drafted, "accepted": tally.accepted}
             out[NO_DRAFT]["steps"] += tally.steps - tally.drafted

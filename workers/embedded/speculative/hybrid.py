@@ -65,17 +65,17 @@ class HybridConfig:
     # may not copy (0: never back off)
     miss_backoff: int = 2
     # a match of exactly `min_match` tokens (weak support) drafts at most this many (0: k)
-    short_k: int = 0
+    short_k: int = 2
     # where nothing is copied, EAGLE drafts only while this request's EAGLE steps accepted
     # at least this share of the tokens they cost (drafted tokens, or 1 for a chain cut at
     # its first token): what a drafted token costs over a plain step (0: always EAGLE)
-    eagle_min_rate: float = 0.0
+    eagle_min_rate: float = 0.25
     # plain steps in a row after which one EAGLE step measures again; doubled after each
     # such step that leaves the rate below the bar
     eagle_probe: int = 4
     # where EAGLE does not pay, a match shorter than `min_match` (down to 1 token) drafts
     # at most this many tokens rather than none (0: a plain step)
-    fallback_k: int = 0
+    fallback_k: int = 2
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_match <= self.max_ngram:
