@@ -200,11 +200,22 @@ def test_backing_off_stays_lossless(model_dir: Path, head: EagleHead,
     drafters: greedy output is plain's token for token; sampled output with the same seed
     is the same tokens as the shipped hybrid's where each step's draw is exact (the
     sampled distribution itself: test_engine_drafters)."""
+    gen, plain = _hybrid_and_plain(model_dir, head, HybridConfig(min_match=1, miss_backoff=1),
+                                   temperature)
+    assert {"ngram", "eagle"} <= set(gen.stats.by_source)  # both branches drafted
+    assert len(gen.output_ids) == 40
+    if temperature == 0.0:
+        assert gen.output_ids == plain
+
+
+def _hybrid_and_plain(model_dir: Path, head: EagleHead, config: HybridConfig,
+                      temperature: float) -> tuple[Generation, list[int]]:
+    """Through the engine on a model that half agrees with its drafters, 40 tokens from a
+    prompt that repeats in part: the hybrid's generation with `config`, and plain's
+    tokens (same seed)."""
     model = load_model(model_dir, dtype=torch.float32).eval()
     methods = builtin_methods()
-    methods["hybrid"] = EngineMethod(
-        "hybrid", lambda: HybridDrafter(model, head, HybridConfig(min_match=1,
-                                                                  miss_backoff=1)), 4)
+    methods["hybrid"] = EngineMethod("hybrid", lambda: HybridDrafter(model, head, config), 4)
     engine = Engine.from_model(model, TextTokenizer(model_dir / "tokenizer.json"),
                                methods=methods)
     prompt = [*PATTERN, *FRESH, *PATTERN, *FRESH[:4]]
@@ -216,11 +227,7 @@ def test_backing_off_stays_lossless(model_dir: Path, head: EagleHead,
             gen.step()
         return gen
 
-    gen = run("hybrid")
-    assert {"ngram", "eagle"} <= set(gen.stats.by_source)  # both branches drafted
-    assert len(gen.output_ids) == 40
-    if temperature == 0.0:
-        assert gen.output_ids == run("plain").output_ids
+    return run("hybrid"), run("plain").output_ids
 
 
 @torch.inference_mode()
@@ -292,21 +299,7 @@ def test_plain_steps_stay_lossless_and_are_counted(model_dir: Path, head: EagleH
     """Through the engine, an EAGLE bar no chain of the half-agreeing head clears: steps go
     plain (or, with `fallback_k`, copy a 1-token match), counted under the `plain` branch;
     greedy output is plain's token for token."""
-    model = load_model(model_dir, dtype=torch.float32).eval()
-    methods = builtin_methods()
-    methods["hybrid"] = EngineMethod("hybrid", lambda: HybridDrafter(model, head, config), 4)
-    engine = Engine.from_model(model, TextTokenizer(model_dir / "tokenizer.json"),
-                               methods=methods)
-    prompt = [*PATTERN, *FRESH, *PATTERN, *FRESH[:4]]
-
-    def run(method: str) -> Generation:
-        gen = engine.start(prompt, SamplingParams(max_new_tokens=40, ignore_eos=True,
-                                                  temperature=temperature, seed=3), method)
-        while not gen.finished:
-            gen.step()
-        return gen
-
-    gen = run("hybrid")
+    gen, plain = _hybrid_and_plain(model_dir, head, config, temperature)
     stats = gen.stats
     assert stats.by_source["plain"].steps > 0 and stats.by_source["plain"].drafted == 0
     branches = stats.branches()
@@ -314,7 +307,7 @@ def test_plain_steps_stay_lossless_and_are_counted(model_dir: Path, head: EagleH
     assert sum(b["steps"] for b in branches.values()) == stats.verify_steps - 1
     assert len(gen.output_ids) == 40
     if temperature == 0.0:
-        assert gen.output_ids == run("plain").output_ids
+        assert gen.output_ids == plain
 
 
 @torch.inference_mode()
