@@ -2,10 +2,13 @@
 side by side with n-gram, EAGLE and plain, through `specroute bench engine`'s own rounds.
 
 Each `--variant NAME=field=value,...` registers one more engine method, a `HybridDrafter`
-with those `HybridConfig` fields (min_match, max_ngram, min_confidence, miss_backoff), on
-the same EAGLE head as the shipped `hybrid`; `--methods` names them like any method
-(`NAME:3`). For choosing the hybrid's defaults on training prompts
-(`--prompt-file bench/traces/data/prompts.jsonl`); never on the held-out ones.
+with those `HybridConfig` fields (min_match, max_ngram, min_confidence, miss_backoff,
+short_k, eagle_min_rate, eagle_probe, fallback_k), on the same EAGLE head as the shipped
+`hybrid`; `--methods` names them like any method (`NAME:3`). For choosing the hybrid's
+defaults on training prompts (`--prompt-file bench/traces/data/prompts.jsonl`); never on
+the held-out ones. Besides the timed table, a load-independent one: per cell the accept
+length, the draft tokens verified per step, and the speedup they imply at the model's
+measured cost of a drafted token (`measured.json`, `draft_token_cost`).
 
     SPECROUTE_BENCH_THREADS=1 python -m bench.engine.hybrid_variants \\
         --prompt-file bench/traces/data/prompts.jsonl --variant b4=miss_backoff=4 \\
@@ -30,7 +33,7 @@ from bench.engine.methods import (
     variant,
 )
 from bench.engine.prompt_file import file_prompts
-from workers.models import resolve_model
+from workers.models import resolve_model, weights_dir
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, float | int]]:
@@ -39,8 +42,40 @@ def parse_variant(text: str) -> tuple[str, dict[str, float | int]]:
     out: dict[str, float | int] = {}
     for item in filter(None, fields.split(",")):
         key, _, value = item.partition("=")
-        out[key] = float(value) if key == "min_confidence" else int(value)
+        out[key] = float(value) if key in ("min_confidence", "eagle_min_rate") else int(value)
     return name, out
+
+
+def draft_token_cost(measured: dict) -> float:
+    """What one drafted token adds to a verify step, as a share of a plain step: the mean
+    over measured.json's batch-1 EAGLE cost rows (`specroute bench batching`) of
+    (step - plain step) / (draft tokens x plain step)."""
+    costs = [c for c in measured["costs"] if c["batch"] == 1]
+    plain = next(c["step_s"] for c in costs if c["method"] == "plain")
+    shares = [(c["step_s"] - plain) / (c["draft_tokens"] * plain)
+              for c in costs if c["method"] == "eagle" and c["draft_tokens"] > 0]
+    return sum(shares) / len(shares)
+
+
+def modelled(rows: list[dict], token_cost: float) -> list[dict]:
+    """Each row's load-independent speedup: accept length over the step's measured cost,
+    1 + token_cost x draft tokens per step (plain: 1, 1)."""
+    return [{**r, "modelled": round(r["accept_length"] / (1 + token_cost * r["draft_tokens"]),
+                                    3)} for r in rows]
+
+
+def format_modelled(rows: list[dict]) -> str:
+    """Methods x cells: modelled speedup (accept length, draft tokens per step)."""
+    cells = list(dict.fromkeys((r["task"], r["temperature"]) for r in rows))
+    by_key = {(r["label"], r["task"], r["temperature"]): r for r in rows}
+    lines = ["| method | " + " | ".join(f"{t} T{temp:g}" for t, temp in cells) + " |",
+             "|---" * (len(cells) + 1) + "|"]
+    for label in dict.fromkeys(r["label"] for r in rows):
+        parts = [by_key[(label, *cell)] for cell in cells]
+        lines.append(f"| {label} | " + " | ".join(
+            f"{r['modelled']:.2f}x ({r['accept_length']:.2f}, {r['draft_tokens']:.2f})"
+            for r in parts) + " |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("SPECROUTE_BENCH_THREADS", "2")))
-    engine = _load_engine(resolve_model("smollm2"))
+    choice = resolve_model("smollm2")
+    engine = _load_engine(choice)
     shipped = engine._methods["hybrid"].new_drafter()
     model, head = shipped._chain._eagle.model, shipped._chain._eagle.head
     for text in args.variant:
@@ -85,6 +121,12 @@ def main(argv: list[str] | None = None) -> int:
         _run(engine, warm, method, 0.0, 8, 0)
     tallies = measure(engine, methods, settings, progress=True)
     rows = summarize(tallies, methods, {m: variant(m, engine.max_k) for m in methods})
+    measured = weights_dir(choice.name) / "measured.json"
+    if measured.is_file():
+        cost = draft_token_cost(json.loads(measured.read_text()))
+        rows = modelled(rows, cost)
+        print(f"modelled: a drafted token costs {cost:.3f} of a plain step")
+        print(format_modelled(rows))
     print(format_table(rows))
     if args.json:
         print(json.dumps({"rows": rows}))

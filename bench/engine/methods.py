@@ -91,12 +91,14 @@ class Settings:
 
 @dataclass
 class Tally:
-    """One method in one cell: per-round tokens and seconds, and verify steps overall."""
+    """One method in one cell: per-round tokens and seconds, and verify steps and the
+    draft tokens they verified overall."""
 
     tokens: list[int] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
     steps: int = 0
     requests: int = 0
+    drafted: int = 0
 
     def add(self, round_index: int, tokens: int, seconds: float, steps: int) -> None:
         while len(self.tokens) <= round_index:
@@ -181,8 +183,9 @@ def measure(engine, methods: list[str], settings: Settings,
                 for method in methods[shift:] + methods[:shift]:
                     stats, seconds = _run(engine, ids, method, temperature, settings.max_tokens,
                                           settings.seed + 1000 * r + i, schemas[task][i])
-                    tallies[(task, temperature)][method].add(
-                        r, *_timed(stats, seconds, settings.decode_only))
+                    tally = tallies[(task, temperature)][method]
+                    tally.add(r, *_timed(stats, seconds, settings.decode_only))
+                    tally.drafted += stats.num_proposed_drafts
         if progress:
             print(f"[bench engine] round {r + 1}/{settings.rounds} done in "
                   f"{time.monotonic() - started:.0f}s", file=sys.stderr, flush=True)
@@ -204,6 +207,7 @@ def summarize(tallies: dict[Cell, dict[str, Tally]], methods: list[str],
                 "label": method, "method": variants[method][0], "k": variants[method][1],
                 "task": task, "temperature": temperature,
                 "accept_length": round(sum(tally.tokens) / max(tally.steps, 1), 2),
+                "draft_tokens": round(tally.drafted / max(tally.steps, 1), 2),  # per step
                 "tokens_per_s": round(statistics.median(rates), 1),
                 "speedup": round(statistics.median(ratios), 3),
                 "speedup_min": round(min(ratios), 3), "speedup_max": round(max(ratios), 3),

@@ -14,7 +14,7 @@ from gateway_harness import start_worker
 
 from workers.models import BUNDLED_MODEL_DIR
 
-BRANCHES = {"eagle", "ngram", "none"}
+BRANCHES = {"eagle", "ngram", "plain", "none"}
 FAMILIES = ("steps", "accepted_tokens")
 # repeats itself, so the n-gram branch finds matches in the prompt
 TEXT = "def add(a, b):\n    return a + b\n\n" * 6

@@ -9,6 +9,7 @@ mid-batch leaves the others exact.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import pytest
@@ -20,6 +21,8 @@ from workers.embedded.engine import Engine, Generation, SamplingParams, StepOutp
 from workers.embedded.kv_cache import KVCache
 from workers.embedded.model import LlamaForCausalLM, SequenceInput
 from workers.embedded.speculative import Draft, Sampler
+from workers.embedded.speculative.hybrid import HybridDrafter
+from workers.embedded.speculative.methods import EngineMethod
 from workers.embedded.speculative.verify import VerifyStep
 
 V = 300
@@ -126,11 +129,20 @@ def _network(engine: Engine, method: str) -> tuple[object, str]:
                                               ("hybrid", [3, 1, 5, 2]),
                                               ("medusa", [4, 2, 6, 3])])
 def test_drafters_draft_together_and_equal_each_request_alone(
-        engine: Engine, sampled: bool, method: str, plan: list[int]) -> None:
+        engine: Engine, sampled: bool, method: str, plan: list[int],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Several EAGLE chains (EAGLE-2 trees, Medusa trees; k per request in `plan`) in a
     step draft in lock-step: one forward of their network per depth (Medusa: per step)
     over all of them, not one per request; each request's tokens are still what it
-    gets alone."""
+    gets alone. (The hybrid without its EAGLE bar, so that every request's EAGLE branch
+    drafts where nothing matches; the bar: test_engine_hybrid.)"""
+    if method == "hybrid":
+        shipped = engine._methods["hybrid"]
+        drafter = shipped.new_drafter()
+        config = dataclasses.replace(drafter.config, eagle_min_rate=0.0)
+        model, head = drafter._chain._eagle.model, drafter._chain._eagle.head
+        monkeypatch.setitem(engine._methods, "hybrid", EngineMethod(
+            "hybrid", lambda: HybridDrafter(model, head, config), shipped.default_k))
     prompts = _prompts(len(plan))
 
     def new(i: int) -> Generation:

@@ -72,7 +72,7 @@ def test_the_branch_follows_the_match_threshold(model: LlamaForCausalLM, head: E
     two = [*FRESH[:3], *PATTERN[:2], *FRESH[3:], *PATTERN[:2]]  # "..., 11, 23" seen once
     assert HybridDrafter(model, head, HybridConfig(min_match=3)).propose(
         _state(model, two, greedy)).source == "eagle"
-    short = HybridDrafter(model, head, HybridConfig(min_match=2)).propose(
+    short = HybridDrafter(model, head, HybridConfig(min_match=2, short_k=0)).propose(
         _state(model, two, greedy))
     assert short.source == "ngram" and short.tokens == FRESH[3:7]
 
@@ -146,7 +146,8 @@ def test_a_repeating_request_drafts_by_ngram_and_counts_each_branch(
     assert sum(sum(t.proposed_at) for t in tallies.values()) == stats.num_proposed_drafts
     assert plain.stats.by_source == {}
     branches = stats.branches()  # what the worker reports (`specroute_drafts`, /metrics)
-    assert set(branches) <= {"ngram", "eagle", "none"} and branches["none"]["accepted"] == 0
+    assert set(branches) <= {"ngram", "eagle", "plain", "none"}
+    assert branches["none"]["accepted"] == branches["plain"]["accepted"] == 0
     assert sum(b["steps"] for b in branches.values()) == stats.verify_steps - 1
     assert branches["ngram"] == {"steps": tallies["ngram"].drafted,
                                  "accepted": tallies["ngram"].accepted}
@@ -199,11 +200,22 @@ def test_backing_off_stays_lossless(model_dir: Path, head: EagleHead,
     drafters: greedy output is plain's token for token; sampled output with the same seed
     is the same tokens as the shipped hybrid's where each step's draw is exact (the
     sampled distribution itself: test_engine_drafters)."""
+    gen, plain = _hybrid_and_plain(model_dir, head, HybridConfig(min_match=1, miss_backoff=1),
+                                   temperature)
+    assert {"ngram", "eagle"} <= set(gen.stats.by_source)  # both branches drafted
+    assert len(gen.output_ids) == 40
+    if temperature == 0.0:
+        assert gen.output_ids == plain
+
+
+def _hybrid_and_plain(model_dir: Path, head: EagleHead, config: HybridConfig,
+                      temperature: float) -> tuple[Generation, list[int]]:
+    """Through the engine on a model that half agrees with its drafters, 40 tokens from a
+    prompt that repeats in part: the hybrid's generation with `config`, and plain's
+    tokens (same seed)."""
     model = load_model(model_dir, dtype=torch.float32).eval()
     methods = builtin_methods()
-    methods["hybrid"] = EngineMethod(
-        "hybrid", lambda: HybridDrafter(model, head, HybridConfig(min_match=1,
-                                                                  miss_backoff=1)), 4)
+    methods["hybrid"] = EngineMethod("hybrid", lambda: HybridDrafter(model, head, config), 4)
     engine = Engine.from_model(model, TextTokenizer(model_dir / "tokenizer.json"),
                                methods=methods)
     prompt = [*PATTERN, *FRESH, *PATTERN, *FRESH[:4]]
@@ -215,8 +227,124 @@ def test_backing_off_stays_lossless(model_dir: Path, head: EagleHead,
             gen.step()
         return gen
 
-    gen = run("hybrid")
-    assert {"ngram", "eagle"} <= set(gen.stats.by_source)  # both branches drafted
+    return run("hybrid"), run("plain").output_ids
+
+
+@torch.inference_mode()
+def test_a_weak_match_drafts_short_k(model: LlamaForCausalLM, head: EagleHead) -> None:
+    """`short_k` 2: a match of exactly `min_match` tokens copies at most 2 tokens; a longer
+    match copies k."""
+    greedy = Sampler(0.0)
+    config = HybridConfig(min_match=2, short_k=2)
+    two = [*FRESH[:3], *PATTERN[:2], *FRESH[3:], *PATTERN[:2]]  # "..., 11, 23" seen once
+    short = HybridDrafter(model, head, config).propose(_state(model, two, greedy))
+    assert short.source == "ngram" and short.tokens == FRESH[3:5]
+    long = HybridDrafter(model, head, config).propose(
+        _state(model, PATTERN * 2 + PATTERN[:3], greedy))
+    assert long.source == "ngram" and long.tokens == PATTERN[3:] + PATTERN[:1]
+    with pytest.raises(ValueError):
+        HybridConfig(short_k=-1)
+
+
+@torch.inference_mode()
+def test_eagle_drafts_only_while_its_acceptance_pays(model: LlamaForCausalLM,
+                                                     head: EagleHead) -> None:
+    """`eagle_min_rate` 0.5, `eagle_probe` 2, nothing to copy: EAGLE drafts first (a prior of
+    one accepted in two); after a chain of 3 that kept nothing the steps go plain (empty
+    drafts), one EAGLE step after 2 plain ones, then after 4; a probe that keeps all it
+    drafts brings EAGLE back for good. Rate 0 is always EAGLE. (The shipped defaults:
+    0.25, the measured cost of a drafted token over a plain step.)"""
+    from workers.embedded.speculative.result import VerifyResult
+
+    greedy = Sampler(0.0)
+    text = list(range(101, 160))  # no token twice: nothing matches
+
+    def verified(proposed: int, accepted: int) -> VerifyResult:
+        return VerifyResult(accepted=text[:accepted], accepted_nodes=list(range(accepted)),
+                            bonus=text[0], hidden=torch.zeros(accepted + 1, 1),
+                            aux_logits=None, num_proposed=proposed,
+                            logits=torch.zeros(accepted + 1, V))
+
+    def steps(config: HybridConfig, outcomes: list[tuple[int, int]]) -> list[str | None]:
+        """The branch of each step; step i's verify kept outcomes[i] = (proposed, accepted)."""
+        hybrid, out, last = HybridDrafter(model, head, config), [], None
+        for i in range(len(outcomes) + 1):
+            root = 20 + i
+            state = _state(model, text[: root + 1], greedy, start=root - 1 if i else 0)
+            state.last = last
+            draft = hybrid.propose(state)
+            assert (draft.source == "plain") == (len(draft) == 0)
+            out.append(draft.source)
+            if i < len(outcomes):
+                last = verified(*outcomes[i])
+        return out
+
+    gated = HybridConfig(eagle_min_rate=0.5, eagle_probe=2)
+    miss, plain, hit = (3, 0), (0, 0), (3, 3)
+    assert steps(gated, [miss, plain, plain, miss, *[plain] * 4]) == \
+        ["eagle", "plain", "plain", "eagle", "plain", "plain", "plain", "plain", "eagle"]
+    assert steps(gated, [miss, plain, plain, hit, hit]) == \
+        ["eagle", "plain", "plain", "eagle", "eagle", "eagle"]
+    assert steps(HybridConfig(eagle_min_rate=0.0), [miss] * 4) == ["eagle"] * 5
+    with pytest.raises(ValueError):
+        HybridConfig(eagle_min_rate=1.5)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+@pytest.mark.parametrize("config", [HybridConfig(eagle_min_rate=1.0, short_k=0, fallback_k=0),
+                                    HybridConfig(eagle_min_rate=1.0, short_k=2, fallback_k=2)])
+def test_plain_steps_stay_lossless_and_are_counted(model_dir: Path, head: EagleHead,
+                                                   temperature: float,
+                                                   config: HybridConfig) -> None:
+    """Through the engine, an EAGLE bar no chain of the half-agreeing head clears: steps go
+    plain (or, with `fallback_k`, copy a 1-token match), counted under the `plain` branch;
+    greedy output is plain's token for token."""
+    gen, plain = _hybrid_and_plain(model_dir, head, config, temperature)
+    stats = gen.stats
+    assert stats.by_source["plain"].steps > 0 and stats.by_source["plain"].drafted == 0
+    branches = stats.branches()
+    assert branches["plain"] == {"steps": stats.by_source["plain"].steps, "accepted": 0}
+    assert sum(b["steps"] for b in branches.values()) == stats.verify_steps - 1
     assert len(gen.output_ids) == 40
     if temperature == 0.0:
-        assert gen.output_ids == run("plain").output_ids
+        assert gen.output_ids == plain
+
+
+@torch.inference_mode()
+def test_the_token_of_a_plain_step_follows_the_target(model: LlamaForCausalLM,
+                                                      head: EagleHead) -> None:
+    """Sampling at T 0.8: a plain step (nothing to copy, EAGLE below its bar: here from the
+    start, its prior of one in two under a bar of 1) commits one token drawn from the
+    target's distribution p."""
+    sampler = Sampler(0.8, generator=torch.Generator().manual_seed(0))
+    tokens = list(range(101, 131))  # nothing matches
+    hybrid = HybridDrafter(model, head, HybridConfig(eagle_min_rate=1.0))
+    draft = hybrid.propose(_state(model, tokens, sampler))
+    assert draft.source == "plain" and len(draft) == 0
+    root_logits = model(torch.tensor([tokens])).logits[0, -1]  # (V,)
+    counts: Counter[int] = Counter()
+    for _ in range(1200):
+        path, bonus, _ = accept(draft, root_logits.unsqueeze(0), sampler)
+        assert path == []
+        counts[bonus] += 1
+    assert_follows(counts, sampler.probs(root_logits))
+
+
+@torch.inference_mode()
+def test_where_eagle_does_not_pay_a_one_token_match_drafts_fallback_k(
+        model: LlamaForCausalLM, head: EagleHead) -> None:
+    """EAGLE below its bar and no match of `min_match` 2: a 1-token match copies at most
+    `fallback_k` tokens by n-gram; without `fallback_k`, or with nothing matching, the step
+    is plain; with EAGLE paying, EAGLE drafts as before."""
+    greedy = Sampler(0.0)
+    text = [*range(101, 131), 105]  # only "105" occurred before, followed by 106, 107, ...
+    state = _state(model, text, greedy)
+    below = HybridConfig(eagle_min_rate=1.0, fallback_k=2)
+    short = HybridDrafter(model, head, below).propose(state)
+    assert short.source == "ngram" and short.tokens == [106, 107]
+    assert HybridDrafter(model, head, HybridConfig(eagle_min_rate=1.0, fallback_k=0)).propose(
+        state).source == "plain"
+    assert HybridDrafter(model, head, below).propose(
+        _state(model, text[:-1], greedy)).source == "plain"
+    assert HybridDrafter(model, head, HybridConfig(fallback_k=2)).propose(
+        state).source == "eagle"

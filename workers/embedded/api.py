@@ -106,6 +106,7 @@ class SourceTally:
 
 
 NO_DRAFT = "none"  # the branch of steps whose draft came out empty
+PLAIN_BRANCH = "plain"  # steps a drafter chose to take without a draft (hybrid)
 
 
 @dataclass
@@ -166,13 +167,17 @@ class GenerationStats:
 
     def branches(self) -> dict[str, dict[str, int]]:
         """Per branch of a method with several drafters (hybrid: `ngram`, `eagle`), the
-        decode steps it drafted and the draft tokens accepted from it; `NO_DRAFT`: the
+        decode steps it drafted and the draft tokens accepted from it; `PLAIN_BRANCH`: the
+        steps the drafter chose to take plain (no draft paid for); `NO_DRAFT`: the other
         steps whose draft was empty (an EAGLE chain cut at its first token's confidence,
         a draft pruned to the token budget). Empty for a single-drafter method."""
         if not self.by_source:
             return {}
-        out = {NO_DRAFT: {"steps": 0, "accepted": 0}}
+        out = {NO_DRAFT: {"steps": 0, "accepted": 0}, PLAIN_BRANCH: {"steps": 0, "accepted": 0}}
         for source, tally in sorted(self.by_source.items()):
+            if source == PLAIN_BRANCH:
+                out[source]["steps"] = tally.steps
+                continue
             out[source] = {"steps": tally.drafted, "accepted": tally.accepted}
             out[NO_DRAFT]["steps"] += tally.steps - tally.drafted
         return out

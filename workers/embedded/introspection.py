@@ -13,14 +13,14 @@ from typing import Any
 
 from policies.methods import SGLANG_ALGORITHM
 from policies.prior import MEASURED_FILE, Measured, MeasuredError
-from workers.embedded.api import NO_DRAFT
+from workers.embedded.api import NO_DRAFT, PLAIN_BRANCH
 from workers.embedded.context import WorkerState
 from workers.models import weights_dir
 
 log = logging.getLogger(__name__)
 
 VERSION = "specroute-embedded"
-HYBRID_BRANCHES = ("eagle", "ngram", NO_DRAFT)  # workers.embedded.speculative.hybrid
+HYBRID_BRANCHES = ("eagle", "ngram", PLAIN_BRANCH, NO_DRAFT)  # workers.embedded.speculative.hybrid
 
 
 def speculative_algorithm(method: str) -> str | None:

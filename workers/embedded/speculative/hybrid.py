@@ -9,16 +9,26 @@ untouched lines and writes the changed ones), which one drafter per request cann
 follow. A short match is weak evidence (two common tokens in a row); a rejected copy
 wastes a step that EAGLE would have used. Two rules keep the cost down: the threshold
 (`min_match`), and backing off after a miss: when nothing of a copied draft was accepted,
-the next `miss_backoff` steps draft by EAGLE whatever matches (the context has stopped
+the next `miss_backoff` steps do not copy whatever matches (the context has stopped
 repeating; this request's own evidence, unlike a fixed threshold). Both were chosen on the
 training prompts (bench/traces/data/prompts.jsonl, `bench/engine/hybrid_variants.py`):
 a match of 2 with a back-off of 2 steps accepted the most (docs/results/2026-12-07-hybrid.md).
 
+An EAGLE draft is not free: on this CPU each drafted token adds about a quarter of a plain
+step (head forward, projection, one more verified position; measured.json's batch-1
+costs), so where EAGLE's chains are mostly rejected (long-input prose: summaries, RAG) a
+plain step is cheaper. Where nothing is copied, EAGLE drafts only while this request's EAGLE
+steps have accepted at least `eagle_min_rate` of the tokens they cost; below it the step
+is plain (an empty draft, branch `plain`), or, with `fallback_k`, a short copy from a
+shorter match; every `eagle_probe` plain steps (doubling while it stays below) one EAGLE
+step measures again. `short_k` caps a copy whose match is only `min_match` long.
+
 Lossless like every method: the shared `verify()` accepts either draft (the n-gram chain
 is a point mass, q = None; EAGLE's carries its q). The branch is chosen from the
 committed tokens and the previous step's verify result alone, both known before this
-step draws anything. Each draft names its branch
-(`Draft.source`), so the request's stats count steps and accepted tokens per branch.
+step draws anything (the EAGLE evidence included). Each draft names its branch
+(`Draft.source`: ngram, eagle, plain), so the request's stats count steps and accepted
+tokens per branch.
 
 The EAGLE head's cache must hold the pairs of every committed position before it drafts.
 Steps drafted by n-gram leave it behind, so the target features of those steps are kept
@@ -35,12 +45,15 @@ from dataclasses import dataclass
 
 import torch
 
+from workers.embedded.api import PLAIN_BRANCH
 from workers.embedded.drafter_models import EagleHead
 from workers.embedded.model import LlamaForCausalLM
 from workers.embedded.speculative.draft import DecodeState, Draft
 from workers.embedded.speculative.eagle import EagleChainDrafter
 from workers.embedded.speculative.lockstep import DraftSteps, draft_alone
-from workers.embedded.speculative.ngram import NgramDrafter
+from workers.embedded.speculative.ngram import NgramDrafter, lookup
+
+NGRAM, EAGLE = "ngram", "eagle"  # the drafting branches (`Draft.source`)
 
 
 @dataclass(frozen=True)
@@ -49,14 +62,28 @@ class HybridConfig:
     max_ngram: int = 4  # longest suffix looked up first
     min_confidence: float | None = None  # EAGLE chain cutoff; None: the head's measured one
     # after an n-gram draft of which nothing was accepted, the next `miss_backoff` steps
-    # draft by EAGLE whatever matches (0: never back off)
+    # may not copy (0: never back off)
     miss_backoff: int = 2
+    # a match of exactly `min_match` tokens (weak support) drafts at most this many (0: k)
+    short_k: int = 2
+    # where nothing is copied, EAGLE drafts only while this request's EAGLE steps accepted
+    # at least this share of the tokens they cost (drafted tokens, or 1 for a chain cut at
+    # its first token): what a drafted token costs over a plain step (0: always EAGLE)
+    eagle_min_rate: float = 0.25
+    # plain steps in a row after which one EAGLE step measures again; doubled after each
+    # such step that leaves the rate below the bar
+    eagle_probe: int = 4
+    # where EAGLE does not pay, a match shorter than `min_match` (down to 1 token) drafts
+    # at most this many tokens rather than none (0: a plain step)
+    fallback_k: int = 2
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_match <= self.max_ngram:
             raise ValueError("hybrid needs 1 <= min_match <= max_ngram")
-        if self.miss_backoff < 0:
-            raise ValueError("hybrid needs miss_backoff >= 0")
+        if min(self.miss_backoff, self.short_k, self.fallback_k) < 0:
+            raise ValueError("hybrid needs miss_backoff, short_k, fallback_k >= 0")
+        if not 0.0 <= self.eagle_min_rate <= 1.0 or self.eagle_probe < 1:
+            raise ValueError("hybrid needs 0 <= eagle_min_rate <= 1 and eagle_probe >= 1")
 
 
 class HybridDrafter:
@@ -72,42 +99,92 @@ class HybridDrafter:
         self._branch: str | None = None
         self._counted = -1
         self._backoff = 0
+        # this request's EAGLE evidence: tokens accepted, tokens paid for (a prior of one
+        # accepted in two, so that a request starts by trying EAGLE); plain steps since the
+        # last EAGLE step, and how many of them call for the next one
+        self._eagle = [1, 2]
+        self._plain_run = 0
+        self._probe = self.config.eagle_probe
 
     def propose(self, state: DecodeState) -> Draft:
         """The draft alone."""
         return draft_alone(self.propose_steps(state))
 
     def propose_steps(self, state: DecodeState) -> DraftSteps:
-        """n-gram's draft at once, or EAGLE's chain as a generator of its head forwards,
-        so that EAGLE branches of several sequences draft in lock-step."""
+        """n-gram's draft at once, a plain step (empty draft), or EAGLE's chain as a
+        generator of its head forwards, so that EAGLE branches of several sequences draft
+        in lock-step."""
         # proposing again for the same state (or an earlier one) replaces its features
         self._unread = [(s, h) for s, h in self._unread if s < state.hidden_start]
         self._unread.append((state.hidden_start, state.hidden))
-        copy = self._copy_allowed(state)
-        copied = self._ngram.propose(state) if copy else None
-        if copied is not None and len(copied) > 0:
-            copied.source = "ngram"
-            self._branch = "ngram"
-            return copied
-        self._branch = "eagle"
+        copy = self._read_last(state)
+        copied = self._copy(state) if copy else []
+        if copied:
+            return self._named(Draft.chain(copied), NGRAM)
+        if not self._eagle_pays():
+            self._plain_run += 1
+            fallback = self._fallback(state) if copy else []
+            if fallback:
+                return self._named(Draft.chain(fallback), NGRAM)
+            return self._named(Draft.empty(), PLAIN_BRANCH)
+        self._plain_run = 0
         start = self._unread[0][0]
         hidden = torch.cat([h for _, h in self._unread])  # (sum m_i, C)
         if start + hidden.shape[0] != state.hidden_start + state.hidden.shape[0]:
             raise RuntimeError("hybrid: the features kept for the EAGLE head have a gap")
         self._unread = []
+        self._branch = EAGLE
         draft = yield from self._chain.propose_steps(
             dataclasses.replace(state, hidden=hidden, hidden_start=start))
-        draft.source = "eagle"
+        draft.source = EAGLE
         return draft
 
-    def _copy_allowed(self, state: DecodeState) -> bool:
-        """Whether this step may copy: not while backing off after a copy that missed.
-        Counted once per step from the previous verify step (a step proposed again keeps
-        the count), so the choice depends on committed tokens alone."""
+    def _named(self, draft: Draft, branch: str) -> Draft:
+        self._branch = draft.source = branch
+        return draft
+
+    def _copy(self, state: DecodeState) -> list[int]:
+        """Prompt lookup's continuation: k tokens after a match longer than `min_match`,
+        `short_k` after a match of exactly `min_match` (weak support)."""
+        config = self.config
+        if not config.short_k or config.min_match == config.max_ngram:
+            return self._ngram.propose(state).tokens
+        history = self._ngram.history(state.tokens)
+        tokens = lookup(history, config.max_ngram, config.min_match + 1, state.k)
+        return tokens or lookup(history, config.min_match, config.min_match,
+                                min(state.k, config.short_k))
+
+    def _fallback(self, state: DecodeState) -> list[int]:
+        """A match shorter than `min_match`'s continuation, at most `fallback_k` tokens."""
+        if not self.config.fallback_k or self.config.min_match == 1:
+            return []
+        return lookup(self._ngram.history(state.tokens), self.config.min_match - 1, 1,
+                      min(state.k, self.config.fallback_k))
+
+    def _eagle_pays(self) -> bool:
+        """Whether EAGLE drafts this step: while its accepted share of the tokens it cost
+        is at least `eagle_min_rate`, and once after `_probe` plain steps in a row."""
+        accepted, paid = self._eagle
+        if accepted >= self.config.eagle_min_rate * paid:
+            self._probe = self.config.eagle_probe
+            return True
+        if self._plain_run >= self._probe:
+            self._probe *= 2
+            return True
+        return False
+
+    def _read_last(self, state: DecodeState) -> bool:
+        """Read the previous step's verify result once (a step proposed again keeps the
+        count), so the choice depends on committed tokens alone: EAGLE's evidence, and the
+        back-off after a copy that missed. Whether this step may copy."""
         if self._counted < state.hidden_start:
             self._counted = state.hidden_start
-            if self._branch == "ngram" and state.last is not None and not state.last.accepted:
+            last = state.last
+            if self._branch == NGRAM and last is not None and not last.accepted:
                 self._backoff = self.config.miss_backoff
             elif self._backoff > 0:
                 self._backoff -= 1
+            if self._branch == EAGLE and last is not None:
+                self._eagle[0] += len(last.accepted)
+                self._eagle[1] += max(last.num_proposed, 1)
         return self._backoff == 0

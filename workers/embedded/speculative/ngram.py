@@ -27,11 +27,11 @@ class NgramDrafter:
         self._length = 0
 
     def propose(self, state: DecodeState) -> Draft:
-        h = self._sync(state.tokens)
+        h = self.history(state.tokens)
         return Draft.chain(lookup(h, self.max_ngram, self.min_ngram, state.k))
 
-    def _sync(self, tokens: list[int]) -> np.ndarray:
-        """Mirror the append-only token list into a growing numpy buffer."""
+    def history(self, tokens: list[int]) -> np.ndarray:
+        """Mirror the append-only token list into a growing numpy buffer; its view."""
         n = len(tokens)
         if n > self._history.shape[0]:
             grown = np.zeros(max(2 * n, 256), dtype=np.int64)
