@@ -157,9 +157,10 @@ class OpenAIAdapter:
         return await answers(self.client, worker, timeout_s)
 
     async def generate(self, worker: str, request: GenerationRequest, pool: PoolConfig,
-                       k: int) -> GenerationResult:
+                       k: int, deadline: float | None = None) -> GenerationResult:
         body = await post_json(self.client, worker, PATHS[request.endpoint],
-                               self.payload(request, pool, k, stream=False), pool.api_key)
+                               self.payload(request, pool, k, stream=False), pool.api_key,
+                               deadline)
         return result_from_body(worker, body, request.endpoint == "chat")
 
     async def stream(self, worker: str, request: GenerationRequest, pool: PoolConfig,

@@ -162,11 +162,12 @@ class SGLangAdapter:
         return await answers(self.client, worker, timeout_s)
 
     async def generate(self, worker: str, request: GenerationRequest, pool: PoolConfig,
-                       k: int) -> GenerationResult:
+                       k: int, deadline: float | None = None) -> GenerationResult:
         if self._openai_route(request):
-            return await self.chat.generate(worker, request, pool, k)
+            return await self.chat.generate(worker, request, pool, k, deadline)
         body = await post_json(self.client, worker, "/generate",
-                               self.payload(request, pool, k, stream=False), pool.api_key)
+                               self.payload(request, pool, k, stream=False), pool.api_key,
+                               deadline)
         return result_from_generate(worker, body, request.native is not None)
 
     async def stream(self, worker: str, request: GenerationRequest, pool: PoolConfig,

@@ -84,15 +84,16 @@ def transport_error(worker: str, exc: HttpError) -> GatewayError:
 
 @asynccontextmanager
 async def post(client: Http1Client, worker: str, path: str, payload: dict,
-               api_key: str | None = None) -> AsyncIterator[Response]:
+               api_key: str | None = None, deadline: float | None = None
+               ) -> AsyncIterator[Response]:
     """POST JSON (with the pool's `api_key` as a Bearer key); yield the response once it
-    is known to be 200. Leaving the block before the answer's end drops the connection:
+    is known to be 200. The exchange ends by `deadline` (`Http1Client.request`). Leaving the block before the answer's end drops the connection:
     the worker sees the client leave."""
     trace = UPSTREAM_TRACE_HEADERS.get()  # W3C traceparent (gateway/telemetry/spans.py)
     headers = {**(trace or {}), **worker_auth(api_key)} if api_key else trace
     try:
         resp = await client.request("POST", worker, path, orjson.dumps(payload),
-                                    headers or None)
+                                    headers or None, deadline=deadline)
     except HttpError as exc:
         raise transport_error(worker, exc) from exc
     try:
@@ -122,8 +123,8 @@ async def answers(client: Http1Client, worker: str, timeout_s: float) -> bool:
 
 
 async def post_json(client: Http1Client, worker: str, path: str, payload: dict,
-                    api_key: str | None = None) -> dict:
-    async with post(client, worker, path, payload, api_key) as resp:
+                    api_key: str | None = None, deadline: float | None = None) -> dict:
+    async with post(client, worker, path, payload, api_key, deadline) as resp:
         raw = await resp.read()
     try:
         body = orjson.loads(raw)
