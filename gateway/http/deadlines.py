@@ -46,10 +46,12 @@ class Clock:
         self.loop: asyncio.AbstractEventLoop | None = None
 
     def arm(self, entry: Timed, when: float) -> None:
-        self.armed[entry] = when
         loop = asyncio.get_running_loop()
-        if self.timer is None or self.loop is not loop:
-            self.loop = loop
+        if self.loop is not loop:  # entries of a loop that ended can never be served
+            self.armed.clear()
+            self.loop, self.timer = loop, None
+        self.armed[entry] = when
+        if self.timer is None:
             self.timer = loop.call_later(self.tick_s, self._tick)
 
     def disarm(self, entry: Timed) -> None:
@@ -64,9 +66,10 @@ class Clock:
         due = [entry for entry, when in self.armed.items() if when <= now]
         for entry in due:
             del self.armed[entry]
-            entry.fire()
         self.timer = self.loop.call_later(self.tick_s, self._tick) \
-            if self.armed and self.loop is not None else None
+            if self.armed and self.loop is not None else None  # before any entry fires
+        for entry in due:
+            entry.fire()
 
 
 class Within:

@@ -30,7 +30,7 @@ Errors, all `HttpError`:
     ├── BadResponse         not HTTP/1.x, or a line past the reader's limit
     └── TooLarge            a body read whole past `server.max_response_bytes`
 
-`gateway.upstream.adapters.wire` maps them to the gateway's error tree.
+`gateway.upstream.adapters.calls` maps them to the gateway's error tree.
 """
 
 from __future__ import annotations
@@ -329,7 +329,7 @@ class Http1Client:
         """Send one request; return its `Response` once the answer's head arrived. The
         whole exchange ends by `deadline` (`time.monotonic()`), else `total_s` (else the
         client's own) from now. The
-        caller must `close()` it (a `with`-less API: `wire.post` does). A kept
+        caller must `close()` it (a `with`-less API: `calls.post_ok` does). A kept
         connection the worker closed as the request went out, after idling
         `STALE_AFTER_S` or more, is replaced once."""
         key = target(worker)

@@ -30,8 +30,9 @@ from gateway.upstream.adapters.base import (
     StreamItem,
     worker_params,
 )
+from gateway.upstream.adapters.calls import answers, post_json
 from gateway.upstream.adapters.reply import Reply, no_finish, spec_counters, usage_of
-from gateway.upstream.adapters.wire import answers, post, post_json, sse_data
+from gateway.upstream.adapters.wire import post, sse_data
 from gateway.upstream.http1 import Http1Client
 from policies.fleet import WORKER_BATCH_KEY
 

@@ -35,9 +35,10 @@ from gateway.upstream.adapters.base import (
     StreamItem,
     worker_params,
 )
+from gateway.upstream.adapters.calls import answers, post_json
 from gateway.upstream.adapters.openai import OpenAIAdapter
 from gateway.upstream.adapters.reply import Reply, no_finish, spec_counters, usage_of
-from gateway.upstream.adapters.wire import answers, post, post_json, sse_data
+from gateway.upstream.adapters.wire import post, sse_data
 from gateway.upstream.http1 import Http1Client
 from policies.prior import Measured, MeasuredError, WorkerPrior
 from policies.request_limits import JSON_OBJECT_SCHEMA
