@@ -101,11 +101,11 @@ def _switches() -> int:
 
 def timed(step: Callable[[], object], calls: int) -> dict:
     """CPU and wall p50/p99 of `calls` calls of `step`, and apart the calls that ran
-    without a context switch (`undisturbed`): on a shared machine the CPU p99 of all
-    calls is mostly the calls another process preempted (measured 2026-12-07, load
-    10 on 2 cores: 42-46 of the 50 slowest in 5,000 had waited longer than they ran),
-    which resume on caches the other process has filled. The garbage collector's runs
-    during the calls are counted, and left in (they are this process's own cost)."""
+    without a context switch (`undisturbed`): on a shared machine a call another process
+    preempted resumes on caches that process filled (2026-12-07, load 5.5-7.6 on 2
+    cores: 8% of the calls, and without them the p99 fell from 3.5x to 2.5x the p50,
+    docs/results/2026-12-07-hot-path.md). The garbage collector's runs during the
+    calls are counted, and left in (they are this process's own cost)."""
     collections = [0]
 
     def count(phase: str, info: dict) -> None:
