@@ -51,7 +51,9 @@ COMPILED = (
     "gateway/telemetry/tenant_metrics.py",
     "gateway/telemetry/worker_stats.py",
     "gateway/upstream/adapters/reply.py",
+    "gateway/upstream/adapters/calls.py",
     "gateway/upstream/http1.py",
+    "gateway/http/deadlines.py",
 )
 NO_COMPILE_ENV = "SPECROUTE_NO_COMPILE"  # "1": install pure Python only
 ROOT = Path(__file__).resolve().parent.parent

@@ -197,10 +197,13 @@ def _add_lag(target: Target, before: dict[str, float], after: dict[str, float]) 
                            after.get("specroute_event_loop_lag_max_seconds", 0.0))
 
 
-def summarize(targets: list[Target], classify_decide_p99_us: float | None = None) -> dict:
+def summarize(targets: list[Target], classify_decide_p99_us: float | None = None,
+              classify_decide: dict | None = None) -> dict:
     """Rows per path and mode; specroute's throughput over each peer's (None where either
     side was not measured), its added p50, its loop lag under c32 and the given classify
-    + decide CPU p99."""
+    + decide CPU p99 (all calls), with `classify_decide`'s other figures beside it
+    (`bench.gateway.classifier.timed`: p50, the calls without a context switch, the
+    collector's runs)."""
     direct = targets[0]
     rows = []
     for stream in (False, True):
@@ -242,6 +245,8 @@ def summarize(targets: list[Target], classify_decide_p99_us: float | None = None
     out["loop_lag_p99_ms"] = out.get("specroute_process", {}).get("specroute", {}).get(
         "loop_lag_p99_ms_c32")
     out["classify_decide_p99_us"] = classify_decide_p99_us
+    out.update({f"classify_decide_{key}": value
+                for key, value in (classify_decide or {}).items()})
     return out
 
 
@@ -336,8 +341,13 @@ def run(names: list[str], n: int, seconds: float, rounds: int,
         finally:
             stop_all(procs)
     # classify + decide on the slowest 4 KB prompt, in this process (bench/gateway/classifier.py)
-    p99 = classifier_cost(3000)["classify + route"]["cpu"]["p99_us"]
-    return summarize(targets, p99)
+    figures = classifier_cost(3000)
+    both = figures["classify + route"]
+    return summarize(targets, both["cpu"]["p99_us"], {
+        "p50_us": both["cpu"]["p50_us"], "undisturbed_p99_us": both["undisturbed"]["p99_us"],
+        "undisturbed_calls": both["undisturbed"]["calls"], "calls": both["calls"],
+        "calls_with_gc": both["calls_with_gc"], "yardstick_p50_us": figures["yardstick_us"],
+        "yardstick_p99_us": figures["yardstick_p99_us"]})
 
 
 def _table(result: dict) -> list[str]:
@@ -377,7 +387,9 @@ def main(args: argparse.Namespace) -> int:
         if "_rps_over_" in key:
             print(f"{key}: {value if value is not None else 'n/a'}")
     for key in ("specroute_added_p50_ms", "specroute_added_p50_ms_stream",
-                "classify_decide_p99_us", "loop_lag_p99_ms"):
+                "classify_decide_p99_us", "classify_decide_p50_us",
+                "classify_decide_undisturbed_p99_us", "classify_decide_calls_with_gc",
+                "classify_decide_yardstick_p99_us", "loop_lag_p99_ms"):
         print(f"{key}: {result.get(key) if result.get(key) is not None else 'n/a'}")
     for name, facts in result.get("specroute_process", {}).items():
         p99 = facts["loop_lag_p99_ms_c32"]

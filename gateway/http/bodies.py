@@ -3,11 +3,10 @@ whole within a size cap and a deadline. Shared by the token routes and the picke
 
 from __future__ import annotations
 
-import asyncio
-
 from starlette.types import Receive
 
 from gateway.errors import InvalidRequest, RequestTimeout, UnsupportedMediaType, body_too_large
+from gateway.http.deadlines import Clock
 
 
 def content_length(value: bytes | None) -> int | None:
@@ -36,14 +35,15 @@ def check_media_type(value: bytes | None) -> None:
 
 
 async def read_body(receive: Receive, limit: int, content_length: int | None,
-                    timeout_s: float) -> bytes:
-    """The whole body, at most `limit` bytes, within `timeout_s` of the headers: a client
-    trickling its body (slow loris) gets a 408 instead of holding the connection."""
+                    timeout_s: float, clock: Clock) -> bytes:
+    """The whole body, at most `limit` bytes, within `timeout_s` of the headers (on
+    `clock`): a client trickling its body (slow loris) gets a 408 instead of holding the
+    connection."""
     if content_length is not None and content_length > limit:
         raise body_too_large(limit)
     chunks, size = [], 0
     try:
-        async with asyncio.timeout(timeout_s):
+        with clock.within(timeout_s):
             while True:
                 message = await receive()
                 if message["type"] == "http.disconnect":

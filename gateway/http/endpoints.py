@@ -89,7 +89,7 @@ async def read_request(gateway: Gateway, scope: Scope, receive: Receive,
     server = gateway.config.server
     raw = await read_body(receive, server.max_body_bytes,
                           content_length(declared.encode("latin-1") if declared else None),
-                          server.body_timeout_s)
+                          server.body_timeout_s, gateway.clock)
     return tenant, headers, raw
 
 
@@ -136,7 +136,7 @@ class TokenEndpoint:
             trace.fail(exc.status, exc.code)
             await send_error(send, exc)
             return
-        watch = DisconnectWatch(receive, WATCH_AFTER_S)  # from here the client may leave
+        watch = DisconnectWatch(receive, WATCH_AFTER_S, gateway.clock)  # the client may leave
         job: Admitted | None = None
         try:
             try:
@@ -147,8 +147,8 @@ class TokenEndpoint:
                 await send_error(send, exc)
                 return
             serve = self.stream if job.request.stream else self.complete
-            await serve(gateway, TimedSend(send, gateway.config.server.send_timeout_s),
-                        timer, job)
+            await serve(gateway, TimedSend(send, gateway.config.server.send_timeout_s,
+                                           gateway.clock), timer, job)
         except asyncio.CancelledError:
             if not watch.fired:
                 raise  # cancelled from outside, not by the client leaving

@@ -9,6 +9,7 @@ from prometheus_client import CollectorRegistry
 from gateway.classifier.minimal import Classify
 from gateway.config import GatewayConfig
 from gateway.core.services import Core
+from gateway.http.deadlines import Clock
 from gateway.telemetry.prometheus import Recorder
 from gateway.upstream.adapters import make_adapters
 from gateway.upstream.dispatch import Dispatcher
@@ -17,8 +18,8 @@ from policies.protocol import RoutingPolicy
 
 
 class Gateway(Core):
-    """`Core` (its arguments) with an `Http1Client` to the workers and the `Dispatcher`
-    over it."""
+    """`Core` (its arguments) with an `Http1Client` to the workers, the `Dispatcher`
+    over it, and the `Clock` the requests' own deadlines are kept on."""
 
     def __init__(self, config: GatewayConfig, *, policy: str | RoutingPolicy = "learned",
                  classify: Classify | None = None, recorder: Recorder | None = None,
@@ -31,6 +32,7 @@ class Gateway(Core):
                                                 server.read_timeout_s, server.total_timeout_s,
                                                 server.max_response_bytes)
         self.dispatcher = Dispatcher(make_adapters(self.upstream), server)
+        self.clock = Clock()
 
     async def stop(self) -> None:
         await super().stop()

@@ -37,7 +37,7 @@ from policies.types import RequestRecord
 from workers.tracer_provider import ListeningTracerProvider, tracer_provider
 
 PROPAGATOR = TraceContextTextMapPropagator()
-# The W3C trace headers of the upstream call in progress; `adapters/wire.post` sends them.
+# The W3C trace headers of the upstream call in progress; `adapters/calls.post_ok` sends them.
 UPSTREAM_TRACE_HEADERS: ContextVar[dict[str, str] | None] = ContextVar(
     "specroute_upstream_trace_headers", default=None)
 OPERATION = {"chat": "chat", "completions": "text_completion"}

@@ -149,8 +149,9 @@ class Dispatcher:
                        pools: list[Pool], trace: Trace = NO_TRACE
                        ) -> tuple[Lease, GenerationResult]:
         """Non-streaming dispatch within `total_timeout_s`; the returned lease is already
-        released. The deadline is checked before each step as well as enforced on it:
-        a cancellation that lands while aiohttp's own timer fires can be swallowed."""
+        released. The deadline goes down to the HTTP client, whose read timer enforces
+        it (no timer of its own here): past it, the try ends in an `UpstreamTimeout`,
+        and the deadline is checked before each step, so no other try follows."""
         total = self.server.total_timeout_s
         deadline = time.monotonic() + total
 
@@ -166,16 +167,14 @@ class Dispatcher:
             adapter = self.adapters[pool.config.engine]
             try:
                 with trace.upstream(worker.url, pool.name, attempt.k):
-                    async with asyncio.timeout(deadline - time.monotonic()):
-                        result = await adapter.generate(
-                            worker.url, self.prepare(request, pool), pool.config, attempt.k)
-            except TimeoutError as exc:  # the deadline itself
-                timed_out = expired()
-                lease.failed(timed_out)
-                raise timed_out from exc
+                    result = await adapter.generate(
+                        worker.url, self.prepare(request, pool), pool.config, attempt.k,
+                        deadline)
             except RETRYABLE as exc:
                 lease.failed(exc)
                 error = exc
+                if time.monotonic() >= deadline:  # the deadline itself
+                    raise expired() from exc
                 if await self._was_generating(adapter, worker, exc, deadline):
                     raise UpstreamTimeout(
                         f"worker {worker.url} timed out (server.read_timeout_s, "

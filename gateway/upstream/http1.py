@@ -30,7 +30,7 @@ Errors, all `HttpError`:
     ├── BadResponse         not HTTP/1.x, or a line past the reader's limit
     └── TooLarge            a body read whole past `server.max_response_bytes`
 
-`gateway.upstream.adapters.wire` maps them to the gateway's error tree.
+`gateway.upstream.adapters.calls` maps them to the gateway's error tree.
 """
 
 from __future__ import annotations
@@ -324,13 +324,17 @@ class Http1Client:
 
     async def request(self, method: str, worker: str, path: str, body: bytes = b"",
                       headers: dict[str, str] | None = None,
-                      total_s: float | None = None) -> Response:
+                      total_s: float | None = None, deadline: float | None = None
+                      ) -> Response:
         """Send one request; return its `Response` once the answer's head arrived. The
-        caller must `close()` it (a `with`-less API: `wire.post` does). A kept
+        whole exchange ends by `deadline` (`time.monotonic()`), else `total_s` (else the
+        client's own) from now. The
+        caller must `close()` it (a `with`-less API: `calls.post_ok` does). A kept
         connection the worker closed as the request went out, after idling
         `STALE_AFTER_S` or more, is replaced once."""
         key = target(worker)
-        deadline = time.monotonic() + (self.total_s if total_s is None else total_s)
+        if deadline is None:
+            deadline = time.monotonic() + (self.total_s if total_s is None else total_s)
         extra = "".join(f"{name}: {value}\r\n" for name, value in headers.items()) \
             if headers else ""
         request = (f"{method} {key.prefix}{path} HTTP/1.1\r\nHost: {key.authority.decode()}"

@@ -1,6 +1,6 @@
 """What a call to a worker can fail with below HTTP semantics (no status to judge it by),
 raised by the upstream client (`gateway.upstream.http1`) and mapped to the gateway's error
-tree at the adapters' boundary (`gateway.upstream.adapters.wire.transport_error`)."""
+tree at the adapters' boundary (`gateway.upstream.adapters.calls.transport_error`)."""
 
 from __future__ import annotations
 

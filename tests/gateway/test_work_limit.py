@@ -13,7 +13,7 @@ from gateway.config import ConfigError, ServerConfig, parse_config
 from gateway.errors import InvalidRequest, UpstreamTooLarge, UpstreamUnavailable
 from gateway.http.sglang_routes import parse_generate
 from gateway.schemas import parse_request
-from gateway.upstream.adapters.wire import post_json
+from gateway.upstream.adapters.calls import post_json
 from gateway.upstream.http1 import Http1Client
 
 SERVER = ServerConfig(max_request_work=1000, default_max_tokens=600)

@@ -193,3 +193,16 @@ def test_plain_decoding_on_a_drafting_pool_pays_for_its_batch_mates() -> None:
     assert on_plain.tokens_per_s == pytest.approx(1 / 0.02)
     alone = make_option(state, eagle, 0, 0.5, 0.0, 1.0)  # nobody to share a step with
     assert alone.tokens_per_s == pytest.approx(1 / 0.02)
+
+
+def test_scored_is_replace_of_the_pool_score_alone() -> None:
+    """`scored` spells out `dataclasses.replace` (a compiled constructor call): every
+    field but `pool_score` carried over, a field added to `Option` included."""
+    import dataclasses
+
+    from policies.options import Option, scored
+
+    pool = PoolView("p", "sglang", "eagle", 3, True, 1, 0)
+    values = {field.name: index + 1.5 for index, field in enumerate(dataclasses.fields(Option))}
+    option = Option(**{**values, "pool": pool, "k": 2})
+    assert scored(option, 9.25) == dataclasses.replace(option, pool_score=9.25)

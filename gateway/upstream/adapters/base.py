@@ -56,7 +56,10 @@ class Adapter(Protocol):
     """One engine's wire protocol; stateless apart from the shared HTTP client."""
 
     async def generate(self, worker: str, request: GenerationRequest, pool: PoolConfig,
-                       k: int) -> GenerationResult: ...
+                       k: int, deadline: float | None = None) -> GenerationResult:
+        """The whole answer, by `deadline` (`time.monotonic()`; None: the client's
+        `total_timeout_s` from now), past which it is an `UpstreamTimeout`."""
+        ...
 
     def stream(self, worker: str, request: GenerationRequest, pool: PoolConfig,
                k: int) -> AsyncIterator[StreamItem]: ...

@@ -30,8 +30,9 @@ from gateway.upstream.adapters.base import (
     StreamItem,
     worker_params,
 )
+from gateway.upstream.adapters.calls import answers, post_json
 from gateway.upstream.adapters.reply import Reply, no_finish, spec_counters, usage_of
-from gateway.upstream.adapters.wire import answers, post, post_json, sse_data
+from gateway.upstream.adapters.wire import post, sse_data
 from gateway.upstream.http1 import Http1Client
 from policies.fleet import WORKER_BATCH_KEY
 
@@ -157,9 +158,10 @@ class OpenAIAdapter:
         return await answers(self.client, worker, timeout_s)
 
     async def generate(self, worker: str, request: GenerationRequest, pool: PoolConfig,
-                       k: int) -> GenerationResult:
+                       k: int, deadline: float | None = None) -> GenerationResult:
         body = await post_json(self.client, worker, PATHS[request.endpoint],
-                               self.payload(request, pool, k, stream=False), pool.api_key)
+                               self.payload(request, pool, k, stream=False), pool.api_key,
+                               deadline)
         return result_from_body(worker, body, request.endpoint == "chat")
 
     async def stream(self, worker: str, request: GenerationRequest, pool: PoolConfig,

@@ -35,9 +35,10 @@ from gateway.upstream.adapters.base import (
     StreamItem,
     worker_params,
 )
+from gateway.upstream.adapters.calls import answers, post_json
 from gateway.upstream.adapters.openai import OpenAIAdapter
 from gateway.upstream.adapters.reply import Reply, no_finish, spec_counters, usage_of
-from gateway.upstream.adapters.wire import answers, post, post_json, sse_data
+from gateway.upstream.adapters.wire import post, sse_data
 from gateway.upstream.http1 import Http1Client
 from policies.prior import Measured, MeasuredError, WorkerPrior
 from policies.request_limits import JSON_OBJECT_SCHEMA
@@ -162,11 +163,12 @@ class SGLangAdapter:
         return await answers(self.client, worker, timeout_s)
 
     async def generate(self, worker: str, request: GenerationRequest, pool: PoolConfig,
-                       k: int) -> GenerationResult:
+                       k: int, deadline: float | None = None) -> GenerationResult:
         if self._openai_route(request):
-            return await self.chat.generate(worker, request, pool, k)
+            return await self.chat.generate(worker, request, pool, k, deadline)
         body = await post_json(self.client, worker, "/generate",
-                               self.payload(request, pool, k, stream=False), pool.api_key)
+                               self.payload(request, pool, k, stream=False), pool.api_key,
+                               deadline)
         return result_from_generate(worker, body, request.native is not None)
 
     async def stream(self, worker: str, request: GenerationRequest, pool: PoolConfig,

@@ -33,7 +33,7 @@ from gateway.telemetry.spans import make_tracer
 from gateway.tenants.auth import DEFAULT_TENANT, Authenticator
 from gateway.tenants.limits import Limits
 from gateway.upstream.adapters.base import Delta, Final
-from gateway.upstream.adapters.wire import upstream_message
+from gateway.upstream.adapters.calls import upstream_message
 from gateway.upstream.http1 import Http1Client
 
 
