@@ -25,9 +25,10 @@ from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
-from bench.traces.adaptive import profile_of
+from bench.traces.adaptive import adaptive, profile_of
+from bench.traces.fleets import PLAIN, Costs, PoolSpec, grid, mix_sequence, score_fleets
 from bench.traces.world import DATA, LAWS, MEASURED, Trace, load_prompts, load_traces, serve
-from policies.prior import MeasuredEntry
+from policies.prior import Measured, MeasuredEntry
 
 METHODS = ("ngram", "eagle")
 KS = (1, 2, 4, 8)
@@ -79,10 +80,6 @@ def split_check(traces: dict[str, dict[str, Trace]], prompts: dict[str, dict],
     per-request-k fleet (bench/traces/run.py `prk`, cold and warm) over the best
     homogeneous fleet, its embedded workers' prior either `baseline` or `doc` with the
     rows this module derives from the other half only."""
-    from bench.traces.adaptive import adaptive
-    from bench.traces.fleets import PLAIN, Costs, PoolSpec, grid, mix_sequence, score_fleets
-    from policies.prior import Measured
-
     model = traces[ids[0]]["plain"].model
     category = {i: traces[i]["plain"].category for i in ids}
     profiles = {i: profile_of(prompts[i], traces[i]["plain"].output_tokens, model)[0]

@@ -27,8 +27,7 @@ class DisconnectWatch:
 
     __slots__ = ("task", "receive", "waiter", "clock", "armed", "fired")
 
-    def __init__(self, receive: Receive, after_s: float = 0.0, clock: Clock | None = None
-                 ) -> None:
+    def __init__(self, receive: Receive, clock: Clock, after_s: float = 0.0) -> None:
         task = asyncio.current_task()
         assert task is not None
         self.task, self.receive = task, receive
@@ -36,8 +35,8 @@ class DisconnectWatch:
         self.waiter: asyncio.Future | None = None
         self.clock: Clock | None = None
         if after_s > 0:  # on the app's clock (`gateway.http.deadlines`): no timer of its own
-            self.clock = clock if clock is not None else Clock()
-            self.clock.arm(self, time.monotonic() + after_s)
+            self.clock = clock
+            clock.arm(self, time.monotonic() + after_s)
         else:
             self.fire()
 

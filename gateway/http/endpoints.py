@@ -136,7 +136,7 @@ class TokenEndpoint:
             trace.fail(exc.status, exc.code)
             await send_error(send, exc)
             return
-        watch = DisconnectWatch(receive, WATCH_AFTER_S, gateway.clock)  # the client may leave
+        watch = DisconnectWatch(receive, gateway.clock, WATCH_AFTER_S)  # the client may leave
         job: Admitted | None = None
         try:
             try:

@@ -10,6 +10,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Route
 
 from gateway.http.app import GatewayApp, http_error
+from gateway.http.deadlines import Clock
 from gateway.http.disconnect import DisconnectWatch
 
 
@@ -36,7 +37,7 @@ async def test_token_route_front_door_and_405() -> None:
 
 async def watched(receive, work_s: float, after_s: float = 0.0) -> str:  # noqa: ANN001
     """A request of `work_s` under a watch: how it ended."""
-    watch = DisconnectWatch(receive, after_s)
+    watch = DisconnectWatch(receive, Clock(), after_s)
     try:
         await asyncio.sleep(work_s)
     except asyncio.CancelledError:
@@ -70,7 +71,7 @@ async def test_disconnect_after_close_does_not_cancel() -> None:
         return await message
 
     async def request() -> str:
-        watch = DisconnectWatch(receive)
+        watch = DisconnectWatch(receive, Clock())
         await asyncio.sleep(0)  # the waiter is now parked in receive()
         message.set_result({"type": "http.disconnect"})
         await asyncio.sleep(0)  # the waiter completes; its callback is queued, not run
