@@ -6,8 +6,11 @@ calls, and coroutines resumed when an await completes) is put in its area: a gat
 subpackage (`gateway/http`, `gateway/core`, `gateway/routing`, ...), `policies` or
 `workers`. The gateway's ground modules (config, schemas, pools, errors, pins) and
 `gateway/telemetry` (spans and metrics that every layer touches) are leaves and left
-out. The walk is the sequence of areas with repeats collapsed; its crossings are its
-length less one. Deterministic for a given tree: the same request, warm, one at a time.
+out. The deadline clock's tick (`gateway/http/deadlines.py` `Clock._tick`, a loop timer
+every 10 ms while any deadline of any request is armed) is the loop's housekeeping, not
+a call of the request, and is left out too, with what runs inside it. The walk is
+the sequence of areas with repeats collapsed; its crossings are its length less one.
+Deterministic for a given tree: the same request, warm, one at a time.
 
     python -m bench.gateway.walk             # the walk of a chat request, area by area
 """
@@ -32,6 +35,7 @@ from gateway.http.app import create_app
 
 ROOT = Path(__file__).resolve().parents[2]
 LEAVES = frozenset({"gateway", "gateway/telemetry"})
+HOUSEKEEPING = frozenset({"deadlines.py:_tick"})  # left out with every call inside them
 BODY = orjson.dumps({"model": "bench", "max_tokens": 8,
                      "messages": [{"role": "user", "content": "hello"}]})
 
@@ -70,11 +74,19 @@ async def walk(app, body: bytes = BODY) -> list[Stay]:  # noqa: ANN001 - any ASG
         assert await post(app, body, "") == 200
     await asyncio.sleep(0.2)  # the warm-up requests' records reported
     calls: list[tuple[str, str]] = []
+    inside: list[FrameType] = []  # the housekeeping call running, if any
 
     def profile(frame: FrameType, event: str, arg: object) -> None:
+        if inside:
+            if event == "return" and frame is inside[0]:
+                inside.clear()
+            return
         if event == "call" and (area := area_of(frame.f_code.co_filename)) is not None:
-            calls.append((area, f"{Path(frame.f_code.co_filename).name}:"
-                                f"{frame.f_code.co_name}"))
+            where = f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}"
+            if where in HOUSEKEEPING:
+                inside.append(frame)
+            else:
+                calls.append((area, where))
 
     sys.setprofile(profile)
     try:
