@@ -19,14 +19,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from types import SimpleNamespace
 
 import orjson
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gateway.classifier.classify import classify, load_classifier
 from gateway.classifier.minimal import minimal_profile
 from gateway.config import ServerConfig, TenantConfig, hash_api_key, parse_config
 from gateway.core.admit import admit
-from gateway.core.services import Core
 from gateway.errors import (
     AuthenticationFailed,
     ClientError,
@@ -35,6 +34,7 @@ from gateway.errors import (
 )
 from gateway.http.bodies import check_media_type, content_length
 from gateway.http.endpoints import TokenEndpoint, read_request
+from gateway.http.gateway import Gateway
 from gateway.http.responses import ChunkWriter
 from gateway.pins import Pin, parse_pinned_k
 from gateway.schemas import ROLES, GenerationRequest, parse_request
@@ -287,11 +287,11 @@ def test_media_type_and_length_parsing(value: bytes | None) -> None:
 
 HEADER_NAMES = [b"authorization", b"content-length", b"content-type", b"x-specroute-pool",
                 b"x-specroute-k", b"x-specroute-benchmark", b"x-other"]
-GATEWAY = Core(parse_config({"pools": [{"name": "p", "engine": "sglang", "model": "m",
-                                         "workers": ["http://127.0.0.1:1"]}],
-                              "tenants": [{"name": "acme",
-                                           "api_key_sha256": [hash_api_key("sk-real")]}]}),
-               policy="first", classify=minimal_profile)
+GATEWAY = Gateway(parse_config({"pools": [{"name": "p", "engine": "sglang", "model": "m",
+                                            "workers": ["http://127.0.0.1:1"]}],
+                                 "tenants": [{"name": "acme",
+                                              "api_key_sha256": [hash_api_key("sk-real")]}]}),
+                  policy="first", classify=minimal_profile)
 GATEWAY.pools["p"].workers[0].healthy = True  # as if probed: the route needs a worker
 
 
@@ -306,6 +306,8 @@ async def read_and_admit(headers: list, receive: Callable[[], Awaitable[dict]]) 
                                       [b"Bearer sk-real", b"application/json", b"3", b"12"])),
                         max_size=8),
        body=st.binary(max_size=40) | st.just(b'{"model": "m", "prompt": "x"}'))
+@example(headers=[(b"authorization", b"Bearer sk-real"), (b"content-type", b"application/json")],
+         body=b'{"model": "m", "prompt": "x"}')  # authenticated: the body is read and admitted
 def test_read_request_accepts_or_raises_a_client_error(headers: list, body: bytes) -> None:
     """Whatever the header bytes (repeated names included) and body, `read_request`
     then the core's `admit` return or raise a `ClientError` (4xx): never another
