@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from gateway.typed_config import ConfigError, build, list_of, positive, str_list
-from policies.decision import PolicyConfig
+from policies.decision import LEARNING_UNITS, PolicyConfig
 from policies.fleet import ENGINES, FleetPool
 from policies.prior import MeasuredError, read_measured
 from workers.fleet.launch import WORKER_API_KEY_ENV
@@ -272,6 +272,8 @@ def _policy(raw: Any, path: str) -> PolicyConfig:
             raise ConfigError(f"{path}.{name}: must be in 0..1, got {getattr(policy, name)}")
     positive(policy.refit_interval_s, f"{path}.refit_interval_s")
     positive(policy.decay_tau_s, f"{path}.decay_tau_s")
+    if policy.learning_unit not in LEARNING_UNITS:
+        raise ConfigError(f"{path}.learning_unit: one of {LEARNING_UNITS}, not {policy.learning_unit!r}")
     return policy
 
 

@@ -27,7 +27,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
-from policies.types import RequestRecord
+from policies.types import ANY_TASK, RequestRecord
 
 DECAY_TAU_S = 300.0  # default decay time constant; the gateway's policy.decay_tau_s
 ERA_TAUS = 8.0
@@ -69,6 +69,12 @@ class ContextKey:
     def decode(cls, text: str) -> ContextKey:
         model, pool, method, k, task, bucket, load = text.split("|")
         return cls(model, pool, method, int(k), task, bucket, int(load))
+
+    def accept_key(self, pooled: bool = False) -> tuple[str, str, str, str]:
+        """The acceptance context it adds to (policies.prior.AcceptKey): its class's, or
+        with `pooled` (`PolicyConfig.learning_unit` "pool") every class's at once."""
+        return (self.model, self.method, ANY_TASK if pooled else self.task,
+                self.temperature_bucket)
 
     @classmethod
     def of(cls, rec: RequestRecord) -> ContextKey:

@@ -91,6 +91,10 @@ class PolicyConfig:
     plain_pool_margin: float = 0.25
     # scale pools' learned acceptance by the request's `drafter_scales`; off: class means only
     request_prediction: bool = True
+    # acceptance learned per "class" (the request's scale against its class's mean) or per
+    # "pool" (every class at once, `pooled_scales`: the prediction tells requests apart, the
+    # pool's telemetry calibrates it); classes stay the unit of hysteresis and demand
+    learning_unit: str = "class"
     seed: int = 0
     # Time constant of the telemetry's exponential decay: the gateway's store and the
     # simulator's both use it (the drift view decays 5x faster; docs/POLICY.md).
@@ -98,6 +102,7 @@ class PolicyConfig:
     learner: LearnerConfig = LearnerConfig()
 
 
+LEARNING_UNITS = ("class", "pool")
 RANKED_MEMO_SIZE = 4096  # (pools in their load slots, context) rankings kept per refit
 
 
@@ -117,7 +122,8 @@ class Policy:
     def __init__(self, store: Telemetry, config: PolicyConfig | None = None) -> None:
         self.store = store
         self.config = config or PolicyConfig()
-        self.learner = Learner(self.config.learner)
+        self.learner = Learner(self.config.learner,
+                               pooled=self.config.learning_unit == LEARNING_UNITS[1])
         # Shared between the event loop (decide) and the learner thread (refit) only by
         # swapping whole objects, never by mutating one the other may be iterating: the
         # state and its option memo are replaced together, the pool map copy-on-write.
@@ -186,7 +192,7 @@ class Policy:
         so memoised with the state (a request whose pools sit in the same slots as an
         earlier one's is a lookup)."""
         model, task, bucket = profile.model, profile.task, profile.temperature_bucket
-        scales = profile.drafter_scales if self.config.request_prediction else ()
+        scales = self._scales(profile)
         keys = []
         for pool in pools:
             if pool.healthy_workers > 0:
@@ -240,8 +246,7 @@ class Policy:
 
     def _decision(self, options: list[Option], chosen: Option, profile: RequestProfile,
                   plain_tps: float, explored: bool) -> Decision:
-        scale = (method_scale(profile.drafter_scales, chosen.pool.method)
-                 if self.config.request_prediction else 1.0)
+        scale = method_scale(self._scales(profile), chosen.pool.method)
         return Decision(
             pool=chosen.pool.name, method=chosen.pool.method if chosen.k else "plain",
             k=chosen.k, reason=reason_line(chosen, profile.task, profile.temperature_bucket,
@@ -249,6 +254,12 @@ class Policy:
             predicted_accept_length=chosen.accept_length,
             predicted_tokens_per_s=chosen.tokens_per_s, explored=explored,
             fallbacks=fallbacks(options, chosen), accept_scale=scale if chosen.k else 1.0)
+
+    def _scales(self, profile: RequestProfile) -> tuple[tuple[str, float], ...]:
+        """The request's predicted scales against its learning unit's mean."""
+        if not self.config.request_prediction:
+            return ()
+        return profile.pooled_scales if self.learner.pooled else profile.drafter_scales
 
     def observe(self, record: RequestRecord) -> None:
         """Hand a finished request to the store (enqueue only; learning happens in refit).

@@ -64,8 +64,10 @@ class KWindow:
     `fresh`: the last seconds' (a x steps, steps, requests), a inverted at each k."""
 
     def __init__(self, ridge: float = 0.02, bounds: tuple[float, float] = (-0.5, 1.0),
-                 min_steps: float = 20.0, fresh_fraction: float = 0.04) -> None:
+                 min_steps: float = 20.0, fresh_fraction: float = 0.04,
+                 pooled: bool = False) -> None:
         self.ridge, self.bounds, self.min_steps = ridge, bounds, min_steps
+        self.pooled = pooled  # one context for every class (`ContextKey.accept_key`)
         self.fresh_fraction = fresh_fraction
         self.fresh: dict[AcceptKey, list[float]] = {}
         self._last: dict[str, ContextStats] = {}
@@ -85,7 +87,7 @@ class KWindow:
             depth = draft_depth(ctx.method, ctx.k, depths)
             if depth < 1 or ctx.method == "plain" or stats.steps <= 0:
                 continue
-            key = (ctx.model, ctx.method, ctx.task, ctx.temperature_bucket)
+            key = ctx.accept_key(self.pooled)
             whole = per_depth[key][depth]
             whole[0] += stats.tokens
             whole[1] += stats.steps

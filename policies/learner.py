@@ -45,6 +45,7 @@ from policies.cost import (
 from policies.kslope import KWindow, Tilt, tilted_accept
 from policies.methods import TREE_DEPTH
 from policies.prior import AcceptKey, CurvePoint
+from policies.types import ANY_TASK
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,14 +107,21 @@ class PolicyState:
     # where workers counted them (policies/accept_curve.py)
     accept_histograms: dict[tuple[str, int, str, str, str], tuple[float, ...]] = field(
         default_factory=dict)
+    # one acceptance per (model, method, bucket) for every class (`ANY_TASK`): the
+    # learning unit is the pool, the request's pooled scale tells requests apart
+    pooled: bool = False
 
     def accept(self, model: str, method: str, task: str, bucket: str) -> tuple[float, float]:
         """(blended a, request count) for a context; the prior when unseen."""
-        key = (model, method, task, bucket)
+        key = (model, method, ANY_TASK if self.pooled else task, bucket)
         found = self.acceptance.get(key)
         if found is not None:
             return found
         return self.prior.get(key, self.default_accept), 0.0
+
+    def tilt(self, model: str, method: str, task: str, bucket: str) -> Tilt | None:
+        """The context's slope of a in k (policies/kslope.py), None if not fitted."""
+        return self.accept_tilt.get((model, method, ANY_TASK if self.pooled else task, bucket))
 
     def cost(self, pool: str) -> StepCost:
         return self.costs.get(pool, self.fleet_cost)
@@ -128,10 +136,14 @@ class PolicyState:
 
 
 class Learner:
-    def __init__(self, config: LearnerConfig | None = None) -> None:
+    def __init__(self, config: LearnerConfig | None = None, pooled: bool = False) -> None:
+        """`pooled`: learn acceptance per (model, method, bucket) for every class at once
+        (`ANY_TASK`), the prior being the mean of the classes' priors."""
         self.config = config or LearnerConfig()
+        self.pooled = pooled
         self._version = 0
-        self._window = KWindow(self.config.tilt_ridge, self.config.tilt_range)
+        self._window = KWindow(self.config.tilt_ridge, self.config.tilt_range,
+                               pooled=pooled)
         self._no_tilt_until: dict[AcceptKey, float] = {}
         self._now, self._tau = 0.0, 0.0
 
@@ -150,6 +162,8 @@ class Learner:
         contexts = [(ContextKey.decode(key), stats) for key, stats in snapshot.items()
                     if stats.n > 1e-6]
         prior = dict(prior or {})
+        if self.pooled:
+            prior.update(pooled_prior(prior))
         default = self.config.default_accept
         depths = self._depths(contexts)
         evidence = self._evidence(contexts)
@@ -171,7 +185,7 @@ class Learner:
                            frozenset(p for p, points in (step_curves or {}).items() if points),
                            self._pool_draft_k(contexts), self._per_k(contexts),
                            share, group_length, tilts,
-                           accept_histograms=self._histograms(contexts))
+                           accept_histograms=self._histograms(contexts), pooled=self.pooled)
 
     @staticmethod
     def _batch_mix(contexts: list[tuple[ContextKey, ContextStats]], groups: Mapping[str, str]
@@ -215,8 +229,8 @@ class Learner:
                 acc[j] += steps
         return {key: tuple(h) for key, h in sums.items()}
 
-    @staticmethod
-    def _evidence(contexts: list[tuple[ContextKey, ContextStats]]) -> dict[AcceptKey, float]:
+    def _evidence(self, contexts: list[tuple[ContextKey, ContextStats]]
+                  ) -> dict[AcceptKey, float]:
         """Requests ever behind each acceptance context, undecayed: what the prior is
         weighed against. The estimate itself follows the decayed sums, but a prior is what
         was known before any traffic, and a decayed count handed it its weight back: on a
@@ -226,7 +240,7 @@ class Learner:
         out: dict[AcceptKey, float] = defaultdict(float)
         for ctx, stats in contexts:
             if ctx.k > 0 and ctx.method != "plain" and stats.steps > 0:
-                out[(ctx.model, ctx.method, ctx.task, ctx.temperature_bucket)] += stats.evidence
+                out[ctx.accept_key(self.pooled)] += stats.evidence
         return dict(out)
 
     def _depths(self, contexts: list[tuple[ContextKey, ContextStats]]) -> dict[str, int]:
@@ -281,8 +295,7 @@ class Learner:
         on `grouped` pools (per-request-k: on fixed-k fleets it moved requests between
         pools sooner and cost the fine-tuned phase 0.5%). Either marks the context as
         drifted: no slope in k is fitted for it for the telemetry's time constant."""
-        fast = {(c.model, c.method, c.task, c.temperature_bucket) for c, _ in contexts
-                if c.pool in (grouped or {})}
+        fast = {c.accept_key(self.pooled) for c, _ in contexts if c.pool in (grouped or {})}
         long = self._pool_acceptance(((ctx, stats) for ctx, stats in contexts), depths)
         recent = self._pool_acceptance(((ctx, stats.recent) for ctx, stats in contexts
                                         if stats.recent is not None), depths)
@@ -302,8 +315,7 @@ class Learner:
                 self._no_tilt_until[key] = self._now + self._tau
         return out
 
-    @staticmethod
-    def _pool_acceptance(contexts: Iterable[tuple[ContextKey, ContextStats]],
+    def _pool_acceptance(self, contexts: Iterable[tuple[ContextKey, ContextStats]],
                          depths: Mapping[str, int]
                          ) -> dict[AcceptKey, tuple[float, float, float]]:
         sums: dict[AcceptKey, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
@@ -311,7 +323,7 @@ class Learner:
             if ctx.k <= 0 or ctx.method == "plain" or stats.steps <= 0:
                 continue
             a = invert_method_accept_length(stats.accept_length, ctx.method, ctx.k, depths)
-            acc = sums[(ctx.model, ctx.method, ctx.task, ctx.temperature_bucket)]
+            acc = sums[ctx.accept_key(self.pooled)]
             acc[0] += a * stats.steps
             acc[1] += stats.steps
             acc[2] += stats.known
@@ -367,3 +379,12 @@ class Learner:
             if best[1] >= self.config.min_incumbent_requests:
                 incumbent[key] = best[0]
         return incumbent, dict(traffic)
+
+
+def pooled_prior(prior: Mapping[AcceptKey, float]) -> dict[AcceptKey, float]:
+    """Per (model, method, bucket), the mean of its classes' priors, as `ANY_TASK`'s."""
+    per: dict[AcceptKey, list[float]] = defaultdict(list)
+    for (model, method, task, bucket), a in prior.items():
+        if task != ANY_TASK:
+            per[(model, method, ANY_TASK, bucket)].append(a)
+    return {key: statistics.fmean(values) for key, values in per.items()}

@@ -162,8 +162,8 @@ def evaluate(state: PolicyState, pool: PoolView, model: str, task: str, bucket: 
     without). Scored (`pool_score`) by the request's own tokens/s at its own best k,
     so pools compare alike whatever their fits say about batch-mates. `tilted`: `a`
     read at each k along the context's slope in k (`PolicyState.accept_tilt`).
-    `scale`: the request's predicted extra tokens per step against its class's
-    (policies/predictor.py), applied to the context's learned `a` (not to `accept`, an
+    `scale`: the request's predicted extra tokens per step against its class's (its
+    learning unit's: policies/predictor.py), applied to the context's learned `a` (not to `accept`, an
     explicit acceptance such as exploration's optimistic one, already the request's)."""
     a, n = state.accept(model, pool.method, task, bucket)
     if accept is not None:
@@ -171,8 +171,8 @@ def evaluate(state: PolicyState, pool: PoolView, model: str, task: str, bucket: 
     elif scale != 1.0:
         a = scaled_accept(a, pool.method, scale, TRACE_K)
     ks = candidate_ks(pool, top_k)
-    tilt = (state.accept_tilt.get((model, pool.method, task, bucket))
-            if tilted and pool.per_request_k else None)
+    tilt = state.tilt(model, pool.method, task, bucket) if tilted and pool.per_request_k \
+        else None
     options = [make_option(state, pool, k, a, n, load, tilt) for k in ks]
     own = max(options, key=lambda o: o.tokens_per_s)
     if mix and batch_aware and len(ks) > 1 and pool.name in state.cost_measured:

@@ -8,7 +8,8 @@ step (accept length - 1) over its class's mean in the training data, quantised t
 powers of two in [1/4, 4] so that decisions stay memoised per level. The policy scales
 the acceptance it learned per (pool, class) by it (`scaled_accept`): the class's live
 acceptance calibrates each pool, the prediction says how this request differs from its
-class.
+class. `pooled_scales`: the same against the mean of every training request (`ANY_TASK`),
+for a policy that learns one acceptance per pool (`PolicyConfig.learning_unit` "pool").
 
 The model is a small gradient-boosted tree ensemble per family, fitted offline by
 `python -m bench.training.predictor` (scikit-learn; docs/POLICY.md, "Per-request
@@ -28,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from policies.acceptance import invert_method_accept_length, method_accept_length
+from policies.types import ANY_TASK
 
 DEFAULT_PATH = Path(__file__).resolve().parent / "data" / "predictor.json"
 # Which family's prediction a pool's method reads: prompt lookup is n-gram's; drafters
@@ -45,6 +47,8 @@ LEVEL_MAX = 2.0  # scales in [2**-2, 2**2]
 # always goes left (threshold +inf) with equal leaves. Unrolled, a tree costs a few
 # comparisons and no loop: 120 trees are most of a prediction's time.
 Tree = tuple[int, float, int, float, float, float, int, float, float, float]
+Scales = tuple[tuple[str, float], ...]
+Fields = tuple[Scales, Scales, Scales]  # predicted accept, drafter scales, pooled scales
 MAX_DEPTH = 2
 
 
@@ -81,6 +85,8 @@ class Predictor:
             for family, model in document["families"].items()}
         self.class_mean: dict[str, dict[str, float]] = {
             family: dict(means) for family, means in document["class_mean"].items()}
+        for means in self.class_mean.values():  # files fitted before the pooled mean
+            means.setdefault(ANY_TASK, sum(means.values()) / len(means))
 
     @classmethod
     def load(cls, path: Path | str | None = None) -> Predictor:
@@ -101,19 +107,19 @@ class Predictor:
             out[family] = math.exp(total)
         return out
 
-    def profile_fields(self, task: str, x: Sequence[float]
-                       ) -> tuple[tuple[tuple[str, float], ...], tuple[tuple[str, float], ...]]:
-        """A request's `RequestProfile.predicted_accept` (per family, rounded) and
-        `drafter_scales`, in one call (the classifier's one step into policies)."""
+    def profile_fields(self, task: str, x: Sequence[float]) -> Fields:
+        """A request's `RequestProfile.predicted_accept` (per family, rounded),
+        `drafter_scales` and `pooled_scales`, in one call (the classifier's one step into
+        policies)."""
         predicted = self.accept_lengths(x)
         return (tuple((family, round(value, 2)) for family, value in sorted(predicted.items())),
-                self.scales(task, predicted))
+                self.scales(task, predicted), self.scales(ANY_TASK, predicted))
 
     def scales(self, task: str, predicted: Mapping[str, float]
                ) -> tuple[tuple[str, float], ...]:
         """Per family, the quantised scale of a request's extra tokens per step
-        (`predicted`: `accept_lengths`) against its class's mean (module docstring);
-        sorted by family."""
+        (`predicted`: `accept_lengths`) against its class's mean (module docstring; the
+        mean of every request for `ANY_TASK`); sorted by family."""
         return tuple((family, quantise(ratio(predicted[family], self.class_mean[family][task])))
                      for family in sorted(predicted) if task in self.class_mean[family])
 

@@ -20,6 +20,9 @@ from policies.request_limits import MAX_K
 # three; `edit` comes from rules (gateway/classifier/grounded.py).
 Task = Literal["code", "structured", "chat", "edit"]
 TASKS: tuple[Task, ...] = ("code", "structured", "chat", "edit")
+# The acceptance context of every class at once: where the policy learns per pool, not per
+# class (`PolicyConfig.learning_unit` "pool"), the request's prediction tells requests apart
+ANY_TASK = "any"
 
 
 def temperature_bucket(temperature: float) -> str:
@@ -48,6 +51,9 @@ class RequestProfile:
     # learned for the class (empty: no prediction, scale 1)
     predicted_accept: tuple[tuple[str, float], ...] = ()
     drafter_scales: tuple[tuple[str, float], ...] = ()
+    # the same scale against the mean of every request (not the class's): what the policy
+    # applies where it learns one acceptance per pool (`PolicyConfig.learning_unit`)
+    pooled_scales: tuple[tuple[str, float], ...] = ()
 
     @property
     def temperature_bucket(self) -> str:
@@ -57,9 +63,10 @@ class RequestProfile:
         out = asdict(self)
         out["temperature_bucket"] = self.temperature_bucket
         out["reasons"] = list(self.reasons)
-        del out["predicted_accept"], out["drafter_scales"]
+        del out["predicted_accept"], out["drafter_scales"], out["pooled_scales"]
         out["predicted"] = {"accept_length": dict(self.predicted_accept),
-                            "scale": dict(self.drafter_scales)}
+                            "scale": dict(self.drafter_scales),
+                            "pooled_scale": dict(self.pooled_scales)}
         return out
 
 

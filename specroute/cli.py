@@ -139,6 +139,7 @@ BENCH_OPTIONS: dict[str, dict] = {
     "--scale": {"type": float, "default": None},
     "--follow-fleet": {"action": "store_true"},
     "--traces": {"default": None, "metavar": "PATH"},
+    "--learning-unit": {"default": None, "choices": ["class", "pool"]},
     "--prompt-file": {"default": None, "metavar": "PATH"},
     "--temperatures": {"default": None},
     "--body-mode": {"default": "BUFFERED",
@@ -204,7 +205,8 @@ BENCHES: dict[str, tuple[str, dict[str, str | tuple[str, dict]]]] = {
                       "builds it)",
                       {"type": str, "metavar": "PATH"}),
         "--seeds": "comma-separated replicate seeds: request order and mix draws "
-                   "(default 0,1,2; --quick 0)"}),
+                   "(default 0,1,2; --quick 0)",
+        "--learning-unit": "the policy's `learning_unit`: class (default) or pool"}),
     "memory": ("the `specroute up` stack's memory: PSS summed over its processes, ready and "
                "after a request to every pool", {"--model": MODEL_HELP}),
     "picker": ("specroute as Envoy's endpoint picker beside Envoy alone, the gateway and "

@@ -40,6 +40,7 @@ from gateway.telemetry.record import Outcome, Timer, request_record
 from gateway.telemetry.worker_stats import SpecStats, Usage
 from policies.decision import Policy, PolicyConfig
 from policies.methods import default_k
+from policies.predictor import Predictor
 from policies.prior import Measured, WorkerPrior
 from policies.telemetry import LocalTelemetry
 from policies.types import Decision, PoolView, RequestProfile
@@ -55,11 +56,11 @@ def body(prompt: dict, max_tokens: int, model: str) -> dict:
             "max_tokens": max_tokens}
 
 
-def profile_of(prompt: dict, max_tokens: int, model: str
+def profile_of(prompt: dict, max_tokens: int, model: str, predictor: Predictor | None = None
                ) -> tuple[RequestProfile, GenerationRequest]:
     """The gateway's profile of the prompt (and the parsed request)."""
     request = parse_request(body(prompt, max_tokens, model), "chat")
-    return classify(request, TENANT.name), request
+    return classify(request, TENANT.name, predictor=predictor), request
 
 
 Probe = Callable[[str, Policy, RequestProfile, list[PoolView], Decision], None]
@@ -85,16 +86,18 @@ def per_request_view(method: str, max_k: int) -> PoolView:
 def adaptive(costs: Costs, sequence: Sequence[str], prompts: dict[str, dict],
              pools: Sequence[PoolSpec], world: str, seed: int, model: str,
              warmup: Sequence[str] = (), probe: Probe | None = None,
-             per_request_k: int = 0, measured: Measured | None = None) -> Run:
+             per_request_k: int = 0, measured: Measured | None = None,
+             unit: str = "class", predictor: Predictor | None = None) -> Run:
     """The policy serves `warmup` (learning, not scored), then `sequence` (scored);
     `probe` sees each scored request's decision before it is served (bench/traces/
     diagnose.py). `per_request_k` > 0: the pools' methods as per-request-k pools with that
     largest k (module docstring). `measured`: the embedded workers' measured.json in place
-    of the shipped one."""
+    of the shipped one. `unit`: `PolicyConfig.learning_unit`; `predictor`: the drafter
+    predictor in place of the shipped one (a split check fits its own)."""
     engine = ENGINE[world]
     now = [0.0]
     store = LocalTelemetry(PolicyConfig().decay_tau_s, clock=lambda: now[0])
-    policy = Policy(store, PolicyConfig(seed=seed))
+    policy = Policy(store, PolicyConfig(seed=seed, learning_unit=unit))
     if per_request_k:
         views = [replace(per_request_view(p.method, per_request_k), outstanding=costs.batch - 1)
                  for p in pools]
@@ -119,7 +122,7 @@ def adaptive(costs: Costs, sequence: Sequence[str], prompts: dict[str, dict],
             policy.refit()
             next_refit, since = now[0] + REFIT_EVERY_S, 0
         output = costs.traces[rid]["plain"].output_tokens
-        profile, request = profile_of(prompts[rid], output, model)
+        profile, request = profile_of(prompts[rid], output, model, predictor)
         decision = policy.decide(profile, views)
         pool = by_name[decision.pool]
         if per_request_k:  # served at the decision's k; 0 is a plain step on that worker

@@ -102,14 +102,15 @@ def desired_k_rows(run: Run, costs: Costs, sequence: list[str], pools: list[Pool
 
 def per_request_k_fleets(costs: Costs, sequence: list[str], prompts: dict[str, dict],
                          launched: list[PoolSpec], pools: list[PoolSpec], seed: int,
-                         model: str, max_k: int, warmup: list[str]) -> dict[str, float]:
+                         model: str, max_k: int, warmup: list[str], unit: str = "class"
+                         ) -> dict[str, float]:
     """The embedded engine's per-request-k pools, cold and warm, and the per-request
     best of every pool of the grid (module docstring)."""
     anyk = best_by_group(costs, sequence, [str(i) for i in range(len(sequence))], pools)
     cold = adaptive(costs, sequence, prompts, launched, "embedded", seed, model,
-                    per_request_k=max_k)
+                    per_request_k=max_k, unit=unit)
     warm = adaptive(costs, sequence, prompts, launched, "embedded", seed, model, warmup,
-                    per_request_k=max_k)
+                    per_request_k=max_k, unit=unit)
     return {"oracle_any_k": costs.score(list(zip(sequence, anyk, strict=True))),
             "prk": cold.score, "prk_warm": warm.score}
 
@@ -130,7 +131,7 @@ def route_rows(world: str, batch: int, sequence: list[str], category: dict[str, 
 
 def evaluate(traces: dict[str, dict[str, Trace]], prompts: dict[str, dict], seeds: list[int],
              worlds: tuple[str, ...] = WORLDS, batches: tuple[int, ...] = BATCHES,
-             mixes: tuple[float | None, ...] = MIXES) -> dict:
+             mixes: tuple[float | None, ...] = MIXES, unit: str = "class") -> dict:
     ids = usable(traces, prompts)
     max_k = min(t.k for m in traces.values() for t in m.values() if t.method != "plain")
     pools = grid(max_k)
@@ -155,12 +156,13 @@ def evaluate(traces: dict[str, dict[str, Trace]], prompts: dict[str, dict], seed
                     scores = score_fleets(costs, sequence, seen, pools, ENGINE[world])
                     name, top = scores.best_homogeneous
                     best_names.append(name)
-                    run = adaptive(costs, sequence, prompts, scores.launched, world, seed, model)
+                    run = adaptive(costs, sequence, prompts, scores.launched, world, seed, model,
+                                   unit=unit)
                     figures = {m: scores.homogeneous[scores.best[m].name] for m in scores.best}
                     # steady state: first a pass over another draw of the mix, not scored
                     warm = adaptive(costs, sequence, prompts, scores.launched, world, seed,
                                     model, mix_sequence(ids, category.__getitem__, share,
-                                                        seed + WARMUP_SEED))
+                                                        seed + WARMUP_SEED), unit=unit)
                     figures.update(static=scores.static, oracle_class=scores.oracle_class,
                                    oracle_request=scores.oracle_request, adaptive=run.score,
                                    adaptive_warm=warm.score)
@@ -168,7 +170,7 @@ def evaluate(traces: dict[str, dict[str, Trace]], prompts: dict[str, dict], seed
                         figures.update(per_request_k_fleets(
                             costs, sequence, prompts, scores.launched, pools, seed, model,
                             max_k, mix_sequence(ids, category.__getitem__, share,
-                                                seed + WARMUP_SEED)))
+                                                seed + WARMUP_SEED), unit))
                     for fleet, value in figures.items():
                         per_seed[fleet].append(value / top)
                     per_seed["best_tokens_per_s"].append(top)
@@ -184,14 +186,16 @@ def evaluate(traces: dict[str, dict[str, Trace]], prompts: dict[str, dict], seed
                                     **{f: spread(v) for f, v in per_seed.items()}})
     return {"requests": len(ids), "categories": sorted(set(category.values())),
             "copy_heavy": sorted(COPY_HEAVY & set(category.values())), "seeds": seeds,
-            "pools": [p.name for p in pools], "results": results, "desired_k": desired,
+            "pools": [p.name for p in pools], "learning_unit": unit, "results": results,
+            "desired_k": desired,
             "routes": routes}
 
 
 def table(report: dict) -> str:
     lines = [f"{report['requests']} requests; pools {', '.join(report['pools'])}; "
              f"copy-heavy categories {', '.join(report['copy_heavy']) or 'none'}; "
-             f"seeds {report['seeds']}",
+             f"seeds {report['seeds']}; the policy learns per "
+             f"{report.get('learning_unit', 'class')}",
              "tokens/s over the best homogeneous fleet (mean [low, high] over seeds)", "",
              "| world | mix | batch | best homogeneous | tok/s | " + " | ".join(FLEETS) + " |",
              "|---" * (5 + len(FLEETS)) + "|"]
@@ -252,7 +256,7 @@ def main(args: argparse.Namespace) -> int:
                 taken[category] += 1
                 keep.add(rid)
         traces = {i: m for i, m in traces.items() if i in keep}
-    report = evaluate(traces, prompts, seeds)
+    report = evaluate(traces, prompts, seeds, unit=args.learning_unit or "class")
     k16 = DATA / "smollm2-k16" / "traces.jsonl"
     if not args.traces and k16.exists():  # the approximation checked where both k's exist
         high = load_traces(k16)

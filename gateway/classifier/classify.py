@@ -188,7 +188,8 @@ def classify(request: GenerationRequest, tenant: str = "default", *,
     `model` and `predictor` override the cached ones (training evaluates fresh ones).
     """
     (task, reasons, constrained, tools), features = _analyse(request, model)
-    predicted, scales = profile_fields(predictor or cached_predictor(), task, features)
+    predicted, scales, pooled = profile_fields(predictor or cached_predictor(), task,
+                                               features)
     if request.max_tokens is not None:
         max_tokens = request.max_tokens
     else:
@@ -208,6 +209,7 @@ def classify(request: GenerationRequest, tenant: str = "default", *,
         reasons=tuple(reasons),
         predicted_accept=predicted,
         drafter_scales=scales,
+        pooled_scales=pooled,
     )
 
 

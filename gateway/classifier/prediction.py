@@ -11,11 +11,10 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from policies.predictor import Predictor
+from policies.predictor import Fields, Predictor
 
 log = logging.getLogger("specroute.gateway")
-Fields = tuple[tuple[tuple[str, float], ...], tuple[tuple[str, float], ...]]
-NO_PREDICTION: Fields = ((), ())
+NO_PREDICTION: Fields = ((), (), ())
 
 _PREDICTOR: Predictor | None = None
 _FAILED = False
@@ -44,7 +43,8 @@ def cached_predictor() -> Predictor | None:
 
 def profile_fields(predictor: Predictor | None, task: str, features: tuple[float, ...]
                    ) -> Fields:
-    """`RequestProfile.predicted_accept` and `drafter_scales` for a request."""
+    """`RequestProfile.predicted_accept`, `drafter_scales` and `pooled_scales` for a
+    request."""
     if predictor is None:
         return NO_PREDICTION
     return predictor.profile_fields(task, features)

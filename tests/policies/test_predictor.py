@@ -114,7 +114,7 @@ def test_explain_shows_the_prediction() -> None:
                       drafter_scales=(("eagle", 1.0), ("ngram", 2.0)))
     shown = profile.to_dict()
     assert shown["predicted"] == {"accept_length": {"eagle": 1.3, "ngram": 2.4},
-                                  "scale": {"eagle": 1.0, "ngram": 2.0}}
+                                  "scale": {"eagle": 1.0, "ngram": 2.0}, "pooled_scale": {}}
     assert "drafter_scales" not in shown
 
 

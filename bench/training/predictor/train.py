@@ -35,7 +35,7 @@ from bench.training.predictor.data import (
 )
 from gateway.classifier.features import FEATURES
 from policies.predictor import DEFAULT_PATH, TRACE_K, Predictor
-from policies.types import TASKS
+from policies.types import ANY_TASK, TASKS
 
 TREES = 60
 DEPTH = 2
@@ -81,6 +81,7 @@ def fit(rows: Sequence[Row]) -> dict:
         for task in TASKS:
             own = [r.accept_length[family] for r in rows if r.task == task]
             class_mean[family][task] = round(sum(own) / len(own) if own else overall, DIGITS)
+        class_mean[family][ANY_TASK] = round(overall, DIGITS)  # the pooled unit's mean
     return {
         "features": list(FEATURES),
         "k": TRACE_K,

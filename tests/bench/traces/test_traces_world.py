@@ -194,6 +194,22 @@ def test_adaptive_decisions_are_the_policys_and_it_learns(traces, prompts, slice
     assert served == {d.pool for d in first.decisions}
 
 
+def test_the_learning_unit_reaches_the_worlds_policy(traces, prompts, sliced) -> None:
+    """`bench traces --learning-unit pool`: the policy learns one acceptance per method
+    for every class, and a decision carries the request's pooled scale, not its class's."""
+    costs = Costs(traces, "h100", 1)
+    model = traces[sliced[0]]["plain"].model
+    pools = [PLAIN, PoolSpec("ngram", 4), PoolSpec("eagle", 2)]
+    run = adaptive(costs, sliced * 2, prompts, pools, "h100", 0, model, unit="pool")
+    state = run.policy.refit()
+    assert state.pooled and {task for _, _, task, _ in state.acceptance} == {"any"}
+    for rid, decision in zip(sliced * 2, run.decisions, strict=True):
+        profile = profile_of(prompts[rid], traces[rid]["plain"].output_tokens, model)[0]
+        family = "ngram" if decision.method == "ngram" else "eagle"
+        expected = dict(profile.pooled_scales).get(family, 1.0) if decision.k else 1.0
+        assert decision.accept_scale == expected
+
+
 def test_per_request_k_pools_serve_at_the_decisions_k(traces, prompts, sliced) -> None:
     """The embedded engine's pools as `specroute up` launches them: one per method, k
     chosen per request; each request is served at its decision's k (0: a plain step), the

@@ -82,7 +82,7 @@ def test_an_unreadable_predictor_leaves_the_class_and_no_prediction(
     again = classify(chat_request("Write a short poem about autumn leaves."))
     assert profile.task == "edit" and again.task == "chat"
     assert profile.predicted_accept == () and profile.drafter_scales == ()
-    assert profile.to_dict()["predicted"] == {"accept_length": {}, "scale": {}}
+    assert profile.to_dict()["predicted"] == {"accept_length": {}, "scale": {}, "pooled_scale": {}}
     warnings = [r for r in caplog.records if "drafter predictor not loaded" in r.getMessage()]
     assert len(warnings) == 1  # tried once
 
