@@ -8,14 +8,17 @@ own) in front of `bench.gateway.upstream` (its own process), runs its lifespan, 
 stage of one non-streaming "hello" chat request with the app's own objects, on this
 thread's CPU clock (`time.thread_time_ns`), median of N calls: parse (orjson + the
 typed request), authenticate, classify, decide (route: capability filter, the learned
-policy, the SLO hook), admission (enter + leave), upstream call (the adapter's body, the
-upstream round trip, reading the answer), relay (rendering the answer), record (the
-policy's record, the policy feed, the telemetry enqueue, the trace) and metrics
-(Prometheus, tenant metrics, the recent-traffic view, the HTTP answer counter). Then the
-whole request through the app's ASGI entry (main thread), and the threads' share (the
-telemetry store's flush, the policy's refit) as process CPU less main-thread CPU over a
-run of requests 8 at a time. The HTTP server (uvicorn) is not in it: it is what the
-minimal proxy pays too (`specroute bench gateway`).
+policy, the SLO hook), decide with every pool busy (as under load: the SLO hook checks
+the pick against the tenant's SLO; not in the sum), admission (enter + leave), upstream
+call (the adapter's body, the upstream round trip, reading the answer), relay (rendering
+the answer), record (the policy's record, the policy feed, the telemetry enqueue, the
+trace) and metrics (Prometheus, tenant metrics, the recent-traffic view, the HTTP answer
+counter). Then the whole request through the app's ASGI entry (main thread), one at a
+time and 32 in flight (the pool busy, so the SLO check runs: what `specroute bench
+gateway` loads at c32), and the threads' share (the telemetry store's flush, the
+policy's refit) as process CPU less main-thread CPU over a run of requests 8 at a time.
+The HTTP server (uvicorn) is not in it: it is what the minimal proxy pays too
+(`specroute bench gateway`).
 
 `--ablate` measures the other way round: the whole request's CPU as the gateway's parts
 are taken away one after another (record and metrics, classification, admission, the
@@ -156,6 +159,30 @@ async def _acpu(step: Callable[[], Awaitable[object]], calls: int) -> float:
     return statistics.median(times) / 1000
 
 
+async def _busy(gw, step: Callable[[], object], calls: int) -> float:  # noqa: ANN001
+    """`_cpu` with every pool busy (as under load: `busy_per_worker` requests in flight on
+    each worker), so the SLO-aware policy checks the pick against the tenant's SLO."""
+    workers = [w for pool in gw.pools.values() for w in pool.workers]
+    extra = int(gw.config.admission.busy_per_worker) + 1
+    for worker in workers:
+        worker.outstanding += extra
+    try:
+        return await _cpu(step, calls)
+    finally:
+        for worker in workers:
+            worker.outstanding -= extra
+
+
+async def _concurrent(app, calls: int, width: int) -> float:  # noqa: ANN001
+    """Main-thread CPU (us) a whole request, `width` in flight (the pools busy: the
+    SLO-aware policy's full check runs), over at least `calls` requests."""
+    batches = max(calls // width, 4)
+    start = time.thread_time_ns()
+    for _ in range(batches):
+        await asyncio.gather(*(post(app, BODY) for _ in range(width)))
+    return (time.thread_time_ns() - start) / (batches * width) / 1000
+
+
 async def stages(app, calls: int) -> dict:  # noqa: ANN001
     gw = app.state.gateway
     for _ in range(200):  # warm: connections, caches, the first refit
@@ -190,6 +217,8 @@ async def stages(app, calls: int) -> dict:  # noqa: ANN001
         "authenticate": await _cpu(lambda: gw.auth.tenant(f"Bearer {KEY}"), calls),
         "classify": await _cpu(lambda: gw.classify(request, tenant.name), calls),
         "decide": await _cpu(lambda: gw.router.route(request, profile, Pin()), calls),
+        "decide, pool busy": await _busy(gw, lambda: gw.router.route(request, profile, Pin()),
+                                         calls),
         "admission": await _acpu(admission, calls) if gw.admission is not None else 0.0,
         "upstream call": await _acpu(lambda: gw.dispatcher.generate(request, decision, pools),
                                      calls),
@@ -197,8 +226,9 @@ async def stages(app, calls: int) -> dict:  # noqa: ANN001
         "record": await _cpu(record, calls),
         "metrics": await _cpu(metrics, calls),
     }
-    out["sum of stages"] = round(sum(out.values()), 1)
+    out["sum of stages"] = round(sum(v for k, v in out.items() if k != "decide, pool busy"), 1)
     out["whole request, main thread"] = await _acpu(lambda: post(app, BODY), calls)
+    out["whole request, 32 in flight, main thread"] = await _concurrent(app, calls, 32)
     n = 8 * max(calls // 8, 8)
     process, thread = time.process_time(), time.thread_time()
     for _ in range(n // 8):
