@@ -79,7 +79,9 @@ async def read_request(gateway: Gateway, scope: Scope, receive: Receive,
     tenant, the pin headers `admit` reads (by lowercase name) and the body. The media
     type and the length are read as the bytes they came in; of a repeated header, the
     last one counts."""
-    media = declared = authorization = None
+    media: bytes | None = None
+    declared: bytes | None = None
+    authorization: bytes | None = None
     pins: dict[str, str] = {}
     for name, value in scope["headers"]:
         if name == b"content-type":
