@@ -30,6 +30,8 @@ class Pin:
     @classmethod
     def from_headers(cls, pool: str | None, k: str | None,
                      benchmark: str | None = None) -> Pin:
+        if pool is None and k is None and benchmark is None:
+            return NO_PIN  # nearly every request: no headers, one shared empty pin
         return cls(pool=pool or None, k=None if k is None else parse_pinned_k(k),
                    benchmark=benchmark is not None and benchmark.strip() not in ("", "0"))
 

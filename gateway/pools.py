@@ -75,7 +75,7 @@ class CircuitBreaker:
 
     def begin(self, now: float) -> None:
         """A request was sent; in half-open it is the one trial."""
-        if self.state(now) is BreakerState.HALF_OPEN:
+        if self.opened_at is not None and self.state(now) is BreakerState.HALF_OPEN:
             self.trial_in_flight = True
 
     def success(self) -> None:
@@ -109,7 +109,8 @@ class Worker:
         self.served_at = now
 
     def available(self, now: float) -> bool:
-        return self.healthy and not self.draining and self.breaker.allows(now)
+        return self.healthy and not self.draining and (
+            self.breaker.opened_at is None or self.breaker.allows(now))  # closed: no call
 
     def last_resort(self, now: float) -> bool:
         """Down only because its probes timed out: taken when nothing else is available."""
@@ -210,6 +211,8 @@ class Pool:
             eligible = [w for w in eligible if w.url not in exclude]
         if len(eligible) > 2:
             eligible = self.rng.sample(eligible, 2)
+        elif len(eligible) == 1:  # one worker: nothing to compare
+            return eligible[0]
         return min(eligible, key=lambda w: w.outstanding, default=None)
 
 

@@ -4,18 +4,24 @@
 
 Builds the gateway app in its production configuration (the `specroute bench gateway`
 one: learned policy, a tenant with an API key, Redis telemetry on a redis-server of its
-own) in front of `bench.gateway.upstream` (its own process), runs its lifespan, and times each
-stage of one non-streaming "hello" chat request with the app's own objects, on this
-thread's CPU clock (`time.thread_time_ns`), median of N calls: parse (orjson + the
-typed request), authenticate, classify, decide (route: capability filter, the learned
-policy, the SLO hook), admission (enter + leave), upstream call (the adapter's body, the
-upstream round trip, reading the answer), relay (rendering the answer), record (the
-policy's record, the policy feed, the telemetry enqueue, the trace) and metrics
-(Prometheus, tenant metrics, the recent-traffic view, the HTTP answer counter). Then the
-whole request through the app's ASGI entry (main thread), and the threads' share (the
+own) in front of `bench.gateway.upstream` (its own process), runs its lifespan, and
+times each stage of one non-streaming "hello" chat request with the app's own objects,
+on this thread's CPU clock (`time.thread_time_ns`), median of N calls: parse (orjson +
+the typed request), authenticate, read request (the headers, authentication and the
+body read, as the token routes do; not in the sum), classify, decide (route: capability
+filter, the learned policy, the SLO hook), decide with every pool busy (as under load:
+the SLO hook checks the pick against the tenant's SLO; not in the sum), admission (enter
++ leave), upstream call (the adapter's body, the upstream round trip, reading the
+answer), relay (rendering the answer), record (the policy's record, the policy feed, the
+telemetry enqueue, the trace) and metrics (Prometheus, tenant metrics, the
+recent-traffic view, the HTTP answer counter). Then the whole request through the app's
+ASGI entry (main thread), one at a time and 32 in flight (the pool busy, so the SLO
+check runs: what `specroute bench gateway` loads at c32), and the threads' share (the
 telemetry store's flush, the policy's refit) as process CPU less main-thread CPU over a
-run of requests 8 at a time. The HTTP server (uvicorn) is not in it: it is what the
-minimal proxy pays too (`specroute bench gateway`).
+run of requests 8 at a time; last, a yardstick (`sum(range(5000))`, the mean of its
+median before and after the rows) to compare runs on a shared machine by. The HTTP
+server (uvicorn) is not in it: it is what the minimal proxy pays too (`specroute bench
+gateway`).
 
 `--ablate` measures the other way round: the whole request's CPU as the gateway's parts
 are taken away one after another (record and metrics, classification, admission, the
@@ -46,6 +52,7 @@ import orjson
 from bench.gateway import overhead as bench_gateway
 from gateway.config import parse_config
 from gateway.http.app import create_app
+from gateway.http.endpoints import read_request
 from gateway.http.responses import response_body
 from gateway.pins import NO_PIN, Pin
 from gateway.routing.admission import Ticket
@@ -55,6 +62,8 @@ from workers.processes import free_port, start_redis
 
 KEY = "sk-bench"
 BODY = orjson.dumps({**bench_gateway.BODY, "stream": False})
+# rows that overlap others, left out of the sum of stages
+APART = ("read request (authenticated, body read)", "decide, pool busy")
 
 
 def scope_for(body: bytes, key: str = KEY) -> dict:
@@ -156,6 +165,34 @@ async def _acpu(step: Callable[[], Awaitable[object]], calls: int) -> float:
     return statistics.median(times) / 1000
 
 
+def _yardstick() -> int:
+    return sum(range(5000))
+
+
+async def _busy(gw, step: Callable[[], object], calls: int) -> float:  # noqa: ANN001
+    """`_cpu` with every pool busy (as under load: `busy_per_worker` requests in flight on
+    each worker), so the SLO-aware policy checks the pick against the tenant's SLO."""
+    workers = [w for pool in gw.pools.values() for w in pool.workers]
+    extra = int(gw.config.admission.busy_per_worker) + 1
+    for worker in workers:
+        worker.outstanding += extra
+    try:
+        return await _cpu(step, calls)
+    finally:
+        for worker in workers:
+            worker.outstanding -= extra
+
+
+async def _concurrent(app, calls: int, width: int) -> float:  # noqa: ANN001
+    """Main-thread CPU (us) a whole request, `width` in flight (the pools busy: the
+    SLO-aware policy's full check runs), over at least `calls` requests."""
+    batches = max(calls // width, 4)
+    start = time.thread_time_ns()
+    for _ in range(batches):
+        await asyncio.gather(*(post(app, BODY) for _ in range(width)))
+    return (time.thread_time_ns() - start) / (batches * width) / 1000
+
+
 async def stages(app, calls: int) -> dict:  # noqa: ANN001
     gw = app.state.gateway
     for _ in range(200):  # warm: connections, caches, the first refit
@@ -172,6 +209,9 @@ async def stages(app, calls: int) -> dict:  # noqa: ANN001
     fanout = gw.reporter.recorder
     prometheus, routing, tenant_metrics, recent = fanout.recorders
 
+    async def receive() -> dict:
+        return {"type": "http.request", "body": BODY, "more_body": False}
+
     async def admission() -> None:
         gw.admission.leave(await gw.admission.enter(decision.pool, tenant, time.perf_counter()))
 
@@ -185,11 +225,16 @@ async def stages(app, calls: int) -> dict:  # noqa: ANN001
         recent.record(entry)
         app.http_metrics.observe("/v1/chat/completions", 200, 0.001)
 
+    yardstick = await _cpu(_yardstick, calls)
     out = {
         "parse": await _cpu(lambda: parse_request(orjson.loads(BODY), "chat"), calls),
         "authenticate": await _cpu(lambda: gw.auth.tenant(f"Bearer {KEY}"), calls),
+        "read request (authenticated, body read)": await _acpu(
+            lambda: read_request(gw, scope_for(BODY), receive), calls),
         "classify": await _cpu(lambda: gw.classify(request, tenant.name), calls),
         "decide": await _cpu(lambda: gw.router.route(request, profile, Pin()), calls),
+        "decide, pool busy": await _busy(gw, lambda: gw.router.route(request, profile, Pin()),
+                                         calls),
         "admission": await _acpu(admission, calls) if gw.admission is not None else 0.0,
         "upstream call": await _acpu(lambda: gw.dispatcher.generate(request, decision, pools),
                                      calls),
@@ -197,14 +242,18 @@ async def stages(app, calls: int) -> dict:  # noqa: ANN001
         "record": await _cpu(record, calls),
         "metrics": await _cpu(metrics, calls),
     }
-    out["sum of stages"] = round(sum(out.values()), 1)
+    out["sum of stages"] = round(sum(v for k, v in out.items() if k not in APART), 1)
     out["whole request, main thread"] = await _acpu(lambda: post(app, BODY), calls)
+    out["whole request, 32 in flight, main thread"] = await _concurrent(app, calls, 32)
     n = 8 * max(calls // 8, 8)
     process, thread = time.process_time(), time.thread_time()
     for _ in range(n // 8):
         await asyncio.gather(*(post(app, BODY) for _ in range(8)))
     other = (time.process_time() - process) - (time.thread_time() - thread)
     out["other threads (telemetry flush, refit)"] = other / n * 1e6
+    # the machine's speed at the time, before and after the rows: on a shared box the
+    # rows of two runs compare as multiples of it
+    out["yardstick, sum(range(5000))"] = (yardstick + await _cpu(_yardstick, calls)) / 2
     return {k: round(v, 1) for k, v in out.items()}
 
 

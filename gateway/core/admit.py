@@ -20,7 +20,7 @@ import orjson
 from gateway.config import TenantConfig
 from gateway.core.services import Core
 from gateway.errors import InvalidRequest, body_too_large, invalid_json
-from gateway.pins import Pin
+from gateway.pins import NO_PIN, Pin
 from gateway.pools import Pool
 from gateway.routing.admission import Ticket
 from gateway.routing.router import Assessment
@@ -66,9 +66,9 @@ async def admit(core: Core, tenant: TenantConfig, headers: Mapping[str, str], ra
     route. `explain` routes with the policy's side-effect-free `predict` and keeps every
     pool's assessment; `queue` (the request's start, `time.monotonic()`) waits for a
     slot in the chosen pool (a 429 when shed)."""
-    limit = core.config.server.max_body_bytes
-    if len(raw) > limit:
-        raise body_too_large(limit)
+    server = core.config.server
+    if len(raw) > server.max_body_bytes:
+        raise body_too_large(server.max_body_bytes)
     with trace.phase("rate limit"):
         await core.limits.admit(tenant)
     try:
@@ -76,9 +76,9 @@ async def admit(core: Core, tenant: TenantConfig, headers: Mapping[str, str], ra
     except orjson.JSONDecodeError as exc:
         raise invalid_json(exc) from exc
     pin = Pin.from_headers(headers.get("x-specroute-pool"), headers.get("x-specroute-k"),
-                           headers.get("x-specroute-benchmark"))
+                           headers.get("x-specroute-benchmark")) if headers else NO_PIN
     request = parse(body)
-    request_attributes(trace, request, core.config.server.otel_capture_content)
+    request_attributes(trace, request, server.otel_capture_content)
     authorize(tenant, request, pin)
     with trace.phase("classify"):
         profile = core.classify(request, tenant.name)

@@ -69,28 +69,39 @@ async def send_error(send: Send, exc: GatewayError) -> None:
     await send_once(send, exc.status, error_body(exc), close)
 
 
-HEADERS = (b"authorization", b"content-length", b"content-type", b"x-specroute-pool",
-           b"x-specroute-k", b"x-specroute-benchmark")
+PINS = {b"x-specroute-pool": "x-specroute-pool", b"x-specroute-k": "x-specroute-k",
+        b"x-specroute-benchmark": "x-specroute-benchmark"}  # the headers `admit` reads
 
 
 async def read_request(gateway: Gateway, scope: Scope, receive: Receive,
                        trace: Trace = NO_TRACE) -> tuple[TenantConfig, dict[str, str], bytes]:
     """Check the media type, authenticate, read the body (size- and time-capped): the
-    tenant, the headers `admit` reads (by lowercase name) and the body."""
-    headers = {name.decode(): value.decode("latin-1") for name, value in scope["headers"]
-               if name in HEADERS}
-    media = headers.get("content-type")
-    check_media_type(media.encode("latin-1") if media is not None else None)
+    tenant, the pin headers `admit` reads (by lowercase name) and the body. The media
+    type and the length are read as the bytes they came in; of a repeated header, the
+    last one counts."""
+    media: bytes | None = None
+    declared: bytes | None = None
+    authorization: bytes | None = None
+    pins: dict[str, str] = {}
+    for name, value in scope["headers"]:
+        if name == b"content-type":
+            media = value
+        elif name == b"authorization":
+            authorization = value
+        elif name == b"content-length":
+            declared = value
+        elif name in PINS:
+            pins[PINS[name]] = value.decode("latin-1")
+    check_media_type(media)
     with trace.phase("authenticate"):
-        tenant = gateway.auth.tenant(headers.get("authorization"))
+        tenant = gateway.auth.tenant(None if authorization is None
+                                     else authorization.decode("latin-1"))
     trace.set("specroute.tenant", tenant.name)
     scope["specroute.tenant"] = tenant.name  # for the access log
-    declared = headers.get("content-length")
     server = gateway.config.server
-    raw = await read_body(receive, server.max_body_bytes,
-                          content_length(declared.encode("latin-1") if declared else None),
+    raw = await read_body(receive, server.max_body_bytes, content_length(declared),
                           server.body_timeout_s, gateway.clock)
-    return tenant, headers, raw
+    return tenant, pins, raw
 
 
 def outcome(job: Admitted, timer: Timer, lease: Lease | None,

@@ -172,8 +172,13 @@ class Admission:
     # -- what the SLO-aware policy reads ----------------------------------------------------------
     def pool_state(self, pool: str, tenant: TenantConfig) -> PoolState:
         queue = self.queues.get(pool) or PoolQueue()
-        higher = sum(n for p, n in queue.running_by_priority.items() if p > tenant.priority)
-        higher += sum(1 for t in queue.waiting if t.tenant.priority > tenant.priority)
+        priority, higher = tenant.priority, 0
+        for running, count in queue.running_by_priority.items():  # loops, not sum(genexpr)
+            if running > priority:
+                higher += count
+        for ticket in queue.waiting:
+            if ticket.tenant.priority > priority:
+                higher += 1
         if self.config.max_inflight_per_worker <= 0:
             served = self.pools.get(pool)
             busy = served is not None and served.outstanding >= \

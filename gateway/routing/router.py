@@ -63,28 +63,32 @@ class PoolRouter:
     def __init__(self, pools: dict[str, Pool], policy: RoutingPolicy = RULES["first"]) -> None:
         self.pools = pools
         self.policy = policy
+        self.eligible: dict[str, Assessment] = {}  # each pool's eligible assessment, reused
 
     def assess(self, request: GenerationRequest, profile: RequestProfile,
                pin: Pin = NO_PIN) -> list[Assessment]:
         """Every pool, excluded with a reason or eligible; raises when none is eligible,
         naming the first requirement no pool of the model meets."""
-        out = {name: Assessment(pool) for name, pool in self.pools.items()}
-        serving = [p for p in self.pools.values() if p.config.model == request.model]
+        out: dict[str, Assessment] = {}
+        serving: list[Pool] = []
+        for name, pool in self.pools.items():
+            if pool.config.model == request.model:
+                serving.append(pool)
+                out[name] = self._eligible(name, pool)
+            else:
+                out[name] = Assessment(pool, f"serves model '{pool.config.model}'")
         if not serving:
             raise ModelNotFound(f"The model '{request.model}' does not exist",
                                 param="model", code="model_not_found")
-        for pool in self.pools.values():
-            if pool.config.model != request.model:
-                out[pool.name] = Assessment(pool, f"serves model '{pool.config.model}'")
         if pin.pool is not None and pin.pool not in {p.name for p in serving}:
             raise InvalidRequest(f"x-specroute-pool: no pool named '{pin.pool}' serves "
                                  f"model '{request.model}'", param="x-specroute-pool",
                                  code="unknown_pool")
         remaining = serving
         for why, keep, error in self._requirements(request, profile, pin, serving):
-            if all(keep(p) for p in remaining):  # the usual case: nothing to exclude
-                continue
             kept = [p for p in remaining if keep(p)]
+            if len(kept) == len(remaining):  # the usual case: nothing to exclude
+                continue
             if not kept and pin.pool is not None:
                 raise InvalidRequest(f"x-specroute-pool: pool '{pin.pool}' cannot serve this "
                                      f"request: it {why}", param="x-specroute-pool",
@@ -101,6 +105,13 @@ class PoolRouter:
         if request.wants_json_object:
             self._prefer_constrained(serving if pin.pool else remaining, out, pin)
         return list(out.values())
+
+    def _eligible(self, name: str, pool: Pool) -> Assessment:
+        """`Assessment(pool)`, made once per pool (it is frozen): most pools pass."""
+        known = self.eligible.get(name)
+        if known is None or known.pool is not pool:
+            known = self.eligible[name] = Assessment(pool)
+        return known
 
     @staticmethod
     def _prefer_constrained(pools: list[Pool], out: dict[str, Assessment], pin: Pin) -> None:
@@ -127,7 +138,7 @@ class PoolRouter:
     def _requirements(self, request: GenerationRequest, profile: RequestProfile, pin: Pin,
                       serving: list[Pool]) -> list[Requirement]:
         """What this request needs of a pool, in the order the errors are reported (built
-        only as needed: most requests carry just the context-length one)."""
+        only as needed: most requests carry none)."""
         caps: list[Requirement] = []
         if pin.pool is not None:
             caps.append(Requirement("is not the pool pinned by x-specroute-pool",
@@ -142,9 +153,12 @@ class PoolRouter:
             caps.append(Requirement("lacks tools", lambda p: p.config.capabilities.tools,
                                     lambda: self._missing("tools", "tools", request)))
         wanted = profile.prompt_tokens + (request.max_tokens or 0)
-        caps.append(Requirement(f"has max_context < ~{wanted} tokens needed",
-                                lambda p: p.config.capabilities.max_context >= wanted,
-                                lambda: self._too_long(wanted, request, serving)))
+        for pool in serving:  # built only when some pool is too small: rarely
+            if pool.config.capabilities.max_context < wanted:
+                caps.append(Requirement(f"has max_context < ~{wanted} tokens needed",
+                                        lambda p: p.config.capabilities.max_context >= wanted,
+                                        lambda: self._too_long(wanted, request, serving)))
+                break
         if pin.k is not None:
             caps.append(Requirement(
                 f"has k fixed at launch, not {pin.k}",
@@ -198,7 +212,8 @@ class PoolRouter:
                        pin: Pin, explain: bool = False) -> tuple[Decision, list[Pool]]:
         """As `route`; `explain` asks the policy's side-effect-free `predict`."""
         eligible = [a.pool for a in assessed if a.excluded is None]
-        by_name = {p.name: p for p in eligible}
+        by_name = {p.config.name: p for p in eligible}
+        pinned = pin.active
         if pin.pool is not None:
             pool = self.pools[pin.pool]
             decision = Decision(pool=pool.name, method=pool.config.method, k=pool.config.k,
@@ -211,9 +226,11 @@ class PoolRouter:
                 raise NoHealthyWorker(f"no healthy worker serves model {profile.model!r}",
                                       code="no_healthy_worker")
             # a pinned k is predicted at that k; a pinned request is no policy decision
-            decide = self.policy.predict if explain or pin.active else self.policy.decide
+            decide = self.policy.predict if explain or pinned else self.policy.decide
+            views = [p.view() for p in eligible] if pin.k is None else \
+                [self._view(p, pin) for p in eligible]
             try:
-                decision = decide(profile, [self._view(p, pin) for p in eligible])
+                decision = decide(profile, views)
             except ValueError as exc:  # the policy found no pool with a healthy worker
                 raise NoHealthyWorker(f"no healthy worker serves model {profile.model!r}: "
                                       f"{exc}", code="no_healthy_worker") from exc
@@ -222,10 +239,12 @@ class PoolRouter:
             raise NoHealthyWorker(f"policy chose unavailable pool {decision.pool!r}",
                                   code="no_healthy_worker")
         decision = served(decision, chosen, pinned_k=pin.k)
-        if decision.pinned != pin.active:
-            decision = replace(decision, pinned=pin.active)
+        if decision.pinned != pinned:
+            decision = replace(decision, pinned=pinned)
+        if len(eligible) == 1:  # nothing to fail over to
+            return decision, [chosen]
         rest = [by_name[n] for n in dict.fromkeys(decision.fallbacks)
-                if n in by_name and n != chosen.name]
+                if n in by_name and n != chosen.config.name]
         if pin.pool is None:
             rest += [p for p in eligible if p.config.k == 0 and p not in rest
                      and p is not chosen]

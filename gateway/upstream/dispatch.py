@@ -100,13 +100,17 @@ def _lease(pool: Pool, worker: Worker, decision: Decision,
     load, workers = pool.outstanding, pool.healthy_workers
     worker.outstanding += 1
     worker.breaker.begin(time.monotonic())
-    return Lease(pool=pool, worker=worker, decision=decision, load=load, workers=workers,
-                 warnings=warning_headers(request, pool))
+    return Lease(pool, worker, decision, load, workers, warning_headers(request, pool))
 
 
 def no_worker(decision: Decision) -> NoHealthyWorker:
     return NoHealthyWorker(f"no healthy worker in pool {decision.pool!r}",
                            code="no_healthy_worker")
+
+
+def expired(total_s: float) -> UpstreamTimeout:
+    return UpstreamTimeout(f"no answer within server.total_timeout_s ({total_s:g} s)",
+                           code="upstream_timeout")
 
 
 RETRYABLE = (UpstreamUnavailable, UpstreamTimeout)
@@ -154,15 +158,10 @@ class Dispatcher:
         and the deadline is checked before each step, so no other try follows."""
         total = self.server.total_timeout_s
         deadline = time.monotonic() + total
-
-        def expired() -> UpstreamTimeout:  # the errors are built only when raised
-            return UpstreamTimeout(f"no answer within server.total_timeout_s ({total:g} s)",
-                                   code="upstream_timeout")
-
         error: GatewayError | None = None
         for pool, worker, attempt in self._candidates(pools, decision):
             if time.monotonic() >= deadline:
-                raise expired()
+                raise expired(total)
             lease = _lease(pool, worker, attempt, request)
             adapter = self.adapters[pool.config.engine]
             try:
@@ -174,7 +173,7 @@ class Dispatcher:
                 lease.failed(exc)
                 error = exc
                 if time.monotonic() >= deadline:  # the deadline itself
-                    raise expired() from exc
+                    raise expired(total) from exc
                 if await self._was_generating(adapter, worker, exc, deadline):
                     raise UpstreamTimeout(
                         f"worker {worker.url} timed out (server.read_timeout_s, "
@@ -190,7 +189,7 @@ class Dispatcher:
             finally:
                 lease.release()
         if time.monotonic() >= deadline:
-            raise expired()
+            raise expired(total)
         raise error or no_worker(decision)
 
     async def _was_generating(self, adapter: Adapter, worker: Worker, exc: GatewayError,
