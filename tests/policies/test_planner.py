@@ -267,6 +267,12 @@ def test_measured_speed_reads_the_benchmark_and_scales_by_learned_drift() -> Non
     assert drifted == pytest.approx(6.0 / 0.034 * ratio) and ratio < 1.0
     untouched = measured_speed(bench, PolicyState(), "m")(deep, code, 8.0)
     assert untouched == pytest.approx(6.0 / 0.034)  # no traffic: the benchmark
+    # learned per pool (`learning_unit` "pool"): the drift is the pooled acceptance against
+    # the pooled prior, not against the class's own prior
+    pooled = PolicyState(prior={("m", "eagle", "code", "t0"): 0.9,
+                                ("m", "eagle", "any", "t0"): 0.6},
+                         acceptance={("m", "eagle", "any", "t0"): (0.6, 80.0)}, pooled=True)
+    assert measured_speed(bench, pooled, "m")(deep, code, 8.0) == pytest.approx(6.0 / 0.034)
 
 
 def test_a_measured_plan_moves_only_when_the_horizon_pays_the_relaunches() -> None:
