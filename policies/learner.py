@@ -111,9 +111,14 @@ class PolicyState:
     # learning unit is the pool, the request's pooled scale tells requests apart
     pooled: bool = False
 
+    def accept_key(self, model: str, method: str, task: str, bucket: str) -> AcceptKey:
+        """The acceptance context a request of class `task` reads: its class's, or every
+        class's (`ANY_TASK`) when pooled."""
+        return (model, method, ANY_TASK if self.pooled else task, bucket)
+
     def accept(self, model: str, method: str, task: str, bucket: str) -> tuple[float, float]:
         """(blended a, request count) for a context; the prior when unseen."""
-        key = (model, method, ANY_TASK if self.pooled else task, bucket)
+        key = self.accept_key(model, method, task, bucket)
         found = self.acceptance.get(key)
         if found is not None:
             return found
@@ -121,7 +126,7 @@ class PolicyState:
 
     def tilt(self, model: str, method: str, task: str, bucket: str) -> Tilt | None:
         """The context's slope of a in k (policies/kslope.py), None if not fitted."""
-        return self.accept_tilt.get((model, method, ANY_TASK if self.pooled else task, bucket))
+        return self.accept_tilt.get(self.accept_key(model, method, task, bucket))
 
     def cost(self, pool: str) -> StepCost:
         return self.costs.get(pool, self.fleet_cost)

@@ -18,7 +18,7 @@ from policies.cost import StepCost
 from policies.learner import PolicyState
 from policies.planner.launch import Benchmarked
 from policies.planner.plan import DEFAULT_OUTPUT_TOKENS, ClassDemand, PoolSlot, Speed
-from policies.types import ANY_TASK, TASKS
+from policies.types import TASKS
 
 
 def state_speed(state: PolicyState, model: str,
@@ -80,8 +80,7 @@ def _length(measured: Benchmarked, demand: ClassDemand) -> float:
 
 def _drift(state: PolicyState, model: str, method: str, k: int, demand: ClassDemand
            ) -> float:
-    # the prior the learned value stands for: the class's, or every class's when pooled
-    key = (model, method, ANY_TASK if state.pooled else demand.task, demand.bucket)
+    key = state.accept_key(model, method, demand.task, demand.bucket)  # the prior it stands for
     learned, requests = state.accept(model, method, demand.task, demand.bucket)
     if requests <= 0 or key not in state.prior:
         return 1.0
