@@ -197,7 +197,9 @@ def era_of(t: float, tau: float) -> int:
 def _forward(values: dict[str, float], t: float, tau: float, prefix: str) -> dict[str, float]:
     era = era_of(t, tau)
     weight = math.exp((t - era * ERA_TAUS * tau) / tau)
-    return {f"{prefix}{era}:{name}": value * weight for name, value in values.items()}
+    names = _names(prefix, era)
+    return {names.get(name) or f"{prefix}{era}:{name}": value * weight
+            for name, value in values.items()}
 
 
 def forward_increments(values: dict[str, float], t: float, tau: float) -> dict[str, float]:
@@ -210,13 +212,42 @@ def forward_increments(values: dict[str, float], t: float, tau: float) -> dict[s
     return out
 
 
-def stale_fields(t: float, tau: float) -> list[str]:
-    """Fields of the era before the previous one (both views), safe to delete."""
-    return list(_stale_of_eras(era_of(t, tau) - 2, era_of(t, tau * RECENT_FRACTION) - 2))
+def add_forward(fields: dict[str, float], values: dict[str, float], t: float,
+                tau: float) -> None:
+    """Add one contribution's `forward_increments` to `fields`, without building them:
+    the same sums, added in the same order (a request's telemetry is folded twice, into
+    the process's aggregates and into the batch for Redis, off the event loop but under
+    its GIL)."""
+    for prefix, view_tau in (("", tau), (RECENT_PREFIX, tau * RECENT_FRACTION)):
+        era = era_of(t, view_tau)
+        weight = math.exp((t - era * ERA_TAUS * view_tau) / view_tau)
+        names = _names(prefix, era)
+        for name, value in values.items():
+            field = names.get(name) or f"{prefix}{era}:{name}"
+            fields[field] = fields.get(field, 0.0) + value * weight
+    if values.get("known"):
+        fields[LIFETIME_FIELD] = fields.get(LIFETIME_FIELD, 0.0) + values["known"]
 
 
 @functools.lru_cache(maxsize=64)  # a few eras are live at a time
-def _stale_of_eras(old: int, old_recent: int) -> tuple[str, ...]:
+def _names(prefix: str, era: int) -> dict[str, str]:
+    """Each field's name in one era of one view (read only: shared by every caller)."""
+    return {name: f"{prefix}{era}:{name}" for name in (*FIELDS, *HISTOGRAM_FIELDS)}
+
+
+def stale_eras(t: float, tau: float) -> tuple[int, int]:
+    """The era before the previous one, in each view (`stale_fields`' key): a context's
+    stale fields change only when this does."""
+    return era_of(t, tau) - 2, era_of(t, tau * RECENT_FRACTION) - 2
+
+
+def stale_fields(t: float, tau: float) -> list[str]:
+    """Fields of the era before the previous one (both views), safe to delete."""
+    return list(stale_of_eras(*stale_eras(t, tau)))
+
+
+@functools.lru_cache(maxsize=64)  # a few eras are live at a time
+def stale_of_eras(old: int, old_recent: int) -> tuple[str, ...]:
     return (*(f"{old}:{name}" for name in (*FIELDS, *HISTOGRAM_FIELDS)),
             *(f"{RECENT_PREFIX}{old_recent}:{name}" for name in (*FIELDS, *HISTOGRAM_FIELDS)))
 
@@ -261,15 +292,19 @@ class LocalAggregates:
     def __init__(self, tau: float) -> None:
         self.tau = tau
         self._hashes: dict[str, dict[str, float]] = {}
+        self._cleaned: dict[str, tuple[int, int]] = {}  # per context, `stale_eras` dropped
 
     def add(self, rec: RequestRecord, t: float) -> None:
         if not teaches(rec):
             return
-        fields = self._hashes.setdefault(ContextKey.of(rec).encode(), {})
-        for name, inc in forward_increments(record_values(rec), t, self.tau).items():
-            fields[name] = fields.get(name, 0.0) + inc
-        for name in stale_fields(t, self.tau):
-            fields.pop(name, None)
+        context = ContextKey.of(rec).encode()
+        fields = self._hashes.setdefault(context, {})
+        add_forward(fields, record_values(rec), t, self.tau)
+        stale = stale_eras(t, self.tau)
+        if self._cleaned.get(context) != stale:  # gone since the last time: nothing to drop
+            self._cleaned[context] = stale
+            for name in stale_of_eras(*stale):
+                fields.pop(name, None)
 
     def snapshot(self, now: float) -> dict[str, ContextStats]:
         return {key: read_stats(fields, now, self.tau) for key, fields in self._hashes.items()}

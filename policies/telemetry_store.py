@@ -26,9 +26,10 @@ import orjson
 
 from policies.aggregates import (
     ContextKey,
-    forward_increments,
+    add_forward,
     record_values,
-    stale_fields,
+    stale_eras,
+    stale_of_eras,
     teaches,
 )
 from policies.keys import AGG_INDEX, AGG_PREFIX, STREAM_KEY, desired_k_key
@@ -58,6 +59,7 @@ class CoalescingTelemetryStore(TelemetryStore):
         commands: list[Command] = []
         sums: dict[str, dict[str, float]] = {}
         stale: dict[str, dict[str, None]] = {}  # per context, ordered and unique
+        last: dict[str, tuple[int, int]] = {}  # per context, the last `stale_eras` added
         for rec in batch.records:
             # orjson writes the dataclass itself as `asdict` would, without the deep copy
             commands.append((*xadd, orjson.dumps(rec)))
@@ -68,10 +70,11 @@ class CoalescingTelemetryStore(TelemetryStore):
             if fields is None:
                 fields = sums[context] = {}
                 stale[context] = {}
-            for name, inc in forward_increments(record_values(rec), rec.timestamp,
-                                                tau).items():
-                fields[name] = fields.get(name, 0.0) + inc
-            stale[context].update(dict.fromkeys(stale_fields(rec.timestamp, tau)))
+            add_forward(fields, record_values(rec), rec.timestamp, tau)
+            eras = stale_eras(rec.timestamp, tau)
+            if last.get(context) != eras:  # the same eras add no new names
+                last[context] = eras
+                stale[context].update(dict.fromkeys(stale_of_eras(*eras)))
         for context, fields in sums.items():
             key = (AGG_PREFIX + context).encode()
             commands.extend((b"HINCRBYFLOAT", key, name.encode(), repr(inc).encode())
