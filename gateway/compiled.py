@@ -22,8 +22,7 @@ from pathlib import Path
 # compiled class is a C type). Out, and why: `PoolRouter` (tests and the hot-path bench
 # replace its methods on the instance); `policies.decision.Policy` and
 # `gateway.routing.slo_aware.SloAware` (the request-walk test wraps their `decide` on the
-# class); `gateway.core.admit` (mypyc 1.x builds its dataclass's `body: object` field into
-# a module that fails at import, KeyError 'object'); the adapters' `openai`, `wire`,
+# class); the adapters' `openai`, `wire`,
 # `dispatch` and the HTTP endpoints (async generators, which mypyc does not compile);
 # `gateway.http.responses` (`sglang_routes.NativeWriter` subclasses its `ChunkWriter` in
 # Python: a compiled class refuses it, TypeError at the first native stream).
@@ -54,6 +53,7 @@ COMPILED = (
     "gateway/upstream/adapters/calls.py",
     "gateway/upstream/http1.py",
     "gateway/http/deadlines.py",
+    "gateway/core/admit.py",
 )
 NO_COMPILE_ENV = "SPECROUTE_NO_COMPILE"  # "1": install pure Python only
 ROOT = Path(__file__).resolve().parent.parent

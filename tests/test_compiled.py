@@ -84,7 +84,46 @@ def answers() -> list[str]:
         except InvalidRequest as exc:
             out.append(f"InvalidRequest {exc.param} {exc}")
         out.append(forwarding_answer(body))
-    return out + wire_answers() + reply_answers()
+    return out + wire_answers() + reply_answers() + admit_answers()
+
+
+def admit_answers() -> list[str]:
+    """The admission pipeline (`gateway.core.admit`) on a gateway with the learned policy:
+    what it admits and where to, or the client error it answers."""
+    import asyncio
+    import time
+
+    from gateway.config import hash_api_key, parse_config
+    from gateway.core.admit import admit
+    from gateway.errors import GatewayError
+    from gateway.http.gateway import Gateway
+    from gateway.schemas import parse_request
+
+    gateway = Gateway(parse_config({
+        "pools": [{"name": name, "engine": "sglang", "model": "m", "method": name,
+                   "workers": [f"http://127.0.0.1:{port}"]}
+                  for name, port in (("plain", 1), ("ngram", 2))],
+        "tenants": [{"name": "acme", "api_key_sha256": [hash_api_key("sk")], "may_pin": True}]}))
+    for pool in gateway.pools.values():
+        pool.workers[0].healthy = True  # as if probed: the route needs a worker
+    tenant = gateway.config.tenants[0]
+    cases = [({}, b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}'),
+             ({"x-specroute-pool": "ngram"},
+              b'{"model": "m", "messages": [{"role": "user", "content": "fix: x = 1"}]}'),
+             ({}, b'{"model": "m", "messages": []}'), ({}, b"{not json"),
+             ({}, b" " * (gateway.config.server.max_body_bytes + 1)),
+             ({"x-specroute-k": "x"}, b'{"model": "m", "messages": []}')]
+    out = []
+    for queue in (None, time.monotonic()):
+        for headers, raw in cases:
+            try:
+                job = asyncio.run(admit(gateway, tenant, headers, raw,
+                                        lambda body: parse_request(body, "chat"), queue=queue))
+                out.append(repr((job.decision.pool, job.decision.k, job.profile.task,
+                                 [p.name for p in job.pools], job.pin, job.ticket is None)))
+            except GatewayError as exc:
+                out.append(f"{type(exc).__name__} {exc.status} {exc}")
+    return out
 
 
 def reported(request: object, profile: object, decision: object) -> list[str]:

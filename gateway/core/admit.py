@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -41,7 +42,8 @@ class Admitted:
     profile: RequestProfile
     decision: Decision
     pools: list[Pool]
-    body: object  # the JSON the client sent
+    body: Any  # the JSON the client sent (`Any`: mypyc builds a field typed `object`
+    # into a module that fails at import, KeyError 'object')
     pin: Pin
     trace: Trace = NO_TRACE
     assessed: list[Assessment] | None = None  # every pool's eligibility (explain only)
