@@ -22,7 +22,7 @@ from pathlib import Path
 # compiled class is a C type). Out, and why: `PoolRouter` (tests and the hot-path bench
 # replace its methods on the instance); `policies.decision.Policy` and
 # `gateway.routing.slo_aware.SloAware` (the request-walk test wraps their `decide` on the
-# class); the adapters' `openai`, `wire`,
+# class); the adapters' `openai` (its stream; its bodies are `openai_body`'s), `wire`,
 # `dispatch` and the HTTP endpoints (async generators, which mypyc does not compile);
 # `gateway.http.responses` (`sglang_routes.NativeWriter` subclasses its `ChunkWriter` in
 # Python: a compiled class refuses it, TypeError at the first native stream).
@@ -54,6 +54,7 @@ COMPILED = (
     "gateway/upstream/http1.py",
     "gateway/http/deadlines.py",
     "gateway/core/admit.py",
+    "gateway/upstream/adapters/openai_body.py",
 )
 NO_COMPILE_ENV = "SPECROUTE_NO_COMPILE"  # "1": install pure Python only
 ROOT = Path(__file__).resolve().parent.parent

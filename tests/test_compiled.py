@@ -189,7 +189,7 @@ def reply_answers() -> list[str]:
     from gateway.picker.exchange import refusal
     from gateway.picker.place import route_of
     from gateway.picker.reading import ResponseReader
-    from gateway.upstream.adapters.openai import deltas_from_chunk, result_from_body
+    from gateway.upstream.adapters.openai_body import deltas_from_chunk, result_from_body
     from gateway.upstream.adapters.reply import Reply
 
     chat = orjson.loads(upstream._CHAT)

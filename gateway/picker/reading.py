@@ -18,7 +18,7 @@ import orjson
 from gateway.errors import UpstreamProtocolError
 from gateway.telemetry.worker_stats import SpecStats, Usage, merge_spec
 from gateway.upstream.adapters.base import finish_reason_of
-from gateway.upstream.adapters.openai import spec_of, usage_from_body
+from gateway.upstream.adapters.openai_body import spec_of, usage_from_body
 from gateway.upstream.adapters.reply import Reply, usage_of
 from gateway.upstream.adapters.sglang import spec_from_meta
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.telemetry.worker_stats import SpecStats, merge_spec
-from gateway.upstream.adapters.openai import spec_of
+from gateway.upstream.adapters.openai_body import spec_of
 from gateway.upstream.adapters.reply import Reply
 from gateway.upstream.adapters.sglang import spec_from_meta
 

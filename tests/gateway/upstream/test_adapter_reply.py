@@ -8,7 +8,7 @@ import pytest
 from stub_shapes import SHAPES, generate_reply, openai_reply
 
 from gateway.errors import UpstreamProtocolError, UpstreamUnavailable
-from gateway.upstream.adapters.openai import deltas_from_chunk, result_from_body
+from gateway.upstream.adapters.openai_body import deltas_from_chunk, result_from_body
 from gateway.upstream.adapters.reply import Reply
 from gateway.upstream.adapters.sglang import result_from_generate, spec_from_meta
 
