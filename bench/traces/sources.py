@@ -269,6 +269,19 @@ def draw_extra(clones: Path, seed: int, taken: frozenset[str]) -> list[dict]:
     return items
 
 
+def draw_unseen(clones: Path, categories: list[str], per_category: int, seed: int,
+                taken_file: Path) -> list[dict]:
+    """Prompts of the training sources that the training file does not hold: for the
+    engine bench's classes that no held-out source covers (code generation, JSON output),
+    never trained or tuned on, though drawn from the datasets the training prompts were."""
+    taken = frozenset(json.loads(line)["id"] for line in open(taken_file) if line.strip())
+    items: list[dict] = []
+    for category in categories:
+        items += _draw_category(category, CATEGORIES[category], clones, per_category,
+                                random.Random(f"{seed}:unseen:{category}"), taken)
+    return items
+
+
 def rebuild_hint(path: str | Path | None) -> str | None:
     """What to say when a fetched prompts file is missing: the command that rebuilds it
     (None for any other file)."""
@@ -295,7 +308,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "data")
     parser.add_argument("--per-category", type=int, default=30)
     parser.add_argument("--seed", type=int, default=41)
+    parser.add_argument("--unseen", metavar="CATEGORIES",
+                        help="comma-separated: draw --per-category prompts of each that the "
+                             "training file (`--taken`) does not hold, and only those")
+    parser.add_argument("--taken", type=Path, default=PROMPTS)
     args = parser.parse_args(argv)
+    if args.unseen:
+        write_prompts(draw_unseen(args.clones, args.unseen.split(","), args.per_category,
+                                  args.seed, args.taken), args.out)
+        return 0
     items = draw(args.clones, args.per_category, args.seed)
     items += draw_extra(args.clones, args.seed, frozenset(i["id"] for i in items))
     write_prompts(items, args.out)

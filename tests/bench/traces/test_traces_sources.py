@@ -188,3 +188,20 @@ def test_the_second_draw_reads_its_sources_at_their_pinned_commits(
     drawn = sources.draw_extra(clones, 41, frozenset({"codealpaca-new:0"}))
     assert {i["id"] for i in drawn} == {"debugbench:python3-variable-error:two-sum",
                                         "self-instruct-input:t1"}
+
+
+def test_unseen_prompts_are_none_of_the_training_files(tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001
+    """`--unseen`: prompts of the training sources for the classes no held-out source
+    covers, never one the training file holds."""
+    from bench.traces import sources
+
+    def rows(clones: Path):  # noqa: ANN202 - one source of 30 items
+        for i in range(30):
+            yield "humaneval", str(i), f"prompt {i}"
+
+    monkeypatch.setitem(sources.CATEGORIES, "code_generation", rows)
+    taken = tmp_path / "prompts.jsonl"
+    taken.write_text("".join(json.dumps({"id": f"humaneval:{i}"}) + "\n" for i in range(25)))
+    drawn = sources.draw_unseen(tmp_path, ["code_generation"], 10, 45, taken)
+    assert sorted(item["id"] for item in drawn) == [f"humaneval:{i}" for i in range(25, 30)]
+    assert all(item["category"] == "code_generation" for item in drawn)
