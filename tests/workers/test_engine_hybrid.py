@@ -279,15 +279,43 @@ def test_eagle_drafts_only_while_its_acceptance_pays(model: LlamaForCausalLM,
                 last = verified(*outcomes[i])
         return out
 
-    gated = HybridConfig(eagle_min_rate=0.5, eagle_probe=2)
+    gated = HybridConfig(eagle_min_rate=0.5, eagle_probe=2, sync_cost=0.0)
     miss, plain, hit = (3, 0), (0, 0), (3, 3)
     assert steps(gated, [miss, plain, plain, miss, *[plain] * 4]) == \
         ["eagle", "plain", "plain", "eagle", "plain", "plain", "plain", "plain", "eagle"]
     assert steps(gated, [miss, plain, plain, hit, hit]) == \
         ["eagle", "plain", "plain", "eagle", "eagle", "eagle"]
-    assert steps(HybridConfig(eagle_min_rate=0.0), [miss] * 4) == ["eagle"] * 5
+    assert steps(HybridConfig(eagle_min_rate=0.0, sync_cost=0.0), [miss] * 4) == ["eagle"] * 5
     with pytest.raises(ValueError):
         HybridConfig(eagle_min_rate=1.5)
+    # the head's sync counts too: at 0.03 of a plain step a position the prompt's 20 cost
+    # 0.6, so the prior (one accepted, 0.25 x 2 paid) no longer covers the first step; the
+    # probe waits 2 steps (0.6 of a plain step to sync is less than one: no longer)
+    synced = HybridConfig(eagle_min_rate=0.25, eagle_probe=2, sync_cost=0.03)
+    assert steps(synced, [plain, plain, hit, hit]) == ["plain", "plain", "eagle", "eagle",
+                                                      "eagle"]
+    assert steps(HybridConfig(eagle_min_rate=0.25, sync_cost=0.005), [hit]) == \
+        ["eagle", "eagle"]  # 20 positions at 0.005: 0.1, covered
+    with pytest.raises(ValueError):
+        HybridConfig(sync_cost=-1.0)
+
+
+@torch.inference_mode()
+def test_a_long_unread_input_waits_longer_for_the_probe(model: LlamaForCausalLM,
+                                                        head: EagleHead) -> None:
+    """Nothing to copy, a prompt of 59 positions at 0.05 of a plain step each (~3 plain
+    steps to sync, one more position each step): no EAGLE first, and the probe once the
+    plain steps reach 2 x the sync's cost (7 steps: 59 + 7 positions, 6.6), not after 2."""
+    greedy = Sampler(0.0)
+    text = list(range(101, 170))
+    hybrid = HybridDrafter(model, head, HybridConfig(eagle_probe=2, sync_cost=0.05,
+                                                     fallback_k=0))
+    branches = []
+    for i in range(9):  # the head reads nothing until EAGLE drafts: all stays unread
+        root = 59 + i
+        state = _state(model, text[: root + 1], greedy, start=root - 1 if i else 0)
+        branches.append(hybrid.propose(state).source)
+    assert branches == ["plain"] * 7 + ["eagle", "eagle"]
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])

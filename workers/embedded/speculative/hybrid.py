@@ -22,6 +22,11 @@ steps have accepted at least `eagle_min_rate` of the tokens they cost; below it 
 is plain (an empty draft, branch `plain`), or, with `fallback_k`, a short copy from a
 shorter match; every `eagle_probe` plain steps (doubling while it stays below) one EAGLE
 step measures again. `short_k` caps a copy whose match is only `min_match` long.
+Nor is the head's first step: it reads every position it has not read, the whole prompt
+at a request's first EAGLE step (~0.005 of a plain step a position here: ~3 plain steps
+for a 600-token article; docs/results/2026-12-07-hybrid-3.md). So EAGLE's accepted tokens
+must also cover that sync (`sync_cost`), and a probe waits that many times longer: a
+long input that is being copied is not read by the head for a chance at EAGLE.
 
 Lossless like every method: the shared `verify()` accepts either draft (the n-gram chain
 is a point mass, q = None; EAGLE's carries its q). The branch is chosen from the
@@ -76,6 +81,11 @@ class HybridConfig:
     # where EAGLE does not pay, a match shorter than `min_match` (down to 1 token) drafts
     # at most this many tokens rather than none (0: a plain step)
     fallback_k: int = 2
+    # what bringing the EAGLE head's cache up to date costs, in plain steps per position
+    # it has not read (the prompt, at a request's first EAGLE step; the steps drafted
+    # without EAGLE since its last one): EAGLE's accepted tokens must cover it too, and a
+    # probe waits that many times longer (0: free, the rule before it)
+    sync_cost: float = 0.005
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_match <= self.max_ngram:
@@ -84,6 +94,8 @@ class HybridConfig:
             raise ValueError("hybrid needs miss_backoff, short_k, fallback_k >= 0")
         if not 0.0 <= self.eagle_min_rate <= 1.0 or self.eagle_probe < 1:
             raise ValueError("hybrid needs 0 <= eagle_min_rate <= 1 and eagle_probe >= 1")
+        if self.sync_cost < 0:
+            raise ValueError("hybrid needs sync_cost >= 0")
 
 
 class HybridDrafter:
@@ -121,7 +133,7 @@ class HybridDrafter:
         copied = self._copy(state) if copy else []
         if copied:
             return self._named(Draft.chain(copied), NGRAM)
-        if not self._eagle_pays():
+        if not self._eagle_pays(sum(h.shape[0] for _, h in self._unread)):
             self._plain_run += 1
             fallback = self._fallback(state) if copy else []
             if fallback:
@@ -161,14 +173,17 @@ class HybridDrafter:
         return lookup(self._ngram.history(state.tokens), self.config.min_match - 1, 1,
                       min(state.k, self.config.fallback_k))
 
-    def _eagle_pays(self) -> bool:
-        """Whether EAGLE drafts this step: while its accepted share of the tokens it cost
-        is at least `eagle_min_rate`, and once after `_probe` plain steps in a row."""
+    def _eagle_pays(self, unread: int) -> bool:
+        """Whether EAGLE drafts this step: while the tokens its steps accepted cover, in
+        plain steps, `eagle_min_rate` of each token they drafted and the sync of the
+        `unread` positions it would read now (`sync_cost`); and once after `_probe` plain
+        steps in a row (times the sync's cost in plain steps where that is more than 1)."""
         accepted, paid = self._eagle
-        if accepted >= self.config.eagle_min_rate * paid:
+        sync = self.config.sync_cost * unread
+        if accepted >= self.config.eagle_min_rate * paid + sync:
             self._probe = self.config.eagle_probe
             return True
-        if self._plain_run >= self._probe:
+        if self._plain_run >= self._probe * max(1.0, sync):
             self._probe *= 2
             return True
         return False
