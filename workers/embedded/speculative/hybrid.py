@@ -86,6 +86,10 @@ class HybridConfig:
     # without EAGLE since its last one): EAGLE's accepted tokens must cover it too, and a
     # probe waits that many times longer (0: free, the rule before it)
     sync_cost: float = 0.005
+    # during a back-off, a step EAGLE does not draft may still copy `fallback_k` tokens of
+    # a short match (1), rather than go plain (0): the back-off keeps EAGLE's turn, and
+    # where EAGLE does not pay there is no turn to keep
+    fallback_in_backoff: int = 0
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_match <= self.max_ngram:
@@ -135,7 +139,8 @@ class HybridDrafter:
             return self._named(Draft.chain(copied), NGRAM)
         if not self._eagle_pays(sum(h.shape[0] for _, h in self._unread)):
             self._plain_run += 1
-            fallback = self._fallback(state) if copy else []
+            fallback = self._fallback(state) \
+                if copy or self.config.fallback_in_backoff else []
             if fallback:
                 return self._named(Draft.chain(fallback), NGRAM)
             return self._named(Draft.empty(), PLAIN_BRANCH)
