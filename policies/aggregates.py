@@ -194,21 +194,11 @@ def era_of(t: float, tau: float) -> int:
     return int(t // (ERA_TAUS * tau))
 
 
-def _forward(values: dict[str, float], t: float, tau: float, prefix: str) -> dict[str, float]:
-    era = era_of(t, tau)
-    weight = math.exp((t - era * ERA_TAUS * tau) / tau)
-    names = _names(prefix, era)
-    return {names.get(name) or f"{prefix}{era}:{name}": value * weight
-            for name, value in values.items()}
-
-
 def forward_increments(values: dict[str, float], t: float, tau: float) -> dict[str, float]:
     """Field increments ("{era}:{name}", "f{era}:{name}", and the undecayed
     LIFETIME_FIELD -> amount) for one contribution."""
-    out = {**_forward(values, t, tau, ""),
-           **_forward(values, t, tau * RECENT_FRACTION, RECENT_PREFIX)}
-    if values.get("known"):
-        out[LIFETIME_FIELD] = values["known"]
+    out: dict[str, float] = {}
+    add_forward(out, values, t, tau)
     return out
 
 

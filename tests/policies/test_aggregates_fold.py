@@ -4,6 +4,7 @@ hashes as adding `forward_increments` and dropping `stale_fields` request by req
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import replace
 
@@ -12,6 +13,7 @@ import pytest
 from policies.aggregates import (
     DECAY_TAU_S,
     ERA_TAUS,
+    RECENT_FRACTION,
     ContextKey,
     LocalAggregates,
     add_forward,
@@ -69,11 +71,19 @@ def test_the_same_hashes_as_request_by_request(seed: int) -> None:
     assert len(expected) == 3 and all(len(fields) > 20 for fields in expected.values())
 
 
-def test_add_forward_is_forward_increments_summed() -> None:
-    fields: dict[str, float] = {"0:n": 2.0}
-    values = record_values(replace(BASE, timestamp=1.7e9))
-    add_forward(fields, values, 1.7e9, DECAY_TAU_S)
-    expected = {"0:n": 2.0}
-    for name, inc in forward_increments(values, 1.7e9, DECAY_TAU_S).items():
-        expected[name] = expected.get(name, 0.0) + inc
-    assert fields == expected and "all:known" in fields and any(k.startswith("f") for k in fields)
+def test_add_forward_adds_each_views_forward_decayed_value() -> None:
+    """Forward decay as the module states it: x * exp((t - L) / tau) with L the era's
+    landmark, in both views (the recent one 5x faster, prefix "f"), and the undecayed
+    lifetime count; added to what the fields held."""
+    t = 1.7e9 + 12345.6
+    fields: dict[str, float] = {"all:known": 2.0}
+    values = record_values(replace(BASE, timestamp=t))
+    add_forward(fields, values, t, DECAY_TAU_S)
+    expected = {"all:known": 2.0 + values["known"]}
+    for prefix, tau in (("", DECAY_TAU_S), ("f", DECAY_TAU_S * RECENT_FRACTION)):
+        era = int(t // (ERA_TAUS * tau))
+        for name, value in values.items():
+            expected[f"{prefix}{era}:{name}"] = value * math.exp((t - era * ERA_TAUS * tau) / tau)
+    assert fields == expected
+    assert forward_increments(values, t, DECAY_TAU_S) == {
+        **{k: v for k, v in expected.items() if k != "all:known"}, "all:known": values["known"]}
