@@ -212,8 +212,8 @@ def add_forward(fields: dict[str, float], values: dict[str, float], t: float,
         era = era_of(t, view_tau)
         weight = math.exp((t - era * ERA_TAUS * view_tau) / view_tau)
         names = _names(prefix, era)
-        for name, value in values.items():
-            field = names.get(name) or f"{prefix}{era}:{name}"
+        for name, value in values.items():  # `record_values`' names: FIELDS, HISTOGRAM_FIELDS
+            field = names[name]
             fields[field] = fields.get(field, 0.0) + value * weight
     if values.get("known"):
         fields[LIFETIME_FIELD] = fields.get(LIFETIME_FIELD, 0.0) + values["known"]
