@@ -191,11 +191,13 @@ def test_after_a_copy_that_missed_eagle_drafts_for_the_backoff(model: LlamaForCa
     assert steps(HybridConfig(miss_backoff=0), [0, 0, 0]) == ["ngram"] * 4
     with pytest.raises(ValueError):
         HybridConfig(miss_backoff=-1)
-    # EAGLE below its bar: the back-off's steps go plain, or, with `fallback_in_backoff`,
-    # copy `fallback_k` tokens of a short match
-    below = dict(miss_backoff=2, eagle_min_rate=1.0, fallback_k=2, sync_cost=0.0)
-    assert steps(HybridConfig(**below), [0, 2, 2]) == ["ngram", "plain", "plain", "ngram"]
-    assert steps(HybridConfig(**below, fallback_in_backoff=1), [0, 2, 2]) == ["ngram"] * 4
+    # EAGLE below its bar: the back-off's steps go plain; without a back-off (the
+    # default), the context's match copies at once
+    below = dict(eagle_min_rate=1.0, fallback_k=2, sync_cost=0.0)
+    assert steps(HybridConfig(**below, miss_backoff=2), [0, 2, 2]) == \
+        ["ngram", "plain", "plain", "ngram"]
+    assert HybridConfig().miss_backoff == 0
+    assert steps(HybridConfig(**below), [0, 0, 2]) == ["ngram"] * 4
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.8])

@@ -7,12 +7,14 @@ same way); else it is the EAGLE chain with its confidence cutoff (`speculative.e
 Answers switch between copying and writing inside one request (an edit copies the
 untouched lines and writes the changed ones), which one drafter per request cannot
 follow. A short match is weak evidence (two common tokens in a row); a rejected copy
-wastes a step that EAGLE would have used. Two rules keep the cost down: the threshold
-(`min_match`), and backing off after a miss: when nothing of a copied draft was accepted,
-the next `miss_backoff` steps do not copy whatever matches (the context has stopped
-repeating; this request's own evidence, unlike a fixed threshold). Both were chosen on the
-training prompts (bench/traces/data/prompts.jsonl, `bench/engine/hybrid_variants.py`):
-a match of 2 with a back-off of 2 steps accepted the most (docs/results/2026-12-07-hybrid.md).
+wastes a step that EAGLE would have used. The threshold (`min_match`) keeps the cost down:
+a match of 2 was chosen on the training prompts (bench/traces/data/prompts.jsonl,
+`bench/engine/hybrid_variants.py`; docs/results/2026-12-07-hybrid.md). Backing off after a
+miss (`miss_backoff`: the next steps do not copy whatever matches) was the rule until
+2026-12-07. Timed side by side on the training prompts (two runs), no back-off was faster
+on long-input summaries and extraction (+3%, +7%: a missed copy is followed by copies
+that pay), edits (+7%, +3%) and code (+14%, +14%), within 2% on chat and structured
+output (docs/results/2026-12-07-hybrid-4.md).
 
 An EAGLE draft is not free: on this CPU each drafted token adds about a quarter of a plain
 step (head forward, projection, one more verified position; measured.json's batch-1
@@ -68,7 +70,7 @@ class HybridConfig:
     min_confidence: float | None = None  # EAGLE chain cutoff; None: the head's measured one
     # after an n-gram draft of which nothing was accepted, the next `miss_backoff` steps
     # may not copy (0: never back off)
-    miss_backoff: int = 2
+    miss_backoff: int = 0
     # a match of exactly `min_match` tokens (weak support) drafts at most this many (0: k)
     short_k: int = 2
     # where nothing is copied, EAGLE drafts only while this request's EAGLE steps accepted
@@ -86,10 +88,6 @@ class HybridConfig:
     # without EAGLE since its last one): EAGLE's accepted tokens must cover it too, and a
     # probe waits that many times longer (0: free, the rule before it)
     sync_cost: float = 0.005
-    # during a back-off, a step EAGLE does not draft may still copy `fallback_k` tokens of
-    # a short match (1), rather than go plain (0): the back-off keeps EAGLE's turn, and
-    # where EAGLE does not pay there is no turn to keep
-    fallback_in_backoff: int = 0
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_match <= self.max_ngram:
@@ -139,8 +137,7 @@ class HybridDrafter:
             return self._named(Draft.chain(copied), NGRAM)
         if not self._eagle_pays(sum(h.shape[0] for _, h in self._unread)):
             self._plain_run += 1
-            fallback = self._fallback(state) \
-                if copy or self.config.fallback_in_backoff else []
+            fallback = self._fallback(state) if copy else []
             if fallback:
                 return self._named(Draft.chain(fallback), NGRAM)
             return self._named(Draft.empty(), PLAIN_BRANCH)
