@@ -5,12 +5,13 @@ loopback without a key), the bounded sample ring and what it never holds."""
 from __future__ import annotations
 
 import base64
-from dataclasses import asdict
+from dataclasses import asdict, fields, is_dataclass
 
 import pytest
 from starlette.testclient import TestClient
 
 from gateway.classifier.minimal import minimal_profile
+from gateway.compiled import COMPILED, module_name
 from gateway.config import hash_api_key, parse_config
 from gateway.http.app import create_app
 from gateway.telemetry.recent import RecentConfig, RecentTraffic, percentile
@@ -210,6 +211,33 @@ def test_the_state_has_every_section_in_shape(client: TestClient) -> None:
     assert by_pool["plain"]["desired_k"] is None
     assert len(state["decisions"]) == 4 and state["decisions"][0]["pool"] == "plain"
     assert "api_key_sha256" not in response.text and hash_api_key(TENANT_KEY) not in response.text
+
+
+def test_no_dataclass_of_a_compiled_module_reaches_the_state(client: TestClient) -> None:
+    """The state goes to `orjson.dumps` whole, which crashes the process (a segmentation
+    fault, orjson 3.13) on a dataclass that mypyc compiled: nothing in it may be one of
+    the compiled modules' dataclasses, whichever build this test runs on."""
+    console = client.app.state.console
+    console.recent.record(record("eagle"))
+    compiled = {module_name(path) for path in COMPILED}
+    found: list[str] = []
+
+    def walk(value: object) -> None:
+        if is_dataclass(value):
+            if type(value).__module__ in compiled:
+                found.append(f"{type(value).__module__}.{type(value).__qualname__}")
+            for item in fields(value):
+                walk(getattr(value, item.name))
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list | tuple):
+            for item in value:
+                walk(item)
+
+    state = console.state()
+    walk(state)
+    assert state["decisions"] and not found, found
 
 
 def test_a_worker_down_shows_in_the_fleet_and_the_table(client: TestClient) -> None:
