@@ -3,7 +3,7 @@ side by side with n-gram, EAGLE and plain, through `specroute bench engine`'s ow
 
 Each `--variant NAME=field=value,...` registers one more engine method, a `HybridDrafter`
 with those `HybridConfig` fields (min_match, max_ngram, min_confidence, miss_backoff,
-short_k, eagle_min_rate, eagle_probe, fallback_k, sync_cost), on the
+short_k, eagle_min_rate, eagle_probe, fallback_k, sync_cost, eagle_gain), on the
 same EAGLE head as the shipped `hybrid`; `--methods` names them like any method (`NAME:3`). For choosing the hybrid's
 defaults on training prompts (`--prompt-file bench/traces/data/prompts.jsonl`); never on
 the held-out ones. Besides the timed table, a load-independent one: per cell the accept
@@ -35,7 +35,7 @@ from bench.engine.methods import (
 from bench.engine.prompt_file import file_prompts
 from workers.models import resolve_model, weights_dir
 
-FLOAT_FIELDS = ("min_confidence", "eagle_min_rate", "sync_cost")
+FLOAT_FIELDS = ("min_confidence", "eagle_min_rate", "sync_cost", "eagle_gain")
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, float | int]]:

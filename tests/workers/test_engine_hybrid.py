@@ -325,6 +325,57 @@ def test_a_long_unread_input_waits_longer_for_the_probe(model: LlamaForCausalLM,
     assert branches == ["plain"] * 7 + ["eagle", "eagle"]
 
 
+@torch.inference_mode()
+@pytest.mark.parametrize(("max_new_tokens", "expected"),
+                         [(7, ["plain"] * 9), (8, ["plain"] * 7 + ["eagle", "eagle"]),
+                          (None, ["plain"] * 7 + ["eagle", "eagle"])])
+def test_a_sync_that_the_tokens_left_cannot_repay_stays_plain(
+        model: LlamaForCausalLM, head: EagleHead, max_new_tokens: int | None,
+        expected: list[str]) -> None:
+    """The probe of the test above syncs 66 positions (3.3 plain steps) at step 7. With
+    `eagle_gain` 0.5, EAGLE could save at most half a plain step a token left: 6 tokens
+    left (a budget of 7, one generated) cannot repay it and the step stays plain; 7 can;
+    a request without a budget probes as before."""
+    greedy = Sampler(0.0)
+    text = list(range(101, 170))
+    hybrid = HybridDrafter(model, head, HybridConfig(eagle_probe=2, sync_cost=0.05,
+                                                     fallback_k=0, eagle_gain=0.5))
+    branches = []
+    for i in range(9):
+        root = 59 + i
+        state = _state(model, text[: root + 1], greedy, start=root - 1 if i else 0)
+        state.prompt_len, state.max_new_tokens = root, max_new_tokens  # one token generated
+        branches.append(hybrid.propose(state).source)
+    assert branches == expected
+    with pytest.raises(ValueError):
+        HybridConfig(eagle_gain=1.5)
+
+
+def test_the_engine_hands_the_drafter_its_budget(model_dir: Path, head: EagleHead) -> None:
+    """Each state a drafter sees carries the request's `max_new_tokens`, and the tokens it
+    has left count down with what was generated."""
+    seen: list[tuple[int | None, int | None, int]] = []
+
+    class Recording(HybridDrafter):
+        def propose_steps(self, state: DecodeState):  # type: ignore[no-untyped-def]
+            seen.append((state.max_new_tokens, state.tokens_left,
+                         len(state.tokens) - state.prompt_len))
+            return (yield from super().propose_steps(state))
+
+    model = load_model(model_dir, dtype=torch.float32).eval()
+    methods = builtin_methods()
+    methods["hybrid"] = EngineMethod("hybrid", lambda: Recording(model, head), 4)
+    engine = Engine.from_model(model, TextTokenizer(model_dir / "tokenizer.json"),
+                               methods=methods)
+    gen = engine.start([*PATTERN, *FRESH], SamplingParams(max_new_tokens=20, ignore_eos=True),
+                       "hybrid")
+    while not gen.finished:
+        gen.step()
+    assert len(gen.output_ids) == 20 and len(seen) >= 2
+    assert all(budget == 20 and left == 20 - generated for budget, left, generated in seen)
+    assert seen[0][1] == 19 and seen[-1][1] >= 1
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 @pytest.mark.parametrize("config", [HybridConfig(eagle_min_rate=1.0, short_k=0, fallback_k=0),
                                     HybridConfig(eagle_min_rate=1.0, short_k=2, fallback_k=2)])

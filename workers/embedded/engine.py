@@ -328,6 +328,7 @@ class Generation:
             hidden=torch.cat([*self._prefilled, out.hidden[0]]),  # (prompt, C)
             hidden_start=0,
             constraint=self._grammar,
+            max_new_tokens=self._max_new_tokens,
         )
         self._prefilled = []
         self.stats.verify_steps += 1

@@ -160,6 +160,14 @@ class DecodeState:
     hidden_start: int
     last: VerifyResult | None = None  # the previous verify step (None right after prefill)
     constraint: DraftConstraint | None = None  # the request's grammar, if any
+    max_new_tokens: int | None = None  # the request's output budget (None: no limit)
+
+    @property
+    def tokens_left(self) -> int | None:
+        """Tokens the request may still generate after the root (None: no limit)."""
+        if self.max_new_tokens is None:
+            return None
+        return self.max_new_tokens - (len(self.tokens) - self.prompt_len)
 
 
 class Drafter(Protocol):

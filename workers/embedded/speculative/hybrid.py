@@ -88,6 +88,10 @@ class HybridConfig:
     # without EAGLE since its last one): EAGLE's accepted tokens must cover it too, and a
     # probe waits that many times longer (0: free, the rule before it)
     sync_cost: float = 0.005
+    # the most of a plain step EAGLE can save a token the request has left to generate
+    # (1 - 1 / its best speedup): an EAGLE step whose sync costs more than that over the
+    # tokens left cannot pay it back, and the step goes plain (0: no such check)
+    eagle_gain: float = 0.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_match <= self.max_ngram:
@@ -96,8 +100,8 @@ class HybridConfig:
             raise ValueError("hybrid needs miss_backoff, short_k, fallback_k >= 0")
         if not 0.0 <= self.eagle_min_rate <= 1.0 or self.eagle_probe < 1:
             raise ValueError("hybrid needs 0 <= eagle_min_rate <= 1 and eagle_probe >= 1")
-        if self.sync_cost < 0:
-            raise ValueError("hybrid needs sync_cost >= 0")
+        if self.sync_cost < 0 or not 0.0 <= self.eagle_gain <= 1.0:
+            raise ValueError("hybrid needs sync_cost >= 0 and 0 <= eagle_gain <= 1")
 
 
 class HybridDrafter:
@@ -135,7 +139,7 @@ class HybridDrafter:
         copied = self._copy(state) if copy else []
         if copied:
             return self._named(Draft.chain(copied), NGRAM)
-        if not self._eagle_pays(sum(h.shape[0] for _, h in self._unread)):
+        if not self._eagle_pays(sum(h.shape[0] for _, h in self._unread), state.tokens_left):
             self._plain_run += 1
             fallback = self._fallback(state) if copy else []
             if fallback:
@@ -175,13 +179,17 @@ class HybridDrafter:
         return lookup(self._ngram.history(state.tokens), self.config.min_match - 1, 1,
                       min(state.k, self.config.fallback_k))
 
-    def _eagle_pays(self, unread: int) -> bool:
+    def _eagle_pays(self, unread: int, left: int | None) -> bool:
         """Whether EAGLE drafts this step: while the tokens its steps accepted cover, in
         plain steps, `eagle_min_rate` of each token they drafted and the sync of the
         `unread` positions it would read now (`sync_cost`); and once after `_probe` plain
-        steps in a row (times the sync's cost in plain steps where that is more than 1)."""
+        steps in a row (times the sync's cost in plain steps where that is more than 1).
+        Never where the sync costs more than EAGLE could save over the `left` tokens
+        (`eagle_gain`)."""
         accepted, paid = self._eagle
         sync = self.config.sync_cost * unread
+        if self.config.eagle_gain and left is not None and sync > self.config.eagle_gain * left:
+            return False
         if accepted >= self.config.eagle_min_rate * paid + sync:
             self._probe = self.config.eagle_probe
             return True
