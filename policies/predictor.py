@@ -96,14 +96,17 @@ class Predictor:
         """Per family, the predicted mean accept length (tokens per step at `k`)."""
         if len(x) != len(self.features):
             raise ValueError(f"{len(x)} features, the model has {len(self.features)}")
+        # a tuple: compiled, indexing it is a direct item read, where a `Sequence` is a
+        # generic lookup behind a boxed index (240 of them a prediction)
+        values: tuple[float, ...] = x if isinstance(x, tuple) else tuple(x)
         out = {}
         for family, (base, trees) in self._families.items():
             total = base
             for f0, t0, f1, t1, a, b, f2, t2, c, d in trees:  # inline: a call per tree
-                if x[f0] <= t0:  # would be most of the cost
-                    total += a if x[f1] <= t1 else b
+                if values[f0] <= t0:  # would be most of the cost
+                    total += a if values[f1] <= t1 else b
                 else:
-                    total += c if x[f2] <= t2 else d
+                    total += c if values[f2] <= t2 else d
             out[family] = math.exp(total)
         return out
 

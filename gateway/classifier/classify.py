@@ -338,7 +338,7 @@ def _code_evidence(text: str, lower: str) -> str | None:
             lang = match.group(1).lower()
             if lang not in _DATA_FENCES:
                 return f"fenced code block ({lang or 'unlabelled'})"
-    if text.count("\n") >= 2:  # traces and code lines are several lines
+    if text.find("\n", text.find("\n") + 1) > 0:  # traces and code lines are several lines
         if any(m in text for m in _TRACE_MARKERS) and any(t.search(text) for t in _TRACES):
             return "stack trace"
         lines = len(_CODE_LINE_START.findall("\n" + text))

@@ -32,6 +32,7 @@ and DebugBench's code edits against its other categories), never on a judging se
 from __future__ import annotations
 
 import re
+import string
 from typing import NamedTuple
 
 from gateway.classifier.code_edit import PORT, code_edit_cue, fenced, imperative, program_like
@@ -99,7 +100,13 @@ MIN_PASSAGE_CHARS = 200  # ~50 tokens: a passage worth drafting from
 
 # Word starts: the edges lowercased, with line breaks and opening marks as spaces, behind
 # one space, so a stem behind a space is a word start (" use" is not in "because").
-_SPACES = str.maketrans({c: " " for c in "\n\t\r([{\"'`*_/<>.:,!?"})
+_SPACE_CHARS = "\n\t\r([{\"'`*_/<>.:,!?"
+# ASCII only (non-ASCII edges go to the regexes): one table lookup per byte lowercases
+# and blanks, where `str.lower` then `str.translate` took two passes, the second a dict
+# lookup per character.
+_LOWER_SPACES = bytes.maketrans(
+    string.ascii_uppercase.encode() + _SPACE_CHARS.encode(),
+    string.ascii_lowercase.encode() + b" " * len(_SPACE_CHARS))
 
 
 class _Edges:
@@ -136,13 +143,31 @@ _ALL_STEMS = sorted({stem for stems in _KIND_STEMS.values() for stem in stems}, 
 _STEM_KINDS = {stem: frozenset(kind for kind, stems in _KIND_STEMS.items()
                                if any(s.startswith(stem) or stem.startswith(s) for s in stems))
                for stem in _ALL_STEMS}
-_STEM = re.compile(" (" + "|".join(map(re.escape, _ALL_STEMS)) + ")")
+
+
+def _trie(stems: list[str]) -> str:
+    """An alternation of `stems` as a trie (a branch per first letter, a stem that ends
+    before the others continue tried first): at a position it matches the shortest stem
+    there, as the flat alternation shortest first does, where that one tried every stem
+    at every space."""
+    if "" in stems:
+        rest = [stem for stem in stems if stem]
+        return f"(?:|{_trie(rest)})" if rest else ""
+    by_first: dict[str, list[str]] = {}
+    for stem in stems:
+        by_first.setdefault(stem[0], []).append(stem[1:])
+    branches = [re.escape(first) + _trie(sorted(tails, key=len))
+                for first, tails in by_first.items()]
+    return branches[0] if len(branches) == 1 else f"(?:{'|'.join(branches)})"
+
+
+_STEM = re.compile(f" ({_trie(_ALL_STEMS)})")
 
 
 def _kinds(edge: str) -> frozenset[str] | None:
     if not edge.isascii():
         return None
-    words = " " + edge.lower().translate(_SPACES)
+    words = " " + edge.encode().translate(_LOWER_SPACES).decode()
     found: frozenset[str] = frozenset()
     for stem in _STEM.findall(words):
         found |= _STEM_KINDS[stem]
