@@ -353,7 +353,7 @@ class Generation:
 
     def _fit(self, draft: Draft, state: DecodeState) -> Draft:
         """Trim a draft to k nodes, to the tokens still allowed, and to the cache's room."""
-        left_tokens = self._max_new_tokens - len(self.output_ids)
+        left_tokens = state.tokens_left or 0  # the state carries the budget (set above)
         left_context = self._engine.max_context - len(state.tokens)
         room = self._cache.max_length - self._cache.length - 1  # slots after the root
         if draft.aux is not None and len(draft.aux.tokens) + len(draft) > room:
