@@ -3,12 +3,15 @@ side by side with n-gram, EAGLE and plain, through `specroute bench engine`'s ow
 
 Each `--variant NAME=field=value,...` registers one more engine method, a `HybridDrafter`
 with those `HybridConfig` fields (min_match, max_ngram, min_confidence, miss_backoff,
-short_k, eagle_min_rate, eagle_probe, fallback_k, sync_cost, eagle_gain), on the
-same EAGLE head as the shipped `hybrid`; `--methods` names them like any method (`NAME:3`). For choosing the hybrid's
+short_k, eagle_min_rate, eagle_probe, fallback_k, sync_cost, eagle_gain, copy_k, eagle_k),
+on the same EAGLE head as the shipped `hybrid`; `--methods` names them like any method
+(`NAME:3`). For choosing the hybrid's
 defaults on training prompts (`--prompt-file bench/traces/data/prompts.jsonl`); never on
 the held-out ones. Besides the timed table, a load-independent one: per cell the accept
 length, the draft tokens verified per step, and the speedup they imply at the model's
-measured cost of a drafted token (`measured.json`, `draft_token_cost`).
+measured step costs: the curve by positions where `measured.json` has one
+(`verify_costs`, `bench.engine.verify_cost`), else a cost per drafted token
+(`draft_token_cost`).
 
     SPECROUTE_BENCH_THREADS=1 python -m bench.engine.hybrid_variants \\
         --prompt-file bench/traces/data/prompts.jsonl --variant b4=miss_backoff=4 \\
@@ -33,6 +36,7 @@ from bench.engine.methods import (
     variant,
 )
 from bench.engine.prompt_file import file_prompts
+from bench.engine.verify_cost import step_cost
 from workers.models import resolve_model, weights_dir
 
 FLOAT_FIELDS = ("min_confidence", "eagle_min_rate", "sync_cost", "eagle_gain")
@@ -59,11 +63,21 @@ def draft_token_cost(measured: dict) -> float:
     return sum(shares) / len(shares)
 
 
-def modelled(rows: list[dict], token_cost: float) -> list[dict]:
+def modelled(rows: list[dict], token_cost: float,
+             verify_costs: list[dict] | None = None) -> list[dict]:
     """Each row's load-independent speedup: accept length over the step's measured cost,
-    1 + token_cost x draft tokens per step (plain: 1, 1)."""
-    return [{**r, "modelled": round(r["accept_length"] / (1 + token_cost * r["draft_tokens"]),
-                                    3)} for r in rows]
+    1 + token_cost x draft tokens per step (plain: 1, 1); with `verify_costs` (the cost
+    curve by positions, `bench.engine.verify_cost`), the mean over the row's steps of the
+    curve's cost of each step's draft length."""
+    out = []
+    for r in rows:
+        cost = 1 + token_cost * r["draft_tokens"]
+        histogram = r.get("draft_histogram") or []
+        if verify_costs and sum(histogram):
+            cost = sum(n * step_cost(verify_costs, d)
+                       for d, n in enumerate(histogram)) / sum(histogram)
+        out.append({**r, "modelled": round(r["accept_length"] / cost, 3)})
+    return out
 
 
 def format_modelled(rows: list[dict]) -> str:
@@ -125,9 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = summarize(tallies, methods, {m: variant(m, engine.max_k) for m in methods})
     measured = weights_dir(choice.name) / "measured.json"
     if measured.is_file():
-        cost = draft_token_cost(json.loads(measured.read_text()))
-        rows = modelled(rows, cost)
-        print(f"modelled: a drafted token costs {cost:.3f} of a plain step")
+        document = json.loads(measured.read_text())
+        cost = draft_token_cost(document)
+        curve = document.get("verify_costs")
+        rows = modelled(rows, cost, curve)
+        print("modelled: a step costs its draft length's share of a plain step on the "
+              "measured curve (verify_costs)" if curve else
+              f"modelled: a drafted token costs {cost:.3f} of a plain step")
         print(format_modelled(rows))
     print(format_table(rows))
     if args.json:

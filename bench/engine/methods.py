@@ -99,6 +99,12 @@ class Tally:
     steps: int = 0
     requests: int = 0
     drafted: int = 0
+    draft_histogram: list[int] = field(default_factory=list)  # steps by draft tokens
+
+    def add_histogram(self, histogram: list[int]) -> None:
+        self.draft_histogram.extend([0] * (len(histogram) - len(self.draft_histogram)))
+        for drafted, steps in enumerate(histogram):
+            self.draft_histogram[drafted] += steps
 
     def add(self, round_index: int, tokens: int, seconds: float, steps: int) -> None:
         while len(self.tokens) <= round_index:
@@ -186,6 +192,7 @@ def measure(engine, methods: list[str], settings: Settings,
                     tally = tallies[(task, temperature)][method]
                     tally.add(r, *_timed(stats, seconds, settings.decode_only))
                     tally.drafted += stats.num_proposed_drafts
+                    tally.add_histogram(stats.draft_histogram)
         if progress:
             print(f"[bench engine] round {r + 1}/{settings.rounds} done in "
                   f"{time.monotonic() - started:.0f}s", file=sys.stderr, flush=True)
@@ -212,6 +219,7 @@ def summarize(tallies: dict[Cell, dict[str, Tally]], methods: list[str],
                 "speedup": round(statistics.median(ratios), 3),
                 "speedup_min": round(min(ratios), 3), "speedup_max": round(max(ratios), 3),
                 "requests": tally.requests,
+                "draft_histogram": list(tally.draft_histogram),
             })
     return rows
 

@@ -254,6 +254,60 @@ def test_a_weak_match_drafts_short_k(model: LlamaForCausalLM, head: EagleHead) -
 
 
 @torch.inference_mode()
+def test_a_copy_drafts_long_only_after_a_copy_accepted_whole(model: LlamaForCausalLM,
+                                                            head: EagleHead) -> None:
+    """`copy_k` 2 at k 6: a copy drafts 2 tokens; after a copy accepted whole, the next
+    drafts k; after one accepted in part (or an EAGLE step), 2 again. `eagle_k` 2 caps
+    EAGLE's chain at 2 where it would draft more; 0 (the default) leaves both at k."""
+    from workers.embedded.speculative.result import VerifyResult
+
+    greedy = Sampler(0.0)
+    text = PATTERN * 4 + PATTERN[:3]
+
+    def lengths(config: HybridConfig, outcomes: list[tuple[int, int]]) -> list[int]:
+        """Draft length of each step; before step i + 1, step i kept outcomes[i] =
+        (accepted, proposed)."""
+        hybrid, out, last = HybridDrafter(model, head, config), [], None
+        for i in range(len(outcomes) + 1):
+            root = len(text) - len(outcomes) - 1 + i
+            state = _state(model, text[: root + 1], greedy, k=6, start=root - 1 if i else 0)
+            state.last = last
+            draft = hybrid.propose(state)
+            assert draft.source == "ngram"
+            out.append(len(draft))
+            if i < len(outcomes):
+                kept, proposed = outcomes[i]
+                last = VerifyResult(accepted=[PATTERN[0]] * kept,
+                                    accepted_nodes=list(range(kept)), bonus=PATTERN[0],
+                                    hidden=torch.zeros(kept + 1, 1), aux_logits=None,
+                                    num_proposed=proposed, logits=torch.zeros(kept + 1, V))
+        return out
+
+    assert lengths(HybridConfig(copy_k=2), [(2, 2), (6, 6), (3, 6), (0, 2)]) == [2, 6, 6, 2, 2]
+    assert lengths(HybridConfig(), [(2, 6), (0, 6)]) == [6, 6, 6]
+    state = _state(model, FRESH, greedy, k=6)
+    chain = HybridDrafter(model, head, HybridConfig(min_confidence=0.0)).propose(state)
+    capped = HybridDrafter(model, head, HybridConfig(min_confidence=0.0, eagle_k=2)).propose(
+        _state(model, FRESH, greedy, k=6))
+    assert chain.source == capped.source == "eagle"
+    assert len(chain) == 6 and capped.tokens == chain.tokens[:2]
+    with pytest.raises(ValueError):
+        HybridConfig(copy_k=-1)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_long_copies_stay_lossless(model_dir: Path, head: EagleHead, temperature: float) -> None:
+    """Through the engine with `copy_k` 1 and `eagle_k` 1 at k 4: greedy output is plain's
+    token for token, sampled output runs its 40 tokens with both branches drafting."""
+    gen, plain = _hybrid_and_plain(model_dir, head, HybridConfig(min_match=1, copy_k=1,
+                                                                 eagle_k=1), temperature)
+    assert {"ngram", "eagle"} <= set(gen.stats.by_source)
+    assert len(gen.output_ids) == 40
+    if temperature == 0.0:
+        assert gen.output_ids == plain
+
+
+@torch.inference_mode()
 def test_eagle_drafts_only_while_its_acceptance_pays(model: LlamaForCausalLM,
                                                      head: EagleHead) -> None:
     """`eagle_min_rate` 0.5, `eagle_probe` 2, nothing to copy: EAGLE drafts first (a prior of

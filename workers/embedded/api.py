@@ -141,12 +141,15 @@ class GenerationStats:
     # decode verify steps by the draft tokens they accepted (index: accepted, 0..k), the
     # prefill step not counted: SGLang's per-request `spec_correct_drafts_histogram`
     accept_histogram: list[int] = field(default_factory=list)
+    # decode verify steps by the draft tokens they verified (index: 0..k): a step's cost
+    # is not linear in its draft on every device (`bench.engine.verify_cost`)
+    draft_histogram: list[int] = field(default_factory=list)
 
-    def add_accepted(self, accepted: int) -> None:
-        """Count one decode verify step that accepted `accepted` draft tokens."""
-        if accepted >= len(self.accept_histogram):
-            self.accept_histogram.extend([0] * (accepted + 1 - len(self.accept_histogram)))
-        self.accept_histogram[accepted] += 1
+    def add_accepted(self, accepted: int, drafted: int | None = None) -> None:
+        """Count one decode verify step that accepted `accepted` of `drafted` draft tokens."""
+        _bump(self.accept_histogram, accepted)
+        if drafted is not None:
+            _bump(self.draft_histogram, drafted)
 
     def add_batch_step(self, requests: int, draft_tokens: int) -> None:
         """Count one decode step that shared a forward with `requests` sequences (this one
@@ -261,3 +264,9 @@ class GenerationEngine(Protocol):
         """Advance several generations in one batched target forward: per generation, in
         order, its output or the exception that ended it."""
         ...
+
+
+def _bump(histogram: list[int], index: int) -> None:
+    if index >= len(histogram):
+        histogram.extend([0] * (index + 1 - len(histogram)))
+    histogram[index] += 1

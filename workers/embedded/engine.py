@@ -345,7 +345,7 @@ class Generation:
         self.stats.verify_steps += 1
         self.stats.num_proposed_drafts += result.num_proposed
         self.stats.num_correct_drafts += len(result.accepted)
-        self.stats.add_accepted(len(result.accepted))
+        self.stats.add_accepted(len(result.accepted), result.num_proposed)
         if step.draft.source is not None:
             self.stats.by_source.setdefault(step.draft.source, SourceTally()).add(
                 max(step.draft.depths, default=0), len(result.accepted))

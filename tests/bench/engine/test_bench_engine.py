@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from bench.engine.methods import Tally, format_table, summarize, variant, verdicts
 from bench.workload import TASKS
 from specroute.cli import main
@@ -99,5 +101,11 @@ def test_a_prompt_file_runs_one_cell_per_category_timed_from_the_first_token(
     assert {(r["task"], r["temperature"]) for r in rows} == {("code_edit", 0.0), ("rag", 0.0)}
     plain = next(r for r in rows if r["label"] == "plain")
     assert plain["accept_length"] == 1.0  # 5 tokens after the first, 5 decode steps
+    assert plain["draft_histogram"] == [5]  # five decode steps, none drafting
+    for row in rows:  # every decode step counted once, by the draft tokens it verified
+        histogram = row["draft_histogram"]
+        assert sum(histogram) == 5 and len(histogram) <= 3
+        assert sum(d * n for d, n in enumerate(histogram)) == pytest.approx(
+            row["draft_tokens"] * 5, abs=0.05)
     assert main(["bench", "engine", "--model", "tiny", "--prompt-file", str(path),
                  "--write-measured", str(tmp_path / "m.json")]) == 2

@@ -1,5 +1,6 @@
 """`bench.engine.hybrid_variants`: variant fields parsed by type, the drafted token's cost
-from the shipped SmolLM2 measured.json, and the modelled speedup it implies."""
+from the shipped SmolLM2 measured.json, and the modelled speedup it implies, per drafted
+token or on the cost curve by positions (`bench.engine.verify_cost`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import pytest
 
 from bench.engine.hybrid_variants import draft_token_cost, modelled, parse_variant
+from bench.engine.verify_cost import cost_rows, curve, step_cost
 from workers.models import SMOLLM2_MODEL_NAME, weights_dir
 
 
@@ -34,3 +36,30 @@ def test_the_modelled_speedup_is_accept_length_over_the_step_cost() -> None:
     out = modelled(rows, 0.2)
     assert [r["modelled"] for r in out] == [1.0, 1.0]
     assert out[1]["label"] == "eagle:3"
+
+
+CURVE = cost_rows({1: 0.040, 2: 0.044, 3: 0.048, 4: 0.056, 5: 0.072})  # ratios 1 .. 1.8
+
+
+def test_a_step_costs_its_draft_lengths_point_on_the_curve() -> None:
+    assert [r["ratio"] for r in CURVE] == [1.0, 1.1, 1.2, 1.4, 1.8]
+    assert step_cost(CURVE, 0) == 1.0 and step_cost(CURVE, 3) == 1.4
+    assert step_cost(CURVE, 6) == pytest.approx(1.8 + 2 * 0.4)  # the last slope, on
+    # two rows with the same mean draft length: short steps and a cliff-crossing mix
+    even = {"accept_length": 2.0, "draft_tokens": 2.0, "draft_histogram": [0, 0, 4]}
+    mixed = {"accept_length": 2.0, "draft_tokens": 2.0, "draft_histogram": [2, 0, 0, 0, 2]}
+    out = modelled([even, mixed], 0.2, CURVE)
+    assert out[0]["modelled"] == pytest.approx(2.0 / 1.2, abs=1e-3)
+    assert out[1]["modelled"] == pytest.approx(2.0 / ((1.0 + 1.8) / 2), abs=1e-3)
+    assert modelled([even], 0.2)[0]["modelled"] == pytest.approx(2.0 / 1.4, abs=1e-3)
+    assert modelled([{**even, "draft_histogram": []}], 0.2, CURVE)[0]["modelled"] == \
+        pytest.approx(2.0 / 1.4, abs=1e-3)  # no histogram: per drafted token
+
+
+def test_the_curve_times_each_length_after_the_same_prefix() -> None:
+    """On the bundled tiny model: one median per length, the cache back at the prefix."""
+    from workers.embedded.engine import Engine
+
+    model = Engine().model
+    seconds = curve(model, 3, 2, 8)
+    assert sorted(seconds) == [1, 2, 3] and all(s > 0 for s in seconds.values())

@@ -98,12 +98,19 @@ class HybridConfig:
     # an EAGLE step whose sync costs more than that over the tokens left cannot pay it
     # back, and the step goes plain (0: no such check)
     eagle_gain: float = 0.1
+    # a copy drafts at most this many tokens unless the last step's copy was accepted
+    # whole, when it may draft up to k (0: k always); EAGLE's chain drafts at most
+    # `eagle_k` (0: k). A verify step's cost on this CPU is not linear in its draft: the
+    # 4-bit kernel multiplies four rows at a time, so a fifth position starts a second
+    # pass over the weights (x1.18 a plain step at 3 positions, x1.36 at 4, x1.8 at 5)
+    copy_k: int = 0
+    eagle_k: int = 0
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_match <= self.max_ngram:
             raise ValueError("hybrid needs 1 <= min_match <= max_ngram")
-        if min(self.miss_backoff, self.short_k, self.fallback_k) < 0:
-            raise ValueError("hybrid needs miss_backoff, short_k, fallback_k >= 0")
+        if min(self.miss_backoff, self.short_k, self.fallback_k, self.copy_k, self.eagle_k) < 0:
+            raise ValueError("hybrid needs miss_backoff, short_k, fallback_k, copy_k, eagle_k >= 0")
         if not 0.0 <= self.eagle_min_rate <= 1.0 or self.eagle_probe < 1:
             raise ValueError("hybrid needs 0 <= eagle_min_rate <= 1 and eagle_probe >= 1")
         if self.sync_cost < 0 or not 0.0 <= self.eagle_gain <= 1.0:
@@ -123,6 +130,7 @@ class HybridDrafter:
         self._branch: str | None = None
         self._counted = -1
         self._backoff = 0
+        self._whole = False  # the last step was a copy accepted whole
         # this request's EAGLE evidence: tokens accepted, tokens paid for (a prior of one
         # accepted in two, so that a request starts by trying EAGLE); plain steps since the
         # last EAGLE step, and how many of them call for the next one
@@ -158,8 +166,9 @@ class HybridDrafter:
             raise RuntimeError("hybrid: the features kept for the EAGLE head have a gap")
         self._unread = []
         self._branch = EAGLE
+        k = min(state.k, self.config.eagle_k or state.k)
         draft = yield from self._chain.propose_steps(
-            dataclasses.replace(state, hidden=hidden, hidden_start=start))
+            dataclasses.replace(state, hidden=hidden, hidden_start=start, k=k))
         draft.source = EAGLE
         return draft
 
@@ -168,15 +177,17 @@ class HybridDrafter:
         return draft
 
     def _copy(self, state: DecodeState) -> list[int]:
-        """Prompt lookup's continuation: k tokens after a match longer than `min_match`,
-        `short_k` after a match of exactly `min_match` (weak support)."""
+        """Prompt lookup's continuation: k tokens after a match longer than `min_match`
+        (`copy_k` unless the last copy was accepted whole), `short_k` after a match of
+        exactly `min_match` (weak support)."""
         config = self.config
-        if not config.short_k or config.min_match == config.max_ngram:
-            return self._ngram.propose(state).tokens
+        k = state.k if self._whole or not config.copy_k else min(state.k, config.copy_k)
         history = self._ngram.history(state.tokens)
-        tokens = lookup(history, config.max_ngram, config.min_match + 1, state.k)
+        if not config.short_k or config.min_match == config.max_ngram:
+            return lookup(history, config.max_ngram, config.min_match, k)
+        tokens = lookup(history, config.max_ngram, config.min_match + 1, k)
         return tokens or lookup(history, config.min_match, config.min_match,
-                                min(state.k, config.short_k))
+                                min(k, config.short_k))
 
     def _fallback(self, state: DecodeState) -> list[int]:
         """A match shorter than `min_match`'s continuation, at most `fallback_k` tokens."""
@@ -211,6 +222,8 @@ class HybridDrafter:
         if self._counted < state.hidden_start:
             self._counted = state.hidden_start
             last = state.last
+            self._whole = (self._branch == NGRAM and last is not None
+                           and len(last.accepted) == last.num_proposed > 0)
             if self._branch == NGRAM and last is not None and not last.accepted:
                 self._backoff = self.config.miss_backoff
             elif self._backoff > 0:
