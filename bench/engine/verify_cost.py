@@ -32,18 +32,21 @@ def curve(model, max_positions: int, rounds: int, prefix: int) -> dict[int, floa
     """Median seconds of one forward by the positions it scores (1..max_positions)."""
     import torch
 
+    from workers.embedded.model import SequenceInput
+
     cache = model.new_cache(max_length=prefix + max_positions + 1)
     vocab = model.config.vocab_size
     generator = torch.Generator().manual_seed(0)
     times: dict[int, list[float]] = {m: [] for m in range(1, max_positions + 1)}
-    with torch.inference_mode():
-        model(torch.randint(0, vocab, (1, prefix), generator=generator), cache)
+    with torch.inference_mode():  # the engine's own forward (`Engine.step`)
+        model.forward_each([SequenceInput(torch.randint(0, vocab, (prefix,), generator=generator),
+                                          cache)])
         cache.commit()
         for _ in range(rounds + 1):  # the first round warms up, not counted
             for m, seen in times.items():
-                tokens = torch.randint(0, vocab, (1, m), generator=generator)
+                tokens = torch.randint(0, vocab, (m,), generator=generator)
                 start = time.perf_counter()
-                model(tokens, cache)
+                model.forward_each([SequenceInput(tokens, cache)])
                 seen.append(time.perf_counter() - start)
                 cache.rollback(prefix)
     return {m: statistics.median(seen[1:]) for m, seen in times.items()}

@@ -36,6 +36,13 @@ training summaries and extractions (two runs, faster in both: +5.4%, +1.9%; 0.2 
 as without it); on the other classes' prompts it drafts the very same tokens
 (docs/results/2026-12-07-hybrid-5.md).
 
+Two options stay off by default (`copy_k`, `eagle_k`): a copy kept short unless the last
+copy was accepted whole, and a cap on EAGLE's chain. A verify step's cost grows in steps
+with its draft (the 4-bit kernel's blocks of four rows: `bench.engine.verify_cost`), so
+both looked worth a try; on the training prompts neither rule paid where it was meant to
+(docs/results/2026-12-07-hybrid-6.md), nor did a lower `eagle_min_rate` (0.1: faster on
+edits and code, 8% slower on summaries).
+
 Lossless like every method: the shared `verify()` accepts either draft (the n-gram chain
 is a point mass, q = None; EAGLE's carries its q). The branch is chosen from the
 committed tokens and the previous step's verify result alone, both known before this
