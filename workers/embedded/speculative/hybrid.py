@@ -107,9 +107,9 @@ class HybridConfig:
     eagle_gain: float = 0.1
     # a copy drafts at most this many tokens unless the last step's copy was accepted
     # whole, when it may draft up to k (0: k always); EAGLE's chain drafts at most
-    # `eagle_k` (0: k). A verify step's cost on this CPU is not linear in its draft: the
-    # 4-bit kernel multiplies four rows at a time, so a fifth position starts a second
-    # pass over the weights (x1.18 a plain step at 3 positions, x1.36 at 4, x1.8 at 5)
+    # `eagle_k` (0: k). A verify step's cost is not linear in its draft: the 4-bit kernel
+    # multiplies four rows at a time, so a fifth position starts a second pass over the
+    # weights (the curve: docs/WORKER.md, "The decode step")
     copy_k: int = 0
     eagle_k: int = 0
 
