@@ -5,9 +5,8 @@ Each `--variant NAME=field=value,...` registers one more engine method, a `Hybri
 with those `HybridConfig` fields (min_match, max_ngram, min_confidence, miss_backoff,
 short_k, eagle_min_rate, eagle_probe, fallback_k, sync_cost, eagle_gain, copy_k, eagle_k),
 on the same EAGLE head as the shipped `hybrid`; `--methods` names them like any method
-(`NAME:3`). For choosing the hybrid's
-defaults on training prompts (`--prompt-file bench/traces/data/prompts.jsonl`); never on
-the held-out ones. Besides the timed table, a load-independent one: per cell the accept
+(`NAME:3`). For choosing the hybrid's defaults on training prompts (`--prompt-file
+bench/traces/data/prompts.jsonl`); never on the held-out ones. Besides the timed table, a load-independent one: per cell the accept
 length, the draft tokens verified per step, and the speedup they imply at the model's
 measured step costs: the curve by positions where `measured.json` has one
 (`verify_costs`, `bench.engine.verify_cost`), else a cost per drafted token

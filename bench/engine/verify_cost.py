@@ -2,9 +2,9 @@
 scores (a verify step of d draft tokens scores d + 1), at batch 1, as a share of a plain
 step's.
 
-Why a curve and not a cost per drafted token: on this CPU the 4-bit layers run torch's
-int4 kernel (`layers.int4_linear`), which multiplies four rows at a time and, on AVX2,
-spills registers at four; a fifth position starts a second pass over the weights. So two
+Why a curve and not a cost per drafted token: on the CPU the 4-bit layers run torch's
+int4 kernel (`layers.int4_linear`), which multiplies at most four rows in one pass over
+the weights (`BLOCK_M = 4`); a fifth position starts a second pass. So the first two
 draft tokens cost little, a third more, a fourth much more (the table this prints), and
 a drafter's worth depends on how long its drafts are, not only on their mean.
 
@@ -73,9 +73,8 @@ def step_cost(verify_costs: list[dict], drafted: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from bench.engine.measured import device_description
+    from bench.engine.measured import device_description, write_measured
     from bench.engine.methods import _load_engine
-    from policies.prior import Measured
     from workers.models import resolve_model
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -102,8 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             f"python -m bench.engine.verify_cost --model {args.model} --max-positions "
             f"{args.max_positions} --rounds {args.rounds} --prefix {args.prefix}; "
             + device_description(f"{threads} torch threads"))
-        Measured.from_dict(document)
-        path.write_text(json.dumps(document, indent=1) + "\n")
+        write_measured(path, document)
         print(f"wrote verify_costs to {path}")
     return 0
 

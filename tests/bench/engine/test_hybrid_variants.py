@@ -63,3 +63,21 @@ def test_the_curve_times_each_length_after_the_same_prefix() -> None:
     model = Engine().model
     seconds = curve(model, 3, 2, 8)
     assert sorted(seconds) == [1, 2, 3] and all(s > 0 for s in seconds.values())
+
+
+def test_the_curve_is_written_beside_every_other_key(tmp_path, capsys) -> None:
+    """`--write` adds `verify_costs` and its source to a measured.json, keeping the rest
+    (checked against the prior's schema before writing)."""
+    from bench.engine.verify_cost import main
+
+    shipped = weights_dir("specroute-tiny") / "measured.json"
+    path = tmp_path / "measured.json"
+    path.write_text(shipped.read_text())
+    assert main(["--model", "tiny", "--max-positions", "3", "--rounds", "1", "--prefix", "8",
+                 "--write", str(path)]) == 0
+    before, after = json.loads(shipped.read_text()), json.loads(path.read_text())
+    assert [r["positions"] for r in after["verify_costs"]] == [1, 2, 3]
+    assert after["verify_costs"][0]["ratio"] == 1.0
+    assert "--max-positions 3" in after["verify_costs_source"]
+    assert {k: v for k, v in after.items() if not k.startswith("verify_costs")} == before
+    assert "| 3 |" in capsys.readouterr().out
