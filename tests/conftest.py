@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ import httpx
 import pytest
 
 from gateway.upstream.http1 import Http1Client
+from workers.processes import free_port, free_ports  # noqa: F401 - the tests' ports
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,12 +24,6 @@ def short_id(value: object) -> str | None:
     if isinstance(value, str | bytes) and len(value) > 60:
         return f"{type(value).__name__}-{len(value)}"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(condition, timeout_s: float, what: str,  # noqa: ANN001 - any predicate

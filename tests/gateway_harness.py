@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import yaml
-from conftest import free_port, start_process, stop_process, wait_http
+from conftest import free_port, free_ports, start_process, stop_process, wait_http
 
 GATEWAY_MAIN = """
 import logging
@@ -49,7 +49,7 @@ def start_stubs(tmp: Path, specs: dict[str, list[str]],
                 script: str = "tests/sglang_stub.py"
                 ) -> tuple[dict[str, subprocess.Popen], dict[str, str]]:
     """Several stubs started at once (then waited for); name -> extra arguments."""
-    ports = {name: free_port() for name in specs}
+    ports = dict(zip(specs, free_ports(len(specs)), strict=True))
     procs = {name: start_process([script, "--port", str(ports[name]), *args],
                                  tmp / f"{name}.log") for name, args in specs.items()}
     urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 import yaml
-from conftest import free_port, start_process, stop_process, wait_http, wait_serves, wait_until
+from conftest import free_ports, start_process, stop_process, wait_http, wait_serves, wait_until
 
 from gateway.config import hash_api_key
 
@@ -26,7 +26,8 @@ PROMPT = "alpha beta gamma delta"
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     tmp = tmp_path_factory.mktemp("gw")
-    ports = {name: free_port() for name in ("sgl", "vllm", "dead", "incr", "gw", "open")}
+    names = ("sgl", "vllm", "dead", "incr", "gw", "open")
+    ports = dict(zip(names, free_ports(len(names)), strict=True))
     stubs = [
         ("sgl", ["tests/sglang_stub.py", "--model", "m1", "--method", "eagle", "--k", "3"]),
         ("vllm", ["tests/openai_stub.py", "--model", "m2", "--method", "eagle3", "--k", "4"]),

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gateway.http.serve import CoalescingTransport
 from gateway.telemetry.loop_lag import LoopLagProbe
-from tests.conftest import free_port, start_process, stop_process, wait_http
+from tests.conftest import free_ports, start_process, stop_process, wait_http
 
 
 class Recording(asyncio.Transport):
@@ -69,7 +69,7 @@ async def test_loop_lag_probe_sees_a_blocked_loop_and_exports_it() -> None:
 
 
 def test_workers_share_one_port(tmp_path: Path) -> None:
-    up_port, gw_port = free_port(), free_port()
+    up_port, gw_port = free_ports(2)
     config = {"server": {"host": "127.0.0.1", "port": gw_port, "log_level": "warning"},
               "pools": [{"name": "bench", "engine": "sglang", "model": "bench",
                          "method": "eagle", "k": 3,
