@@ -130,9 +130,14 @@ def host_allowlist(app: GatewayApp, config: GatewayConfig, host: str) -> HostAll
 
 
 def uvicorn_options(server: ServerConfig) -> dict:
-    """How the gateway runs under uvicorn; the tests start it the same way."""
+    """How the gateway runs under uvicorn; the tests start it the same way. No proxy
+    headers: nothing here reads the client's address or the scheme (who may see the
+    console is decided by the address the connection arrived on, `scope["server"]`), so
+    uvicorn's `X-Forwarded-*` middleware would be one more ASGI call a request for
+    nothing, and one more header a caller could use to pass for another."""
     return {"loop": "uvloop", "http": head_deadline_protocol(server.header_timeout_s),
             "workers": 1, "log_level": server.log_level, "access_log": False,
+            "proxy_headers": False,
             "timeout_keep_alive": server.keep_alive_timeout_s,
             "limit_concurrency": server.max_concurrency,
             "timeout_graceful_shutdown": server.drain_timeout_s}

@@ -9,10 +9,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import uvicorn
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gateway.http.serve import CoalescingTransport
+from gateway.config import ServerConfig
+from gateway.http.serve import CoalescingTransport, uvicorn_options
 from gateway.telemetry.loop_lag import LoopLagProbe
 from tests.conftest import free_ports, start_process, stop_process, wait_http
 
@@ -48,6 +50,23 @@ async def test_writes_of_one_loop_turn_leave_as_one() -> None:
     transport.close()  # flushes before closing
     assert real.writes[-1] == b"tail" and real.closed
     assert transport.get_extra_info("peername") == ("127.0.0.1", 1)
+
+
+def test_forwarded_headers_do_not_change_the_scope() -> None:
+    """uvicorn as the gateway runs it passes the scope as the connection made it: an
+    `X-Forwarded-For` from a local caller names no other client (and the middleware that
+    would read it is not in a request's path)."""
+    seen: list[dict] = []
+
+    async def app(scope: dict, receive: object, send: object) -> None:
+        seen.append(scope)
+
+    config = uvicorn.Config(app, **uvicorn_options(ServerConfig()))
+    config.load()
+    scope = {"type": "http", "client": ("127.0.0.1", 5), "scheme": "http",
+             "headers": [(b"x-forwarded-for", b"10.9.8.7"), (b"x-forwarded-proto", b"https")]}
+    asyncio.run(config.loaded_app(scope, None, None))
+    assert seen[0]["client"] == ("127.0.0.1", 5) and seen[0]["scheme"] == "http"
 
 
 async def test_loop_lag_probe_sees_a_blocked_loop_and_exports_it() -> None:

@@ -275,6 +275,34 @@ def test_api_key_header_is_a_tenant_or_a_401(header: str | None) -> None:
 
 
 @settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["Bearer sk-real", "bearer  sk-real ", "Bearer sk-other",
+                                 "Bearer sk-real2", "Bearer ", "sk-real"]) | latin1,
+                max_size=8))
+def test_a_proven_key_answers_as_its_first_check_did(headers: list[str]) -> None:
+    """Keys that authenticated are remembered (no digest on the next request): the same
+    header gives the same tenant or the same 401 every time, and only keys whose digest
+    matched are kept."""
+    tenants = (TenantConfig("acme", (hash_api_key("sk-real"),)),
+               TenantConfig("beta", (hash_api_key("sk-real2"),)))
+    auth = Authenticator(tenants)
+    fresh = Authenticator(tenants)
+    for header in headers * 2:
+        try:
+            expected: str | int = fresh.tenant(header).name
+        except AuthenticationFailed as exc:
+            expected = exc.status
+        fresh.proven.clear()
+        try:
+            got: str | int = auth.tenant(header).name
+        except AuthenticationFailed as exc:
+            got = exc.status
+        assert got == expected
+    assert set(auth.proven) <= {"sk-real", "sk-real2"}
+    assert all(auth.proven[key].name == {"sk-real": "acme", "sk-real2": "beta"}[key]
+               for key in auth.proven)
+
+
+@settings(max_examples=300, deadline=None)
 @given(st.none() | st.binary(max_size=64))
 def test_media_type_and_length_parsing(value: bytes | None) -> None:
     length = content_length(value)

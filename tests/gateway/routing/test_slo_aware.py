@@ -13,8 +13,10 @@ from gateway.classifier.minimal import minimal_profile
 from gateway.config import TenantConfig, hash_api_key, parse_config
 from gateway.core.services import Core
 from gateway.errors import InvalidRequest
-from gateway.routing.slo_aware import SloAware, with_reason
+from gateway.routing.admission import PoolQueue, PoolState
+from gateway.routing.slo_aware import SloAware, may_yield, with_reason
 from gateway.schemas import GenerationRequest, parse_request
+from policies.slo import yielding
 from policies.types import Decision, PoolView, RequestProfile
 
 FIELDS = {"pool", "method", "k", "reason", "predicted_accept_length",
@@ -110,3 +112,40 @@ def test_a_pool_too_small_for_one_request_is_excluded_for_it_alone() -> None:
     with pytest.raises(InvalidRequest, match="max_context"):
         large, large_profile = profile(gateway, max_tokens=5000)
         gateway.router.route(large, large_profile)
+
+
+@pytest.mark.parametrize("busy", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("higher", [(0, 0), (2, 0), (0, 1)])
+@pytest.mark.parametrize("healthy", [(1, 1), (1, 0)])
+def test_yielding_is_read_off_the_pools_states(busy: tuple[bool, bool],
+                                               higher: tuple[int, int],
+                                               healthy: tuple[int, int]) -> None:
+    """`may_yield` says what `policies.slo.yielding` says of the options the policy
+    would predict, from the states alone."""
+    slo, request_profile, views = checked(loaded=False)
+    views = [dataclasses.replace(v, healthy_workers=h) for v, h in zip(views, healthy,
+                                                                      strict=True)]
+    states = {v.name: PoolState(b, 0.0, h) for v, b, h in zip(views, busy, higher,
+                                                              strict=True)}
+    assert may_yield(views, states) == yielding(slo._options(request_profile, views, states))
+
+
+def test_under_load_a_pick_that_meets_costs_no_prediction_per_pool() -> None:
+    """Every pool busy, no higher-priority work: the pick stands, so the policy is asked
+    once (its decision), not once more per pool; with higher-priority work waiting the
+    options are predicted, and the request yields."""
+    slo, request_profile, views = checked(loaded=True)
+    calls: list[str] = []
+    predict = slo.inner.predict
+
+    def counted(profile: RequestProfile, pools: list[PoolView]) -> Decision:
+        calls.append(pools[0].name)
+        return predict(profile, pools)
+
+    slo.inner.predict = counted  # type: ignore[method-assign]
+    decision = slo.decide(request_profile, views)
+    assert calls == [] and "policy's pick meets" in decision.reason
+    for name in ("eagle", "plain"):  # a priority-5 request runs on each
+        slo.admission.queues.setdefault(name, PoolQueue()).running_by_priority[5] += 1
+    decision = slo.decide(request_profile, views)
+    assert sorted(calls) == ["eagle", "plain"] and "yields under load" in decision.reason
