@@ -193,6 +193,20 @@ class Admission:
         ahead = sum(1 for t in queue.waiting if self._order(t) < self._order(probe))
         return PoolState(True, self._wait_s(queue, capacity, ahead), higher)
 
+    def holds_higher(self, pool: str, priority: int) -> bool:
+        """Whether a request of a priority above `priority` runs or waits in `pool`:
+        `pool_state(...).higher_priority > 0`, without the count."""
+        queue = self.queues.get(pool)
+        if queue is None:
+            return False
+        for running, count in queue.running_by_priority.items():
+            if running > priority and count > 0:
+                return True
+        for ticket in queue.waiting:
+            if ticket.tenant.priority > priority:
+                return True
+        return False
+
     def busy(self, pool: str) -> bool:
         """`pool_state(...).busy`, cheaply: the SLO-aware policy's idle fast path asks every pool."""
         if self.config.max_inflight_per_worker <= 0:

@@ -14,9 +14,9 @@ explain still says why it stands).
 
 Per-pool options come from the policy's side-effect-free `predict` on one pool at a time
 (and, for a speculative pool taking k per request, on that pool run plain); they are
-only built when the pick misses, or when some pool is busy and one holds work of a higher
-priority than the request's (else the pick stands whatever they say: under load, a
-fleet of one priority pays no prediction per pool). A policy without predictions
+only built when the pick misses, or when some pool holds work of a higher priority than
+the request's (else the pick stands whatever they say: under load, a fleet of one
+priority pays no state and no prediction per pool). A policy without predictions
 (`static`, `first`: predicted tokens/s 0) and `admission.slo_aware: false` pass through.
 """
 
@@ -88,16 +88,19 @@ class SloAware:
             return with_reason(decision, f"{decision.reason}; slo {tenant.name}: meets "
                                f"(tpot {tpot_ms:.0f} ms <= {tenant.slo_tpot_ms:.0f} ms), "
                                f"no pool busy"), "slo_kept"
-        states = {p.name: self.admission.pool_state(p.name, tenant) for p in pools}
+        picked = self.admission.pool_state(decision.pool, tenant)
         pick = option(decision.pool, decision.method, decision.k,
                       decision.predicted_tokens_per_s, decision.predicted_accept_length,
-                      states.get(decision.pool))
+                      picked)
         target = self._target(tenant)
-        # the other options (a `predict` per pool) count only where the pick misses or the
-        # request may yield; else `choose` keeps the pick, whatever they are
-        needed = not pick.meets(target) or may_yield(pools, states)
-        choice = choose(pick, self._options(profile, pools, states) if needed else [],
-                        target)
+        if pick.meets(target) and not self._higher_anywhere(pools, tenant.priority):
+            # nothing to yield to, and the pick meets: `choose` keeps it whatever the other
+            # options say, so they (a state and a `predict` per pool) are not built
+            choice = choose(pick, [], target)
+        else:
+            states = {p.name: picked if p.name == decision.pool
+                      else self.admission.pool_state(p.name, tenant) for p in pools}
+            choice = choose(pick, self._options(profile, pools, states), target)
         reason = f"{decision.reason}; {choice.reason}"
         if not choice.changed:
             return with_reason(decision, reason), f"slo_{choice.kind}"
@@ -113,6 +116,15 @@ class SloAware:
         busy = self.admission.busy
         for view in pools:  # a loop, not any(genexpr): asked on every request
             if busy(view.name):
+                return True
+        return False
+
+    def _higher_anywhere(self, pools: list[PoolView], priority: int) -> bool:
+        """Whether a request of a higher priority runs or waits in one of `pools`: without
+        one no option holds higher-priority work, and `policies.slo.yielding` is false."""
+        holds = self.admission.holds_higher
+        for view in pools:  # a loop, not any(genexpr): asked on every request under load
+            if holds(view.name, priority):
                 return True
         return False
 
@@ -150,14 +162,6 @@ def option(pool: str, method: str, k: int, tokens_per_s: float, accept_length: f
     state = state or IDLE
     return SloOption(pool, method, k, tokens_per_s, accept_length, state.wait_s * 1000,
                      state.busy, state.higher_priority)
-
-
-def may_yield(pools: list[PoolView], states: Mapping[str, PoolState]) -> bool:
-    """`policies.slo.yielding` of the options `SloAware._options` builds, read off the
-    pools' states alone: an option is busy and holds higher-priority work as its pool
-    does, and only pools with a healthy worker give options."""
-    held = [states.get(view.name) or IDLE for view in pools if view.healthy_workers > 0]
-    return any(state.busy for state in held) and any(state.higher_priority for state in held)
 
 
 def with_reason(decision: Decision, reason: str) -> Decision:

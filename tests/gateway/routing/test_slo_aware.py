@@ -13,10 +13,10 @@ from gateway.classifier.minimal import minimal_profile
 from gateway.config import TenantConfig, hash_api_key, parse_config
 from gateway.core.services import Core
 from gateway.errors import InvalidRequest
-from gateway.routing.admission import PoolQueue, PoolState
-from gateway.routing.slo_aware import SloAware, may_yield, with_reason
+from gateway.routing.admission import PoolQueue
+from gateway.routing.slo_aware import SloAware, option, with_reason
 from gateway.schemas import GenerationRequest, parse_request
-from policies.slo import yielding
+from policies.slo import choose
 from policies.types import Decision, PoolView, RequestProfile
 
 FIELDS = {"pool", "method", "k", "reason", "predicted_accept_length",
@@ -114,20 +114,30 @@ def test_a_pool_too_small_for_one_request_is_excluded_for_it_alone() -> None:
         gateway.router.route(large, large_profile)
 
 
-@pytest.mark.parametrize("busy", [(False, False), (True, False), (True, True)])
-@pytest.mark.parametrize("higher", [(0, 0), (2, 0), (0, 1)])
-@pytest.mark.parametrize("healthy", [(1, 1), (1, 0)])
-def test_yielding_is_read_off_the_pools_states(busy: tuple[bool, bool],
-                                               higher: tuple[int, int],
-                                               healthy: tuple[int, int]) -> None:
-    """`may_yield` says what `policies.slo.yielding` says of the options the policy
-    would predict, from the states alone."""
-    slo, request_profile, views = checked(loaded=False)
-    views = [dataclasses.replace(v, healthy_workers=h) for v, h in zip(views, healthy,
-                                                                      strict=True)]
-    states = {v.name: PoolState(b, 0.0, h) for v, b, h in zip(views, busy, higher,
-                                                              strict=True)}
-    assert may_yield(views, states) == yielding(slo._options(request_profile, views, states))
+@pytest.mark.parametrize("loaded", [False, True])
+@pytest.mark.parametrize("higher", [(), ("eagle",), ("plain",), ("eagle", "plain")])
+@pytest.mark.parametrize("tpot_ms", [5000.0, 1.0])
+def test_the_verdict_is_choose_over_every_option(loaded: bool, higher: tuple[str, ...],
+                                                 tpot_ms: float) -> None:
+    """Whatever the skipped options would have been, the verdict is `choose`'s over all
+    of them: every pool's state and prediction (busy or not, higher-priority work in
+    some pools, a pick that meets or misses)."""
+    slo, request_profile, views = checked(loaded=loaded)
+    for name in higher:  # a priority-5 request runs there
+        slo.admission.queues.setdefault(name, PoolQueue()).running_by_priority[5] += 1
+    tenant = TenantConfig("acme", slo_tpot_ms=tpot_ms)
+    slo.tenants["acme"] = tenant  # type: ignore[index]
+    inner = slo.inner.predict(request_profile, views)
+    states = {v.name: slo.admission.pool_state(v.name, tenant) for v in views}
+    pick = option(inner.pool, inner.method, inner.k, inner.predicted_tokens_per_s,
+                  inner.predicted_accept_length, states[inner.pool])
+    expected = choose(pick, slo._options(request_profile, views, states), slo._target(tenant))
+    verdict = slo.predict(request_profile, views)
+    if not loaded and pick.meets(slo._target(tenant)):
+        assert verdict.reason.endswith("no pool busy")  # the idle path: nothing to choose
+        return
+    assert verdict.reason == f"{inner.reason}; {expected.reason}"
+    assert verdict.pool == expected.option.pool and verdict.k == expected.option.k
 
 
 def test_under_load_a_pick_that_meets_costs_no_prediction_per_pool() -> None:
