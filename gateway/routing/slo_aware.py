@@ -50,6 +50,11 @@ class SloAware:
         self.enabled = enabled
         self.metrics = metrics
         self.targets: dict[str, tuple[TenantConfig, SloTarget]] = {}  # by tenant name
+        # verdicts on picks that stand with nothing to yield to, by (the policy's decision,
+        # its pool's state, the tenant's targets): the policy memoises its decisions, so
+        # under load most requests repeat one of a few (the reason text and a new
+        # `Decision` each time, else)
+        self.kept: dict[tuple[Decision, PoolState, SloTarget], tuple[Decision, str]] = {}
 
     def decide(self, profile: RequestProfile, pools: list[PoolView]) -> Decision:
         decision, kind = self._apply(self.inner.decide(profile, pools), profile, pools,
@@ -89,18 +94,28 @@ class SloAware:
                                f"(tpot {tpot_ms:.0f} ms <= {tenant.slo_tpot_ms:.0f} ms), "
                                f"no pool busy"), "slo_kept"
         picked = self.admission.pool_state(decision.pool, tenant)
+        target = self._target(tenant)
+        alone = not self._higher_anywhere(pools, tenant.priority)
+        key = (decision, picked, target)
+        if alone and key in self.kept:
+            return self.kept[key]
         pick = option(decision.pool, decision.method, decision.k,
                       decision.predicted_tokens_per_s, decision.predicted_accept_length,
                       picked)
-        target = self._target(tenant)
-        if pick.meets(target) and not self._higher_anywhere(pools, tenant.priority):
+        if alone and pick.meets(target):
             # nothing to yield to, and the pick meets: `choose` keeps it whatever the other
-            # options say, so they (a state and a `predict` per pool) are not built
+            # options say, so they (a state and a `predict` per pool) are not built; the
+            # verdict depends on the key alone, so it is kept for the next such request
             choice = choose(pick, [], target)
-        else:
-            states = {p.name: picked if p.name == decision.pool
-                      else self.admission.pool_state(p.name, tenant) for p in pools}
-            choice = choose(pick, self._options(profile, pools, states), target)
+            kept = with_reason(decision, f"{decision.reason}; {choice.reason}"), \
+                f"slo_{choice.kind}"
+            if len(self.kept) >= KEPT_VERDICTS:
+                self.kept.clear()
+            self.kept[key] = kept
+            return kept
+        states = {p.name: picked if p.name == decision.pool
+                  else self.admission.pool_state(p.name, tenant) for p in pools}
+        choice = choose(pick, self._options(profile, pools, states), target)
         reason = f"{decision.reason}; {choice.reason}"
         if not choice.changed:
             return with_reason(decision, reason), f"slo_{choice.kind}"
@@ -155,6 +170,7 @@ class SloAware:
 
 
 IDLE = PoolState(False, 0.0, 0)  # a pool admission knows nothing of
+KEPT_VERDICTS = 1024  # past this many, `SloAware.kept` starts again
 
 
 def option(pool: str, method: str, k: int, tokens_per_s: float, accept_length: float,

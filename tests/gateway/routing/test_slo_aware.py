@@ -133,6 +133,7 @@ def test_the_verdict_is_choose_over_every_option(loaded: bool, higher: tuple[str
                   inner.predicted_accept_length, states[inner.pool])
     expected = choose(pick, slo._options(request_profile, views, states), slo._target(tenant))
     verdict = slo.predict(request_profile, views)
+    assert slo.predict(request_profile, views) == verdict  # kept, or built again: the same
     if not loaded and pick.meets(slo._target(tenant)):
         assert verdict.reason.endswith("no pool busy")  # the idle path: nothing to choose
         return
@@ -155,6 +156,8 @@ def test_under_load_a_pick_that_meets_costs_no_prediction_per_pool() -> None:
     slo.inner.predict = counted  # type: ignore[method-assign]
     decision = slo.decide(request_profile, views)
     assert calls == [] and "policy's pick meets" in decision.reason
+    assert slo.decide(request_profile, views) is decision  # the verdict kept
+    assert len(slo.kept) == 1
     for name in ("eagle", "plain"):  # a priority-5 request runs on each
         slo.admission.queues.setdefault(name, PoolQueue()).running_by_priority[5] += 1
     decision = slo.decide(request_profile, views)
