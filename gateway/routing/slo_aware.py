@@ -97,8 +97,9 @@ class SloAware:
         target = self._target(tenant)
         alone = not self._higher_anywhere(pools, tenant.priority)
         key = (decision, picked, target)
-        if alone and key in self.kept:
-            return self.kept[key]
+        known = self.kept.get(key) if alone else None
+        if known is not None:
+            return known
         pick = option(decision.pool, decision.method, decision.k,
                       decision.predicted_tokens_per_s, decision.predicted_accept_length,
                       picked)
