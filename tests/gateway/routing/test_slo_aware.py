@@ -143,7 +143,7 @@ def test_the_verdict_is_choose_over_every_option(loaded: bool, higher: tuple[str
 
 def test_under_load_a_pick_that_meets_costs_no_prediction_per_pool() -> None:
     """Every pool busy, no higher-priority work: the pick stands, so the policy is asked
-    once (its decision), not once more per pool; with higher-priority work waiting the
+    once (its decision), not once more per pool; with higher-priority work running the
     options are predicted, and the request yields."""
     slo, request_profile, views = checked(loaded=True)
     calls: list[str] = []
