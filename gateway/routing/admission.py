@@ -172,13 +172,7 @@ class Admission:
     # -- what the SLO-aware policy reads ----------------------------------------------------------
     def pool_state(self, pool: str, tenant: TenantConfig) -> PoolState:
         queue = self.queues.get(pool) or PoolQueue()
-        priority, higher = tenant.priority, 0
-        for running, count in queue.running_by_priority.items():  # loops, not sum(genexpr)
-            if running > priority:
-                higher += count
-        for ticket in queue.waiting:
-            if ticket.tenant.priority > priority:
-                higher += 1
+        higher = _higher(queue, tenant.priority)
         if self.config.max_inflight_per_worker <= 0:
             served = self.pools.get(pool)
             busy = served is not None and served.outstanding >= \
@@ -195,17 +189,9 @@ class Admission:
 
     def holds_higher(self, pool: str, priority: int) -> bool:
         """Whether a request of a priority above `priority` runs or waits in `pool`:
-        `pool_state(...).higher_priority > 0`, without the count."""
+        `pool_state(...).higher_priority > 0`, without the rest of the state."""
         queue = self.queues.get(pool)
-        if queue is None:
-            return False
-        for running, count in queue.running_by_priority.items():
-            if running > priority and count > 0:
-                return True
-        for ticket in queue.waiting:
-            if ticket.tenant.priority > priority:
-                return True
-        return False
+        return queue is not None and _higher(queue, priority) > 0
 
     def busy(self, pool: str) -> bool:
         """`pool_state(...).busy`, cheaply: the SLO-aware policy's idle fast path asks every pool."""
@@ -322,3 +308,15 @@ class Admission:
         drain = self._wait_s(queue, self._capacity(pool), len(queue.waiting))
         return RateLimited(f"Pool {pool!r} is overloaded ({reason}); retry later",
                            retry_after_s=max(drain, 1.0), code="overloaded")
+
+
+def _higher(queue: PoolQueue, priority: int) -> int:
+    """Requests of a priority above `priority` running or waiting in `queue`."""
+    higher = 0
+    for running, count in queue.running_by_priority.items():  # loops, not sum(genexpr)
+        if running > priority:
+            higher += count
+    for ticket in queue.waiting:
+        if ticket.tenant.priority > priority:
+            higher += 1
+    return higher
